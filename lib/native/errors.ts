@@ -1,0 +1,27 @@
+// EngineError: a failed libkvrelay call (negative kvr_status) as a JS error with the status
+// code, its name and the library's message. Argument errors found in TS before any FFI call are
+// TypeError/RangeError instead, never EngineError.
+
+import { STATUS_NAMES } from "./abi.ts";
+
+/** A native call returned a non-OK kvr_status. */
+export class EngineError extends Error {
+  /** the kvr_status value (negative) */
+  readonly code: number;
+  /** the status name, e.g. "CAPACITY", "OUT_OF_RANGE" */
+  readonly codeName: string;
+
+  /**
+   * @param code the kvr_status returned
+   * @param message the native message (kvr_last_error / kvr_seq_last_error)
+   * @param call the C function that failed, prefixed to the message
+   */
+  constructor(code: number, message: string, call?: string) {
+    const codeName = STATUS_NAMES[code] ?? "UNKNOWN";
+    const prefix = call ? `${call} failed (${codeName}, ${code})` : `${codeName} (${code})`;
+    super(message ? `${prefix}: ${message}` : prefix);
+    this.name = "EngineError";
+    this.code = code;
+    this.codeName = codeName;
+  }
+}

@@ -1,0 +1,127 @@
+// NativeModel: weights loaded by libkvrelay (kvr_model) from a lib/model Checkpoint — builds the
+// params struct and tensor table, loads synchronously, and creates sequences. Freeing the model
+// frees its sequences first (deferred while one has a call in flight).
+
+import { type Checkpoint, mapWeights, type ModelConfig } from "../model/mod.ts";
+import { checkInt, quoteValue, U32_MAX } from "./check.ts";
+import { assertKvDtype, type KvDtype } from "./dtype.ts";
+import { encodeModelParams, encodePaths, encodeTensorTable } from "./layout.ts";
+import { type NativeLibrary, openNativeLibrary } from "./library.ts";
+import { NativeSequence } from "./sequence.ts";
+
+/** Options for NativeModel.load. */
+export interface NativeModelOptions {
+  /** KV cache element type (default "f32": exact; "bf16"/"f16" halve cache memory) */
+  kvDtype?: KvDtype;
+  /** worker threads; 0 or undefined = all available cores */
+  threads?: number;
+  /** library to use (default openNativeLibrary()) */
+  lib?: NativeLibrary;
+}
+
+/** A model whose weights live in native memory. */
+export class NativeModel {
+  /** the checkpoint's config */
+  readonly config: ModelConfig;
+  /** KV cache element type of every sequence */
+  readonly kvDtype: KvDtype;
+  /** worker threads the native kernels use (resolved) */
+  readonly threads: number;
+  readonly #lib: NativeLibrary;
+  #ptr: Deno.PointerObject | null;
+  #freeRequested = false;
+  readonly #seqs = new Set<NativeSequence>();
+
+  private constructor(
+    lib: NativeLibrary,
+    ptr: Deno.PointerObject,
+    config: ModelConfig,
+    kvDtype: KvDtype,
+  ) {
+    this.#lib = lib;
+    this.#ptr = ptr;
+    this.config = config;
+    this.kvDtype = kvDtype;
+    this.threads = lib.symbols.kvr_model_threads(ptr);
+  }
+
+  /**
+   * Loads a checkpoint's weights into native memory (mmap + convert to f32; synchronous).
+   * @param checkpoint from lib/model loadCheckpoint
+   * @param opts kvDtype, threads, lib
+   * @returns the model
+   * @throws TypeError/RangeError for bad options; ModelFormatError when the checkpoint's tensors
+   *   do not match its config; EngineError when the native load fails
+   */
+  static load(checkpoint: Checkpoint, opts: NativeModelOptions = {}): NativeModel {
+    const kvDtype = opts.kvDtype ?? "f32";
+    assertKvDtype(kvDtype, "kvDtype");
+    const threads = checkInt("threads", opts.threads ?? 0, 0, 4096);
+    const lib = opts.lib ?? openNativeLibrary();
+    const entries = mapWeights(checkpoint.config, checkpoint.tensors, checkpoint.dir);
+    const params = encodeModelParams(checkpoint.config, kvDtype, threads);
+    const paths = encodePaths(checkpoint.files);
+    const table = encodeTensorTable(entries, checkpoint.files);
+    const out = new BigUint64Array(1);
+    const status = lib.symbols.kvr_model_load(
+      params,
+      paths,
+      BigInt(paths.length),
+      checkpoint.files.length,
+      table,
+      BigInt(entries.length),
+      out,
+    );
+    lib.check(status, "kvr_model_load");
+    const ptr = Deno.UnsafePointer.create(out[0]);
+    if (ptr === null) throw new Error("kvr_model_load returned OK but no model");
+    return new NativeModel(lib, ptr, checkpoint.config, kvDtype);
+  }
+
+  /**
+   * Creates a sequence with an empty KV cache.
+   * @param capacity tokens the cache holds (>= 1)
+   * @returns the sequence (free it, or use `using`)
+   * @throws RangeError when capacity < 1 or not a u32; EngineError (e.g. OUT_OF_MEMORY) from
+   *   native; Error when the model has been freed
+   */
+  createSequence(capacity: number): NativeSequence {
+    if (this.#freeRequested || this.#ptr === null) {
+      throw new Error("NativeModel.createSequence(): the model has been freed");
+    }
+    if (typeof capacity !== "number") {
+      throw new TypeError(`capacity must be a number, got ${quoteValue(capacity)}`);
+    }
+    checkInt("capacity", capacity, 1, U32_MAX);
+    const out = new BigUint64Array(1);
+    this.#lib.check(this.#lib.symbols.kvr_seq_create(this.#ptr, capacity, out), "kvr_seq_create");
+    const ptr = Deno.UnsafePointer.create(out[0]);
+    if (ptr === null) throw new Error("kvr_seq_create returned OK but no sequence");
+    const seq = new NativeSequence(this, this.#lib, ptr, (s) => {
+      this.#seqs.delete(s);
+      this.#maybeRelease();
+    });
+    this.#seqs.add(seq);
+    return seq;
+  }
+
+  #maybeRelease(): void {
+    if (this.#freeRequested && this.#seqs.size === 0 && this.#ptr !== null) {
+      this.#lib.symbols.kvr_model_free(this.#ptr);
+      this.#ptr = null;
+    }
+  }
+
+  /** Frees the model and all its sequences (those with a call in flight when it settles). Idempotent. */
+  free(): void {
+    if (this.#freeRequested) return;
+    this.#freeRequested = true;
+    for (const s of [...this.#seqs]) s.free();
+    this.#maybeRelease();
+  }
+
+  /** Same as free(). */
+  [Symbol.dispose](): void {
+    this.free();
+  }
+}

@@ -1,0 +1,342 @@
+// NativeSequence: one token sequence with its native KV cache (kvr_seq) — prefill/decode
+// (nonblocking FFI, one call in flight per sequence), truncate, KV read/write, set length.
+// Every argument is checked here before FFI; native failures become EngineError with the
+// sequence's own message (kvr_seq_last_error, valid across threads). Created by NativeModel.
+
+import { EngineError } from "./errors.ts";
+import { DTYPE_CODE } from "./abi.ts";
+import { checkInt, quoteValue } from "./check.ts";
+import { assertKvDtype, dtypeByteSize, type KvDtype } from "./dtype.ts";
+import { cString, type NativeLibrary } from "./library.ts";
+import type { NativeModel } from "./model.ts";
+
+/** Largest logits buffer a prefill may request, in f32 elements (4 GiB of memory). */
+const MAX_LOGITS = 2 ** 30;
+
+/**
+ * @internal The EngineError for a failed call on a sequence: the message comes from
+ * kvr_seq_last_error (set by whichever thread ran the call), else the thread-local one.
+ * @param lib the library
+ * @param seq the kvr_seq* the call ran on
+ * @param status the negative kvr_status returned
+ * @param call the C function name
+ * @returns the error to throw
+ */
+export function sequenceError(
+  lib: NativeLibrary,
+  seq: Deno.PointerValue,
+  status: number,
+  call: string,
+): EngineError {
+  const msg = seq ? cString(lib.symbols.kvr_seq_last_error(seq)) : "";
+  return new EngineError(status, msg || lib.lastError(), call);
+}
+
+/** A sequence with a KV cache of fixed capacity (tokens) for every layer. */
+export class NativeSequence {
+  /** the model this sequence runs */
+  readonly model: NativeModel;
+  readonly #lib: NativeLibrary;
+  #ptr: Deno.PointerObject | null;
+  #inFlight = false;
+  /** buffers a nonblocking call is reading/writing: referenced here until it settles */
+  #pinned: ArrayBufferView[] = [];
+  #freeRequested = false;
+  readonly #onRelease: (seq: NativeSequence) => void;
+
+  /** @internal use NativeModel.createSequence */
+  constructor(
+    model: NativeModel,
+    lib: NativeLibrary,
+    ptr: Deno.PointerObject,
+    onRelease: (seq: NativeSequence) => void,
+  ) {
+    this.model = model;
+    this.#lib = lib;
+    this.#ptr = ptr;
+    this.#onRelease = onRelease;
+  }
+
+  #handle(op: string): Deno.PointerObject {
+    if (this.#freeRequested || this.#ptr === null) {
+      throw new Error(`NativeSequence.${op}(): the sequence has been freed`);
+    }
+    if (this.#inFlight) {
+      throw new Error(
+        `NativeSequence.${op}(): a prefill/decode is still running on this sequence; await it first`,
+      );
+    }
+    return this.#ptr;
+  }
+
+  /** Tokens currently in the cache. @throws Error when freed or busy */
+  get length(): number {
+    return this.#lib.symbols.kvr_seq_length(this.#handle("length"));
+  }
+
+  /** Maximum tokens the cache holds. @throws Error when freed or busy */
+  get capacity(): number {
+    return this.#lib.symbols.kvr_seq_capacity(this.#handle("capacity"));
+  }
+
+  #fail(status: number, call: string): never {
+    throw sequenceError(this.#lib, this.#ptr, status, call);
+  }
+
+  async #run(
+    call: () => Promise<number>,
+    name: string,
+    pinned: ArrayBufferView[],
+  ): Promise<void> {
+    this.#inFlight = true;
+    this.#pinned = pinned;
+    let status: number;
+    try {
+      status = await call();
+    } finally {
+      this.#inFlight = false;
+      this.#pinned = [];
+    }
+    if (status !== 0) this.#fail(status, name);
+  }
+
+  #settle(): void {
+    if (this.#freeRequested) this.#release();
+  }
+
+  /**
+   * Appends tokens at positions length..length+n-1 and computes logits.
+   * The token and logits buffers stay referenced by this call until the promise settles.
+   * @param tokens token ids, each an integer in [0, vocabSize); at least one
+   * @param opts allPositions: return (n, vocab) row-major logits instead of the last row
+   * @returns Float32Array of vocab (or n × vocab) logits
+   * @throws TypeError/RangeError before FFI for empty input, bad ids or capacity overflow;
+   *   EngineError when the native call fails; Error when freed or another call is in flight
+   */
+  async prefill(
+    tokens: ArrayLike<number>,
+    opts: { allPositions?: boolean } = {},
+  ): Promise<Float32Array> {
+    const ptr = this.#handle("prefill");
+    if (tokens === null || typeof tokens !== "object" || typeof tokens.length !== "number") {
+      throw new TypeError(
+        `prefill(): tokens must be an array of token ids, got ${quoteValue(tokens)}`,
+      );
+    }
+    const n = tokens.length;
+    if (n < 1) throw new RangeError(`prefill(): tokens is empty (need at least 1 token)`);
+    const vocab = this.model.config.vocabSize;
+    const ids = new Int32Array(n);
+    for (let i = 0; i < n; i++) {
+      ids[i] = checkInt(`prefill(): tokens[${i}]`, tokens[i], 0, vocab - 1);
+    }
+    const length = this.#lib.symbols.kvr_seq_length(ptr);
+    const capacity = this.#lib.symbols.kvr_seq_capacity(ptr);
+    if (length + n > capacity) {
+      throw new RangeError(
+        `prefill(): capacity exceeded: length ${length} + ${n} tokens > capacity ${capacity}`,
+      );
+    }
+    const all = opts.allPositions === true;
+    const logitsLen = all ? n * vocab : vocab;
+    if (logitsLen > MAX_LOGITS) {
+      throw new RangeError(
+        `prefill(): allPositions logits for ${n} tokens × vocab ${vocab} exceed ${MAX_LOGITS} floats`,
+      );
+    }
+    const logits = new Float32Array(logitsLen);
+    try {
+      await this.#run(
+        () =>
+          this.#lib.symbols.kvr_seq_prefill(
+            ptr,
+            ids,
+            BigInt(n),
+            all ? 1 : 0,
+            logits,
+            BigInt(logitsLen),
+          ),
+        "kvr_seq_prefill",
+        [ids, logits],
+      );
+    } finally {
+      this.#settle();
+    }
+    return logits;
+  }
+
+  /**
+   * Appends one token and returns its logits.
+   * @param token token id in [0, vocabSize)
+   * @returns Float32Array of vocab logits
+   * @throws TypeError/RangeError before FFI for a bad id or a full cache; EngineError when the
+   *   native call fails; Error when freed or another call is in flight
+   */
+  async decode(token: number): Promise<Float32Array> {
+    const ptr = this.#handle("decode");
+    const vocab = this.model.config.vocabSize;
+    checkInt("decode(): token", token, 0, vocab - 1);
+    const length = this.#lib.symbols.kvr_seq_length(ptr);
+    const capacity = this.#lib.symbols.kvr_seq_capacity(ptr);
+    if (length + 1 > capacity) {
+      throw new RangeError(
+        `decode(): capacity exceeded: length ${length} + 1 token > capacity ${capacity}`,
+      );
+    }
+    const logits = new Float32Array(vocab);
+    try {
+      await this.#run(
+        () => this.#lib.symbols.kvr_seq_decode(ptr, token, logits, BigInt(vocab)),
+        "kvr_seq_decode",
+        [logits],
+      );
+    } finally {
+      this.#settle();
+    }
+    return logits;
+  }
+
+  /**
+   * Rewinds the cache to its first nTokens tokens.
+   * @param nTokens new length, 0..length
+   * @throws RangeError when nTokens > length; EngineError on native failure
+   */
+  truncate(nTokens: number): void {
+    const ptr = this.#handle("truncate");
+    checkInt("truncate(): nTokens", nTokens, 0, this.#lib.symbols.kvr_seq_length(ptr));
+    const status = this.#lib.symbols.kvr_seq_truncate(ptr, nTokens);
+    if (status !== 0) this.#fail(status, "kvr_seq_truncate");
+  }
+
+  /**
+   * Sets the length; the caller vouches that positions < nTokens hold K/V (after writeKv).
+   * @param nTokens new length, 0..capacity
+   * @throws RangeError when nTokens > capacity; EngineError on native failure
+   */
+  setLength(nTokens: number): void {
+    const ptr = this.#handle("setLength");
+    checkInt("setLength(): nTokens", nTokens, 0, this.#lib.symbols.kvr_seq_capacity(ptr));
+    const status = this.#lib.symbols.kvr_seq_set_length(ptr, nTokens);
+    if (status !== 0) this.#fail(status, "kvr_seq_set_length");
+  }
+
+  #kvBytes(count: number, dtype: KvDtype): number {
+    const c = this.model.config;
+    return c.numKvHeads * count * c.headDim * dtypeByteSize(dtype);
+  }
+
+  /**
+   * Copies one layer's K and V for tokens [start, start+count), keys post-RoPE.
+   * @param layer 0..numLayers-1
+   * @param start first token
+   * @param count tokens (start+count <= length; 0 gives empty buffers)
+   * @param dtype buffer element type (default: the cache's kvDtype, which is bit-exact)
+   * @returns k and v, each (kv_heads, count, head_dim) row-major bytes in dtype
+   * @throws TypeError/RangeError for bad arguments; EngineError on native failure
+   */
+  readKv(
+    layer: number,
+    start: number,
+    count: number,
+    dtype: KvDtype = this.model.kvDtype,
+  ): { k: Uint8Array; v: Uint8Array } {
+    const ptr = this.#handle("readKv");
+    assertKvDtype(dtype, "readKv(): dtype");
+    checkInt("readKv(): layer", layer, 0, this.model.config.numLayers - 1);
+    const length = this.#lib.symbols.kvr_seq_length(ptr);
+    checkInt("readKv(): start", start, 0, length);
+    checkInt("readKv(): count", count, 0, length - start);
+    const bytes = this.#kvBytes(count, dtype);
+    const k = new Uint8Array(bytes), v = new Uint8Array(bytes);
+    if (count === 0) return { k, v };
+    const status = this.#lib.symbols.kvr_seq_kv_read(
+      ptr,
+      layer,
+      start,
+      count,
+      DTYPE_CODE[dtype],
+      k,
+      BigInt(bytes),
+      v,
+      BigInt(bytes),
+    );
+    if (status !== 0) this.#fail(status, "kvr_seq_kv_read");
+    return { k, v };
+  }
+
+  /**
+   * Writes one layer's K and V for tokens [start, start+count); length is unchanged (call
+   * setLength once every layer of the range is written).
+   * @param layer 0..numLayers-1
+   * @param start first token, <= length
+   * @param count tokens, start+count <= capacity
+   * @param k (kv_heads, count, head_dim) bytes in dtype, keys post-RoPE
+   * @param v (kv_heads, count, head_dim) bytes in dtype
+   * @param dtype buffer element type (default: the cache's kvDtype)
+   * @throws TypeError/RangeError for bad arguments or byte lengths; EngineError on native failure
+   */
+  writeKv(
+    layer: number,
+    start: number,
+    count: number,
+    k: Uint8Array,
+    v: Uint8Array,
+    dtype: KvDtype = this.model.kvDtype,
+  ): void {
+    const ptr = this.#handle("writeKv");
+    assertKvDtype(dtype, "writeKv(): dtype");
+    checkInt("writeKv(): layer", layer, 0, this.model.config.numLayers - 1);
+    const length = this.#lib.symbols.kvr_seq_length(ptr);
+    const capacity = this.#lib.symbols.kvr_seq_capacity(ptr);
+    checkInt("writeKv(): start", start, 0, length);
+    checkInt("writeKv(): count", count, 0, capacity - start);
+    const bytes = this.#kvBytes(count, dtype);
+    for (const [name, buf] of [["k", k], ["v", v]] as const) {
+      if (!(buf instanceof Uint8Array)) {
+        throw new TypeError(`writeKv(): ${name} must be a Uint8Array, got ${quoteValue(buf)}`);
+      }
+      if (buf.length !== bytes) {
+        throw new RangeError(
+          `writeKv(): ${name} has ${buf.length} bytes, expected ${bytes} (kv_heads ${this.model.config.numKvHeads} × count ${count} × head_dim ${this.model.config.headDim} × ${dtype})`,
+        );
+      }
+    }
+    if (count === 0) return;
+    // FFI needs a fixed, non-shared ArrayBuffer: copy anything else
+    const plain = (b: Uint8Array) =>
+      b.buffer instanceof ArrayBuffer && !b.buffer.resizable ? b : new Uint8Array(b);
+    k = plain(k);
+    v = plain(v);
+    const status = this.#lib.symbols.kvr_seq_kv_write(
+      ptr,
+      layer,
+      start,
+      count,
+      DTYPE_CODE[dtype],
+      k,
+      BigInt(bytes),
+      v,
+      BigInt(bytes),
+    );
+    if (status !== 0) this.#fail(status, "kvr_seq_kv_write");
+  }
+
+  #release(): void {
+    if (this.#ptr === null) return;
+    this.#lib.symbols.kvr_seq_free(this.#ptr);
+    this.#ptr = null;
+    this.#onRelease(this);
+  }
+
+  /** Frees the native cache (deferred until an in-flight call settles). Idempotent. */
+  free(): void {
+    if (this.#freeRequested) return;
+    this.#freeRequested = true;
+    if (!this.#inFlight) this.#release();
+  }
+
+  /** Same as free(). */
+  [Symbol.dispose](): void {
+    this.free();
+  }
+}

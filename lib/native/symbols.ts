@@ -1,0 +1,149 @@
+// The Deno FFI symbol table of libkvrelay, mirroring native/include/kvrelay.h one entry per
+// function. Grouped by header section so a new section (e.g. the issue-3 snapshot codec) is one
+// added object plus one spread in `symbols`. Not the place for argument checks (see sequence.ts).
+
+/** Core engine: version/errors, model, sequence, KV access, GEMM. */
+export const coreSymbols = {
+  kvr_abi_version: { parameters: [], result: "u32" },
+  kvr_last_error: { parameters: [], result: "pointer" },
+  kvr_model_default_params: { parameters: ["buffer"], result: "void" },
+  // (params*, paths, paths_len, n_paths, tensors*, n_tensors, out_model**)
+  kvr_model_load: {
+    parameters: ["buffer", "buffer", "usize", "u32", "buffer", "usize", "buffer"],
+    result: "i32",
+  },
+  kvr_model_free: { parameters: ["pointer"], result: "void" },
+  kvr_model_threads: { parameters: ["pointer"], result: "u32" },
+  kvr_seq_create: { parameters: ["pointer", "u32", "buffer"], result: "i32" },
+  kvr_seq_free: { parameters: ["pointer"], result: "void" },
+  kvr_seq_length: { parameters: ["pointer"], result: "u32" },
+  kvr_seq_capacity: { parameters: ["pointer"], result: "u32" },
+  kvr_seq_last_error: { parameters: ["pointer"], result: "pointer" },
+  // (seq, tokens i32*, n_tokens, all_positions, logits_out f32*, logits_len) — worker thread
+  kvr_seq_prefill: {
+    parameters: ["pointer", "buffer", "usize", "u32", "buffer", "usize"],
+    result: "i32",
+    nonblocking: true,
+  },
+  // (seq, token, logits_out f32*, logits_len) — worker thread
+  kvr_seq_decode: {
+    parameters: ["pointer", "i32", "buffer", "usize"],
+    result: "i32",
+    nonblocking: true,
+  },
+  kvr_seq_truncate: { parameters: ["pointer", "u32"], result: "i32" },
+  // (seq, layer, start, count, dtype, k, k_bytes, v, v_bytes)
+  kvr_seq_kv_read: {
+    parameters: ["pointer", "u32", "u32", "u32", "u32", "buffer", "usize", "buffer", "usize"],
+    result: "i32",
+  },
+  kvr_seq_kv_write: {
+    parameters: ["pointer", "u32", "u32", "u32", "u32", "buffer", "usize", "buffer", "usize"],
+    result: "i32",
+  },
+  kvr_seq_set_length: { parameters: ["pointer", "u32"], result: "i32" },
+  // (m, n, k, a, a_len, b, b_len, c, c_len, n_threads)
+  kvr_gemm_f32: {
+    parameters: [
+      "u32",
+      "u32",
+      "u32",
+      "buffer",
+      "usize",
+      "buffer",
+      "usize",
+      "buffer",
+      "usize",
+      "u32",
+    ],
+    result: "i32",
+  },
+  // (m, n, k, n_threads, iterations, out_seconds f64*)
+  kvr_gemm_bench: {
+    parameters: ["u32", "u32", "u32", "u32", "u32", "buffer"],
+    result: "i32",
+  },
+  kvr_cpu_kernel_name: { parameters: [], result: "pointer" },
+} as const satisfies Deno.ForeignLibraryInterface;
+
+/** KV snapshot codec (issue 3) — its owner adds the header's codec section here. */
+export const codecSymbols = {
+  // (x f32*, x_len, heads, tokens, head_dim, axis, codes i8*, codes_len, scales f32*, scales_len)
+  kvr_kv_quantize_q8: {
+    parameters: [
+      "buffer",
+      "usize",
+      "u32",
+      "u32",
+      "u32",
+      "u32",
+      "buffer",
+      "usize",
+      "buffer",
+      "usize",
+    ],
+    result: "i32",
+  },
+  // (codes, codes_len, scales, scales_len, heads, tokens, head_dim, axis, out f32*, out_len)
+  kvr_kv_dequantize_q8: {
+    parameters: [
+      "buffer",
+      "usize",
+      "buffer",
+      "usize",
+      "u32",
+      "u32",
+      "u32",
+      "u32",
+      "buffer",
+      "usize",
+    ],
+    result: "i32",
+  },
+  // (x, x_len, heads, tokens, head_dim, axis, group, codes u8*, codes_len, scales, scales_len,
+  //  mins, mins_len)
+  kvr_kv_quantize_q4: {
+    parameters: [
+      "buffer",
+      "usize",
+      "u32",
+      "u32",
+      "u32",
+      "u32",
+      "u32",
+      "buffer",
+      "usize",
+      "buffer",
+      "usize",
+      "buffer",
+      "usize",
+    ],
+    result: "i32",
+  },
+  // (codes, codes_len, scales, scales_len, mins, mins_len, heads, tokens, head_dim, axis, group,
+  //  out f32*, out_len)
+  kvr_kv_dequantize_q4: {
+    parameters: [
+      "buffer",
+      "usize",
+      "buffer",
+      "usize",
+      "buffer",
+      "usize",
+      "u32",
+      "u32",
+      "u32",
+      "u32",
+      "u32",
+      "buffer",
+      "usize",
+    ],
+    result: "i32",
+  },
+} as const satisfies Deno.ForeignLibraryInterface;
+
+/** Every symbol opened by openNativeLibrary. */
+export const symbols = { ...coreSymbols, ...codecSymbols } as const;
+
+/** The dlopen'ed symbol functions. */
+export type KvrSymbols = Deno.DynamicLibrary<typeof symbols>["symbols"];

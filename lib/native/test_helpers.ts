@@ -1,0 +1,58 @@
+// Test-only helpers for lib/native tests: deterministic token streams, logits comparison and a
+// cached demo-model loader. Not imported by production code.
+
+import { type Checkpoint, loadCheckpoint } from "../model/mod.ts";
+
+/** Demo model directories (absolute). */
+export const DEMO_DIRS = ["tiny-fast", "tiny-balanced", "tiny-powerful"].map((m) =>
+  new URL(`../../models/${m}`, import.meta.url).pathname
+);
+
+const cache = new Map<string, Promise<Checkpoint>>();
+/** loadCheckpoint, memoized per directory within one test file. */
+export function checkpoint(dir: string): Promise<Checkpoint> {
+  let p = cache.get(dir);
+  if (!p) cache.set(dir, p = loadCheckpoint(dir));
+  return p;
+}
+
+/** n pseudo-random token ids in [0, vocab) from a 32-bit LCG seeded by `seed`. */
+export function tokens(n: number, vocab: number, seed: number): number[] {
+  let s = seed >>> 0;
+  const out: number[] = [];
+  for (let i = 0; i < n; i++) {
+    s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
+    out.push(s % vocab);
+  }
+  return out;
+}
+
+/** max |a-b| / max |b| over two equal-length vectors. */
+export function relDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {
+  if (a.length !== b.length) throw new Error(`length ${a.length} vs ${b.length}`);
+  let diff = 0, scale = 0;
+  for (let i = 0; i < a.length; i++) {
+    diff = Math.max(diff, Math.abs(a[i] - b[i]));
+    scale = Math.max(scale, Math.abs(b[i]));
+  }
+  return diff / Math.max(scale, 1e-30);
+}
+
+/** Asserts relDiff(a, b) <= tol with a message naming the case. */
+export function assertClose(
+  a: ArrayLike<number>,
+  b: ArrayLike<number>,
+  tol: number,
+  what: string,
+): void {
+  const d = relDiff(a, b);
+  if (!(d <= tol)) throw new Error(`${what}: relative difference ${d.toExponential(3)} > ${tol}`);
+}
+
+/** Round-to-nearest-even f32 → bf16 bit pattern (plain reference; NaN kept quiet). */
+export function f32ToBf16Bits(x: number): number {
+  const u = new Uint32Array(new Float32Array([x]).buffer)[0];
+  if ((u & 0x7fffffff) > 0x7f800000) return (u >>> 16) | 0x40;
+  const rounded = u + 0x7fff + ((u >>> 16) & 1);
+  return (rounded >>> 16) & 0xffff;
+}

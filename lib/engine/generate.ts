@@ -1,0 +1,331 @@
+// The generation loop: prefill a prompt into a fresh native sequence, then sample → detokenize →
+// check stops → decode, one token at a time, streaming text deltas. It owns the sequences it
+// creates and frees them on every exit path; it does not schedule or batch several requests.
+
+import type { NativeSequence } from "../native/mod.ts";
+import type { LoadedModel } from "./load.ts";
+import { Sampler, type SamplingOptions, validateSampling } from "./sampler.ts";
+import { StopStringMatcher } from "./stop_strings.ts";
+import { type Decoder, IncrementalDetokenizer } from "./detokenizer.ts";
+
+/** Tokens generated when `maxTokens` is not given. */
+export const DEFAULT_MAX_TOKENS = 256;
+/** Upper bound on prompt + maxTokens for one sequence (KV capacity). */
+export const MAX_SEQUENCE_TOKENS = 32768;
+
+/** Options of one generation. */
+export interface GenerateOptions extends SamplingOptions {
+  /** Most tokens to generate, ≥ 1; default {@link DEFAULT_MAX_TOKENS}. */
+  maxTokens?: number;
+  /** Stop strings: the text ends just before the first one found (it is not included). */
+  stop?: string[];
+  /** Token ids that end generation (not included in the text, included in tokenIds).
+   *  Default: the model's eos ids; `[]` disables stopping on a token. */
+  stopTokenIds?: number[];
+  /** Aborting ends generation between tokens with finishReason "abort". */
+  signal?: AbortSignal;
+  /** Leave special tokens out of the text; default true (they stay in tokenIds). */
+  skipSpecialTokens?: boolean;
+}
+
+/** Options of {@link continueFrom}: as {@link GenerateOptions}, plus the text context. */
+export interface ContinueOptions extends GenerateOptions {
+  /** The last few token ids already in the sequence, for the spacing of the first new text. */
+  contextIds?: number[];
+}
+
+/** What a generation produced. */
+export interface GenerateResult {
+  /** Completion text, without the stop string or stop token. */
+  text: string;
+  /** Every sampled token, including the stop token or the token that completed a stop string. */
+  tokenIds: number[];
+  /** Tokens of the prompt (for continueFrom: tokens in the sequence at the start). */
+  promptTokens: number;
+  /** "stop": a stop token or string; "length": maxTokens reached; "abort": the signal fired. */
+  finishReason: "stop" | "length" | "abort";
+  /** Milliseconds from the call to the first sampled token (to the end when none was sampled). */
+  ttftMs: number;
+}
+
+/** One streamed step: the text this token made final (may be "") and the token. */
+export interface GenerateChunk {
+  text: string;
+  tokenId: number;
+}
+
+/** The part of a sequence the decode loop needs (NativeSequence satisfies it). */
+export interface DecodeTarget {
+  decode(token: number): Promise<Float32Array>;
+}
+
+/** Everything the decode loop needs besides the sequence. */
+export interface DecodeContext {
+  tokenizer: Decoder & { readonly vocabSize: number };
+  /** Default stop token ids (the model's eos ids). */
+  eosTokenIds: readonly number[];
+  /** Ids before the generated ones, for detokenization context. */
+  contextIds: ArrayLike<number>;
+  promptTokens: number;
+  /** performance.now() at the start of the call, for ttftMs. */
+  startMs: number;
+}
+
+interface ResolvedOptions {
+  maxTokens: number;
+  stop: string[];
+  stopTokenIds: number[] | undefined;
+}
+
+/**
+ * Checks generation options before any work.
+ *
+ * @param opts generation options
+ * @returns maxTokens with its default, stop strings, stop token ids as given
+ * @throws {RangeError} for out-of-range sampling values or maxTokens
+ * @throws {TypeError} for a stop list that is not non-empty strings, or bad stop token ids
+ */
+export function validateGenerateOptions(opts: GenerateOptions): ResolvedOptions {
+  validateSampling(opts);
+  const maxTokens = opts.maxTokens ?? DEFAULT_MAX_TOKENS;
+  if (!Number.isSafeInteger(maxTokens) || maxTokens < 1 || maxTokens > MAX_SEQUENCE_TOKENS) {
+    throw new RangeError(
+      `maxTokens must be an integer in [1, ${MAX_SEQUENCE_TOKENS}], got ${maxTokens}`,
+    );
+  }
+  const stop = opts.stop ?? [];
+  if (!Array.isArray(stop)) {
+    throw new TypeError(`stop must be an array of strings, got ${JSON.stringify(stop)}`);
+  }
+  stop.forEach((s, i) => {
+    if (typeof s !== "string" || s.length === 0) {
+      throw new TypeError(`stop[${i}] must be a non-empty string, got ${JSON.stringify(s)}`);
+    }
+  });
+  if (opts.stopTokenIds !== undefined) {
+    if (!Array.isArray(opts.stopTokenIds)) {
+      throw new TypeError(
+        `stopTokenIds must be an array of token ids, got ${JSON.stringify(opts.stopTokenIds)}`,
+      );
+    }
+    opts.stopTokenIds.forEach((id, i) => {
+      if (!Number.isSafeInteger(id) || id < 0) {
+        throw new TypeError(`stopTokenIds[${i}] must be a non-negative integer, got ${id}`);
+      }
+    });
+  }
+  return { maxTokens, stop, stopTokenIds: opts.stopTokenIds };
+}
+
+/**
+ * The decode loop shared by {@link generateStream} and {@link continueFrom}: samples from
+ * `firstLogits`, then feeds each sampled token to `target.decode` until a stop token, a stop
+ * string, maxTokens or an abort. The last sampled token is never fed to the sequence, so on return
+ * the sequence holds its earlier tokens plus tokenIds[0 .. n−2].
+ *
+ * @param target the sequence to decode with (not freed here)
+ * @param firstLogits logits of the position after the sequence's last token, (vocab,) float32
+ * @param ctx tokenizer, eos ids, context ids, prompt size and start time
+ * @param opts generation options
+ * @yields one {@link GenerateChunk} per sampled token
+ * @returns the {@link GenerateResult}
+ * @throws {RangeError|TypeError} for invalid options; errors from the sequence propagate
+ */
+export async function* decodeLoop(
+  target: DecodeTarget,
+  firstLogits: Float32Array,
+  ctx: DecodeContext,
+  opts: GenerateOptions = {},
+): AsyncGenerator<GenerateChunk, GenerateResult> {
+  const { maxTokens, stop, stopTokenIds } = validateGenerateOptions(opts);
+  const sampler = new Sampler(opts);
+  const stopper = new StopStringMatcher(stop);
+  // Context ids the tokenizer cannot decode (embedding padding rows) are left out of the context.
+  const contextIds = Array.from(ctx.contextIds).filter((id) => id < ctx.tokenizer.vocabSize);
+  const detok = new IncrementalDetokenizer(ctx.tokenizer, contextIds, {
+    skipSpecialTokens: opts.skipSpecialTokens ?? true,
+  });
+  const stopIds = new Set(stopTokenIds ?? ctx.eosTokenIds);
+  // Ids past the tokenizer's vocabulary (padding rows of the embedding) are never sampled.
+  const sampleWidth = Math.min(firstLogits.length, ctx.tokenizer.vocabSize);
+  const tokenIds: number[] = [];
+  let text = "";
+  let ttftMs: number | undefined;
+  let finishReason: GenerateResult["finishReason"] | undefined;
+  let logits = firstLogits;
+  while (finishReason === undefined) {
+    if (opts.signal?.aborted) {
+      finishReason = "abort";
+      break;
+    }
+    const id = sampler.sample(logits.subarray(0, sampleWidth));
+    ttftMs ??= performance.now() - ctx.startMs;
+    tokenIds.push(id);
+    let delta: string;
+    if (stopIds.has(id)) {
+      // The stop token's own text is not output; release what was withheld before it.
+      const step = stopper.push(detok.flush());
+      delta = step.emit + stopper.flush();
+      finishReason = "stop";
+    } else {
+      const step = stopper.push(detok.push(id));
+      delta = step.emit;
+      if (step.stopped) {
+        finishReason = "stop";
+      } else if (tokenIds.length >= maxTokens) {
+        const last = stopper.push(detok.flush());
+        delta += last.emit + stopper.flush();
+        finishReason = last.stopped ? "stop" : "length";
+      }
+    }
+    text += delta;
+    yield { text: delta, tokenId: id };
+    if (finishReason === undefined) logits = await target.decode(id);
+  }
+  return {
+    text,
+    tokenIds,
+    promptTokens: ctx.promptTokens,
+    finishReason,
+    ttftMs: ttftMs ?? performance.now() - ctx.startMs,
+  };
+}
+
+function promptIds(model: LoadedModel, prompt: string | number[]): number[] {
+  if (typeof prompt === "string") return model.tokenizer.encode(prompt);
+  if (!Array.isArray(prompt)) {
+    throw new TypeError(`prompt must be a string or an array of token ids, got ${typeof prompt}`);
+  }
+  const vocab = model.native.config.vocabSize;
+  prompt.forEach((id, i) => {
+    if (!Number.isSafeInteger(id) || id < 0 || id >= vocab) {
+      throw new RangeError(`prompt[${i}] = ${id} is not a token id in [0, ${vocab})`);
+    }
+  });
+  return prompt;
+}
+
+/**
+ * Generates a completion, streaming it: the prompt (a string is encoded without special tokens)
+ * is prefilled into a fresh sequence of capacity prompt + maxTokens, which is freed when the
+ * generator finishes, throws, or is closed early (`break` in for-await).
+ *
+ * @param model a loaded model
+ * @param prompt text, or token ids
+ * @param opts sampling, stops, maxTokens, abort signal
+ * @yields per sampled token: the text it made final ("" while held back for a possible stop
+ *   string or an incomplete character) and its id
+ * @returns the {@link GenerateResult}; its text is the concatenation of the yielded texts
+ * @throws {RangeError} for an empty prompt, bad ids or options, prompt + maxTokens over
+ *   {@link MAX_SEQUENCE_TOKENS}; {@link EngineError} from native calls
+ */
+export async function* generateStream(
+  model: LoadedModel,
+  prompt: string | number[],
+  opts: GenerateOptions = {},
+): AsyncGenerator<GenerateChunk, GenerateResult> {
+  const startMs = performance.now();
+  const { maxTokens } = validateGenerateOptions(opts);
+  const ids = promptIds(model, prompt);
+  if (ids.length === 0) throw new RangeError("prompt is empty: it encodes to 0 tokens");
+  if (ids.length + maxTokens > MAX_SEQUENCE_TOKENS) {
+    throw new RangeError(
+      `prompt (${ids.length} tokens) + maxTokens (${maxTokens}) exceeds ${MAX_SEQUENCE_TOKENS} tokens`,
+    );
+  }
+  const ctxBase = {
+    tokenizer: model.tokenizer,
+    eosTokenIds: model.eosTokenIds,
+    contextIds: ids,
+    promptTokens: ids.length,
+    startMs,
+  };
+  if (opts.signal?.aborted) {
+    return {
+      text: "",
+      tokenIds: [],
+      promptTokens: ids.length,
+      finishReason: "abort",
+      ttftMs: performance.now() - startMs,
+    };
+  }
+  const seq = model.native.createSequence(ids.length + maxTokens);
+  try {
+    const logits = await seq.prefill(ids);
+    return yield* decodeLoop(seq, logits, ctxBase, opts);
+  } finally {
+    seq.free();
+  }
+}
+
+/**
+ * Generates a completion and returns it whole (see {@link generateStream}).
+ *
+ * @param model a loaded model
+ * @param prompt text (encoded without special tokens), or token ids
+ * @param opts sampling, stops, maxTokens, abort signal
+ * @returns the {@link GenerateResult}
+ * @throws as {@link generateStream}
+ */
+export async function generate(
+  model: LoadedModel,
+  prompt: string | number[],
+  opts: GenerateOptions = {},
+): Promise<GenerateResult> {
+  const stream = generateStream(model, prompt, opts);
+  while (true) {
+    const step = await stream.next();
+    if (step.done) return step.value;
+  }
+}
+
+/**
+ * Continues decoding an existing sequence (e.g. one restored from a KV snapshot) whose last
+ * prefill or decode returned `lastLogits`. The caller keeps ownership of `seq` (it is not freed);
+ * on return it holds its earlier tokens plus every generated token but the last.
+ *
+ * @param model the model the sequence belongs to
+ * @param seq the sequence
+ * @param lastLogits logits after the sequence's last token, (vocab,) float32
+ * @param opts as {@link GenerateOptions}, plus contextIds (the sequence's last token ids)
+ * @returns the {@link GenerateResult} (promptTokens = seq.length at the call)
+ * @throws {RangeError} when maxTokens − 1 more tokens do not fit in the sequence's capacity,
+ *   or for bad options; {@link EngineError} from native calls
+ */
+export async function continueFrom(
+  model: LoadedModel,
+  seq: NativeSequence,
+  lastLogits: Float32Array,
+  opts: ContinueOptions = {},
+): Promise<GenerateResult> {
+  const startMs = performance.now();
+  const { maxTokens } = validateGenerateOptions(opts);
+  if (
+    !(lastLogits instanceof Float32Array) || lastLogits.length !== model.native.config.vocabSize
+  ) {
+    throw new RangeError(
+      `lastLogits must be a Float32Array of the vocabulary size ${model.native.config.vocabSize}, got length ${
+        (lastLogits as { length?: number })?.length
+      }`,
+    );
+  }
+  const start = seq.length;
+  if (start + maxTokens - 1 > seq.capacity) {
+    throw new RangeError(
+      `sequence holds ${start} of ${seq.capacity} tokens: no room for maxTokens ${maxTokens} (needs ${
+        maxTokens - 1
+      } more)`,
+    );
+  }
+  const stream = decodeLoop(seq, lastLogits, {
+    tokenizer: model.tokenizer,
+    eosTokenIds: model.eosTokenIds,
+    contextIds: opts.contextIds ?? [],
+    promptTokens: start,
+    startMs,
+  }, opts);
+  while (true) {
+    const step = await stream.next();
+    if (step.done) return step.value;
+  }
+}

@@ -68,6 +68,8 @@ export const coreSymbols = {
 
 /** KV snapshot codec (issue 3) — its owner adds the header's codec section here. */
 export const codecSymbols = {
+  // (data u8*, len, crc, out u32*)
+  kvr_crc32c: { parameters: ["buffer", "usize", "u32", "buffer"], result: "i32" },
   // (x f32*, x_len, heads, tokens, head_dim, axis, codes i8*, codes_len, scales f32*, scales_len)
   kvr_kv_quantize_q8: {
     parameters: [
@@ -142,8 +144,134 @@ export const codecSymbols = {
   },
 } as const satisfies Deno.ForeignLibraryInterface;
 
+/** Cross-model KV projection (issue 4) — wrapped by lib/migrate/native.ts. */
+export const migrateSymbols = {
+  // (geometry*, start_pos, tokens, k_in, k_in_len, v_in, v_in_len, k_out, k_out_len, v_out, v_out_len)
+  kvr_kv_to_features: {
+    parameters: [
+      "buffer",
+      "u32",
+      "u32",
+      "buffer",
+      "usize",
+      "buffer",
+      "usize",
+      "buffer",
+      "usize",
+      "buffer",
+      "usize",
+    ],
+    result: "i32",
+  },
+  kvr_kv_from_features: {
+    parameters: [
+      "buffer",
+      "u32",
+      "u32",
+      "buffer",
+      "usize",
+      "buffer",
+      "usize",
+      "buffer",
+      "usize",
+      "buffer",
+      "usize",
+    ],
+    result: "i32",
+  },
+  // (n_in, n_out, out_ridge**)
+  kvr_ridge_create: { parameters: ["u32", "u32", "buffer"], result: "i32" },
+  kvr_ridge_free: { parameters: ["pointer"], result: "void" },
+  kvr_ridge_last_error: { parameters: ["pointer"], result: "pointer" },
+  // (ridge, x, x_len, y, y_len, rows, n_threads) — worker thread
+  kvr_ridge_accumulate: {
+    parameters: ["pointer", "buffer", "usize", "buffer", "usize", "u32", "u32"],
+    result: "i32",
+    nonblocking: true,
+  },
+  kvr_ridge_rows: { parameters: ["pointer"], result: "u64" },
+  // (ridge, g, g_len, c, c_len, yy, yy_len)
+  kvr_ridge_stats: {
+    parameters: ["pointer", "buffer", "usize", "buffer", "usize", "buffer", "usize"],
+    result: "i32",
+  },
+  // (ridge, features u32*, n_sel, out_start, out_count, lambda, w_out f64*, w_len, bias_out, bias_len)
+  kvr_ridge_solve: {
+    parameters: [
+      "pointer",
+      "buffer",
+      "u32",
+      "u32",
+      "u32",
+      "f64",
+      "buffer",
+      "usize",
+      "buffer",
+      "usize",
+    ],
+    result: "i32",
+  },
+  // (ridge, features, n_sel, out_start, out_count, w, w_len, bias, bias_len, sse, sse_len, sst, sst_len)
+  kvr_ridge_sse: {
+    parameters: [
+      "pointer",
+      "buffer",
+      "u32",
+      "u32",
+      "u32",
+      "buffer",
+      "usize",
+      "buffer",
+      "usize",
+      "buffer",
+      "usize",
+      "buffer",
+      "usize",
+    ],
+    result: "i32",
+  },
+  // (source*, target*, wk, wk_len, bk, bk_len, wv, wv_len, bv, bv_len, out**)
+  kvr_projector_create: {
+    parameters: [
+      "buffer",
+      "buffer",
+      "buffer",
+      "usize",
+      "buffer",
+      "usize",
+      "buffer",
+      "usize",
+      "buffer",
+      "usize",
+      "buffer",
+    ],
+    result: "i32",
+  },
+  kvr_projector_free: { parameters: ["pointer"], result: "void" },
+  kvr_projector_last_error: { parameters: ["pointer"], result: "pointer" },
+  // (projector, start_pos, tokens, src_k, len, src_v, len, dst_k, len, dst_v, len, n_threads) — worker thread
+  kvr_projector_apply: {
+    parameters: [
+      "pointer",
+      "u32",
+      "u32",
+      "buffer",
+      "usize",
+      "buffer",
+      "usize",
+      "buffer",
+      "usize",
+      "buffer",
+      "usize",
+      "u32",
+    ],
+    result: "i32",
+    nonblocking: true,
+  },
+} as const satisfies Deno.ForeignLibraryInterface;
+
 /** Every symbol opened by openNativeLibrary. */
-export const symbols = { ...coreSymbols, ...codecSymbols } as const;
+export const symbols = { ...coreSymbols, ...codecSymbols, ...migrateSymbols } as const;
 
 /** The dlopen'ed symbol functions. */
 export type KvrSymbols = Deno.DynamicLibrary<typeof symbols>["symbols"];

@@ -6,7 +6,7 @@
 import assert from "node:assert/strict";
 import { type LoadedModel, loadModel } from "../engine/mod.ts";
 import { MemoryStore } from "./memory_store.ts";
-import { PrefixCache, prefillWithCache } from "./prefix_cache.ts";
+import { prefillWithCache, PrefixCache } from "./prefix_cache.ts";
 
 const MODELS = new URL("../../models/", import.meta.url).pathname;
 const CORPUS = new URL("../../../shared/corpus/valid.txt", import.meta.url).pathname;
@@ -47,12 +47,18 @@ Deno.test("`prefillWithCache()` reuses a shared 1000-token prefix: only new toke
     assert.equal(rb.reusedTokens, 1000);
     assert.equal(rb.prefilledTokens, 45, "only the new tokens are prefilled");
     assert.deepEqual(
-      { hits: cache.stats.hits, misses: cache.stats.misses, prefilled: cache.stats.prefilledTokens },
+      {
+        hits: cache.stats.hits,
+        misses: cache.stats.misses,
+        prefilled: cache.stats.prefilledTokens,
+      },
       { hits: 10, misses: 10, prefilled: 1060 + 45 },
     );
     const want = await fullPrefill(model, b);
     let maxDiff = 0;
-    for (let i = 0; i < want.length; i++) maxDiff = Math.max(maxDiff, Math.abs(want[i] - rb.logits[i]));
+    for (let i = 0; i < want.length; i++) {
+      maxDiff = Math.max(maxDiff, Math.abs(want[i] - rb.logits[i]));
+    }
     assert.equal(maxDiff, 0, `logits differ from a full prefill by up to ${maxDiff}`);
     // the restored sequence decodes on like a fully prefilled one
     assert.equal(seqB.length, b.length);
@@ -89,7 +95,9 @@ Deno.test("`PrefixCache.chunkKeys()` chains SHA-256 over parent key and u32le to
     };
     const h = async (b: Uint8Array) =>
       new Uint8Array(await crypto.subtle.digest("SHA-256", b as Uint8Array<ArrayBuffer>));
-    const seed = await h(cat(enc.encode("kvrelay-prefix-cache-v1\0"), u32(fp.length), fp, u32(1), enc.encode("s")));
+    const seed = await h(
+      cat(enc.encode("kvrelay-prefix-cache-v1\0"), u32(fp.length), fp, u32(1), enc.encode("s")),
+    );
     const k0 = await h(cat(seed, u32(1, 2)));
     const k1 = await h(cat(k0, u32(3, 4)));
     const hex = (b: Uint8Array) => [...b].map((x) => x.toString(16).padStart(2, "0")).join("");
@@ -122,6 +130,38 @@ Deno.test("`prefillWithCache()` treats a corrupted or mismatched entry as a miss
     assert.equal(cache.stats.rejected, 1);
     assert.deepEqual(r.logits, await fullPrefill(model, toks));
     s2.free();
+  } finally {
+    await store.close();
+    model.native.free();
+  }
+});
+
+Deno.test("`prefillWithCache()` with q8 chunks reuses the prefix with logits close to a full prefill", async () => {
+  const model = await loadModel(`${MODELS}tiny-fast`, { threads: 1 });
+  const store = new MemoryStore();
+  try {
+    const cache = new PrefixCache({
+      store,
+      model,
+      tenantSalt: "q",
+      chunkTokens: 32,
+      encoding: "q8",
+    });
+    const toks = await corpusIds(model, 100, 900);
+    const s1 = model.native.createSequence(100);
+    await prefillWithCache(cache, s1, toks);
+    s1.free();
+    const s2 = model.native.createSequence(100);
+    const r = await prefillWithCache(cache, s2, toks);
+    s2.free();
+    assert.equal(r.reusedTokens, 96);
+    assert.equal(cache.stats.hits, 3);
+    const want = await fullPrefill(model, toks);
+    let maxDiff = 0;
+    for (let i = 0; i < want.length; i++) {
+      maxDiff = Math.max(maxDiff, Math.abs(want[i] - r.logits[i]));
+    }
+    assert(maxDiff > 0 && maxDiff < 0.5, `q8 logits differ by ${maxDiff}`);
   } finally {
     await store.close();
     model.native.free();

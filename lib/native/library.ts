@@ -43,6 +43,20 @@ export function cString(ptr: Deno.PointerValue): string {
 const opened = new Map<string, NativeLibrary>();
 
 /**
+ * libgomp reads OMP_WAIT_POLICY once, when the library loads. Its default spin-waits between
+ * parallel regions, which on shared or oversubscribed machines (several sequences computing at
+ * once, each with all cores) made prefill 3–15× slower than one thread; passive waiting keeps
+ * timings steady. An explicit setting by the user wins.
+ */
+function useQuietOpenMpThreads(): void {
+  try {
+    if (Deno.env.get("OMP_WAIT_POLICY") === undefined) Deno.env.set("OMP_WAIT_POLICY", "passive");
+  } catch {
+    // no --allow-env: keep libgomp's default
+  }
+}
+
+/**
  * Opens libkvrelay: `path`, else env KVRELAY_LIB, else <repo>/build/native/libkvrelay.so.
  * Memoized per path.
  * @param path explicit library path
@@ -64,6 +78,7 @@ export function openNativeLibrary(path?: string): NativeLibrary {
   if (memo) return memo;
   tried.push(`${candidate} (${source})`);
   let lib: Deno.DynamicLibrary<typeof symbols>;
+  useQuietOpenMpThreads();
   try {
     lib = Deno.dlopen(candidate, symbols);
   } catch (e) {

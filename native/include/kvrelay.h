@@ -230,7 +230,155 @@ KVR_API const char* kvr_cpu_kernel_name(void);
 
 /* ---- KV snapshot codec (issue 3: quantize/dequantize chunks) — declarations below ---- */
 
+/*
+ * Quantization of one KV block (heads, tokens, head_dim) row-major f32 for snapshots
+ * (docs/snapshot-format.md). All lengths are element counts; n = heads*tokens*head_dim.
+ * axis: KVR_QUANT_PER_CHANNEL = one scale per (head, dim) over the block's tokens (keys);
+ *       KVR_QUANT_PER_TOKEN = one scale per (head, token) over head_dim (values).
+ * Quantizers reject non-finite input (KVR_ERR_INVALID_ARGUMENT); dequantizers reject scales
+ * that are negative or non-finite and mins that are non-finite (KVR_ERR_CORRUPT). A scale that
+ * would fall below FLT_MIN is stored as 0 with code 0 (q8: absmax < 127·FLT_MIN ≈ 1.5e-36;
+ * q4: max-min < 15·FLT_MIN): such a group decodes to 0 (q8) or its min (q4).
+ */
+typedef enum kvr_quant_axis {
+  KVR_QUANT_PER_CHANNEL = 0,
+  KVR_QUANT_PER_TOKEN = 1
+} kvr_quant_axis;
+
+/*
+ * q8 symmetric: s = absmax/127 per scale group, code = clamp(rint(x/s), -127, 127), s = 0 → 0.
+ * codes_len = n; scales_len = heads*head_dim (per channel) or heads*tokens (per token).
+ * |x - code*s| <= s/2 (plus f32 rounding).
+ */
+KVR_API int32_t kvr_kv_quantize_q8(const float* x, size_t x_len, uint32_t heads, uint32_t tokens,
+                                   uint32_t head_dim, uint32_t axis, int8_t* codes,
+                                   size_t codes_len, float* scales, size_t scales_len);
+/* out (n) = code * scale. */
+KVR_API int32_t kvr_kv_dequantize_q8(const int8_t* codes, size_t codes_len, const float* scales,
+                                     size_t scales_len, uint32_t heads, uint32_t tokens,
+                                     uint32_t head_dim, uint32_t axis, float* out,
+                                     size_t out_len);
+/*
+ * q4 asymmetric group-wise: groups of `group` (1..1024) elements along tokens (per channel) or
+ * head_dim (per token), the last group of a row possibly shorter. Per group m = min,
+ * s = (max-min)/15, code = clamp(rint((x-m)/s), 0, 15). codes: bytes, codes_len = ceil(n/2), flat
+ * element 2i in the low nibble (odd tail nibble 0). scales_len = mins_len =
+ * heads*ceil(tokens/group)*head_dim (per channel) or heads*tokens*ceil(head_dim/group) (per
+ * token). |x - (m + code*s)| <= s/2 (plus f32 rounding).
+ */
+KVR_API int32_t kvr_kv_quantize_q4(const float* x, size_t x_len, uint32_t heads, uint32_t tokens,
+                                   uint32_t head_dim, uint32_t axis, uint32_t group,
+                                   uint8_t* codes, size_t codes_len, float* scales,
+                                   size_t scales_len, float* mins, size_t mins_len);
+/* out (n) = m + code * s. */
+KVR_API int32_t kvr_kv_dequantize_q4(const uint8_t* codes, size_t codes_len, const float* scales,
+                                     size_t scales_len, const float* mins, size_t mins_len,
+                                     uint32_t heads, uint32_t tokens, uint32_t head_dim,
+                                     uint32_t axis, uint32_t group, float* out, size_t out_len);
+
+/*
+ * CRC32C (Castagnoli, reflected 0x82F63B78) of data (len bytes) continuing from `crc` (0 to
+ * start; pass a previous result to extend), into *out. SSE4.2 crc32 instructions when the CPU
+ * has them, else a table. data may be NULL only when len = 0.
+ */
+KVR_API int32_t kvr_crc32c(const uint8_t* data, size_t len, uint32_t crc, uint32_t* out);
+
 /* ---- end KV snapshot codec ---- */
+
+/* ---- Cross-model KV projection (issue 4: ridge fit accumulation, apply) — declarations below ---- */
+
+/*
+ * KV layout used by this section: a "cache block" is (layers, kv_heads, tokens, head_dim)
+ * row-major f32 (one model's K or V for a token range; per layer exactly what kvr_seq_kv_read
+ * gives in F32), keys post-RoPE. A "feature block" is (tokens, layers*kv_heads*head_dim) f32:
+ * per token every layer's heads concatenated in (layer, kv_head, dim) order, keys WITHOUT RoPE
+ * (for Qwen3: after k_norm, before the rotation). RoPE parameters come from the model's
+ * kvr_model_params (head_dim, rope_theta, rope_scaling and its factors; num_layers and
+ * num_kv_heads give the block shape); token i of a block sits at position start_pos + i.
+ */
+
+/* Cache block → feature block: removes RoPE from keys (inverse rotate-half at each position),
+ * transposes keys and values. k_in/v_in/k_out/v_out lengths are all layers*kv_heads*tokens*
+ * head_dim elements. */
+KVR_API int32_t kvr_kv_to_features(const kvr_model_params* geometry, uint32_t start_pos,
+                                   uint32_t tokens, const float* k_in, size_t k_in_len,
+                                   const float* v_in, size_t v_in_len, float* k_out,
+                                   size_t k_out_len, float* v_out, size_t v_out_len);
+/* Feature block → cache block: applies RoPE to keys at start_pos + i, transposes back. */
+KVR_API int32_t kvr_kv_from_features(const kvr_model_params* geometry, uint32_t start_pos,
+                                     uint32_t tokens, const float* k_in, size_t k_in_len,
+                                     const float* v_in, size_t v_in_len, float* k_out,
+                                     size_t k_out_len, float* v_out, size_t v_out_len);
+
+/*
+ * Ridge accumulator: streaming float64 sufficient statistics of rows (x, y), x of n_in
+ * features, y of n_out outputs: G = Σ [x,1]ᵀ[x,1] ((n_in+1)²), C = Σ [x,1]ᵀ y ((n_in+1, n_out)),
+ * Σ y² per output and the row count. Memory is O((n_in+1)·(n_in+1+n_out)) doubles, independent
+ * of the rows seen. n_in, n_out in 1..65536 and (n_in+1)·(n_in+1+n_out) <= 2^28.
+ */
+typedef struct kvr_ridge kvr_ridge;
+KVR_API int32_t kvr_ridge_create(uint32_t n_in, uint32_t n_out, kvr_ridge** out_ridge);
+KVR_API void kvr_ridge_free(kvr_ridge* ridge);
+/* Message of the last failed call on this accumulator ("" if none); any thread may read it
+ * (kvr_ridge_accumulate may run on a worker thread). */
+KVR_API const char* kvr_ridge_last_error(const kvr_ridge* ridge);
+/* Adds rows: x (rows, n_in), y (rows, n_out) row-major f32; rejects non-finite values. */
+KVR_API int32_t kvr_ridge_accumulate(kvr_ridge* ridge, const float* x, size_t x_len,
+                                     const float* y, size_t y_len, uint32_t rows,
+                                     uint32_t n_threads);
+/* Rows accumulated so far. */
+KVR_API uint64_t kvr_ridge_rows(const kvr_ridge* ridge);
+/* Copies the statistics: g ((n_in+1)², last row/col = the bias column), c ((n_in+1), n_out),
+ * yy (n_out). */
+KVR_API int32_t kvr_ridge_stats(const kvr_ridge* ridge, double* g, size_t g_len, double* c,
+                                size_t c_len, double* yy, size_t yy_len);
+/*
+ * Solves ridge regression with an unpenalised intercept for outputs [out_start, out_start +
+ * out_count) on the feature subset features[0..n_sel) (indices < n_in, strictly increasing):
+ * with S = covariance of the selected features and B = their cross-covariance with y (both
+ * from the centred statistics), W = (S + lambda·mean(diag S)·I)⁻¹ B by Cholesky, in float64;
+ * bias = mean(y) − W·mean(x). w_out (out_count, n_sel) row-major, bias_out (out_count).
+ * lambda >= 0 is relative to the mean feature variance (scale-free). A matrix that is not
+ * positive definite (e.g. lambda = 0 with collinear features) fails with
+ * KVR_ERR_INVALID_ARGUMENT naming the pivot; nothing is written then. Needs >= 2 rows.
+ */
+KVR_API int32_t kvr_ridge_solve(const kvr_ridge* ridge, const uint32_t* features, uint32_t n_sel,
+                                uint32_t out_start, uint32_t out_count, double lambda,
+                                double* w_out, size_t w_len, double* bias_out, size_t bias_len);
+/*
+ * Sum of squared errors of ŷ = W·x_sel + bias over the rows accumulated in `ridge` (e.g. a
+ * held-out split), per output, from the statistics alone: sse_out (out_count), and the total
+ * sum of squares about each output's mean in sst_out (out_count). Same w/bias layout as solve.
+ */
+KVR_API int32_t kvr_ridge_sse(const kvr_ridge* ridge, const uint32_t* features, uint32_t n_sel,
+                              uint32_t out_start, uint32_t out_count, const double* w,
+                              size_t w_len, const double* bias, size_t bias_len, double* sse_out,
+                              size_t sse_len, double* sst_out, size_t sst_len);
+
+/*
+ * A linear KV projector: source cache block → target cache block for the same token range.
+ * Keys: de-rotate with the source RoPE, k_tgt = Wk·k_src + bk in feature space, re-rotate with
+ * the target RoPE; values: v_tgt = Wv·v_src + bv. wk/wv (n_tgt, n_src) row-major, bk/bv
+ * (n_tgt), with n_src = src layers*kv_heads*head_dim and n_tgt the same for the target.
+ */
+typedef struct kvr_projector kvr_projector;
+KVR_API int32_t kvr_projector_create(const kvr_model_params* source,
+                                     const kvr_model_params* target, const float* wk,
+                                     size_t wk_len, const float* bk, size_t bk_len,
+                                     const float* wv, size_t wv_len, const float* bv,
+                                     size_t bv_len, kvr_projector** out_projector);
+KVR_API void kvr_projector_free(kvr_projector* projector);
+/* Message of the last failed kvr_projector_apply on this projector ("" if none), any thread. */
+KVR_API const char* kvr_projector_last_error(const kvr_projector* projector);
+/* src_k/src_v: source cache blocks (src layers, kv_heads, tokens, head_dim); dst_k/dst_v:
+ * target cache blocks, written. Tokens at positions start_pos.. in both models. */
+KVR_API int32_t kvr_projector_apply(const kvr_projector* projector, uint32_t start_pos,
+                                    uint32_t tokens, const float* src_k, size_t src_k_len,
+                                    const float* src_v, size_t src_v_len, float* dst_k,
+                                    size_t dst_k_len, float* dst_v, size_t dst_v_len,
+                                    uint32_t n_threads);
+
+/* ---- end cross-model KV projection ---- */
 
 #ifdef __cplusplus
 }

@@ -1,31 +1,271 @@
-// Placeholder portable GEMM (row-major W, no packing) so the engine builds; the packed AVX2/FMA
-// kernel with runtime dispatch replaces it.
+// Packed single-precision GEMM y (m, n) = x (m, k) · Wᵀ: weight packing, cache blocking, OpenMP
+// work split and runtime kernel dispatch (AVX2+FMA or portable). The micro-kernels themselves
+// live in gemm_avx2.cpp / gemm_generic.cpp; this file has no ISA-specific code.
+// Layout, blocking and measured numbers: docs/gemm.md.
 #include "cpu/gemm.h"
 
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <vector>
+
+#include "cpu/gemm_kernels.h"
+
 namespace kvr::cpu {
+
+namespace {
+
+using detail::KernelTable;
+using detail::kTileRows;
+
+// Cache blocking (floats). A block (MC, KC) packed ≈ 96 KiB sits in L2; one weight panel slice
+// (KC, 16) = 16 KiB stays in L1 while the MC/6 tiles of the A block stream past it.
+#ifndef KVR_GEMM_KC
+#define KVR_GEMM_KC 256
+#endif
+#ifndef KVR_GEMM_MC
+#define KVR_GEMM_MC 96
+#endif
+constexpr size_t kKC = KVR_GEMM_KC;
+constexpr size_t kMC = KVR_GEMM_MC;  // multiple of kTileRows
+static_assert(kMC % kTileRows == 0, "MC must be a multiple of the tile height");
+// Below this many multiply-adds a call runs on one thread (team start-up would dominate).
+constexpr size_t kMinParallelMacs = size_t{1} << 17;
+
+const KernelTable& choose_kernels() {
+  const char* forced = std::getenv("KVRELAY_CPU_KERNEL");
+  if (forced != nullptr && std::strcmp(forced, "generic") == 0) return detail::generic_kernels();
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    return detail::avx2_kernels();
+  }
+#endif
+  return detail::generic_kernels();
+}
+
+// Chosen once per process (thread-safe function-local static).
+const KernelTable& kernels() {
+  static const KernelTable& table = choose_kernels();
+  return table;
+}
+
+// Per-thread scratch for packed A blocks, reused across calls: (MC/6, KC, 6) floats.
+float* a_scratch() {
+  thread_local std::vector<float, AlignedAllocator<float>> buf;
+  if (buf.size() < kMC * kKC) buf.resize(kMC * kKC);
+  return buf.data();
+}
+
+// Packs x rows [0, mc) and columns [0, kc) (row stride ldx) into (ceil(mc/6), kc, 6) k-major
+// micro-panels; rows past mc are zero.
+void pack_a(const float* x, size_t ldx, size_t mc, size_t kc, float* dst) {
+  for (size_t g = 0; g < mc; g += kTileRows) {
+    float* panel = dst + g * kc;
+    const size_t rows = std::min(kTileRows, mc - g);
+    for (size_t r = 0; r < kTileRows; ++r) {
+      if (r < rows) {
+        const float* src = x + (g + r) * ldx;
+        for (size_t t = 0; t < kc; ++t) panel[t * kTileRows + r] = src[t];
+      } else {
+        for (size_t t = 0; t < kc; ++t) panel[t * kTileRows + r] = 0.f;
+      }
+    }
+  }
+}
+
+// y rows [0, mc) x columns of panel slice bp (kc, 16) (+)= packed A rows · bp, tile by tile.
+// a: first packed tile of the rows, a_stride floats between tiles (A tiles are (kc', 6) with
+// kc' >= kc; the slice for this k block starts at a). ncol <= 16 valid columns at y.
+void run_tiles(const KernelTable& kt, const float* a, size_t a_stride, size_t mc, size_t kc,
+               const float* bp, float* y, size_t ldy, size_t ncol, bool load) {
+  alignas(64) float tmp[kTileRows * kPanelWidth];
+  for (size_t ir = 0; ir < mc; ir += kTileRows) {
+    const size_t mr = std::min(kTileRows, mc - ir);
+    const float* at = a + (ir / kTileRows) * a_stride;
+    float* cp = y + ir * ldy;
+    if (ncol == kPanelWidth) {
+      kt.tile[mr](kc, at, bp, cp, ldy, load);
+    } else {
+      // Column tail: compute the full 16-wide tile into tmp, copy the valid columns.
+      if (load) {
+        for (size_t r = 0; r < mr; ++r) {
+          std::memcpy(tmp + r * kPanelWidth, cp + r * ldy, ncol * sizeof(float));
+        }
+      }
+      kt.tile[mr](kc, at, bp, tmp, kPanelWidth, load);
+      for (size_t r = 0; r < mr; ++r) {
+        std::memcpy(cp + r * ldy, tmp + r * kPanelWidth, ncol * sizeof(float));
+      }
+    }
+  }
+}
+
+// Rows [m0, m1) of y against every weight panel: A packed block by block (MC, KC) into this
+// thread's scratch (L2), each (KC, 16) weight panel slice reused across the block's tiles (L1).
+void gemm_rows(const KernelTable& kt, const float* x, size_t ldx, const PackedWeight& w, float* y,
+               size_t ldy, bool accumulate, size_t m0, size_t m1) {
+  const size_t n = w.rows(), k = w.cols(), panels = w.panels();
+  float* apack = a_scratch();
+  for (size_t pc = 0; pc < k; pc += kKC) {
+    const size_t kc = std::min(kKC, k - pc);
+    const bool load = accumulate || pc > 0;
+    for (size_t ic = m0; ic < m1; ic += kMC) {
+      const size_t mc = std::min(kMC, m1 - ic);
+      pack_a(x + ic * ldx + pc, ldx, mc, kc, apack);
+      for (size_t p = 0; p < panels; ++p) {
+        const size_t col = p * kPanelWidth;
+        run_tiles(kt, apack, kc * kTileRows, mc, kc, w.panel(p) + pc * kPanelWidth,
+                  y + ic * ldy + col, ldy, std::min(kPanelWidth, n - col), load);
+      }
+    }
+  }
+}
+
+// All m rows of y against weight panels [p0, p1), with A already packed whole: apack is
+// (ceil(m/6), k, 6) (pack_a over all of k). Used for small m, where the work splits over panels.
+void gemm_panels(const KernelTable& kt, const float* apack, size_t m, const PackedWeight& w,
+                 float* y, size_t ldy, bool accumulate, size_t p0, size_t p1) {
+  const size_t n = w.rows(), k = w.cols();
+  for (size_t pc = 0; pc < k; pc += kKC) {
+    const size_t kc = std::min(kKC, k - pc);
+    const bool load = accumulate || pc > 0;
+    for (size_t p = p0; p < p1; ++p) {
+      const size_t col = p * kPanelWidth;
+      run_tiles(kt, apack + pc * kTileRows, k * kTileRows, m, kc, w.panel(p) + pc * kPanelWidth,
+                y + col, ldy, std::min(kPanelWidth, n - col), load);
+    }
+  }
+}
+
+// One row (decode) against weight panels [p0, p1) of y (n); x is read in place.
+void gemv_panels(const KernelTable& kt, const float* x, const PackedWeight& w, float* y,
+                 bool accumulate, size_t p0, size_t p1) {
+  const size_t n = w.rows(), k = w.cols();
+  const size_t full_end = std::min(p1, n / kPanelWidth);  // panels with all 16 columns valid
+  if (full_end > p0) kt.gemv(k, x, w.panel(p0), full_end - p0, y + p0 * kPanelWidth, accumulate);
+  if (p1 > full_end && p1 > p0) {  // the last panel, partly padding
+    const size_t last = std::max(full_end, p0);
+    alignas(64) float tmp[kPanelWidth];
+    const size_t col = last * kPanelWidth;
+    const size_t ncol = n - col;
+    if (accumulate) std::memcpy(tmp, y + col, ncol * sizeof(float));
+    kt.gemv(k, x, w.panel(last), 1, tmp, accumulate);
+    std::memcpy(y + col, tmp, ncol * sizeof(float));
+  }
+}
+
+// Number of work units to cut `units` (tiles or panels) into for nt threads: about 4 per thread
+// (dynamic scheduling absorbs a thread the OS delays), each at most max_per_task units, rounded
+// up to a multiple of nt so equal shares end together; never more than units.
+size_t task_count(size_t units, size_t nt, size_t max_per_task) {
+  size_t tasks = std::max((units + max_per_task - 1) / max_per_task, 4 * nt);
+  tasks = (tasks + nt - 1) / nt * nt;
+  return std::min(tasks, units);
+}
+
+// Splits [0, count) into `parts` near-equal ranges; range i is [*begin, *end).
+void split_range(size_t count, size_t parts, size_t i, size_t* begin, size_t* end) {
+  const size_t base = count / parts, extra = count % parts;
+  *begin = i * base + std::min(i, extra);
+  *end = *begin + base + (i < extra ? 1 : 0);
+}
+
+}  // namespace
 
 PackedWeight PackedWeight::pack(const float* w, size_t n, size_t k) {
   PackedWeight p;
   p.n_ = n;
   p.k_ = k;
-  p.data_.assign(w, w + n * k);
+  const size_t panels = p.panels();
+  p.data_.resize(panels * k * kPanelWidth);
+  float* dst = p.data_.data();
+  for (size_t pi = 0; pi < panels; ++pi) {
+    float* panel = dst + pi * k * kPanelWidth;
+    for (size_t c = 0; c < kPanelWidth; ++c) {
+      const size_t row = pi * kPanelWidth + c;
+      if (row < n) {
+        const float* src = w + row * k;
+        for (size_t t = 0; t < k; ++t) panel[t * kPanelWidth + c] = src[t];
+      } else {
+        for (size_t t = 0; t < k; ++t) panel[t * kPanelWidth + c] = 0.f;
+      }
+    }
+  }
   return p;
 }
 
 void matmul_xwt(const float* x, size_t m, size_t ldx, const PackedWeight& w, float* y,
                 size_t ldy, bool accumulate, int n_threads) {
   const size_t n = w.rows(), k = w.cols();
-  const float* wd = w.data();
-#pragma omp parallel for num_threads(n_threads) schedule(static) collapse(2)
-  for (size_t i = 0; i < m; ++i) {
-    for (size_t j = 0; j < n; ++j) {
-      float acc = 0.f;
-      for (size_t t = 0; t < k; ++t) acc += x[i * ldx + t] * wd[j * k + t];
-      y[i * ldy + j] = accumulate ? y[i * ldy + j] + acc : acc;
+  if (m == 0 || n == 0) return;
+  if (k == 0) {  // empty sum
+    if (!accumulate) {
+      for (size_t i = 0; i < m; ++i) std::memset(y + i * ldy, 0, n * sizeof(float));
+    }
+    return;
+  }
+  const KernelTable& kt = kernels();
+  const size_t panels = w.panels();
+  const size_t row_tiles = (m + kTileRows - 1) / kTileRows;
+  size_t nt = n_threads > 1 ? static_cast<size_t>(n_threads) : 1;
+  if (m * n * k < kMinParallelMacs) nt = 1;
+  nt = std::min(nt, panels * row_tiles);
+
+  if (m == 1) {  // decode: memory-bound GEMV over panel ranges
+    if (nt <= 1) {
+      gemv_panels(kt, x, w, y, accumulate, 0, panels);
+      return;
+    }
+    const size_t tasks = task_count(panels, nt, panels);
+#pragma omp parallel for num_threads(static_cast<int>(nt)) schedule(dynamic, 1)
+    for (long t = 0; t < static_cast<long>(tasks); ++t) {
+      size_t p0, p1;
+      split_range(panels, tasks, static_cast<size_t>(t), &p0, &p1);
+      gemv_panels(kt, x, w, y, accumulate, p0, p1);
+    }
+    return;
+  }
+
+  if (nt <= 1) {
+    gemm_rows(kt, x, ldx, w, y, ldy, accumulate, 0, m);
+    return;
+  }
+
+  if (row_tiles < 4 * nt) {
+    // Few rows: pack all of A once here (small), split the weight panels among threads.
+    std::vector<float, AlignedAllocator<float>> apack(row_tiles * kTileRows * k);
+    pack_a(x, ldx, m, k, apack.data());
+    const size_t tasks = task_count(panels, nt, panels);
+#pragma omp parallel for num_threads(static_cast<int>(nt)) schedule(dynamic, 1)
+    for (long t = 0; t < static_cast<long>(tasks); ++t) {
+      size_t p0, p1;
+      split_range(panels, tasks, static_cast<size_t>(t), &p0, &p1);
+      gemm_panels(kt, apack.data(), m, w, y, ldy, accumulate, p0, p1);
+    }
+    return;
+  }
+
+  // Many rows: split the row tiles into blocks of at most MC rows (each packs its own A once);
+  // threads share the weight panels through L3.
+  const size_t tasks = task_count(row_tiles, nt, kMC / kTileRows);
+  bool failed = false;  // an exception may not leave an OpenMP region: carry it out by hand
+#pragma omp parallel for num_threads(static_cast<int>(nt)) schedule(dynamic, 1) \
+    reduction(|| : failed)
+  for (long t = 0; t < static_cast<long>(tasks); ++t) {
+    size_t t0, t1;
+    split_range(row_tiles, tasks, static_cast<size_t>(t), &t0, &t1);
+    try {
+      gemm_rows(kt, x, ldx, w, y, ldy, accumulate, t0 * kTileRows, std::min(m, t1 * kTileRows));
+    } catch (...) {  // only std::bad_alloc from a_scratch() can occur
+      failed = true;
     }
   }
+  if (failed) throw std::bad_alloc();
 }
 
-const char* kernel_name() { return "generic"; }
+const char* kernel_name() { return kernels().name; }
 
 }  // namespace kvr::cpu

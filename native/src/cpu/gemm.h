@@ -1,14 +1,43 @@
 // The CPU matrix multiply every linear layer uses: y = x · Wᵀ with W pre-packed at load.
-// Only the interface lives here; gemm.cpp holds the kernels and their runtime dispatch.
+// Only the interface lives here; gemm.cpp holds the driver and runtime dispatch, gemm_avx2.cpp
+// and gemm_generic.cpp the micro-kernels. Layout and blocking are described in docs/gemm.md.
 #pragma once
 
 #include <cstddef>
+#include <cstdlib>
+#include <new>
 #include <vector>
 
 namespace kvr::cpu {
 
+// Minimal allocator giving 64-byte (cache line) aligned storage for packed panels.
+template <typename T>
+struct AlignedAllocator {
+  using value_type = T;
+  static constexpr size_t kAlign = 64;
+  AlignedAllocator() = default;
+  template <typename U>
+  AlignedAllocator(const AlignedAllocator<U>&) {}
+  T* allocate(size_t count) {
+    if (count > static_cast<size_t>(-1) / sizeof(T) - kAlign) throw std::bad_alloc();
+    size_t bytes = (count * sizeof(T) + kAlign - 1) / kAlign * kAlign;
+    void* p = std::aligned_alloc(kAlign, bytes == 0 ? kAlign : bytes);
+    if (p == nullptr) throw std::bad_alloc();
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, size_t) { std::free(p); }
+  template <typename U>
+  bool operator==(const AlignedAllocator<U>&) const { return true; }
+  template <typename U>
+  bool operator!=(const AlignedAllocator<U>&) const { return false; }
+};
+
+// Output columns per packed micro-panel (two 8-lane ymm registers).
+constexpr size_t kPanelWidth = 16;
+
 // A weight W (n rows = output features, k cols = input features), row-major f32 on input,
-// stored in the layout the micro-kernel reads. Immutable after pack(); safe to share across threads.
+// stored in the layout the micro-kernel reads: ceil(n/16) panels, each (k, 16) k-major,
+// columns beyond n zero. Immutable after pack(); safe to share across threads.
 class PackedWeight {
  public:
   PackedWeight() = default;
@@ -18,15 +47,20 @@ class PackedWeight {
   size_t cols() const { return k_; }  // k: input features
   const float* data() const { return data_.data(); }
   size_t size_bytes() const { return data_.size() * sizeof(float); }
+  size_t panels() const { return (n_ + kPanelWidth - 1) / kPanelWidth; }
+  // Panel p (16 output columns p*16 .. p*16+15): (k, 16) floats, k-major, 64-byte aligned.
+  const float* panel(size_t p) const { return data_.data() + p * k_ * kPanelWidth; }
 
  private:
   size_t n_ = 0;
   size_t k_ = 0;
-  std::vector<float> data_;
+  std::vector<float, AlignedAllocator<float>> data_;
 };
 
 // y (m, n) with row stride ldy = x (m, k) with row stride ldx · Wᵀ; when accumulate, y += x · Wᵀ.
 // Runs on n_threads OpenMP threads (>= 1). Bounds are the caller's: shapes come from the model.
+// y must not overlap x or W. Throws std::bad_alloc when a thread's first call cannot allocate its
+// ~96 KiB packing scratch (y is then partly written).
 void matmul_xwt(const float* x, size_t m, size_t ldx, const PackedWeight& w, float* y,
                 size_t ldy, bool accumulate, int n_threads);
 

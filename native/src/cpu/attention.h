@@ -1,0 +1,33 @@
+// Causal multi-head attention (GQA) of a block of new queries against a layer's KV cache, CPU.
+// Flash-style: key tiles converted from the cache dtype to f32, online softmax in f32 with max
+// subtraction; work split over (kv head, query block, key segment) and merged. Not RoPE, not the
+// KV write (forward.cpp does both before calling this).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace kvr::cpu {
+
+struct AttnArgs {
+  const float* q = nullptr;      // (n, heads*head_dim) rows with stride ldq, post-RoPE
+  size_t ldq = 0;
+  const uint8_t* k = nullptr;    // (kv_heads, capacity, head_dim) in dtype, post-RoPE
+  const uint8_t* v = nullptr;    // (kv_heads, capacity, head_dim) in dtype
+  uint32_t dtype = 0;            // kvr_dtype of the cache
+  size_t capacity = 0;
+  size_t n = 0, pos0 = 0;        // query i is at position pos0+i and sees keys [0, pos0+i]
+  size_t heads = 0, kv_heads = 0, head_dim = 0;
+  float* out = nullptr;          // (n, heads*head_dim) rows with stride ldo
+  size_t ldo = 0;
+  int n_threads = 1;
+};
+
+// Floats of scratch attention() needs for these arguments.
+size_t attention_scratch_floats(const AttnArgs& a);
+
+// Computes out = softmax(q·kᵀ/sqrt(head_dim), causal) · v. scratch has
+// attention_scratch_floats(a) floats. Does not allocate or throw.
+void attention(const AttnArgs& a, float* scratch);
+
+}  // namespace kvr::cpu

@@ -1,0 +1,446 @@
+// kvr_model_load and friends: validates params and the tensor table against the geometry,
+// mmaps each safetensors file read-only, converts BF16/F16/F32 to f32, packs linear weights, and
+// unmaps before returning. Every failure is a status + message; nothing throws across the ABI.
+// Not the forward pass (cpu/forward.cpp) nor JSON parsing (TypeScript does that).
+#include <fcntl.h>
+#include <omp.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "dtype.h"
+#include "errors.h"
+#include "model.h"
+
+namespace kvr {
+namespace {
+
+constexpr double kPi = 3.14159265358979323846;
+constexpr uint32_t kMaxRole = 28;  // per-layer slot table size (roles < 28)
+
+const char* role_name(uint32_t role) {
+  switch (role) {
+    case KVR_T_EMBED: return "embed_tokens.weight";
+    case KVR_T_FINAL_NORM: return "norm.weight";
+    case KVR_T_LM_HEAD: return "lm_head.weight";
+    case KVR_T_ATTN_NORM: return "input_layernorm.weight";
+    case KVR_T_Q: return "q_proj.weight";
+    case KVR_T_K: return "k_proj.weight";
+    case KVR_T_V: return "v_proj.weight";
+    case KVR_T_O: return "o_proj.weight";
+    case KVR_T_Q_BIAS: return "q_proj.bias";
+    case KVR_T_K_BIAS: return "k_proj.bias";
+    case KVR_T_V_BIAS: return "v_proj.bias";
+    case KVR_T_O_BIAS: return "o_proj.bias";
+    case KVR_T_Q_NORM: return "q_norm.weight";
+    case KVR_T_K_NORM: return "k_norm.weight";
+    case KVR_T_MLP_NORM: return "post_attention_layernorm.weight";
+    case KVR_T_GATE: return "gate_proj.weight";
+    case KVR_T_UP: return "up_proj.weight";
+    case KVR_T_DOWN: return "down_proj.weight";
+    case KVR_T_GATE_BIAS: return "gate_proj.bias";
+    case KVR_T_UP_BIAS: return "up_proj.bias";
+    case KVR_T_DOWN_BIAS: return "down_proj.bias";
+    default: return nullptr;
+  }
+}
+
+bool is_global_role(uint32_t r) { return r == KVR_T_EMBED || r == KVR_T_FINAL_NORM || r == KVR_T_LM_HEAD; }
+
+// Expected shape for a role; ndim 1 tensors have shape (n, 1).
+void expected_shape(const Model& m, uint32_t role, uint32_t* ndim, uint64_t* s0, uint64_t* s1) {
+  *ndim = 1;
+  *s1 = 1;
+  switch (role) {
+    case KVR_T_EMBED: case KVR_T_LM_HEAD: *ndim = 2; *s0 = m.vocab; *s1 = m.hidden; break;
+    case KVR_T_FINAL_NORM: case KVR_T_ATTN_NORM: case KVR_T_MLP_NORM: case KVR_T_O_BIAS:
+    case KVR_T_DOWN_BIAS: *s0 = m.hidden; break;
+    case KVR_T_Q: *ndim = 2; *s0 = m.q_dim; *s1 = m.hidden; break;
+    case KVR_T_K: case KVR_T_V: *ndim = 2; *s0 = m.kv_dim; *s1 = m.hidden; break;
+    case KVR_T_O: *ndim = 2; *s0 = m.hidden; *s1 = m.q_dim; break;
+    case KVR_T_Q_BIAS: *s0 = m.q_dim; break;
+    case KVR_T_K_BIAS: case KVR_T_V_BIAS: *s0 = m.kv_dim; break;
+    case KVR_T_Q_NORM: case KVR_T_K_NORM: *s0 = m.head_dim; break;
+    case KVR_T_GATE: case KVR_T_UP: *ndim = 2; *s0 = m.inter; *s1 = m.hidden; break;
+    case KVR_T_DOWN: *ndim = 2; *s0 = m.hidden; *s1 = m.inter; break;
+    case KVR_T_GATE_BIAS: case KVR_T_UP_BIAS: *s0 = m.inter; break;
+    default: *s0 = 0; break;
+  }
+}
+
+bool finite_pos(float v) { return std::isfinite(v) && v > 0.f; }
+
+int32_t validate_params(const kvr_model_params& p) {
+  if (p.arch != KVR_ARCH_LLAMA && p.arch != KVR_ARCH_QWEN2 && p.arch != KVR_ARCH_QWEN3)
+    return fail(KVR_ERR_UNSUPPORTED, format("unsupported arch %u (expected 1 llama, 2 qwen2, 3 qwen3)", p.arch));
+  const struct { const char* name; uint32_t v; } dims[] = {
+      {"vocab_size", p.vocab_size}, {"hidden_size", p.hidden_size},
+      {"intermediate_size", p.intermediate_size}, {"num_layers", p.num_layers},
+      {"num_heads", p.num_heads}, {"num_kv_heads", p.num_kv_heads}, {"head_dim", p.head_dim}};
+  for (const auto& d : dims)
+    if (d.v == 0) return fail(KVR_ERR_INVALID_ARGUMENT, format("%s must be > 0, got 0", d.name));
+  if (p.num_heads % p.num_kv_heads != 0)
+    return fail(KVR_ERR_INVALID_ARGUMENT, format("num_heads %u is not a multiple of num_kv_heads %u",
+                                                 p.num_heads, p.num_kv_heads));
+  if (p.head_dim % 2 != 0)
+    return fail(KVR_ERR_INVALID_ARGUMENT, format("head_dim must be even for rotate-half RoPE, got %u", p.head_dim));
+  if (p.vocab_size > 0x7fffffffu)
+    return fail(KVR_ERR_INVALID_ARGUMENT, format("vocab_size %u exceeds int32 token ids", p.vocab_size));
+  if (!finite_pos(p.rms_norm_eps))
+    return fail(KVR_ERR_INVALID_ARGUMENT, format("rms_norm_eps must be finite and > 0, got %g", p.rms_norm_eps));
+  if (!finite_pos(p.rope_theta))
+    return fail(KVR_ERR_INVALID_ARGUMENT, format("rope_theta must be finite and > 0, got %g", p.rope_theta));
+  if (p.rope_scaling > KVR_ROPE_LLAMA3)
+    return fail(KVR_ERR_UNSUPPORTED, format("unsupported rope_scaling %u (0 none, 1 linear, 2 llama3)", p.rope_scaling));
+  if (p.rope_scaling != KVR_ROPE_NONE && !finite_pos(p.rope_factor))
+    return fail(KVR_ERR_INVALID_ARGUMENT, format("rope_factor must be finite and > 0, got %g", p.rope_factor));
+  if (p.rope_scaling == KVR_ROPE_LLAMA3) {
+    if (!finite_pos(p.rope_low_freq_factor) || !finite_pos(p.rope_high_freq_factor))
+      return fail(KVR_ERR_INVALID_ARGUMENT,
+                  format("llama3 rope low/high freq factors must be finite and > 0, got %g / %g",
+                         p.rope_low_freq_factor, p.rope_high_freq_factor));
+    if (!(p.rope_high_freq_factor > p.rope_low_freq_factor))
+      return fail(KVR_ERR_INVALID_ARGUMENT,
+                  format("llama3 rope_high_freq_factor %g must exceed rope_low_freq_factor %g",
+                         p.rope_high_freq_factor, p.rope_low_freq_factor));
+    if (p.rope_original_max_position == 0)
+      return fail(KVR_ERR_INVALID_ARGUMENT, "llama3 rope_original_max_position must be > 0, got 0");
+  }
+  if (p.tie_word_embeddings > 1 || p.attention_bias > 1 || p.mlp_bias > 1)
+    return fail(KVR_ERR_INVALID_ARGUMENT,
+                format("tie_word_embeddings/attention_bias/mlp_bias must be 0 or 1, got %u/%u/%u",
+                       p.tie_word_embeddings, p.attention_bias, p.mlp_bias));
+  if (!dtype_valid(p.kv_dtype))
+    return fail(KVR_ERR_INVALID_ARGUMENT, format("kv_dtype %u is not a kvr_dtype (0 f32, 1 f16, 2 bf16)", p.kv_dtype));
+  if (p.n_threads > 4096)
+    return fail(KVR_ERR_INVALID_ARGUMENT, format("n_threads %u is out of range (0..4096)", p.n_threads));
+  return KVR_OK;
+}
+
+// HF transformers RoPE inverse frequencies (default, linear, llama3), in double.
+std::vector<double> rope_inv_freq(const kvr_model_params& p) {
+  const size_t half = p.head_dim / 2;
+  std::vector<double> f(half);
+  for (size_t i = 0; i < half; ++i) {
+    double inv = std::pow(static_cast<double>(p.rope_theta), -2.0 * static_cast<double>(i) / p.head_dim);
+    if (p.rope_scaling == KVR_ROPE_LINEAR) {
+      inv /= p.rope_factor;
+    } else if (p.rope_scaling == KVR_ROPE_LLAMA3) {
+      const double factor = p.rope_factor, lo = p.rope_low_freq_factor, hi = p.rope_high_freq_factor;
+      const double orig = p.rope_original_max_position;
+      const double low_wl = orig / lo, high_wl = orig / hi;
+      const double wl = 2.0 * kPi / inv;
+      if (wl > low_wl) {
+        inv = inv / factor;
+      } else if (!(wl < high_wl)) {
+        const double smooth = (orig / wl - lo) / (hi - lo);
+        inv = (1.0 - smooth) * inv / factor + smooth * inv;
+      }
+    }
+    f[i] = inv;
+  }
+  return f;
+}
+
+struct Mapping {
+  std::string path;
+  int fd = -1;
+  void* addr = nullptr;
+  size_t size = 0;
+  Mapping() = default;
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  Mapping(Mapping&& o) noexcept : path(std::move(o.path)), fd(o.fd), addr(o.addr), size(o.size) {
+    o.fd = -1;
+    o.addr = nullptr;
+  }
+  ~Mapping() {
+    if (addr) munmap(addr, size);
+    if (fd >= 0) close(fd);
+  }
+};
+
+int32_t map_file(Mapping& m) {
+  m.fd = open(m.path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (m.fd < 0) return fail(KVR_ERR_IO, format("cannot open \"%s\": %s", m.path.c_str(), std::strerror(errno)));
+  struct stat st;
+  if (fstat(m.fd, &st) != 0)
+    return fail(KVR_ERR_IO, format("cannot stat \"%s\": %s", m.path.c_str(), std::strerror(errno)));
+  if (!S_ISREG(st.st_mode)) return fail(KVR_ERR_IO, format("\"%s\" is not a regular file", m.path.c_str()));
+  m.size = static_cast<size_t>(st.st_size);
+  if (m.size == 0) return KVR_OK;  // nothing to map; every tensor row will fail its bounds check
+  void* a = mmap(nullptr, m.size, PROT_READ, MAP_PRIVATE, m.fd, 0);
+  if (a == MAP_FAILED)
+    return fail(KVR_ERR_IO, format("cannot mmap \"%s\" (%zu bytes): %s", m.path.c_str(), m.size, std::strerror(errno)));
+  m.addr = a;
+  madvise(a, m.size, MADV_SEQUENTIAL);
+  return KVR_OK;
+}
+
+struct Loader {
+  Model& m;
+  const kvr_tensor_desc* t;
+  std::vector<Mapping>& files;
+
+  // Converts row `idx` into dst (elems floats).
+  void read(size_t idx, float* dst) const {
+    const kvr_tensor_desc& d = t[idx];
+    const uint8_t* src = static_cast<const uint8_t*>(files[d.file_index].addr) + d.offset;
+    const size_t n = d.shape[0] * d.shape[1];
+    if (d.dtype == KVR_DTYPE_F32) {
+      std::memcpy(dst, src, n * 4);
+    } else if (d.dtype == KVR_DTYPE_BF16) {
+      for (size_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, src + 2 * i, 2);
+        dst[i] = bf16_to_f32(h);
+      }
+    } else {
+      for (size_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, src + 2 * i, 2);
+        dst[i] = f16_to_f32(h);
+      }
+    }
+  }
+  std::vector<float> vec(long idx) const {
+    if (idx < 0) return {};
+    std::vector<float> v(t[idx].shape[0] * t[idx].shape[1]);
+    read(static_cast<size_t>(idx), v.data());
+    return v;
+  }
+};
+
+int32_t load_impl(const kvr_model_params* params, const char* paths, size_t paths_len, uint32_t n_paths,
+                  const kvr_tensor_desc* tensors, size_t n_tensors, kvr_model** out_model) {
+  if (!out_model) return fail(KVR_ERR_INVALID_ARGUMENT, "out_model is NULL");
+  *out_model = nullptr;
+  if (!params) return fail(KVR_ERR_INVALID_ARGUMENT, "params is NULL");
+  if (!paths || paths_len == 0 || n_paths == 0)
+    return fail(KVR_ERR_INVALID_ARGUMENT, format("paths must list >= 1 file (paths_len %zu, n_paths %u)", paths_len, n_paths));
+  if (!tensors || n_tensors == 0)
+    return fail(KVR_ERR_INVALID_ARGUMENT, format("tensor table is empty or NULL (n_tensors %zu)", n_tensors));
+  const kvr_model_params& p = *params;
+  if (int32_t st = validate_params(p)) return st;
+
+  auto model = std::make_shared<Model>();
+  Model& m = *model;
+  m.params = p;
+  m.vocab = p.vocab_size;
+  m.hidden = p.hidden_size;
+  m.inter = p.intermediate_size;
+  m.layers = p.num_layers;
+  m.heads = p.num_heads;
+  m.kv_heads = p.num_kv_heads;
+  m.head_dim = p.head_dim;
+  m.q_dim = m.heads * m.head_dim;
+  m.kv_dim = m.kv_heads * m.head_dim;
+  m.n_threads = p.n_threads ? static_cast<int>(p.n_threads) : omp_get_num_procs();
+  if (m.n_threads < 1) m.n_threads = 1;
+  m.params.n_threads = static_cast<uint32_t>(m.n_threads);
+
+  // Split the paths buffer.
+  std::vector<Mapping> files;
+  files.reserve(n_paths);
+  size_t pos = 0;
+  for (uint32_t i = 0; i < n_paths; ++i) {
+    const void* nul = pos < paths_len ? std::memchr(paths + pos, 0, paths_len - pos) : nullptr;
+    if (!nul)
+      return fail(KVR_ERR_INVALID_ARGUMENT,
+                  format("paths buffer (%zu bytes) holds fewer than n_paths %u NUL-terminated paths", paths_len, n_paths));
+    const size_t len = static_cast<const char*>(nul) - (paths + pos);
+    if (len == 0) return fail(KVR_ERR_INVALID_ARGUMENT, format("path %u is empty", i));
+    Mapping mp;
+    mp.path.assign(paths + pos, len);
+    files.push_back(std::move(mp));
+    pos += len + 1;
+  }
+  if (pos != paths_len)
+    return fail(KVR_ERR_INVALID_ARGUMENT,
+                format("paths buffer has %zu trailing bytes after %u paths", paths_len - pos, n_paths));
+  for (auto& f : files)
+    if (int32_t st = map_file(f)) return st;
+
+  // Validate every row and index it by (role, layer).
+  std::vector<long> global(4, -1);
+  std::vector<long> slot(m.layers * kMaxRole, -1);
+  const bool qwen3 = p.arch == KVR_ARCH_QWEN3;
+  for (size_t i = 0; i < n_tensors; ++i) {
+    const kvr_tensor_desc& d = tensors[i];
+    const char* name = role_name(d.role);
+    if (!name) return fail(KVR_ERR_INVALID_ARGUMENT, format("tensor row %zu: unknown role %u", i, d.role));
+    const bool glob = is_global_role(d.role);
+    if (glob ? d.layer != 0 : d.layer >= m.layers)
+      return fail(KVR_ERR_OUT_OF_RANGE, format("tensor row %zu (%s): layer %u out of range (num_layers %zu%s)", i, name,
+                                               d.layer, m.layers, glob ? ", global roles use layer 0" : ""));
+    if (d.file_index >= n_paths)
+      return fail(KVR_ERR_OUT_OF_RANGE, format("tensor row %zu (%s layer %u): file_index %u >= n_paths %u", i, name,
+                                               d.layer, d.file_index, n_paths));
+    if (!dtype_valid(d.dtype))
+      return fail(KVR_ERR_UNSUPPORTED, format("tensor row %zu (%s layer %u): dtype %u is not F32/F16/BF16", i, name,
+                                              d.layer, d.dtype));
+    if (d.reserved != 0 || d.reserved2 != 0)
+      return fail(KVR_ERR_INVALID_ARGUMENT, format("tensor row %zu (%s layer %u): reserved fields must be 0", i, name, d.layer));
+    uint32_t endim;
+    uint64_t e0, e1;
+    expected_shape(m, d.role, &endim, &e0, &e1);
+    if (d.ndim != endim || d.shape[0] != e0 || d.shape[1] != e1) {
+      return fail(KVR_ERR_CORRUPT,
+                  format("tensor row %zu (%s layer %u): shape ndim %u [%llu, %llu], expected ndim %u [%llu, %llu]", i,
+                         name, d.layer, d.ndim, (unsigned long long)d.shape[0], (unsigned long long)d.shape[1], endim,
+                         (unsigned long long)e0, (unsigned long long)e1));
+    }
+    const uint64_t elems = e0 * e1;  // geometry bounded by u32 factors: fits u64
+    if (elems > (~uint64_t{0}) / 4 || d.nbytes != elems * dtype_size(d.dtype))
+      return fail(KVR_ERR_CORRUPT, format("tensor row %zu (%s layer %u): nbytes %llu != %llu elements x %zu bytes (%s)",
+                                          i, name, d.layer, (unsigned long long)d.nbytes, (unsigned long long)elems,
+                                          dtype_size(d.dtype), dtype_name(d.dtype)));
+    const uint64_t fsize = files[d.file_index].size;
+    if (d.offset > fsize || d.nbytes > fsize - d.offset)
+      return fail(KVR_ERR_CORRUPT, format("tensor row %zu (%s layer %u): offset %llu + nbytes %llu exceeds file \"%s\" of %llu bytes",
+                                          i, name, d.layer, (unsigned long long)d.offset, (unsigned long long)d.nbytes,
+                                          files[d.file_index].path.c_str(), (unsigned long long)fsize));
+    long& s = glob ? global[d.role] : slot[d.layer * kMaxRole + d.role];
+    if (s >= 0)
+      return fail(KVR_ERR_INVALID_ARGUMENT,
+                  format("tensor %s layer %u listed twice (rows %ld and %zu)", name, d.layer, s, i));
+    s = static_cast<long>(i);
+  }
+
+  // Presence rules.
+  if (global[KVR_T_EMBED] < 0) return fail(KVR_ERR_CORRUPT, "missing tensor embed_tokens.weight");
+  if (global[KVR_T_FINAL_NORM] < 0) return fail(KVR_ERR_CORRUPT, "missing tensor norm.weight");
+  if (p.tie_word_embeddings && global[KVR_T_LM_HEAD] >= 0)
+    return fail(KVR_ERR_INVALID_ARGUMENT, "lm_head.weight listed but tie_word_embeddings=1 (omit it when tied)");
+  if (!p.tie_word_embeddings && global[KVR_T_LM_HEAD] < 0)
+    return fail(KVR_ERR_CORRUPT, "missing tensor lm_head.weight (tie_word_embeddings=0)");
+  const uint32_t required[] = {KVR_T_ATTN_NORM, KVR_T_Q, KVR_T_K, KVR_T_V, KVR_T_O,
+                               KVR_T_MLP_NORM, KVR_T_GATE, KVR_T_UP, KVR_T_DOWN};
+  for (size_t l = 0; l < m.layers; ++l) {
+    const long* s = &slot[l * kMaxRole];
+    for (uint32_t r : required)
+      if (s[r] < 0) return fail(KVR_ERR_CORRUPT, format("missing tensor %s for layer %zu", role_name(r), l));
+    for (uint32_t r : {KVR_T_Q_NORM, KVR_T_K_NORM}) {
+      if (qwen3 && s[r] < 0) return fail(KVR_ERR_CORRUPT, format("missing tensor %s for layer %zu (Qwen3)", role_name(r), l));
+      if (!qwen3 && s[r] >= 0)
+        return fail(KVR_ERR_INVALID_ARGUMENT, format("tensor %s listed for layer %zu but arch %u is not Qwen3", role_name(r), l, p.arch));
+    }
+    for (uint32_t r : {KVR_T_Q_BIAS, KVR_T_K_BIAS, KVR_T_V_BIAS, KVR_T_O_BIAS}) {
+      if (!p.attention_bias && s[r] >= 0)
+        return fail(KVR_ERR_INVALID_ARGUMENT, format("tensor %s listed for layer %zu but attention_bias=0", role_name(r), l));
+      if (p.attention_bias && r != KVR_T_O_BIAS && s[r] < 0)
+        return fail(KVR_ERR_CORRUPT, format("missing tensor %s for layer %zu (attention_bias=1)", role_name(r), l));
+      if (r == KVR_T_O_BIAS && l > 0 && (s[r] >= 0) != (slot[KVR_T_O_BIAS] >= 0))
+        return fail(KVR_ERR_CORRUPT, format("o_proj.bias is listed for some layers but not layer %zu", l));
+    }
+    for (uint32_t r : {KVR_T_GATE_BIAS, KVR_T_UP_BIAS, KVR_T_DOWN_BIAS}) {
+      if (!p.mlp_bias && s[r] >= 0)
+        return fail(KVR_ERR_INVALID_ARGUMENT, format("tensor %s listed for layer %zu but mlp_bias=0", role_name(r), l));
+      if (p.mlp_bias && s[r] < 0)
+        return fail(KVR_ERR_CORRUPT, format("missing tensor %s for layer %zu (mlp_bias=1)", role_name(r), l));
+    }
+  }
+
+  // Convert and pack.
+  Loader ld{m, tensors, files};
+  m.inv_freq = rope_inv_freq(p);
+  m.embed = ld.vec(global[KVR_T_EMBED]);
+  m.final_norm = ld.vec(global[KVR_T_FINAL_NORM]);
+  if (p.tie_word_embeddings) {
+    m.lm_head = cpu::PackedWeight::pack(m.embed.data(), m.vocab, m.hidden);
+  } else {
+    std::vector<float> w = ld.vec(global[KVR_T_LM_HEAD]);
+    m.lm_head = cpu::PackedWeight::pack(w.data(), m.vocab, m.hidden);
+  }
+  m.layer.resize(m.layers);
+  std::vector<float> tmp;
+  for (size_t l = 0; l < m.layers; ++l) {
+    const long* s = &slot[l * kMaxRole];
+    LayerWeights& L = m.layer[l];
+    L.attn_norm = ld.vec(s[KVR_T_ATTN_NORM]);
+    L.mlp_norm = ld.vec(s[KVR_T_MLP_NORM]);
+    if (qwen3) {
+      L.q_norm = ld.vec(s[KVR_T_Q_NORM]);
+      L.k_norm = ld.vec(s[KVR_T_K_NORM]);
+    }
+    const size_t qkv_rows = m.q_dim + 2 * m.kv_dim;
+    tmp.resize(qkv_rows * m.hidden);
+    ld.read(s[KVR_T_Q], tmp.data());
+    ld.read(s[KVR_T_K], tmp.data() + m.q_dim * m.hidden);
+    ld.read(s[KVR_T_V], tmp.data() + (m.q_dim + m.kv_dim) * m.hidden);
+    L.qkv = cpu::PackedWeight::pack(tmp.data(), qkv_rows, m.hidden);
+    if (p.attention_bias) {
+      L.qkv_bias.resize(qkv_rows);
+      ld.read(s[KVR_T_Q_BIAS], L.qkv_bias.data());
+      ld.read(s[KVR_T_K_BIAS], L.qkv_bias.data() + m.q_dim);
+      ld.read(s[KVR_T_V_BIAS], L.qkv_bias.data() + m.q_dim + m.kv_dim);
+      L.o_bias = ld.vec(s[KVR_T_O_BIAS]);
+    }
+    tmp.resize(m.hidden * m.q_dim);
+    ld.read(s[KVR_T_O], tmp.data());
+    L.o = cpu::PackedWeight::pack(tmp.data(), m.hidden, m.q_dim);
+    tmp.resize(2 * m.inter * m.hidden);
+    ld.read(s[KVR_T_GATE], tmp.data());
+    ld.read(s[KVR_T_UP], tmp.data() + m.inter * m.hidden);
+    L.gate_up = cpu::PackedWeight::pack(tmp.data(), 2 * m.inter, m.hidden);
+    if (p.mlp_bias) {
+      L.gate_up_bias.resize(2 * m.inter);
+      ld.read(s[KVR_T_GATE_BIAS], L.gate_up_bias.data());
+      ld.read(s[KVR_T_UP_BIAS], L.gate_up_bias.data() + m.inter);
+      L.down_bias = ld.vec(s[KVR_T_DOWN_BIAS]);
+    }
+    tmp.resize(m.hidden * m.inter);
+    ld.read(s[KVR_T_DOWN], tmp.data());
+    L.down = cpu::PackedWeight::pack(tmp.data(), m.hidden, m.inter);
+  }
+  files.clear();  // unmap before returning
+
+  kvr_model* out = new kvr_model;
+  out->m = std::move(model);
+  *out_model = out;
+  return KVR_OK;
+}
+
+}  // namespace
+}  // namespace kvr
+
+extern "C" {
+
+KVR_API void kvr_model_default_params(kvr_model_params* params) {
+  if (!params) return;
+  std::memset(params, 0, sizeof(*params));
+  params->rms_norm_eps = 1e-6f;
+  params->rope_theta = 10000.f;
+  params->rope_factor = 1.f;
+  params->kv_dtype = KVR_DTYPE_F32;
+  params->n_threads = 0;
+}
+
+KVR_API int32_t kvr_model_load(const kvr_model_params* params, const char* paths, size_t paths_len,
+                               uint32_t n_paths, const kvr_tensor_desc* tensors, size_t n_tensors,
+                               kvr_model** out_model) {
+  try {
+    return kvr::load_impl(params, paths, paths_len, n_paths, tensors, n_tensors, out_model);
+  } catch (const std::bad_alloc&) {
+    return kvr::fail(KVR_ERR_OUT_OF_MEMORY, "out of memory while loading the model weights");
+  } catch (const std::exception& e) {
+    return kvr::fail(KVR_ERR_INTERNAL, kvr::format("internal error while loading: %s", e.what()));
+  } catch (...) {
+    return kvr::fail(KVR_ERR_INTERNAL, "internal error while loading (unknown exception)");
+  }
+}
+
+KVR_API void kvr_model_free(kvr_model* model) { delete model; }
+
+KVR_API uint32_t kvr_model_threads(const kvr_model* model) {
+  return model ? static_cast<uint32_t>(model->m->n_threads) : 0;
+}
+
+}  // extern "C"

@@ -368,7 +368,8 @@ KVR_API int32_t kvr_projector_create(const kvr_model_params* source,
                                      const float* wv, size_t wv_len, const float* bv,
                                      size_t bv_len, kvr_projector** out_projector);
 KVR_API void kvr_projector_free(kvr_projector* projector);
-/* Message of the last failed kvr_projector_apply on this projector ("" if none), any thread. */
+/* Message of the last failed kvr_projector_apply on this projector ("" if none), any thread.
+ * kvr_projector_apply is safe to call concurrently on one projector (weights are read-only). */
 KVR_API const char* kvr_projector_last_error(const kvr_projector* projector);
 /* src_k/src_v: source cache blocks (src layers, kv_heads, tokens, head_dim); dst_k/dst_v:
  * target cache blocks, written. Tokens at positions start_pos.. in both models. */

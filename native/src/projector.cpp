@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <mutex>
 #include <new>
 #include <string>
 #include <tuple>
@@ -39,6 +40,8 @@ struct kvr_projector {
   std::vector<double> src_freq, dst_freq;
   kvr::cpu::PackedWeight wk, wv;  // (n_dst, n_src)
   std::vector<float> bk, bv;      // (n_dst)
+  // Applies may run concurrently (read-only weights); only the message is shared state.
+  std::mutex error_mutex;
   std::string last_error;
 };
 
@@ -432,8 +435,19 @@ KVR_API int32_t kvr_projector_create(const kvr_model_params* source,
 
 KVR_API void kvr_projector_free(kvr_projector* projector) { delete projector; }
 
-KVR_API const char* kvr_projector_last_error(const kvr_projector* projector) {
-  return projector == nullptr ? "" : projector->last_error.c_str();
+KVR_API const char* kvr_projector_last_error(const kvr_projector* cprojector) {
+  if (cprojector == nullptr) return "";
+  auto* p = const_cast<kvr_projector*>(cprojector);
+  // copied into a thread-local buffer under the lock: stable for the caller while other
+  // threads' applies may record new messages
+  static thread_local std::string copy;
+  try {
+    std::lock_guard<std::mutex> lock(p->error_mutex);
+    copy = p->last_error;
+  } catch (...) {
+    copy.clear();
+  }
+  return copy.c_str();
 }
 
 KVR_API int32_t kvr_projector_apply(const kvr_projector* cprojector, uint32_t start_pos,
@@ -444,8 +458,9 @@ KVR_API int32_t kvr_projector_apply(const kvr_projector* cprojector, uint32_t st
   const char* fn = "kvr_projector_apply";
   if (cprojector == nullptr)
     return fail(KVR_ERR_INVALID_ARGUMENT, format("%s: projector is NULL", fn));
-  auto* p = const_cast<kvr_projector*>(cprojector);  // only last_error is written
-  return guarded(fn, &p->last_error, [&]() -> int32_t {
+  auto* p = const_cast<kvr_projector*>(cprojector);  // only the message is written
+  std::string message;
+  const int32_t status = guarded(fn, &message, [&]() -> int32_t {
     int nt = 1;
     KVR_TRY(resolve_threads(fn, n_threads, &nt));
     size_t ns_elems = 0, nt_elems = 0;
@@ -476,6 +491,14 @@ KVR_API int32_t kvr_projector_apply(const kvr_projector* cprojector, uint32_t st
     }
     return KVR_OK;
   });
+  if (status != KVR_OK) {
+    try {
+      std::lock_guard<std::mutex> lock(p->error_mutex);
+      p->last_error = message;
+    } catch (...) {
+    }
+  }
+  return status;
 }
 
 }  // extern "C"

@@ -6,6 +6,7 @@
 
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -33,6 +34,8 @@ constexpr size_t kMC = KVR_GEMM_MC;  // multiple of kTileRows
 static_assert(kMC % kTileRows == 0, "MC must be a multiple of the tile height");
 // Below this many multiply-adds a call runs on one thread (team start-up would dominate).
 constexpr size_t kMinParallelMacs = size_t{1} << 17;
+// Largest A (floats) packed whole for the few-rows split (16 MiB); larger goes by row blocks.
+constexpr size_t kMaxWholeA = size_t{1} << 22;
 
 const KernelTable& choose_kernels() {
   const char* forced = std::getenv("KVRELAY_CPU_KERNEL");
@@ -211,7 +214,9 @@ void matmul_xwt(const float* x, size_t m, size_t ldx, const PackedWeight& w, flo
   const size_t panels = w.panels();
   const size_t row_tiles = (m + kTileRows - 1) / kTileRows;
   size_t nt = n_threads > 1 ? static_cast<size_t>(n_threads) : 1;
-  if (m * n * k < kMinParallelMacs) nt = 1;
+  size_t mn = 0, macs = 0;  // m*n*k, saturating (only compared with a small threshold)
+  if (__builtin_mul_overflow(m, n, &mn) || __builtin_mul_overflow(mn, k, &macs)) macs = SIZE_MAX;
+  if (macs < kMinParallelMacs) nt = 1;
   nt = std::min(nt, panels * row_tiles);
 
   if (m == 1) {  // decode: memory-bound GEMV over panel ranges
@@ -234,7 +239,7 @@ void matmul_xwt(const float* x, size_t m, size_t ldx, const PackedWeight& w, flo
     return;
   }
 
-  if (row_tiles < 4 * nt) {
+  if (row_tiles < 4 * nt && row_tiles * kTileRows * k <= kMaxWholeA) {
     // Few rows: pack all of A once here (small), split the weight panels among threads.
     std::vector<float, AlignedAllocator<float>> apack(row_tiles * kTileRows * k);
     pack_a(x, ldx, m, k, apack.data());

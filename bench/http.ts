@@ -1,0 +1,237 @@
+// HTTP-layer benchmark: a bounded loopback load on the demo tiers through the real generate app
+// (Deno.serve on 127.0.0.1, streamed /v1/completions), reporting p50/p99 TTFT and per-request
+// tokens/s at concurrency 1, 8 and 32, error counts by status, and the per-request overhead of
+// the HTTP layer vs calling lib/engine generate() directly. Bounded: ~1 min on 2 cores.
+import { parseConfig } from "../lib/config/mod.ts";
+import { generate } from "../lib/engine/mod.ts";
+import { createBaseApp } from "../functions/shared/app.ts";
+import { registerGenerate } from "../functions/generate/app.ts";
+import { createRuntime } from "../functions/shared/runtime.ts";
+
+const root = new URL("../", import.meta.url).pathname;
+const TIERS: Record<string, string> = {
+  fast: "tiny-fast",
+  balanced: "tiny-balanced",
+  powerful: "tiny-powerful",
+};
+const CONCURRENCY = [1, 8, 32];
+const MAX_TOKENS = 16;
+const PROMPTS = [
+  "It was the best of times, it was the worst of times, it was the age of wisdom",
+  "Call me Ishmael. Some years ago, never mind how long precisely",
+  "The ship sailed out of the harbour at dawn, and the sea was calm",
+  "Once upon a time there lived a king who had three daughters",
+];
+
+/** Latency/throughput at one concurrency level. */
+export interface LoadPoint {
+  concurrency: number;
+  requests: number;
+  ok: number;
+  /** Non-200 responses by status (and "network" for failed fetches). */
+  errors: Record<string, number>;
+  ttftMs: { p50: number; p99: number };
+  /** Per-request decode rate after the first token, tokens/s. */
+  tokensPerSecond: { p50: number; p99: number };
+  /** All generated tokens / wall time, tokens/s. */
+  aggregateTokensPerSecond: number;
+  wallS: number;
+}
+
+/** What benchHttp returns. */
+export interface HttpBenchResult {
+  maxTokens: number;
+  tiers: Record<string, LoadPoint[]>;
+  /** Same request through HTTP (non-streamed, loopback) vs engine generate(), fast tier, c=1. */
+  overhead: { requests: number; engineMsP50: number; httpMsP50: number; overheadMsP50: number };
+}
+
+function quantile(xs: number[], q: number): number {
+  if (xs.length === 0) return NaN;
+  const s = [...xs].sort((a, b) => a - b);
+  const i = Math.min(s.length - 1, Math.max(0, Math.ceil(q * s.length) - 1));
+  return Math.round(s[i] * 100) / 100;
+}
+
+async function streamOne(base: string, tier: string, prompt: string) {
+  const t0 = performance.now();
+  const res = await fetch(`${base}/v1/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({
+      model: tier,
+      prompt,
+      max_tokens: MAX_TOKENS,
+      stream: true,
+      stream_options: { include_usage: true },
+    }),
+  });
+  if (res.status !== 200) {
+    await res.body?.cancel();
+    return { status: String(res.status) };
+  }
+  let first: number | undefined;
+  let tokens = 0;
+  const dec = new TextDecoder();
+  let buf = "";
+  for await (const chunk of res.body!) {
+    first ??= performance.now();
+    buf += dec.decode(chunk, { stream: true });
+    let i;
+    while ((i = buf.indexOf("\n\n")) >= 0) {
+      const frame = buf.slice(0, i);
+      buf = buf.slice(i + 2);
+      if (!frame.startsWith("data: ") || frame === "data: [DONE]") continue;
+      const obj = JSON.parse(frame.slice(6));
+      if (obj.error) return { status: "stream_error" };
+      if (obj.usage) tokens = obj.usage.completion_tokens;
+    }
+  }
+  const end = performance.now();
+  return {
+    status: "200",
+    ttftMs: (first ?? end) - t0,
+    tokens,
+    decodeS: (end - (first ?? end)) / 1000,
+  };
+}
+
+async function loadPoint(base: string, tier: string, concurrency: number): Promise<LoadPoint> {
+  const requests = Math.max(8, concurrency * 2);
+  let next = 0;
+  const ttft: number[] = [];
+  const tps: number[] = [];
+  const errors: Record<string, number> = {};
+  let ok = 0;
+  let totalTokens = 0;
+  const t0 = performance.now();
+  await Promise.all(Array.from({ length: concurrency }, async () => {
+    while (next < requests) {
+      const i = next++;
+      try {
+        const r = await streamOne(base, tier, PROMPTS[i % PROMPTS.length]);
+        if (r.status !== "200") {
+          errors[r.status] = (errors[r.status] ?? 0) + 1;
+          continue;
+        }
+        ok++;
+        ttft.push(r.ttftMs!);
+        totalTokens += r.tokens!;
+        if (r.tokens! > 1 && r.decodeS! > 0) tps.push((r.tokens! - 1) / r.decodeS!);
+      } catch {
+        errors.network = (errors.network ?? 0) + 1;
+      }
+    }
+  }));
+  const wallS = (performance.now() - t0) / 1000;
+  return {
+    concurrency,
+    requests,
+    ok,
+    errors,
+    ttftMs: { p50: quantile(ttft, 0.5), p99: quantile(ttft, 0.99) },
+    tokensPerSecond: { p50: quantile(tps, 0.5), p99: quantile(tps, 0.99) },
+    aggregateTokensPerSecond: Math.round((totalTokens / wallS) * 10) / 10,
+    wallS: Math.round(wallS * 100) / 100,
+  };
+}
+
+/**
+ * Runs the HTTP benchmark over the demo tiers (prefix cache off, so every request prefills).
+ * @returns the load points per tier and the HTTP overhead
+ */
+export async function benchHttp(): Promise<HttpBenchResult> {
+  const tiers: Record<string, unknown> = {};
+  for (const [name, dir] of Object.entries(TIERS)) {
+    tiers[name] = {
+      model: `${root}models/${dir}`,
+      threads: 1,
+      concurrency: 2,
+      queue_depth: 64,
+      max_context: 1024,
+      max_new_tokens: 64,
+    };
+  }
+  const config = parseConfig({ tiers, prefix_cache: { enabled: false } }, { env: () => undefined });
+  const rt = await createRuntime(config);
+  await rt.load();
+  const app = createBaseApp(rt, "bench");
+  registerGenerate(app, rt);
+  const server = Deno.serve({ port: 0, hostname: "127.0.0.1", onListen: () => {} }, app.fetch);
+  const base = `http://127.0.0.1:${server.addr.port}`;
+  try {
+    const out: Record<string, LoadPoint[]> = {};
+    for (const tier of Object.keys(TIERS)) {
+      out[tier] = [];
+      for (const c of CONCURRENCY) out[tier].push(await loadPoint(base, tier, c));
+    }
+    // Overhead: identical greedy requests, alternating engine and HTTP, fast tier.
+    const model = rt.tiers.get("fast")!.model;
+    const engineMs: number[] = [];
+    const httpMs: number[] = [];
+    const n = 12;
+    for (let i = 0; i < n; i++) {
+      const prompt = PROMPTS[i % PROMPTS.length];
+      let t = performance.now();
+      await generate(model, prompt, { maxTokens: MAX_TOKENS, temperature: 0 });
+      engineMs.push(performance.now() - t);
+      t = performance.now();
+      const res = await fetch(`${base}/v1/completions`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({ model: "fast", prompt, max_tokens: MAX_TOKENS }),
+      });
+      await res.json();
+      httpMs.push(performance.now() - t);
+    }
+    const e = quantile(engineMs, 0.5), h = quantile(httpMs, 0.5);
+    return {
+      maxTokens: MAX_TOKENS,
+      tiers: out,
+      overhead: {
+        requests: n,
+        engineMsP50: e,
+        httpMsP50: h,
+        overheadMsP50: Math.round((h - e) * 100) / 100,
+      },
+    };
+  } finally {
+    await server.shutdown();
+    await rt.close();
+  }
+}
+
+/**
+ * Formats a result as a text table.
+ * @param r the result of benchHttp
+ * @returns the table
+ */
+export function formatHttpTable(r: HttpBenchResult): string {
+  const lines = [
+    "tier      conc  ok/req  errors       ttft p50/p99 ms   tok/s p50/p99   agg tok/s",
+  ];
+  for (const [tier, points] of Object.entries(r.tiers)) {
+    for (const p of points) {
+      lines.push(
+        `${tier.padEnd(9)} ${String(p.concurrency).padStart(4)}  ${
+          `${p.ok}/${p.requests}`.padStart(6)
+        }  ${JSON.stringify(p.errors).padEnd(11)}  ${
+          `${p.ttftMs.p50}/${p.ttftMs.p99}`.padStart(16)
+        }  ${`${p.tokensPerSecond.p50}/${p.tokensPerSecond.p99}`.padStart(14)}  ${
+          String(p.aggregateTokensPerSecond).padStart(9)
+        }`,
+      );
+    }
+  }
+  const o = r.overhead;
+  lines.push(
+    `HTTP overhead (fast, c=1, ${o.requests} req): engine ${o.engineMsP50} ms, HTTP ${o.httpMsP50} ms, +${o.overheadMsP50} ms p50`,
+  );
+  return lines.join("\n");
+}
+
+if (import.meta.main) {
+  const r = await benchHttp();
+  console.log(formatHttpTable(r));
+  console.log(JSON.stringify(r));
+}

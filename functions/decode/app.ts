@@ -1,0 +1,179 @@
+// The decode function: POST /v1/decode continues generation from a KV snapshot — the snapshot as
+// the body (application/vnd.kvrelay.snapshot, streamed into the import; parameters in the query)
+// or by id from the shared store (JSON body) — with optional continuation text, sampling, and
+// SSE when streaming. A snapshot of another tier's model is migrated into the requested tier
+// when the projector gate allows (else 422); one of a model no tier serves is a 409.
+import type { Context, Hono } from "hono";
+import { z } from "zod";
+import { clientSignal, createBaseApp, jsonBodyLimit, requireTier } from "../shared/app.ts";
+import { HttpError, readJsonBody, toHttpError } from "../shared/errors.ts";
+import { type ServedResult, startFromSnapshot } from "../shared/generation.ts";
+import {
+  countBytes,
+  isSnapshotBody,
+  loadStored,
+  peekHeader,
+  peekStream,
+  tierOfSnapshot,
+} from "../shared/handoff.ts";
+import type { Runtime, Tier } from "../shared/runtime.ts";
+import { generationOptions, samplingFields } from "../shared/schemas.ts";
+import { sseResponse } from "../shared/sse.ts";
+
+const decodeJsonSchema = z.object({
+  snapshot_id: z.string().min(1),
+  tier: z.string().min(1).optional(),
+  continuation: z.string().optional(),
+  stream: z.boolean().optional(),
+  ...samplingFields,
+});
+
+const num = (int: boolean) => z.string().regex(int ? /^\d+$/ : /^-?\d+(\.\d+)?$/).transform(Number);
+
+const decodeQuerySchema = z.object({
+  tier: z.string().min(1).optional(),
+  continuation: z.string().optional(),
+  stream: z.enum(["true", "false"]).transform((s) => s === "true").optional(),
+  max_tokens: num(true).pipe(z.number().int().min(1)).optional(),
+  temperature: num(false).pipe(z.number().min(0).max(2)).optional(),
+  top_p: num(false).pipe(z.number().gt(0).max(1)).optional(),
+  top_k: num(true).pipe(z.number().int().min(1)).optional(),
+  min_p: num(false).pipe(z.number().min(0).max(1)).optional(),
+  seed: num(true).pipe(z.number().int().min(0).max(2 ** 32 - 1)).optional(),
+  stop: z.string().transform((s, ctx) => {
+    try {
+      const v = JSON.parse(s);
+      if (Array.isArray(v) && v.every((x) => typeof x === "string" && x.length > 0)) {
+        return v as string[];
+      }
+    } catch {
+      // fall through
+    }
+    ctx.addIssue({ code: "custom", message: "stop must be a JSON array of non-empty strings" });
+    return z.NEVER;
+  }).optional(),
+});
+
+function finishReason(r: ServedResult): "stop" | "length" {
+  return r.finishReason === "stop" ? "stop" : "length";
+}
+
+async function respond(
+  c: Context,
+  rt: Runtime,
+  tier: Tier,
+  source: Tier,
+  input: Uint8Array | ReadableStream<Uint8Array>,
+  p: z.infer<typeof decodeJsonSchema> | z.infer<typeof decodeQuerySchema>,
+): Promise<Response> {
+  const options = generationOptions(tier, p);
+  const continuationIds = p.continuation ? tier.model.tokenizer.encode(p.continuation) : [];
+  const ac = new AbortController();
+  const signal = AbortSignal.any([clientSignal(c), ac.signal]);
+  const gen = await startFromSnapshot(rt, {
+    tier,
+    source,
+    input,
+    continuationIds,
+    options,
+    clientSignal: signal,
+  });
+  const base = {
+    tier: tier.name,
+    snapshot_tokens: gen.promptIds.length - continuationIds.length,
+    migrated: gen.cache.source === "migrated",
+    source_tier: source.name,
+    reused_tokens: gen.cache.reusedTokens,
+  };
+  if (!p.stream) {
+    const r = await gen.collect();
+    return c.json({
+      ...base,
+      text: r.text,
+      finish_reason: finishReason(r),
+      ttft_ms: r.ttftMs,
+      usage: {
+        prompt_tokens: r.promptTokens,
+        completion_tokens: r.tokenIds.length,
+        total_tokens: r.promptTokens + r.tokenIds.length,
+      },
+    });
+  }
+  return sseResponse(
+    async (send) => {
+      const it = gen.tokens();
+      let step = await it.next();
+      while (!step.done) {
+        if (step.value.text !== "") send({ text: step.value.text });
+        step = await it.next();
+      }
+      const r = step.value;
+      if (r.abortCause) {
+        throw new HttpError(503, "timeout_error", `decode stopped: ${r.abortCause}`);
+      }
+      send({
+        ...base,
+        text: "",
+        finish_reason: finishReason(r),
+        usage: {
+          prompt_tokens: r.promptTokens,
+          completion_tokens: r.tokenIds.length,
+          total_tokens: r.promptTokens + r.tokenIds.length,
+        },
+      });
+    },
+    () => ac.abort(),
+    (e) => {
+      const h = toHttpError(e);
+      return {
+        error: h
+          ? { type: h.type, message: h.message, param: h.param ?? null }
+          : { type: "server_error", message: "internal server error", param: null },
+      };
+    },
+  );
+}
+
+/**
+ * Registers POST /v1/decode.
+ * @param app the app (from createBaseApp)
+ * @param rt the runtime
+ */
+export function registerDecode(app: Hono, rt: Runtime): void {
+  const limit = jsonBodyLimit(rt.config.server.max_body_bytes);
+  app.post("/v1/decode", async (c, next) => {
+    if (isSnapshotBody(c)) {
+      const q = decodeQuerySchema.parse(c.req.query());
+      const target = q.tier === undefined ? undefined : requireTier(rt, q.tier);
+      if (!rt.ready) throw new HttpError(503, "unavailable_error", "server is not ready");
+      const body = c.req.raw.body;
+      if (!body) {
+        throw new HttpError(400, "invalid_request_error", "snapshot body is empty", "body");
+      }
+      // Streamed into the import: only the header is read first (to find the model that made
+      // it); it is verified again, with the signature, before any KV is allocated.
+      const { header, stream } = await peekStream(body.pipeThrough(countBytes(rt, "in")));
+      const source = tierOfSnapshot(rt, header, target);
+      return await respond(c, rt, target ?? source, source, stream, q);
+    }
+    return await limit(c, next);
+  }, async (c) => {
+    const body = decodeJsonSchema.parse(await readJsonBody(c));
+    if (!rt.ready) throw new HttpError(503, "unavailable_error", "server is not ready");
+    const bytes = await loadStored(rt, body.snapshot_id);
+    const target = body.tier !== undefined ? requireTier(rt, body.tier) : undefined;
+    const source = tierOfSnapshot(rt, peekHeader(bytes), target);
+    return await respond(c, rt, target ?? source, source, bytes, body);
+  });
+}
+
+/**
+ * Builds the decode function's app alone.
+ * @param rt the runtime
+ * @returns the Hono app
+ */
+export function createDecodeApp(rt: Runtime): Hono {
+  const app = createBaseApp(rt, "decode");
+  registerDecode(app, rt);
+  return app;
+}

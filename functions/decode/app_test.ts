@@ -1,0 +1,193 @@
+// Route tests for the decode function via app.request(): continuing from a snapshot (body or
+// stored id, optional continuation, SSE), and every refusal: 409 foreign model, 401 missing or
+// bad signature, 400 corrupt bytes, 404 unknown id, 413 oversized. Oracle: generate() on ids.
+import assert from "node:assert/strict";
+import { generate } from "../../lib/engine/mod.ts";
+import { createPrefillApp } from "../prefill/app.ts";
+import { post, readSse, testRuntime } from "../shared/test_helpers.ts";
+import type { Runtime } from "../shared/runtime.ts";
+import { createDecodeApp } from "./app.ts";
+
+const prompt = "The ship sailed out of the harbour at dawn";
+const SNAP = { "content-type": "application/vnd.kvrelay.snapshot" };
+
+async function snapshotOf(rt: Runtime, tier = "fast"): Promise<Uint8Array<ArrayBuffer>> {
+  const res = await createPrefillApp(rt).request("/v1/prefill", post({ tier, prompt }));
+  assert.equal(res.status, 200);
+  return new Uint8Array(await res.arrayBuffer());
+}
+
+Deno.test("POST /v1/decode continues with continuation text, equal to generate() on the ids", async () => {
+  const rt = await testRuntime();
+  try {
+    const model = rt.tiers.get("fast")!.model;
+    const snap = await snapshotOf(rt);
+    const res = await createDecodeApp(rt).request(
+      `/v1/decode?tier=fast&max_tokens=6&continuation=${encodeURIComponent(" and then")}`,
+      { method: "POST", headers: SNAP, body: snap },
+    );
+    const body = await res.json();
+    const ids = [...model.tokenizer.encode(prompt), ...model.tokenizer.encode(" and then")];
+    const expected = await generate(model, ids, { maxTokens: 6, temperature: 0 });
+    assert.equal(body.text, expected.text);
+    assert.equal(body.snapshot_tokens, model.tokenizer.encode(prompt).length);
+  } finally {
+    await rt.close();
+  }
+});
+
+Deno.test("POST /v1/decode streams SSE text frames, then a final frame and [DONE]", async () => {
+  const rt = await testRuntime();
+  try {
+    const snap = await snapshotOf(rt);
+    const res = await createDecodeApp(rt).request("/v1/decode?max_tokens=6&stream=true", {
+      method: "POST",
+      headers: SNAP,
+      body: snap,
+    });
+    const frames = await readSse(res);
+    assert.equal(frames.at(-1), "[DONE]");
+    const last = frames.at(-2)!;
+    assert.equal(last.finish_reason, "length");
+    const expected = await generate(rt.tiers.get("fast")!.model, prompt, {
+      maxTokens: 6,
+      temperature: 0,
+    });
+    assert.equal(frames.slice(0, -2).map((f) => f.text).join(""), expected.text);
+  } finally {
+    await rt.close();
+  }
+});
+
+Deno.test("POST /v1/decode: 409 for a model no tier serves, 422 across tiers without a projector, 404 unknown ids", async () => {
+  const rt = await testRuntime({ tiers: { fast: "tiny-fast", balanced: "tiny-balanced" } });
+  const only = await testRuntime({ tiers: { balanced: "tiny-balanced" } });
+  try {
+    const snap = await snapshotOf(rt);
+    const foreign = await createDecodeApp(only).request("/v1/decode", {
+      method: "POST",
+      headers: SNAP,
+      body: snap,
+    });
+    assert.equal(foreign.status, 409);
+    assert.equal((await foreign.json()).error.type, "snapshot_mismatch_error");
+    const app = createDecodeApp(rt);
+    const cross = await app.request("/v1/decode?tier=balanced", {
+      method: "POST",
+      headers: SNAP,
+      body: snap,
+    });
+    assert.equal(cross.status, 422);
+    assert.equal((await cross.json()).error.type, "migration_refused_error");
+    const missing = await app.request("/v1/decode", post({ snapshot_id: crypto.randomUUID() }));
+    assert.equal(missing.status, 404);
+    assert.equal((await missing.json()).error.param, "snapshot_id");
+    const tier = await app.request("/v1/decode?tier=zzz", {
+      method: "POST",
+      headers: SNAP,
+      body: snap,
+    });
+    assert.equal(tier.status, 404);
+  } finally {
+    await rt.close();
+    await only.close();
+  }
+});
+
+const projector =
+  new URL("../../models/projectors/tiny-fast--tiny-powerful/projector.json", import.meta.url)
+    .pathname;
+let haveProjector = true;
+try {
+  Deno.statSync(projector);
+} catch {
+  haveProjector = false;
+}
+
+Deno.test({
+  name:
+    "POST /v1/decode migrates another tier's snapshot through the projector, then repairs and decodes",
+  ignore: !haveProjector,
+  fn: async () => {
+    const rt = await testRuntime({
+      tiers: { fast: "tiny-fast", powerful: "tiny-powerful" },
+      config: {
+        projectors: [{ from: "fast", to: "powerful", path: "projectors/tiny-fast--tiny-powerful" }],
+      },
+    });
+    try {
+      const snap = await snapshotOf(rt);
+      const res = await createDecodeApp(rt).request("/v1/decode?tier=powerful&max_tokens=6", {
+        method: "POST",
+        headers: SNAP,
+        body: snap,
+      });
+      assert.equal(res.status, 200);
+      const body = await res.json();
+      assert.equal(body.migrated, true);
+      assert.equal(body.source_tier, "fast");
+      const n = rt.tiers.get("fast")!.model.tokenizer.encode(prompt).length;
+      const repair = rt.migrator.gate(rt.tiers.get("fast")!, rt.tiers.get("powerful")!);
+      assert.ok(repair.ok);
+      assert.equal(body.reused_tokens, n - 1 - repair.repairTokens);
+      assert.ok(body.usage.completion_tokens >= 1);
+    } finally {
+      await rt.close();
+    }
+  },
+});
+
+Deno.test("POST /v1/decode with a snapshot key: 401 for unsigned or wrongly signed, 200 when signed", async () => {
+  const signed = await testRuntime({ env: { KVRELAY_SNAPSHOT_KEY: "0123456789abcdef-key-one" } });
+  const other = await testRuntime({ env: { KVRELAY_SNAPSHOT_KEY: "another-key-0123456789" } });
+  const plain = await testRuntime();
+  try {
+    const app = createDecodeApp(signed);
+    for (const [rt, want] of [[plain, 401], [other, 401], [signed, 200]] as const) {
+      const res = await app.request("/v1/decode?tier=fast&max_tokens=2", {
+        method: "POST",
+        headers: SNAP,
+        body: await snapshotOf(rt),
+      });
+      assert.equal(res.status, want);
+      const body = await res.json();
+      if (want === 401) assert.equal(body.error.type, "authentication_error");
+    }
+  } finally {
+    await signed.close();
+    await other.close();
+    await plain.close();
+  }
+});
+
+Deno.test("POST /v1/decode answers 400 for corrupt snapshots and 413 for oversized ones", async () => {
+  const rt = await testRuntime({
+    config: { server: { max_body_bytes: 8192, max_snapshot_bytes: 4096 } },
+  });
+  try {
+    const app = createDecodeApp(rt);
+    const snap = await snapshotOf(rt);
+    assert.ok(snap.length > 4096, `snapshot is ${snap.length} bytes`);
+    const big = await app.request("/v1/decode", { method: "POST", headers: SNAP, body: snap });
+    assert.equal(big.status, 413);
+    const bigStreamed = await app.request("/v1/decode?tier=fast", {
+      method: "POST",
+      headers: SNAP,
+      body: snap,
+    });
+    assert.equal(bigStreamed.status, 413);
+    const corrupt = snap.slice(0, 2000);
+    corrupt[40] ^= 0xff;
+    const bad = await app.request("/v1/decode", { method: "POST", headers: SNAP, body: corrupt });
+    assert.equal(bad.status, 400);
+    assert.equal((await bad.json()).error.type, "invalid_snapshot_error");
+    const empty = await app.request("/v1/decode", {
+      method: "POST",
+      headers: SNAP,
+      body: new Uint8Array(0),
+    });
+    assert.equal(empty.status, 400);
+  } finally {
+    await rt.close();
+  }
+});

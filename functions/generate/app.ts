@@ -1,0 +1,385 @@
+// The generate function: POST /v1/generate (the seed's {prompt, user_id} API with routing and
+// escalation), OpenAI-compatible POST /v1/completions and /v1/chat/completions (streaming SSE,
+// usage, finish_reason) and GET /v1/models (one id per tier), over an injected Runtime.
+// Tier choice is lib/router's; admission, caches and decoding are functions/shared/generation.ts.
+import type { Context, Hono } from "hono";
+import { z } from "zod";
+import type { RouteDecision } from "../../lib/router/mod.ts";
+import { clientSignal, createBaseApp, jsonBodyLimit, requireTier } from "../shared/app.ts";
+import { HttpError, readJsonBody, toHttpError } from "../shared/errors.ts";
+import { type Generation, type ServedResult, startGeneration } from "../shared/generation.ts";
+import type { Runtime, Tier } from "../shared/runtime.ts";
+import {
+  generationOptions,
+  messagesSchema,
+  promptIds,
+  samplingFields,
+  tokenIdsSchema,
+} from "../shared/schemas.ts";
+import { sseResponse } from "../shared/sse.ts";
+
+const streamOptions = z.object({ include_usage: z.boolean().optional() }).nullish();
+
+const generateSchema = z.object({
+  prompt: z.string().min(1),
+  user_id: z.string().min(1).max(256),
+  tier: z.string().min(1).optional(),
+  model: z.string().min(1).optional(),
+  ...samplingFields,
+});
+
+const completionSchema = z.object({
+  model: z.string().min(1).optional(),
+  prompt: z.union([
+    z.string().min(1),
+    z.array(z.string().min(1)).min(1).max(16),
+    tokenIdsSchema,
+    z.array(tokenIdsSchema).min(1).max(16),
+  ]),
+  stream: z.boolean().nullish(),
+  stream_options: streamOptions,
+  n: z.literal(1).nullish(),
+  echo: z.literal(false).nullish(),
+  user: z.string().max(256).optional(),
+  ...samplingFields,
+});
+
+const chatSchema = z.object({
+  model: z.string().min(1).optional(),
+  messages: messagesSchema,
+  stream: z.boolean().nullish(),
+  stream_options: streamOptions,
+  n: z.literal(1).nullish(),
+  user: z.string().max(256).optional(),
+  max_completion_tokens: z.number().int().min(1).optional(),
+  ...samplingFields,
+});
+
+/** A prompt in one of its forms. */
+interface PromptInput {
+  text?: string;
+  messages?: z.infer<typeof messagesSchema>;
+  ids?: number[];
+}
+
+/** The kvrelay extension object attached to responses. */
+function kvrelayInfo(gen: Generation, route: RouteDecision) {
+  return {
+    tier: gen.tier.name,
+    model: gen.tier.model.name,
+    route: route.reason,
+    migrated: gen.cache.source === "migrated",
+    cache: {
+      source: gen.cache.source,
+      from_tier: gen.cache.fromTier ?? null,
+      reason: gen.cache.reason ?? null,
+      reused_tokens: gen.cache.reusedTokens,
+    },
+  };
+}
+
+function routeText(p: PromptInput): string {
+  if (p.text !== undefined) return p.text;
+  if (p.messages) {
+    return p.messages.map((m) =>
+      typeof m.content === "string" ? m.content : m.content.map((x) => x.text).join("")
+    )
+      .join("\n");
+  }
+  return "";
+}
+
+/**
+ * Chooses the tier (explicit model/tier wins, else the router) and admits the generation.
+ * @throws {HttpError} 404 unknown model, 400 bad prompt/limits, 429 queue full, 503 not ready
+ */
+async function admit(
+  rt: Runtime,
+  signal: AbortSignal,
+  req: {
+    explicit?: string;
+    param: string;
+    prompt: PromptInput;
+    userId?: string;
+    sampling: Parameters<typeof generationOptions>[1];
+  },
+): Promise<{ gen: Generation; route: RouteDecision }> {
+  if (!rt.ready) throw new HttpError(503, "unavailable_error", "server is not ready");
+  const explicit = req.explicit === "auto" ? undefined : req.explicit;
+  let route: RouteDecision;
+  let tier: Tier;
+  if (explicit !== undefined) {
+    tier = requireTier(rt, explicit, req.param);
+    route = rt.router.route({ prompt: "", promptTokens: 0, explicit, userId: req.userId });
+  } else {
+    const first = rt.tiers.get(rt.config.defaultTier)!;
+    const text = routeText(req.prompt);
+    const n = req.prompt.ids?.length ?? first.model.tokenizer.encode(text).length;
+    route = rt.router.route({ prompt: text, promptTokens: n, userId: req.userId });
+    tier = requireTier(rt, route.tier, req.param);
+  }
+  const ids = promptIds(tier, req.prompt);
+  const options = generationOptions(tier, req.sampling);
+  const gen = await startGeneration(rt, { tier, promptIds: ids, options, clientSignal: signal });
+  rt.router.commit(req.userId, tier.name);
+  return { gen, route };
+}
+
+/** OpenAI finish_reason of an engine result. */
+function finishReason(r: ServedResult): "stop" | "length" {
+  return r.finishReason === "stop" ? "stop" : "length";
+}
+
+function usage(promptTokens: number, completion: number) {
+  return {
+    prompt_tokens: promptTokens,
+    completion_tokens: completion,
+    total_tokens: promptTokens + completion,
+  };
+}
+
+function streamError(e: unknown) {
+  const h = toHttpError(e);
+  return {
+    error: h
+      ? { type: h.type, message: h.message, param: h.param ?? null }
+      : { type: "server_error", message: "internal server error", param: null },
+  };
+}
+
+/** A client signal that also fires when the SSE body is cancelled. */
+function linkedSignal(c: Context): { signal: AbortSignal; abort: () => void } {
+  const ac = new AbortController();
+  return { signal: AbortSignal.any([clientSignal(c), ac.signal]), abort: () => ac.abort() };
+}
+
+/**
+ * Registers the generate function's routes on an app.
+ * @param app the app (from createBaseApp)
+ * @param rt the runtime
+ */
+export function registerGenerate(app: Hono, rt: Runtime): void {
+  const limit = jsonBodyLimit(rt.config.server.max_body_bytes);
+
+  app.get("/v1/models", (c) => {
+    if (!rt.ready) throw new HttpError(503, "unavailable_error", "server is not ready");
+    return c.json({
+      object: "list",
+      data: [...rt.tiers.values()].map((t) => ({
+        id: t.name,
+        object: "model",
+        created: 0,
+        owned_by: "kvrelay",
+        root: t.model.name,
+        max_context: t.config.max_context,
+      })),
+    });
+  });
+
+  app.post("/v1/generate", limit, async (c) => {
+    const body = generateSchema.parse(await readJsonBody(c));
+    const requestId = `gen-${crypto.randomUUID()}`;
+    const { gen, route } = await admit(rt, clientSignal(c), {
+      explicit: body.tier ?? body.model,
+      param: body.tier !== undefined ? "tier" : "model",
+      prompt: { text: body.prompt },
+      userId: body.user_id,
+      sampling: body,
+    });
+    const info = kvrelayInfo(gen, route);
+    const r = await gen.collect();
+    return c.json({
+      response: r.text,
+      request_id: requestId,
+      tier: info.tier,
+      migrated: info.migrated,
+      cache: info.cache,
+      route: info.route,
+      ttft_ms: Math.round(r.ttftMs * 1000) / 1000,
+      tokens: r.tokenIds.length,
+      prompt_tokens: r.promptTokens,
+      finish_reason: finishReason(r),
+    });
+  });
+
+  app.post("/v1/completions", limit, async (c) => {
+    const body = completionSchema.parse(await readJsonBody(c));
+    const prompts: PromptInput[] = typeof body.prompt === "string"
+      ? [{ text: body.prompt }]
+      : typeof body.prompt[0] === "string"
+      ? (body.prompt as string[]).map((text) => ({ text }))
+      : typeof body.prompt[0] === "number"
+      ? [{ ids: body.prompt as number[] }]
+      : (body.prompt as number[][]).map((ids) => ({ ids }));
+    const id = `cmpl-${crypto.randomUUID()}`;
+    const created = Math.floor(Date.now() / 1000);
+    const link = linkedSignal(c);
+    const admitOne = (i: number) =>
+      admit(rt, link.signal, {
+        explicit: body.model,
+        param: "model",
+        prompt: prompts[i],
+        userId: body.user,
+        sampling: body,
+      });
+    if (!body.stream) {
+      const choices = [];
+      let promptTokens = 0;
+      let completion = 0;
+      let model = "";
+      let info: ReturnType<typeof kvrelayInfo> | undefined;
+      for (let i = 0; i < prompts.length; i++) {
+        const { gen, route } = await admitOne(i);
+        info ??= kvrelayInfo(gen, route);
+        model = gen.tier.name;
+        const r = await gen.collect();
+        promptTokens += r.promptTokens;
+        completion += r.tokenIds.length;
+        choices.push({ index: i, text: r.text, finish_reason: finishReason(r), logprobs: null });
+      }
+      return c.json({
+        id,
+        object: "text_completion",
+        created,
+        model,
+        choices,
+        usage: usage(promptTokens, completion),
+        kvrelay: info,
+      });
+    }
+    const includeUsage = body.stream_options?.include_usage === true;
+    const first = await admitOne(0);
+    return sseResponse(
+      async (send) => {
+        let promptTokens = 0;
+        let completion = 0;
+        for (let i = 0; i < prompts.length; i++) {
+          const { gen } = i === 0 ? first : await admitOne(i);
+          const model = gen.tier.name;
+          const frame = (text: string, fr: string | null) => ({
+            id,
+            object: "text_completion",
+            created,
+            model,
+            choices: [{ index: i, text, finish_reason: fr, logprobs: null }],
+            ...(includeUsage ? { usage: null } : {}),
+          });
+          const it = gen.tokens();
+          let step = await it.next();
+          while (!step.done) {
+            if (step.value.text !== "") send(frame(step.value.text, null));
+            step = await it.next();
+          }
+          const r = step.value;
+          if (r.abortCause) throw abortError(r, gen);
+          promptTokens += r.promptTokens;
+          completion += r.tokenIds.length;
+          send(frame("", finishReason(r)));
+        }
+        if (includeUsage) {
+          send({
+            id,
+            object: "text_completion",
+            created,
+            model: first.gen.tier.name,
+            choices: [],
+            usage: usage(promptTokens, completion),
+          });
+        }
+      },
+      link.abort,
+      streamError,
+    );
+  });
+
+  app.post("/v1/chat/completions", limit, async (c) => {
+    const body = chatSchema.parse(await readJsonBody(c));
+    const id = `chatcmpl-${crypto.randomUUID()}`;
+    const created = Math.floor(Date.now() / 1000);
+    const link = linkedSignal(c);
+    const { gen, route } = await admit(rt, link.signal, {
+      explicit: body.model,
+      param: "model",
+      prompt: { messages: body.messages },
+      userId: body.user,
+      sampling: { ...body, max_tokens: body.max_completion_tokens ?? body.max_tokens },
+    });
+    const model = gen.tier.name;
+    const info = kvrelayInfo(gen, route);
+    if (!body.stream) {
+      const r = await gen.collect();
+      return c.json({
+        id,
+        object: "chat.completion",
+        created,
+        model,
+        choices: [{
+          index: 0,
+          message: { role: "assistant", content: r.text, refusal: null },
+          finish_reason: finishReason(r),
+          logprobs: null,
+        }],
+        usage: usage(r.promptTokens, r.tokenIds.length),
+        kvrelay: info,
+      });
+    }
+    const includeUsage = body.stream_options?.include_usage === true;
+    return sseResponse(async (send) => {
+      const frame = (delta: Record<string, string>, fr: string | null) => ({
+        id,
+        object: "chat.completion.chunk",
+        created,
+        model,
+        choices: [{ index: 0, delta, finish_reason: fr, logprobs: null }],
+        ...(includeUsage ? { usage: null } : {}),
+      });
+      send(frame({ role: "assistant", content: "" }, null));
+      const it = gen.tokens();
+      let step = await it.next();
+      while (!step.done) {
+        if (step.value.text !== "") send(frame({ content: step.value.text }, null));
+        step = await it.next();
+      }
+      const r = step.value;
+      if (r.abortCause) throw abortError(r, gen);
+      send(frame({}, finishReason(r)));
+      if (includeUsage) {
+        send({
+          id,
+          object: "chat.completion.chunk",
+          created,
+          model,
+          choices: [],
+          usage: usage(r.promptTokens, r.tokenIds.length),
+        });
+      }
+    }, () => {
+      link.abort();
+    }, streamError);
+  });
+}
+
+function abortError(r: ServedResult, gen: Generation): HttpError {
+  return r.abortCause === "timeout"
+    ? new HttpError(
+      503,
+      "timeout_error",
+      `request exceeded the tier's timeout of ${gen.tier.config.request_timeout_ms} ms`,
+    )
+    : new HttpError(
+      503,
+      "unavailable_error",
+      r.abortCause === "shutdown" ? "server is shutting down" : "client disconnected",
+    );
+}
+
+/**
+ * Builds the generate function's app alone (probes + generate routes).
+ * @param rt the runtime (tiers loaded or loading)
+ * @returns the Hono app
+ */
+export function createGenerateApp(rt: Runtime): Hono {
+  const app = createBaseApp(rt, "generate");
+  registerGenerate(app, rt);
+  return app;
+}

@@ -1,0 +1,138 @@
+// The one mapping from thrown errors to HTTP responses shared by every function's app.onError.
+// Shape follows OpenAI's: {error: {type, message, param}}; never a stack trace in a body.
+// Typed errors of lib/ (SnapshotError, StoreError, QueueFullError, migration refusals) map here.
+import type { Context } from "hono";
+import { HTTPException } from "hono/http-exception";
+import { z } from "zod";
+import { SnapshotError } from "../../lib/snapshot/mod.ts";
+import { StoreError } from "../../lib/store/mod.ts";
+import { QueueFullError } from "./queue.ts";
+import type { Metrics } from "./metrics.ts";
+
+/** Statuses a handler may answer with on purpose. */
+export type ErrorStatus = 400 | 401 | 404 | 409 | 413 | 422 | 429 | 503 | 504;
+
+/** An error a handler throws on purpose, carrying its HTTP status and OpenAI-style type. */
+export class HttpError extends Error {
+  /**
+   * @param status HTTP status code to answer with.
+   * @param type OpenAI-style error type, e.g. "invalid_request_error".
+   * @param message Human-readable message quoting the offending value.
+   * @param param Request field at fault, when there is one.
+   * @param headers Extra response headers (e.g. Retry-After).
+   */
+  constructor(
+    readonly status: ErrorStatus,
+    readonly type: string,
+    message: string,
+    readonly param?: string,
+    readonly headers?: Record<string, string>,
+  ) {
+    super(message);
+    this.name = "HttpError";
+  }
+}
+
+const SNAPSHOT_STATUS: Record<SnapshotError["kind"], ErrorStatus> = {
+  fingerprint: 409,
+  signature: 401,
+  too_large: 413,
+  checksum: 400,
+  version: 400,
+  bounds: 400,
+  format: 400,
+};
+
+/**
+ * Classifies a thrown value as an {@link HttpError} (or null for an internal error).
+ * @param err what a handler threw
+ * @returns the HTTP error to answer with, or null for a 500
+ */
+export function toHttpError(err: unknown): HttpError | null {
+  if (err instanceof HttpError) return err;
+  if (err instanceof z.ZodError) {
+    const issue = err.issues[0];
+    const param = issue && issue.path.length > 0 ? issue.path.map(String).join(".") : "body";
+    return new HttpError(
+      400,
+      "invalid_request_error",
+      issue ? `${param}: ${issue.message}` : "invalid request body",
+      param,
+    );
+  }
+  if (err instanceof QueueFullError) {
+    return new HttpError(429, "rate_limit_error", err.message, undefined, {
+      "retry-after": String(err.retryAfterS),
+    });
+  }
+  if (err instanceof SnapshotError) {
+    const type = err.kind === "fingerprint"
+      ? "snapshot_mismatch_error"
+      : err.kind === "signature"
+      ? "authentication_error"
+      : "invalid_snapshot_error";
+    return new HttpError(SNAPSHOT_STATUS[err.kind], type, `snapshot ${err.kind}: ${err.message}`);
+  }
+  if (err instanceof StoreError) {
+    if (err.kind === "too_large") return new HttpError(413, "invalid_request_error", err.message);
+    return new HttpError(503, "store_unavailable_error", `snapshot store: ${err.message}`);
+  }
+  if (err instanceof Error && err.name === "MigrationRefusedError") {
+    return new HttpError(422, "migration_refused_error", err.message);
+  }
+  if (err instanceof HTTPException) {
+    return new HttpError(err.status as ErrorStatus, "invalid_request_error", err.message);
+  }
+  if (err instanceof RangeError || err instanceof TypeError) {
+    return new HttpError(400, "invalid_request_error", err.message);
+  }
+  return null;
+}
+
+/**
+ * Builds the app.onError handler: maps any thrown value to a JSON error response and counts it.
+ * @param metrics where error counts go (optional)
+ * @returns a Hono error handler
+ */
+export function errorHandler(metrics?: Metrics): (err: unknown, c: Context) => Response {
+  return (err, c) => {
+    const h = toHttpError(err);
+    if (!h) {
+      console.error("internal error:", err);
+      metrics?.errors.inc({ type: "server_error" });
+      return c.json({
+        error: { type: "server_error", message: "internal server error", param: null },
+      }, 500);
+    }
+    metrics?.errors.inc({ type: h.type });
+    for (const [k, v] of Object.entries(h.headers ?? {})) c.header(k, v);
+    return c.json(
+      { error: { type: h.type, message: h.message, param: h.param ?? null } },
+      h.status,
+    );
+  };
+}
+
+/**
+ * Turns any thrown value into a JSON error response (no metrics).
+ * @param err What a handler threw.
+ * @param c The Hono context of the failed request.
+ * @returns The response to send.
+ */
+export function errorResponse(err: unknown, c: Context): Response {
+  return errorHandler()(err, c);
+}
+
+/**
+ * Parses a JSON request body, answering 400 (not 500) for malformed JSON.
+ * @param c The Hono context.
+ * @returns The parsed body.
+ * @throws HttpError 400 when the body is not JSON.
+ */
+export async function readJsonBody(c: Context): Promise<unknown> {
+  try {
+    return await c.req.json();
+  } catch {
+    throw new HttpError(400, "invalid_request_error", "request body is not valid JSON", "body");
+  }
+}

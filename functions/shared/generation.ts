@@ -1,0 +1,555 @@
+// One served generation: admission through the tier's bounded queue, request deadline, prefill
+// that reuses the tier's own prefix cache or migrates a lower tier's cached prefix (escalation,
+// gated) else prefills fully, then the engine's decode loop, with metrics and a sequence that is
+// freed on every exit path (finish, error, client disconnect, timeout, shutdown).
+import {
+  decodeLoop,
+  type GenerateChunk,
+  type GenerateOptions,
+  type GenerateResult,
+} from "../../lib/engine/mod.ts";
+import type { NativeSequence } from "../../lib/native/mod.ts";
+import { importSnapshot } from "../../lib/snapshot/mod.ts";
+import { StoreError } from "../../lib/store/mod.ts";
+import { prefillWithCache } from "../../lib/store/prefix_cache.ts";
+import { HttpError } from "./errors.ts";
+import { MigrationRefusedError } from "./migration.ts";
+import { QueueFullError } from "./queue.ts";
+import type { Runtime, Tier } from "./runtime.ts";
+
+/** Where the prompt's KV came from. */
+export interface CacheOutcome {
+  /** none: full prefill; prefix: the tier's own prefix cache; migrated: a lower tier's cached
+   *  prefix projected into this tier; fallback: a lower tier had it but migration was refused;
+   *  snapshot: imported from a snapshot (decode). */
+  source: "none" | "prefix" | "migrated" | "fallback" | "snapshot";
+  /** The lower tier whose cache was found (migrated/fallback). */
+  fromTier?: string;
+  /** Why migration was refused (fallback). */
+  reason?: string;
+  /** Prompt tokens whose prefill was skipped. */
+  reusedTokens: number;
+  /** Migrated: the projector's fitted logit temperature, applied while decoding (1 = none). */
+  logitTemperature?: number;
+}
+
+/**
+ * Sampling options for decoding from a cache: a migrated cache's logit temperature T scales
+ * logits by 1/T before sampling, which composes with the sampling temperature t as t·T (greedy
+ * stays greedy: argmax is unchanged).
+ * @param options request options
+ * @param cache where the KV came from
+ * @returns options with the effective temperature
+ */
+export function withCacheTemperature(
+  options: Omit<GenerateOptions, "signal">,
+  cache: CacheOutcome,
+): Omit<GenerateOptions, "signal"> {
+  const T = cache.logitTemperature ?? 1;
+  if (T === 1 || !options.temperature) return options;
+  return { ...options, temperature: options.temperature * T };
+}
+
+/** Why a generation ended early. */
+export type AbortCause = "client" | "timeout" | "shutdown";
+
+/** The result of a served generation. */
+export interface ServedResult extends GenerateResult {
+  /** Set when finishReason is "abort". */
+  abortCause?: AbortCause;
+  /** Seconds spent decoding after the first token. */
+  decodeSeconds: number;
+}
+
+/** What to generate. */
+export interface GenerationRequest {
+  tier: Tier;
+  /** Prompt token ids (≥ 1). */
+  promptIds: number[];
+  /** Sampling, maxTokens, stops (the signal is set here). */
+  options: Omit<GenerateOptions, "signal">;
+  /** The client's signal (aborts on disconnect). */
+  clientSignal?: AbortSignal;
+  /** Look in lower tiers' prefix caches when this tier's own misses (default true). */
+  escalate?: boolean;
+}
+
+function signalCause(
+  client: AbortSignal | undefined,
+  timeout: AbortSignal,
+  rt: Runtime,
+): AbortCause {
+  if (client?.aborted) return "client";
+  if (rt.shutdownSignal.aborted) return "shutdown";
+  void timeout;
+  return "timeout";
+}
+
+/** A held queue slot with the request's deadline; `release` frees the slot and the timer. */
+export interface Slot {
+  /** Fires on timeout, shutdown or client abort. */
+  signal: AbortSignal;
+  /** Fires on timeout only. */
+  timeout: AbortSignal;
+  /** Releases the slot and clears the deadline timer (idempotent). */
+  release: () => void;
+}
+
+/**
+ * Waits for a generation slot on `tier` under the tier's request deadline.
+ * @param rt the runtime
+ * @param tier the tier
+ * @param client the client's signal
+ * @returns the slot
+ * @throws {QueueFullError} when the queue is full (429); {@link HttpError} 503 on timeout,
+ *   shutdown, or a client gone while queued
+ */
+export async function admitSlot(rt: Runtime, tier: Tier, client?: AbortSignal): Promise<Slot> {
+  const tc = new AbortController();
+  const timer = setTimeout(
+    () => tc.abort(new Error(`timeout after ${tier.config.request_timeout_ms} ms`)),
+    tier.config.request_timeout_ms,
+  );
+  const parts = [tc.signal, rt.shutdownSignal];
+  if (client) parts.push(client);
+  const signal = AbortSignal.any(parts);
+  try {
+    const release = await tier.queue.acquire(signal);
+    let done = false;
+    return {
+      signal,
+      timeout: tc.signal,
+      release: () => {
+        if (done) return;
+        done = true;
+        clearTimeout(timer);
+        release();
+      },
+    };
+  } catch (e) {
+    clearTimeout(timer);
+    if (e instanceof QueueFullError) {
+      rt.metrics.rejected.inc({ tier: tier.name });
+      throw e;
+    }
+    const cause = signalCause(client, tc.signal, rt);
+    throw new HttpError(
+      503,
+      cause === "timeout" ? "timeout_error" : "unavailable_error",
+      cause === "timeout"
+        ? `timed out after ${tier.config.request_timeout_ms} ms waiting for tier "${tier.name}"`
+        : cause === "client"
+        ? "client disconnected while queued"
+        : "server is shutting down",
+    );
+  }
+}
+
+async function ownCachedChunks(tier: Tier, keys: string[]): Promise<number> {
+  let n = 0;
+  for (const k of keys) {
+    if (!(await tier.prefix!.store.has(k))) break;
+    n++;
+  }
+  return n;
+}
+
+/** A generation admitted and prefilled; iterate {@link Generation.tokens} once, or close it. */
+export class Generation {
+  #seq: NativeSequence | null;
+  #release: (() => void) | null;
+  #closed = false;
+  readonly #rt: Runtime;
+  readonly #signal: AbortSignal;
+  readonly #timeout: AbortSignal;
+  readonly #client: AbortSignal | undefined;
+  readonly #startMs: number;
+  readonly #logits: Float32Array;
+
+  /** @internal built by {@link startGeneration} */
+  constructor(
+    rt: Runtime,
+    readonly tier: Tier,
+    readonly promptIds: number[],
+    readonly options: Omit<GenerateOptions, "signal">,
+    readonly cache: CacheOutcome,
+    seq: NativeSequence,
+    logits: Float32Array,
+    release: () => void,
+    signals: { all: AbortSignal; timeout: AbortSignal; client?: AbortSignal },
+    startMs: number,
+  ) {
+    this.#rt = rt;
+    this.#seq = seq;
+    this.#logits = logits;
+    this.#release = release;
+    this.#signal = signals.all;
+    this.#timeout = signals.timeout;
+    this.#client = signals.client;
+    this.#startMs = startMs;
+  }
+
+  /**
+   * Decodes, yielding text deltas; frees the sequence and the queue slot when done.
+   * @yields one chunk per sampled token
+   * @returns the result (finishReason "abort" with abortCause when stopped early)
+   */
+  async *tokens(): AsyncGenerator<GenerateChunk, ServedResult> {
+    if (this.#closed || !this.#seq) throw new Error("generation already consumed or closed");
+    const m = this.#rt.metrics;
+    const labels = { tier: this.tier.name };
+    let firstAt: number | undefined;
+    try {
+      const loop = decodeLoop(this.#seq, this.#logits, {
+        tokenizer: this.tier.model.tokenizer,
+        eosTokenIds: this.tier.model.eosTokenIds,
+        contextIds: this.promptIds.slice(-8),
+        promptTokens: this.promptIds.length,
+        startMs: this.#startMs,
+      }, { ...this.options, signal: this.#signal });
+      while (true) {
+        const step = await loop.next();
+        if (step.done) {
+          const r = step.value;
+          const decodeSeconds = firstAt === undefined ? 0 : (performance.now() - firstAt) / 1000;
+          m.tokens.inc(labels, r.tokenIds.length);
+          if (r.tokenIds.length > 0) m.ttft.observe(labels, r.ttftMs / 1000);
+          if (r.tokenIds.length > 1 && decodeSeconds > 0) {
+            m.tokensPerSecond.observe(labels, (r.tokenIds.length - 1) / decodeSeconds);
+          }
+          if (r.finishReason === "abort") {
+            const cause = signalCause(this.#client, this.#timeout, this.#rt);
+            m.aborted.inc({ ...labels, cause });
+            return { ...r, abortCause: cause, decodeSeconds };
+          }
+          return { ...r, decodeSeconds };
+        }
+        firstAt ??= performance.now();
+        yield step.value;
+      }
+    } finally {
+      this.close();
+    }
+  }
+
+  /**
+   * Runs the whole generation.
+   * @returns the result
+   * @throws {HttpError} 503 timeout_error when the deadline passed, or on shutdown
+   */
+  async collect(): Promise<ServedResult> {
+    const it = this.tokens();
+    while (true) {
+      const s = await it.next();
+      if (s.done) {
+        if (s.value.abortCause === "timeout") {
+          throw new HttpError(
+            503,
+            "timeout_error",
+            `request exceeded the tier's timeout of ${this.tier.config.request_timeout_ms} ms`,
+          );
+        }
+        if (s.value.abortCause === "shutdown") {
+          throw new HttpError(503, "unavailable_error", "server is shutting down");
+        }
+        return s.value;
+      }
+    }
+  }
+
+  /** Frees the sequence and releases the queue slot (idempotent). */
+  close(): void {
+    if (this.#closed) return;
+    this.#closed = true;
+    this.#seq?.free();
+    this.#seq = null;
+    this.#rt.metrics.activeSequences.add({ tier: this.tier.name }, -1);
+    this.#release?.();
+    this.#release = null;
+  }
+}
+
+/**
+ * Admits and prefills a generation (errors here are HTTP errors, before any response byte).
+ * @param rt the runtime
+ * @param req tier, prompt ids, options, client signal
+ * @returns the admitted generation (iterate or close it)
+ * @throws {HttpError} 400 context too long, 503 not ready / timeout; {@link QueueFullError}
+ */
+export async function startGeneration(rt: Runtime, req: GenerationRequest): Promise<Generation> {
+  const startMs = performance.now();
+  const { tier, promptIds } = req;
+  if (!rt.ready) throw new HttpError(503, "unavailable_error", "server is not ready");
+  const maxTokens = req.options.maxTokens ?? tier.config.default_max_tokens;
+  if (promptIds.length === 0) {
+    throw new HttpError(
+      400,
+      "invalid_request_error",
+      "prompt is empty: it encodes to 0 tokens",
+      "prompt",
+    );
+  }
+  if (promptIds.length + maxTokens > tier.config.max_context) {
+    throw new HttpError(
+      400,
+      "context_length_exceeded",
+      `prompt (${promptIds.length} tokens) + max_tokens (${maxTokens}) exceeds tier "${tier.name}"'s max_context ${tier.config.max_context}`,
+      promptIds.length >= tier.config.max_context ? "prompt" : "max_tokens",
+    );
+  }
+  const slot = await admitSlot(rt, tier, req.clientSignal);
+  const { release } = slot;
+  rt.metrics.activeSequences.add({ tier: tier.name }, 1);
+  let seq: NativeSequence | null = null;
+  try {
+    seq = tier.model.native.createSequence(promptIds.length + maxTokens);
+    const { logits, cache } = await prefill(rt, tier, seq, promptIds, req.escalate ?? true);
+    const options = withCacheTemperature({ ...req.options, maxTokens }, cache);
+    return new Generation(rt, tier, promptIds, options, cache, seq, logits, release, {
+      all: slot.signal,
+      timeout: slot.timeout,
+      client: req.clientSignal,
+    }, startMs);
+  } catch (e) {
+    seq?.free();
+    rt.metrics.activeSequences.add({ tier: tier.name }, -1);
+    release();
+    throw e;
+  }
+}
+
+async function prefill(
+  rt: Runtime,
+  tier: Tier,
+  seq: NativeSequence,
+  ids: number[],
+  escalate: boolean,
+): Promise<{ logits: Float32Array; cache: CacheOutcome }> {
+  const m = rt.metrics;
+  const labels = { tier: tier.name };
+  if (!tier.prefix) {
+    return { logits: await seq.prefill(ids), cache: { source: "none", reusedTokens: 0 } };
+  }
+  try {
+    const C = tier.prefix.chunkTokens;
+    const eligible = Math.floor((ids.length - 1) / C);
+    let fallback: CacheOutcome | undefined;
+    if (escalate && eligible > 0) {
+      const own = await ownCachedChunks(tier, await tier.prefix.chunkKeys(ids, eligible));
+      // The lower tier holding the longest cached prefix (more than this tier's own).
+      let best: { tier: Tier; chunks: number } | undefined;
+      for (const lower of rt.tiers.values()) {
+        if (lower.rank >= tier.rank || !lower.prefix || lower.prefix.chunkTokens !== C) continue;
+        const n = await ownCachedChunks(lower, await lower.prefix.chunkKeys(ids, eligible));
+        if (n > own && n > (best?.chunks ?? 0)) best = { tier: lower, chunks: n };
+      }
+      if (best) {
+        const migrated = await tryMigrate(rt, best.tier, tier, seq, ids, best.chunks * C);
+        if (migrated.ok) return { logits: migrated.logits, cache: migrated.cache };
+        fallback = {
+          source: "fallback",
+          fromTier: best.tier.name,
+          reason: migrated.reason,
+          reusedTokens: 0,
+        };
+        m.fallbacks.inc({ from: best.tier.name, to: tier.name });
+      }
+    }
+    const r = await prefillWithCache(tier.prefix, seq, ids);
+    if (r.reusedTokens > 0) {
+      m.prefixHits.inc(labels);
+      m.reusedTokens.inc(labels, r.reusedTokens);
+    } else if (eligible > 0) m.prefixMisses.inc(labels);
+    if (fallback) return { logits: r.logits, cache: fallback };
+    return {
+      logits: r.logits,
+      cache: r.reusedTokens > 0
+        ? { source: "prefix", reusedTokens: r.reusedTokens }
+        : { source: "none", reusedTokens: 0 },
+    };
+  } catch (e) {
+    if (!(e instanceof StoreError)) throw e;
+    // The cache is an optimisation: a store failure degrades to a full prefill.
+    m.errors.inc({ type: "store_degraded" });
+    if (seq.length > 0) seq.truncate(0);
+    return { logits: await seq.prefill(ids), cache: { source: "none", reusedTokens: 0 } };
+  }
+}
+
+type MigrateAttempt =
+  | { ok: true; logits: Float32Array; cache: CacheOutcome }
+  | { ok: false; reason: string };
+
+async function tryMigrate(
+  rt: Runtime,
+  from: Tier,
+  to: Tier,
+  target: NativeSequence,
+  ids: number[],
+  cachedTokens: number,
+): Promise<MigrateAttempt> {
+  const gate = rt.migrator.gate(from, to);
+  if (!gate.ok) return { ok: false, reason: gate.reason };
+  const keep = Math.max(0, cachedTokens - gate.repairTokens);
+  if (keep === 0) {
+    return { ok: false, reason: "cached prefix is not longer than the repair length" };
+  }
+  const C = from.prefix!.chunkTokens;
+  const src = from.model.native.createSequence(cachedTokens);
+  try {
+    const keys = await from.prefix!.chunkKeys(ids, cachedTokens / C);
+    for (let i = 0; i < keys.length; i++) {
+      const bytes = await from.prefix!.store.get(keys[i]);
+      if (bytes === null || !(await from.prefix!.importChunk(src, bytes, ids, i))) {
+        return {
+          ok: false,
+          reason: `lower tier "${from.name}" cache entry ${i} vanished or was rejected`,
+        };
+      }
+    }
+    // Projected KV for [0, keep), then repair: the target prefills the rest itself.
+    await rt.migrator.projectInto(from, to, src, keep, target);
+    const logits = await target.prefill(ids.slice(keep));
+    rt.metrics.migrations.inc({ from: from.name, to: to.name });
+    rt.metrics.reusedTokens.inc({ tier: to.name }, keep);
+    return {
+      ok: true,
+      logits,
+      cache: {
+        source: "migrated",
+        fromTier: from.name,
+        reusedTokens: keep,
+        logitTemperature: gate.temperature,
+      },
+    };
+  } catch (e) {
+    if (target.length > 0) target.truncate(0);
+    if (e instanceof MigrationRefusedError) return { ok: false, reason: e.message };
+    throw e;
+  } finally {
+    src.free();
+  }
+}
+
+/** A generation that continues from an imported snapshot. */
+export interface SnapshotGenerationRequest {
+  /** The tier that decodes. */
+  tier: Tier;
+  /** The tier whose model made the snapshot (default `tier`); another model → migration. */
+  source?: Tier;
+  /** Snapshot bytes or stream (verified before import). */
+  input: Uint8Array | ReadableStream<Uint8Array>;
+  /** Token ids to append after the snapshot's tokens (continuation text). */
+  continuationIds: number[];
+  options: Omit<GenerateOptions, "signal">;
+  clientSignal?: AbortSignal;
+}
+
+/**
+ * Admits a generation on `tier`, imports the snapshot (the header is checked — CRC, signature
+ * when keys are configured, model fingerprint — before any KV is allocated), prefills its pending
+ * tokens plus the continuation, and returns it ready to decode. When the snapshot comes from
+ * another tier's model (`source`), its KV is imported there, migrated into `tier` (projector,
+ * gated) and the last `repair` tokens are recomputed by `tier` itself.
+ * @param rt the runtime
+ * @param req tier, source tier, snapshot, continuation, options
+ * @returns the admitted generation; `promptIds` are every token in the sequence
+ * @throws {SnapshotError} (409 foreign model, 401 signature, 413 size, 400 malformed);
+ *   {@link MigrationRefusedError} (422); {@link QueueFullError}; {@link HttpError} 400 when the
+ *   result would exceed max_context
+ */
+export async function startFromSnapshot(
+  rt: Runtime,
+  req: SnapshotGenerationRequest,
+): Promise<Generation> {
+  const startMs = performance.now();
+  const { tier } = req;
+  const source = req.source ?? tier;
+  const migrating = source.model.fingerprint !== tier.model.fingerprint;
+  if (!rt.ready) throw new HttpError(503, "unavailable_error", "server is not ready");
+  const gate = migrating ? rt.migrator.gate(source, tier) : null;
+  if (gate && !gate.ok) {
+    throw new MigrationRefusedError(
+      "no_projector",
+      `${source.name} → ${tier.name}: ${gate.reason}`,
+    );
+  }
+  const maxTokens = req.options.maxTokens ?? tier.config.default_max_tokens;
+  const slot = await admitSlot(rt, tier, req.clientSignal);
+  const { release } = slot;
+  rt.metrics.activeSequences.add({ tier: tier.name }, 1);
+  let seq: NativeSequence | null = null;
+  let src: NativeSequence | null = null;
+  try {
+    const imported = await importSnapshot(source.model, req.input, {
+      verify: rt.verify,
+      maxBytes: rt.config.server.max_snapshot_bytes,
+      reserve: migrating ? 0 : maxTokens + req.continuationIds.length + 1,
+      maxTokens: Math.max(source.config.max_context, tier.config.max_context) + 1,
+      prefillPending: false,
+    });
+    const ids = [...imported.tokenIds, ...req.continuationIds];
+    const kvTokens = imported.header.tokenIds.length;
+    let keep = kvTokens;
+    if (migrating) {
+      src = imported.sequence;
+      keep = Math.max(0, kvTokens - (gate as { repairTokens: number }).repairTokens);
+      seq = tier.model.native.createSequence(ids.length + maxTokens + 1);
+      if (keep > 0) await rt.migrator.projectInto(source, tier, src, keep, seq);
+      src.free();
+      src = null;
+      rt.metrics.migrations.inc({ from: source.name, to: tier.name });
+    } else seq = imported.sequence;
+    if (ids.length === 0) {
+      throw new HttpError(
+        400,
+        "invalid_request_error",
+        "snapshot holds no tokens and no continuation was given",
+        "continuation",
+      );
+    }
+    if (ids.length + maxTokens > tier.config.max_context) {
+      throw new HttpError(
+        400,
+        "context_length_exceeded",
+        `snapshot + continuation (${ids.length} tokens) + max_tokens (${maxTokens}) exceeds max_context ${tier.config.max_context}`,
+        "max_tokens",
+      );
+    }
+    let tail = ids.slice(keep);
+    if (tail.length === 0) {
+      // Everything is in the KV: recompute the last position for its logits.
+      seq.truncate(seq.length - 1);
+      tail = ids.slice(-1);
+    }
+    const logits = await seq.prefill(tail);
+    const reused = seq.length - tail.length;
+    rt.metrics.reusedTokens.inc({ tier: tier.name }, reused);
+    const cache: CacheOutcome = migrating
+      ? {
+        source: "migrated",
+        fromTier: source.name,
+        reusedTokens: reused,
+        logitTemperature: (gate as { temperature: number }).temperature,
+      }
+      : { source: "snapshot", reusedTokens: reused };
+    return new Generation(
+      rt,
+      tier,
+      ids,
+      withCacheTemperature({ ...req.options, maxTokens }, cache),
+      cache,
+      seq,
+      logits,
+      release,
+      { all: slot.signal, timeout: slot.timeout, client: req.clientSignal },
+      startMs,
+    );
+  } catch (e) {
+    src?.free();
+    seq?.free();
+    rt.metrics.activeSequences.add({ tier: tier.name }, -1);
+    release();
+    throw e;
+  }
+}

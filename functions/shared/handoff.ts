@@ -1,0 +1,254 @@
+// Snapshot plumbing shared by prefill, migrate and decode: the media type, reading a snapshot
+// from a request (streamed body or a store id), peeking at its header to find the tier that made
+// it, and wrapping an export stream so its sequence and queue slot are freed when it ends.
+// The byte format is lib/snapshot's; this file never decodes KV itself.
+import type { Context } from "hono";
+import { decodeHeader, type SnapshotHeader } from "../../lib/snapshot/mod.ts";
+import { decodePrefix, PREFIX_BYTES } from "../../lib/snapshot/format.ts";
+import type { NativeSequence } from "../../lib/native/mod.ts";
+import { HttpError } from "./errors.ts";
+import type { Runtime, Tier } from "./runtime.ts";
+
+/** Media type of a KV snapshot body. */
+export const SNAPSHOT_TYPE = "application/vnd.kvrelay.snapshot";
+
+/** Store key of a snapshot id (ids are UUIDs; keys are namespaced). */
+export function snapshotKey(id: string): string {
+  return `snap:${id}`;
+}
+
+/**
+ * Whether the request carries a snapshot body.
+ * @param c the Hono context
+ * @returns true for the snapshot media type
+ */
+export function isSnapshotBody(c: Context): boolean {
+  return (c.req.header("content-type") ?? "").split(";")[0].trim().toLowerCase() === SNAPSHOT_TYPE;
+}
+
+/**
+ * Counts bytes flowing through a stream into the snapshot-bytes metric.
+ * @param rt the runtime (metrics)
+ * @param direction "in" (received) or "out" (sent)
+ * @returns a pass-through transform
+ */
+export function countBytes(
+  rt: Runtime,
+  direction: "in" | "out",
+): TransformStream<Uint8Array, Uint8Array> {
+  return new TransformStream({
+    transform(chunk, ctl) {
+      rt.metrics.snapshotBytes.inc({ direction }, chunk.length);
+      ctl.enqueue(chunk);
+    },
+  });
+}
+
+/**
+ * Reads a whole snapshot body, refusing more than `maxBytes` (413).
+ * @param stream the body
+ * @param maxBytes the limit
+ * @returns the bytes
+ * @throws {HttpError} 413 when larger, 400 when empty
+ */
+export async function readBounded(
+  stream: ReadableStream<Uint8Array> | null,
+  maxBytes: number,
+): Promise<Uint8Array> {
+  if (!stream) throw new HttpError(400, "invalid_request_error", "snapshot body is empty", "body");
+  const parts: Uint8Array[] = [];
+  let n = 0;
+  for await (const p of stream) {
+    n += p.length;
+    if (n > maxBytes) {
+      throw new HttpError(
+        413,
+        "invalid_request_error",
+        `snapshot body exceeds ${maxBytes} bytes`,
+        "body",
+      );
+    }
+    parts.push(p);
+  }
+  const out = new Uint8Array(n);
+  let o = 0;
+  for (const p of parts) {
+    out.set(p, o);
+    o += p.length;
+  }
+  if (n === 0) throw new HttpError(400, "invalid_request_error", "snapshot body is empty", "body");
+  return out;
+}
+
+/**
+ * Loads a stored snapshot by id.
+ * @param rt the runtime (store)
+ * @param id the snapshot id
+ * @returns its bytes
+ * @throws {HttpError} 404 when absent or expired
+ */
+export async function loadStored(rt: Runtime, id: string): Promise<Uint8Array> {
+  if (!/^[A-Za-z0-9-]{1,100}$/.test(id)) {
+    throw new HttpError(
+      400,
+      "invalid_request_error",
+      `snapshot_id ${JSON.stringify(id)} is malformed`,
+      "snapshot_id",
+    );
+  }
+  const bytes = await rt.store.get(snapshotKey(id));
+  if (!bytes) {
+    throw new HttpError(
+      404,
+      "not_found_error",
+      `no snapshot "${id}" (unknown or expired)`,
+      "snapshot_id",
+    );
+  }
+  rt.metrics.snapshotBytes.inc({ direction: "in" }, bytes.length);
+  return bytes;
+}
+
+/**
+ * Decodes a snapshot's header (CRC and limits checked; payload untouched).
+ * @param bytes the whole snapshot (or at least its prefix and header)
+ * @returns the header
+ * @throws {SnapshotError} for a malformed header
+ */
+export function peekHeader(bytes: Uint8Array): SnapshotHeader {
+  return decodeHeader(bytes).header;
+}
+
+/**
+ * The tier whose model made a snapshot.
+ * @param rt the runtime
+ * @param header the snapshot header
+ * @param prefer returned when its model made it (several tiers may serve one model)
+ * @returns the tier
+ * @throws {HttpError} 409 when no served model has that fingerprint
+ */
+export function tierOfSnapshot(rt: Runtime, header: SnapshotHeader, prefer?: Tier): Tier {
+  if (prefer && prefer.model.fingerprint.toLowerCase() === header.modelFingerprint) return prefer;
+  for (const t of rt.tiers.values()) {
+    if (t.model.fingerprint.toLowerCase() === header.modelFingerprint) return t;
+  }
+  throw new HttpError(
+    409,
+    "snapshot_mismatch_error",
+    `snapshot was made by model ${
+      header.modelFingerprint.slice(0, 16)
+    }…, which no tier here serves`,
+  );
+}
+
+/**
+ * Wraps an export stream so `done` runs exactly once when it ends, fails or is cancelled.
+ * @param stream the export stream (reads `seq` lazily)
+ * @param done frees the sequence and releases the slot
+ * @returns the wrapped stream
+ */
+export function streamThenFree(
+  stream: ReadableStream<Uint8Array>,
+  done: () => void,
+): ReadableStream<Uint8Array> {
+  const reader = stream.getReader();
+  let finished = false;
+  const finish = () => {
+    if (finished) return;
+    finished = true;
+    done();
+  };
+  return new ReadableStream<Uint8Array>({
+    async pull(ctl) {
+      try {
+        const r = await reader.read();
+        if (r.done) {
+          finish();
+          ctl.close();
+        } else ctl.enqueue(r.value);
+      } catch (e) {
+        finish();
+        ctl.error(e);
+      }
+    },
+    async cancel(reason) {
+      try {
+        await reader.cancel(reason);
+      } finally {
+        finish();
+      }
+    },
+  });
+}
+
+/**
+ * Frees a sequence and releases a slot, keeping the active-sequences gauge right.
+ * @param rt the runtime
+ * @param tier the tier
+ * @param seq the sequence (may be null)
+ * @param release the slot release
+ * @returns a function doing it once
+ */
+export function releaser(
+  rt: Runtime,
+  tier: Tier,
+  seq: NativeSequence | null,
+  release: () => void,
+): () => void {
+  let done = false;
+  return () => {
+    if (done) return;
+    done = true;
+    seq?.free();
+    rt.metrics.activeSequences.add({ tier: tier.name }, -1);
+    release();
+  };
+}
+
+/**
+ * Reads just enough of a snapshot stream to decode its header (CRC and limits checked), and
+ * returns the header with a stream that replays every byte (header included) for the import.
+ * @param stream the snapshot body
+ * @returns the header and the replaying stream
+ * @throws {SnapshotError} for a truncated or malformed prefix/header
+ */
+export async function peekStream(
+  stream: ReadableStream<Uint8Array>,
+): Promise<{ header: SnapshotHeader; stream: ReadableStream<Uint8Array> }> {
+  const reader = stream.getReader();
+  let buf = new Uint8Array(0);
+  const fill = async (n: number) => {
+    while (buf.length < n) {
+      const r = await reader.read();
+      if (r.done) return;
+      const merged = new Uint8Array(buf.length + r.value.length);
+      merged.set(buf);
+      merged.set(r.value, buf.length);
+      buf = merged;
+    }
+  };
+  try {
+    await fill(PREFIX_BYTES);
+    const pre = decodePrefix(buf);
+    await fill(PREFIX_BYTES + pre.headerLength);
+    const { header } = decodeHeader(buf);
+    const head = buf;
+    const replay = new ReadableStream<Uint8Array>({
+      start(ctl) {
+        ctl.enqueue(head);
+      },
+      async pull(ctl) {
+        const r = await reader.read();
+        if (r.done) ctl.close();
+        else ctl.enqueue(r.value);
+      },
+      cancel(reason) {
+        return reader.cancel(reason);
+      },
+    });
+    return { header, stream: replay };
+  } catch (e) {
+    await reader.cancel().catch(() => {});
+    throw e;
+  }
+}

@@ -1,0 +1,197 @@
+// A small Prometheus registry (counters, gauges, histograms with labels) rendered in the text
+// exposition format 0.0.4, plus the named metrics every kvrelay function exports. Not a client
+// library: no push, no summaries, no exemplars.
+
+type Labels = Record<string, string>;
+
+function labelKey(labels: Labels): string {
+  const keys = Object.keys(labels).sort();
+  return keys.map((k) =>
+    `${k}="${String(labels[k]).replace(/[\\"\n]/g, (c) => c === "\n" ? "\\n" : `\\${c}`)}"`
+  )
+    .join(",");
+}
+
+abstract class Metric {
+  constructor(readonly name: string, readonly help: string, readonly type: string) {}
+  abstract render(): string[];
+}
+
+/** A monotonically increasing count per label set. */
+export class Counter extends Metric {
+  readonly #values = new Map<string, number>();
+  constructor(name: string, help: string) {
+    super(name, help, "counter");
+  }
+  /** Adds `n` (default 1) to the series of `labels`. */
+  inc(labels: Labels = {}, n = 1): void {
+    const k = labelKey(labels);
+    this.#values.set(k, (this.#values.get(k) ?? 0) + n);
+  }
+  /** Current value of one series (0 when never incremented). */
+  get(labels: Labels = {}): number {
+    return this.#values.get(labelKey(labels)) ?? 0;
+  }
+  render(): string[] {
+    return [...this.#values].map(([k, v]) => `${this.name}${k ? `{${k}}` : ""} ${v}`);
+  }
+}
+
+/** A value that goes up and down per label set. */
+export class Gauge extends Metric {
+  readonly #values = new Map<string, number>();
+  constructor(name: string, help: string) {
+    super(name, help, "gauge");
+  }
+  /** Sets the series of `labels` to `v`. */
+  set(labels: Labels, v: number): void {
+    this.#values.set(labelKey(labels), v);
+  }
+  /** Adds `n` (may be negative). */
+  add(labels: Labels, n: number): void {
+    const k = labelKey(labels);
+    this.#values.set(k, (this.#values.get(k) ?? 0) + n);
+  }
+  /** Current value (0 when never set). */
+  get(labels: Labels = {}): number {
+    return this.#values.get(labelKey(labels)) ?? 0;
+  }
+  render(): string[] {
+    return [...this.#values].map(([k, v]) => `${this.name}${k ? `{${k}}` : ""} ${v}`);
+  }
+}
+
+/** Cumulative-bucket histogram per label set. */
+export class Histogram extends Metric {
+  readonly #series = new Map<string, { counts: number[]; sum: number; count: number }>();
+  /** @param buckets upper bounds, ascending (+Inf is implied) */
+  constructor(name: string, help: string, readonly buckets: readonly number[]) {
+    super(name, help, "histogram");
+  }
+  /** Records one observation. */
+  observe(labels: Labels, v: number): void {
+    const k = labelKey(labels);
+    let s = this.#series.get(k);
+    if (!s) {
+      s = { counts: new Array(this.buckets.length).fill(0), sum: 0, count: 0 };
+      this.#series.set(k, s);
+    }
+    for (let i = 0; i < this.buckets.length; i++) if (v <= this.buckets[i]) s.counts[i]++;
+    s.sum += v;
+    s.count++;
+  }
+  /** Number of observations of one series. */
+  count(labels: Labels = {}): number {
+    return this.#series.get(labelKey(labels))?.count ?? 0;
+  }
+  render(): string[] {
+    const out: string[] = [];
+    for (const [k, s] of this.#series) {
+      const sep = k ? `${k},` : "";
+      this.buckets.forEach((b, i) =>
+        out.push(`${this.name}_bucket{${sep}le="${b}"} ${s.counts[i]}`)
+      );
+      out.push(`${this.name}_bucket{${sep}le="+Inf"} ${s.count}`);
+      out.push(`${this.name}_sum${k ? `{${k}}` : ""} ${s.sum}`);
+      out.push(`${this.name}_count${k ? `{${k}}` : ""} ${s.count}`);
+    }
+    return out;
+  }
+}
+
+/** The metrics of one kvrelay process, shared by every function it serves. */
+export class Metrics {
+  readonly #all: Metric[] = [];
+  /** HTTP requests by function route and status. */
+  readonly requests = this.#add(
+    new Counter("kvrelay_http_requests_total", "HTTP requests by route and status"),
+  );
+  /** Error responses by error type. */
+  readonly errors = this.#add(new Counter("kvrelay_errors_total", "Error responses by error type"));
+  /** Requests waiting for a generation slot, per tier. */
+  readonly queueDepth = this.#add(new Gauge("kvrelay_queue_depth", "Requests waiting for a slot"));
+  /** Native sequences alive (prefilling, decoding or exporting), per tier. */
+  readonly activeSequences = this.#add(
+    new Gauge("kvrelay_active_sequences", "Native sequences alive per tier"),
+  );
+  /** Requests refused because the queue was full. */
+  readonly rejected = this.#add(
+    new Counter("kvrelay_queue_rejected_total", "Requests refused: queue full"),
+  );
+  /** Generations ended by a client disconnect or timeout. */
+  readonly aborted = this.#add(
+    new Counter("kvrelay_generations_aborted_total", "Generations stopped early by reason"),
+  );
+  /** Time to first token, seconds. */
+  readonly ttft = this.#add(
+    new Histogram("kvrelay_ttft_seconds", "Time to first token", [
+      0.005,
+      0.01,
+      0.025,
+      0.05,
+      0.1,
+      0.25,
+      0.5,
+      1,
+      2.5,
+      5,
+      10,
+    ]),
+  );
+  /** Decode throughput of a request, tokens/s. */
+  readonly tokensPerSecond = this.#add(
+    new Histogram("kvrelay_tokens_per_second", "Generated tokens per second per request", [
+      1,
+      5,
+      10,
+      25,
+      50,
+      100,
+      250,
+      500,
+      1000,
+      2500,
+    ]),
+  );
+  /** Tokens generated. */
+  readonly tokens = this.#add(new Counter("kvrelay_generated_tokens_total", "Tokens generated"));
+  /** Prefix-cache lookups that reused cached KV. */
+  readonly prefixHits = this.#add(
+    new Counter("kvrelay_prefix_cache_hits_total", "Prefix-cache hits"),
+  );
+  /** Prefix-cache lookups that found nothing. */
+  readonly prefixMisses = this.#add(
+    new Counter("kvrelay_prefix_cache_misses_total", "Prefix-cache misses"),
+  );
+  /** Prompt tokens whose prefill was skipped thanks to a cache. */
+  readonly reusedTokens = this.#add(
+    new Counter("kvrelay_prefix_cache_reused_tokens_total", "Prompt tokens not prefilled"),
+  );
+  /** Escalations served by migrating a lower tier's cache. */
+  readonly migrations = this.#add(new Counter("kvrelay_migrations_total", "Cache migrations"));
+  /** Escalations that fell back to a full prefill, by reason. */
+  readonly fallbacks = this.#add(
+    new Counter("kvrelay_migration_fallbacks_total", "Escalations that fell back to full prefill"),
+  );
+  /** Snapshot bytes sent and received. */
+  readonly snapshotBytes = this.#add(
+    new Counter("kvrelay_snapshot_bytes_total", "Snapshot bytes by direction"),
+  );
+
+  #add<T extends Metric>(m: T): T {
+    this.#all.push(m);
+    return m;
+  }
+
+  /**
+   * Renders every metric in Prometheus text format.
+   * @returns the exposition text
+   */
+  render(): string {
+    const lines: string[] = [];
+    for (const m of this.#all) {
+      lines.push(`# HELP ${m.name} ${m.help}`, `# TYPE ${m.name} ${m.type}`, ...m.render());
+    }
+    return lines.join("\n") + "\n";
+  }
+}

@@ -1,0 +1,203 @@
+// The process-wide state every function app is built from: the config, loaded tiers (model +
+// bounded queue + prefix cache), the snapshot store, signing keys, the router, the migrator and
+// the metrics. Built once per process (createRuntime + load) and injected into the Hono apps.
+// It loads and frees; request handling lives in generation.ts and the apps.
+import type { KvrelayConfig, TierConfig } from "../../lib/config/mod.ts";
+import { type LoadedModel, loadModel } from "../../lib/engine/mod.ts";
+import type { NativeModelOptions } from "../../lib/native/mod.ts";
+import type { KeyRing, SnapshotEncoding } from "../../lib/snapshot/mod.ts";
+import { FsStore, MemoryStore, RedisStore, type SnapshotStore } from "../../lib/store/mod.ts";
+import { PrefixCache } from "../../lib/store/prefix_cache.ts";
+import { Router } from "../../lib/router/mod.ts";
+import { Metrics } from "./metrics.ts";
+import { ModelQueue } from "./queue.ts";
+import { createMigrator, type Migrator } from "./migration.ts";
+
+/** One served tier. */
+export interface Tier {
+  name: string;
+  /** 0 = lowest tier. */
+  rank: number;
+  config: TierConfig;
+  model: LoadedModel;
+  queue: ModelQueue;
+  /** Null when the prefix cache is disabled. */
+  prefix: PrefixCache | null;
+  /** Snapshot encoding this tier exports with (undefined = the cache's own dtype). */
+  encoding: SnapshotEncoding | undefined;
+}
+
+/** Everything the function apps need; see {@link createRuntime}. */
+export interface Runtime {
+  config: KvrelayConfig;
+  /** Loaded tiers by name (empty until {@link Runtime.load} finished). */
+  tiers: Map<string, Tier>;
+  store: SnapshotStore;
+  metrics: Metrics;
+  router: Router;
+  migrator: Migrator;
+  /** Signing key for exported snapshots, when configured. */
+  sign: { keyId: string; key: Uint8Array } | undefined;
+  /** Verification keys for imported snapshots, when configured. */
+  verify: { keys: KeyRing; required: boolean } | undefined;
+  /** True once every tier is loaded and until shutdown starts. */
+  readonly ready: boolean;
+  /** True once shutdown started. */
+  readonly draining: boolean;
+  /** Aborted when the shutdown grace period ends: in-flight generations stop. */
+  readonly shutdownSignal: AbortSignal;
+  /** Loads every tier's model (idempotent). @throws Error when a model fails to load */
+  load(): Promise<void>;
+  /** Marks the runtime draining (readyz answers 503). */
+  startDrain(): void;
+  /** Stops in-flight generations at their next token (shutdown grace period over). */
+  abortInFlight(): void;
+  /** Aborts in-flight generations, frees models, closes the store. */
+  close(): Promise<void>;
+}
+
+/** Options of {@link createRuntime}. */
+export interface RuntimeOptions {
+  /** Overrides the store built from the config. */
+  store?: SnapshotStore;
+  /** Overrides per-tier native options (e.g. a test library). */
+  native?: NativeModelOptions;
+}
+
+async function openStore(config: KvrelayConfig): Promise<SnapshotStore> {
+  const s = config.store;
+  if (s.kind === "memory") {
+    return new MemoryStore({ maxBytes: s.max_bytes, defaultTtlMs: s.ttl_ms });
+  }
+  if (s.kind === "fs") {
+    return await FsStore.open(s.dir, { maxBytes: s.max_bytes, defaultTtlMs: s.ttl_ms });
+  }
+  return new RedisStore({
+    url: config.secrets.redisUrl ?? undefined,
+    keyPrefix: s.key_prefix,
+    defaultTtlMs: s.ttl_ms,
+    maxBytes: s.max_bytes,
+  });
+}
+
+/**
+ * Builds a runtime from a config: opens the store, the router and the metrics. Models are
+ * loaded by `load()` so a server can answer /healthz (and 503 on /readyz) meanwhile.
+ * @param config a ready config (lib/config)
+ * @param opts store or native overrides
+ * @returns the runtime, not yet loaded
+ * @throws {StoreError} when the store cannot be opened
+ */
+export async function createRuntime(
+  config: KvrelayConfig,
+  opts: RuntimeOptions = {},
+): Promise<Runtime> {
+  const store = opts.store ?? await openStore(config);
+  const metrics = new Metrics();
+  const router = new Router({
+    tiers: config.tierOrder,
+    defaultTier: config.defaultTier,
+    rules: config.router.rules,
+    sticky: config.router.sticky_escalation,
+  });
+  const tiers = new Map<string, Tier>();
+  const shutdown = new AbortController();
+  const key = config.secrets.snapshotKey;
+  let ready = false;
+  let draining = false;
+  let loading: Promise<void> | null = null;
+  const rt: Runtime = {
+    config,
+    tiers,
+    store,
+    metrics,
+    router,
+    migrator: createMigrator(config),
+    sign: key ? { keyId: config.auth.snapshot_key_id, key } : undefined,
+    verify: key
+      ? {
+        keys: new Map([[config.auth.snapshot_key_id, key]]),
+        required: config.auth.require_signed_snapshots,
+      }
+      : undefined,
+    get ready() {
+      return ready && !draining;
+    },
+    get draining() {
+      return draining;
+    },
+    shutdownSignal: shutdown.signal,
+    load() {
+      loading ??= (async () => {
+        let salt = config.secrets.tenantSalt;
+        if (salt === "") {
+          salt = store.kind === "memory" ? crypto.randomUUID() : "kvrelay-unsalted";
+          if (store.kind !== "memory") {
+            console.warn(
+              `kvrelay: ${config.prefix_cache.tenant_salt_env} is unset; prefix keys use a public salt`,
+            );
+          }
+        }
+        for (const [rank, name] of config.tierOrder.entries()) {
+          const tc = config.tiers[name];
+          if (tc.backend === "cuda") {
+            throw new Error(
+              `tier "${name}": backend "cuda" requested, but this libkvrelay build has only the CPU backend`,
+            );
+          }
+          const model = await loadModel(tc.model, {
+            ...opts.native,
+            kvDtype: tc.kv_dtype,
+            threads: tc.threads,
+          });
+          const queue = new ModelQueue(name, tc.concurrency, tc.queue_depth, (_r, waiting) => {
+            metrics.queueDepth.set({ tier: name }, waiting);
+          });
+          metrics.queueDepth.set({ tier: name }, 0);
+          metrics.activeSequences.set({ tier: name }, 0);
+          const encoding = tc.snapshot_encoding === "native" ? undefined : tc.snapshot_encoding;
+          const prefix = config.prefix_cache.enabled
+            ? new PrefixCache({
+              store,
+              model,
+              tenantSalt: salt,
+              chunkTokens: config.prefix_cache.chunk_tokens,
+              ttlMs: config.prefix_cache.ttl_ms,
+            })
+            : null;
+          tiers.set(name, { name, rank, config: tc, model, queue, prefix, encoding });
+        }
+        await rt.migrator.load(rt);
+        ready = true;
+      })();
+      return loading;
+    },
+    startDrain() {
+      draining = true;
+    },
+    abortInFlight() {
+      draining = true;
+      shutdown.abort(new Error("server shutting down"));
+    },
+    async close() {
+      draining = true;
+      shutdown.abort(new Error("server shutting down"));
+      await rt.migrator.close();
+      for (const t of tiers.values()) t.model.native.free();
+      tiers.clear();
+      await store.close();
+    },
+  };
+  return rt;
+}
+
+/**
+ * The tier named `name`.
+ * @param rt the runtime
+ * @param name tier name
+ * @returns the tier
+ * @throws {RangeError} tagged for a 404 by the caller when unknown
+ */
+export function tierOf(rt: Runtime, name: string): Tier | undefined {
+  return rt.tiers.get(name);
+}

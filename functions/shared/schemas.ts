@@ -1,0 +1,125 @@
+// Request-body schemas (zod) shared by the functions: sampling fields, chat messages, and the
+// prompt forms (text, chat messages, token ids), plus turning a prompt into token ids for a tier.
+// Field names follow OpenAI's API; validation only — no generation here.
+import { z } from "zod";
+import type { GenerateOptions } from "../../lib/engine/mod.ts";
+import { HttpError } from "./errors.ts";
+import type { Tier } from "./runtime.ts";
+
+/** Sampling and length fields shared by every generating endpoint. */
+export const samplingFields = {
+  max_tokens: z.number().int().min(1).optional(),
+  temperature: z.number().min(0).max(2).optional(),
+  top_p: z.number().gt(0).max(1).optional(),
+  top_k: z.number().int().min(1).optional(),
+  min_p: z.number().min(0).max(1).optional(),
+  seed: z.number().int().min(0).max(2 ** 32 - 1).optional(),
+  stop: z.union([z.string().min(1), z.array(z.string().min(1)).max(4)]).nullish(),
+};
+
+/** One chat message; content is text or an array of text parts. */
+export const messageSchema = z.object({
+  role: z.enum(["system", "user", "assistant", "developer", "tool"]),
+  content: z.union([
+    z.string(),
+    z.array(z.object({ type: z.literal("text"), text: z.string() })),
+  ]),
+});
+
+/** A list of chat messages (≥ 1). */
+export const messagesSchema = z.array(messageSchema).min(1);
+
+/** Token ids. */
+export const tokenIdsSchema = z.array(z.number().int().min(0)).min(1);
+
+type Sampling = {
+  max_tokens?: number;
+  temperature?: number;
+  top_p?: number;
+  top_k?: number;
+  min_p?: number;
+  seed?: number;
+  stop?: string | string[] | null;
+};
+
+/**
+ * Generation options from request fields, filled with the tier's defaults.
+ * @param tier the tier serving the request
+ * @param body request sampling fields
+ * @returns engine options
+ * @throws {HttpError} 400 when max_tokens exceeds the tier's max_new_tokens
+ */
+export function generationOptions(tier: Tier, body: Sampling): Omit<GenerateOptions, "signal"> {
+  const maxTokens = body.max_tokens ?? tier.config.default_max_tokens;
+  if (maxTokens > tier.config.max_new_tokens) {
+    throw new HttpError(
+      400,
+      "invalid_request_error",
+      `max_tokens ${maxTokens} exceeds tier "${tier.name}"'s max_new_tokens ${tier.config.max_new_tokens}`,
+      "max_tokens",
+    );
+  }
+  const d = tier.config.sampling;
+  return {
+    maxTokens,
+    temperature: body.temperature ?? d.temperature,
+    topP: body.top_p ?? d.top_p,
+    topK: body.top_k ?? d.top_k,
+    minP: body.min_p ?? d.min_p,
+    seed: body.seed,
+    stop: body.stop == null ? undefined : typeof body.stop === "string" ? [body.stop] : body.stop,
+  };
+}
+
+/**
+ * Text of chat messages through the tier's chat template (with the generation prompt).
+ * @param tier the tier
+ * @param messages validated messages
+ * @returns the prompt text
+ */
+export function chatPrompt(tier: Tier, messages: z.infer<typeof messagesSchema>): string {
+  return tier.model.tokenizer.applyChatTemplate(
+    messages.map((m) => ({
+      role: m.role === "developer" ? "system" : m.role,
+      content: typeof m.content === "string" ? m.content : m.content.map((p) => p.text).join(""),
+    })),
+    { addGenerationPrompt: true },
+  );
+}
+
+/**
+ * Token ids of a prompt given as text, chat messages or ids.
+ * @param tier the tier (its tokenizer)
+ * @param p exactly one of text, messages, ids
+ * @param param request field quoted in errors
+ * @returns ids (≥ 1)
+ * @throws {HttpError} 400 for an empty encoding or an id outside the vocabulary
+ */
+export function promptIds(
+  tier: Tier,
+  p: { text?: string; messages?: z.infer<typeof messagesSchema>; ids?: number[] },
+  param = "prompt",
+): number[] {
+  let ids: number[];
+  if (p.ids) {
+    const vocab = tier.model.native.config.vocabSize;
+    const bad = p.ids.findIndex((t) => t >= vocab);
+    if (bad >= 0) {
+      throw new HttpError(
+        400,
+        "invalid_request_error",
+        `token id ${p.ids[bad]} at ${bad} is outside the vocabulary (${vocab})`,
+        `${param}.${bad}`,
+      );
+    }
+    ids = p.ids;
+  } else if (p.messages) {
+    ids = tier.model.tokenizer.encode(chatPrompt(tier, p.messages));
+  } else {
+    ids = tier.model.tokenizer.encode(p.text ?? "");
+  }
+  if (ids.length === 0) {
+    throw new HttpError(400, "invalid_request_error", "prompt encodes to 0 tokens", param);
+  }
+  return ids;
+}

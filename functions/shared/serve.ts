@@ -1,0 +1,76 @@
+// Process-level serving shared by every function's main.ts: loads the deployment config (refusing
+// to start on any problem, each listed by path), serves the app at once (/healthz answers, /readyz
+// says 503 while models load), loads the tiers, and shuts down gracefully on SIGTERM/SIGINT:
+// stop accepting, let in-flight requests finish within the grace period, then stop them.
+import type { Hono } from "hono";
+import { ConfigError, loadConfig } from "../../lib/config/mod.ts";
+import { createBaseApp } from "./app.ts";
+import { createRuntime, type Runtime } from "./runtime.ts";
+
+/** Adds one function's routes to an app. */
+export type Register = (app: Hono, rt: Runtime) => void;
+
+/**
+ * Runs a process serving the given functions until a signal.
+ * @param name process name for logs and metrics ("generate", "all", ...)
+ * @param registers the functions' route registrations
+ * @returns when the server has shut down
+ */
+export async function serveFunctions(name: string, registers: Register[]): Promise<void> {
+  let config;
+  try {
+    config = await loadConfig();
+  } catch (e) {
+    if (e instanceof ConfigError) {
+      console.error(`kvrelay ${name}: refusing to start: ${e.message}`);
+      Deno.exit(2);
+    }
+    throw e;
+  }
+  const rt = await createRuntime(config);
+  const app = createBaseApp(rt, name);
+  for (const r of registers) r(app, rt);
+  const { port, host } = config.server;
+  const server = Deno.serve({
+    port,
+    hostname: host,
+    onListen: ({ port }) => console.error(`kvrelay ${name} listening on http://${host}:${port}`),
+  }, app.fetch);
+  let stopping = false;
+  const stop = async () => {
+    if (stopping) return;
+    stopping = true;
+    rt.startDrain();
+    console.error(`kvrelay ${name}: draining (grace ${config.server.shutdown_grace_ms} ms)`);
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const grace = new Promise<"timeout">((r) => {
+      timer = setTimeout(() => r("timeout"), config.server.shutdown_grace_ms);
+    });
+    const outcome = await Promise.race([server.shutdown().then(() => "done" as const), grace]);
+    clearTimeout(timer);
+    if (outcome === "timeout") {
+      console.error(`kvrelay ${name}: grace period over, stopping in-flight generations`);
+      rt.abortInFlight();
+      let t2: ReturnType<typeof setTimeout> | undefined;
+      await Promise.race([server.finished, new Promise((r) => t2 = setTimeout(r, 2000))]);
+      clearTimeout(t2);
+    }
+    await rt.close();
+    console.error(`kvrelay ${name}: stopped`);
+  };
+  Deno.addSignalListener("SIGTERM", stop);
+  Deno.addSignalListener("SIGINT", stop);
+  try {
+    await rt.load();
+    console.error(`kvrelay ${name}: ready (tiers: ${[...rt.tiers.keys()].join(", ")})`);
+  } catch (e) {
+    console.error(`kvrelay ${name}: failed to load models: ${(e as Error).message}`);
+    await server.shutdown();
+    Deno.exit(1);
+  }
+  await server.finished;
+  if (stopping) {
+    // Let stop() finish closing (it awaits the same server).
+    await new Promise((r) => setTimeout(r, 0));
+  }
+}

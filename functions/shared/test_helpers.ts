@@ -1,0 +1,97 @@
+// Test support for the function apps: a Runtime over the real demo tiers built from an inline
+// config (one thread per model, small limits), and small request helpers. Tests only.
+import { parseConfig } from "../../lib/config/mod.ts";
+import { createRuntime, type Runtime } from "./runtime.ts";
+
+const modelsDir = new URL("../../models/", import.meta.url).pathname;
+
+/** Options of {@link testRuntime}. */
+export interface TestRuntimeOptions {
+  /** Tier name → demo model directory name (default fast → tiny-fast). */
+  tiers?: Record<string, string>;
+  /** Per-tier settings merged into every tier. */
+  tier?: Record<string, unknown>;
+  /** Top-level config fields merged in (server, auth, projectors, router, ...). */
+  config?: Record<string, unknown>;
+  /** Environment seen by the config loader. */
+  env?: Record<string, string>;
+  /** Load models (default true). */
+  load?: boolean;
+}
+
+/**
+ * Builds (and by default loads) a runtime over demo tiers.
+ * @param opts tiers, per-tier settings, config fields, env
+ * @returns the runtime; close it with `rt.close()`
+ */
+export async function testRuntime(opts: TestRuntimeOptions = {}): Promise<Runtime> {
+  const tiers: Record<string, unknown> = {};
+  for (const [name, dir] of Object.entries(opts.tiers ?? { fast: "tiny-fast" })) {
+    tiers[name] = {
+      model: `${modelsDir}${dir}`,
+      threads: 1,
+      max_context: 512,
+      max_new_tokens: 128,
+      default_max_tokens: 8,
+      concurrency: 2,
+      queue_depth: 4,
+      ...opts.tier,
+    };
+  }
+  const env = opts.env ?? {};
+  const config = parseConfig(
+    { tiers, server: { max_body_bytes: 8192, max_snapshot_bytes: 1 << 20 }, ...opts.config },
+    { env: (n) => env[n], baseDir: modelsDir },
+  );
+  const rt = await createRuntime(config);
+  if (opts.load ?? true) await rt.load();
+  return rt;
+}
+
+/**
+ * A JSON POST request init.
+ * @param body serialized with JSON.stringify (or `raw` as is)
+ * @param headers extra headers
+ * @returns the RequestInit
+ */
+export function post(
+  body: unknown,
+  headers: Record<string, string> = {},
+  raw?: string,
+): RequestInit {
+  return {
+    method: "POST",
+    headers: { "content-type": "application/json", ...headers },
+    body: raw ?? JSON.stringify(body),
+  };
+}
+
+/** A parsed JSON frame in tests (shape asserted field by field). */
+// deno-lint-ignore no-explicit-any
+export type Json = any;
+
+/**
+ * Reads an SSE body into its `data:` payloads (JSON-parsed, "[DONE]" kept as the string).
+ * @param res the response
+ * @returns the payloads in order
+ */
+export async function readSse(res: Response): Promise<Json[]> {
+  const text = await res.text();
+  return text.split("\n\n").filter((f) => f.startsWith("data: ")).map((f) => {
+    const d = f.slice(6);
+    return d === "[DONE]" ? d : JSON.parse(d);
+  });
+}
+
+/**
+ * The value of one series in Prometheus text (0 when absent).
+ * @param text exposition text
+ * @param series the series, e.g. `kvrelay_active_sequences{tier="fast"}`
+ * @returns its value
+ */
+export function metricValue(text: string, series: string): number {
+  for (const line of text.split("\n")) {
+    if (line.startsWith(series + " ")) return Number(line.slice(series.length + 1));
+  }
+  return 0;
+}

@@ -1,0 +1,159 @@
+// The deployment config schema (zod): tiers, projectors between tiers, snapshot store, prefix
+// cache, router rules, peers, auth and server limits. One JSON file per deployment; this file
+// only declares shapes and defaults — reading files and the environment is load.ts.
+import { z } from "zod";
+
+const positiveInt = z.number().int().min(1);
+
+/** Default sampling of a tier (request fields override). */
+export const samplingSchema = z.strictObject({
+  /** 0 = greedy. */
+  temperature: z.number().min(0).max(2).default(0),
+  top_p: z.number().gt(0).max(1).optional(),
+  top_k: positiveInt.optional(),
+  min_p: z.number().min(0).max(1).optional(),
+});
+
+/** One tier: a model and how it is served. */
+export const tierSchema = z.strictObject({
+  /** Checkpoint directory; relative paths resolve against the config file's directory. */
+  model: z.string().min(1),
+  /** Compute backend: `auto` picks CUDA when the library has it, else CPU. */
+  backend: z.enum(["auto", "cpu", "cuda"]).default("auto"),
+  /** Kernel worker threads (0 = all cores). */
+  threads: z.number().int().min(0).max(1024).default(0),
+  /** KV cache element type in memory. */
+  kv_dtype: z.enum(["f32", "f16", "bf16"]).default("f32"),
+  /** Most tokens (prompt + generated) of one sequence. */
+  max_context: positiveInt.max(32768).default(2048),
+  /** Upper bound on max_tokens of one request. */
+  max_new_tokens: positiveInt.max(32768).default(512),
+  /** max_tokens when a request gives none. */
+  default_max_tokens: positiveInt.max(32768).default(64),
+  sampling: samplingSchema.default({ temperature: 0 }),
+  /** Encoding of snapshots this tier exports (`native` = the cache's own dtype, lossless). */
+  snapshot_encoding: z.enum(["native", "f32", "f16", "bf16", "q8", "q4"]).default("native"),
+  /** Generations running at once on this tier's model. */
+  concurrency: positiveInt.max(256).default(2),
+  /** Requests allowed to wait for a slot; one more is answered 429. */
+  queue_depth: z.number().int().min(0).max(100000).default(16),
+  /** Whole-request deadline in milliseconds (queue wait included). */
+  request_timeout_ms: positiveInt.default(60000),
+});
+
+/** A projector from a lower tier's cache into a higher tier's cache, with its quality gate. */
+export const projectorSchema = z.strictObject({
+  from: z.string().min(1),
+  to: z.string().min(1),
+  /** Projector artifact directory (projector.json + weights.safetensors). */
+  path: z.string().min(1),
+  /** Migrate only when the projector's stored kl_recovered (at the repair length) is at least this. */
+  min_quality: z.number().min(0).max(1).default(0.5),
+  /** Prompt tokens the target recomputes itself after the migrated prefix (r ≥ 1); default:
+   *  the projector's repair_default. Its quality must have been measured at this length. */
+  repair_tokens: positiveInt.optional(),
+});
+
+/** Where snapshots and prefix-cache entries live. */
+export const storeSchema = z.discriminatedUnion("kind", [
+  z.strictObject({
+    kind: z.literal("memory"),
+    ttl_ms: positiveInt.optional(),
+    max_bytes: positiveInt.default(256 * 1024 * 1024),
+  }),
+  z.strictObject({
+    kind: z.literal("fs"),
+    /** Directory; relative paths resolve against the config file's directory. */
+    dir: z.string().min(1),
+    ttl_ms: positiveInt.optional(),
+    max_bytes: positiveInt.optional(),
+  }),
+  z.strictObject({
+    kind: z.literal("redis"),
+    /** Environment variable holding the redis URL (a secret: never in the file). */
+    url_env: z.string().min(1).default("KVRELAY_REDIS_URL"),
+    key_prefix: z.string().default("kvrelay:"),
+    ttl_ms: positiveInt.optional(),
+    max_bytes: positiveInt.optional(),
+  }),
+]);
+
+/** One routing rule: all given conditions must hold; the first matching rule wins. */
+export const routeRuleSchema = z.strictObject({
+  tier: z.string().min(1),
+  /** Prompt has at least this many tokens. */
+  min_tokens: z.number().int().min(0).optional(),
+  /** Prompt has at most this many tokens. */
+  max_tokens: z.number().int().min(0).optional(),
+  /** Prompt contains one of these words (case-insensitive, whole words). */
+  keywords: z.array(z.string().min(1)).min(1).optional(),
+});
+
+export const configSchema = z.strictObject({
+  server: z.strictObject({
+    port: z.number().int().min(0).max(65535).default(8080),
+    host: z.string().min(1).default("0.0.0.0"),
+    /** Largest JSON request body. */
+    max_body_bytes: positiveInt.default(1 << 20),
+    /** Largest snapshot accepted in a request body. */
+    max_snapshot_bytes: positiveInt.default(256 * 1024 * 1024),
+    /** On SIGTERM: in-flight requests get this long to finish. */
+    shutdown_grace_ms: z.number().int().min(0).default(10000),
+  }).default({
+    port: 8080,
+    host: "0.0.0.0",
+    max_body_bytes: 1 << 20,
+    max_snapshot_bytes: 256 * 1024 * 1024,
+    shutdown_grace_ms: 10000,
+  }),
+  /** Tier name → tier, listed from lowest (cheapest) to highest. */
+  tiers: z.record(z.string().regex(/^[A-Za-z0-9_.-]+$/), tierSchema).refine(
+    (t) => Object.keys(t).length > 0,
+    { message: "at least one tier is required" },
+  ),
+  /** Tier used when no rule matches and the request names none (default: the first tier). */
+  default_tier: z.string().min(1).optional(),
+  projectors: z.array(projectorSchema).default([]),
+  store: storeSchema.default({ kind: "memory", max_bytes: 256 * 1024 * 1024 }),
+  prefix_cache: z.strictObject({
+    enabled: z.boolean().default(true),
+    /** Tokens per cached chunk (prefix reuse granularity). */
+    chunk_tokens: positiveInt.max(4096).default(16),
+    ttl_ms: positiveInt.optional(),
+    /** Environment variable with a per-deployment salt mixed into prefix keys. */
+    tenant_salt_env: z.string().min(1).default("KVRELAY_TENANT_SALT"),
+  }).default({ enabled: true, chunk_tokens: 16, tenant_salt_env: "KVRELAY_TENANT_SALT" }),
+  router: z.strictObject({
+    /** Ordered rules; absent → the default length/keyword heuristic (lib/router). */
+    rules: z.array(routeRuleSchema).optional(),
+    /** A user's conversation never moves to a lower tier than its last one (escalation only). */
+    sticky_escalation: z.boolean().default(true),
+  }).default({ sticky_escalation: true }),
+  /** Peer name → base URL of another function (remote handoff). */
+  peers: z.record(z.string().min(1), z.url()).default({}),
+  auth: z.strictObject({
+    /** Env var with comma-separated API keys; unset/empty → no key required. */
+    api_keys_env: z.string().min(1).default("KVRELAY_API_KEYS"),
+    /** Env var with the snapshot HMAC key (≥ 16 bytes of text); unset → unsigned snapshots. */
+    snapshot_hmac_key_env: z.string().min(1).default("KVRELAY_SNAPSHOT_KEY"),
+    snapshot_key_id: z.string().min(1).max(64).default("k1"),
+    /** Refuse unsigned snapshots when a key is configured. */
+    require_signed_snapshots: z.boolean().default(true),
+  }).default({
+    api_keys_env: "KVRELAY_API_KEYS",
+    snapshot_hmac_key_env: "KVRELAY_SNAPSHOT_KEY",
+    snapshot_key_id: "k1",
+    require_signed_snapshots: true,
+  }),
+});
+
+/** A parsed config file (defaults applied), before env secrets are read. */
+export type ConfigFile = z.infer<typeof configSchema>;
+/** One tier's parsed settings. */
+export type TierConfig = z.infer<typeof tierSchema>;
+/** One projector entry. */
+export type ProjectorConfig = z.infer<typeof projectorSchema>;
+/** The store section. */
+export type StoreConfig = z.infer<typeof storeSchema>;
+/** One routing rule. */
+export type RouteRule = z.infer<typeof routeRuleSchema>;

@@ -1,0 +1,97 @@
+// End-to-end serving behaviour of a real process: more concurrent requests than the queue allows
+// → some 429s with Retry-After, no 5xx, every other request completes; a client that disconnects
+// mid-stream stops its generation and frees its sequence (asserted on /metrics).
+import assert from "node:assert/strict";
+import { startServer, writeConfig } from "./e2e_support.ts";
+
+function metric(text: string, series: string): number {
+  const line = text.split("\n").find((l) => l.startsWith(series + " "));
+  return line ? Number(line.slice(series.length + 1)) : 0;
+}
+
+Deno.test("overload gives 429s and no 5xx; a disconnected stream frees its sequence", async () => {
+  const config = await writeConfig({ fast: "tiny-fast", powerful: "tiny-powerful" }, {
+    concurrency: 1,
+    queue_depth: 2,
+  });
+  const server = await startServer("functions/main.ts", { KVRELAY_CONFIG: config });
+  try {
+    const send = () =>
+      fetch(`${server.base}/v1/completions`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({
+          model: "fast",
+          prompt: "The ship sailed on the sea",
+          max_tokens: 32,
+        }),
+      }).then(async (r) => ({
+        status: r.status,
+        retry: r.headers.get("retry-after"),
+        body: await r.json(),
+      }));
+    const results = await Promise.all(Array.from({ length: 12 }, send));
+    const statuses = results.map((r) => r.status);
+    assert.ok(statuses.every((s) => s < 500), `statuses ${statuses}`);
+    const ok = results.filter((r) => r.status === 200);
+    const limited = results.filter((r) => r.status === 429);
+    assert.ok(limited.length >= 1, `statuses ${statuses}`);
+    assert.equal(ok.length + limited.length, 12, `statuses ${statuses}`);
+    assert.ok(ok.length >= 3, `statuses ${statuses}`);
+    for (const r of ok) assert.ok(r.body.usage.completion_tokens >= 1);
+    for (const r of limited) {
+      assert.ok(Number(r.retry) >= 1);
+      assert.equal(r.body.error.type, "rate_limit_error");
+    }
+    let metrics = await (await fetch(`${server.base}/metrics`)).text();
+    assert.equal(metric(metrics, 'kvrelay_queue_rejected_total{tier="fast"}'), limited.length);
+
+    // Disconnect: read one SSE frame of a long generation, then abort the request.
+    const ac = new AbortController();
+    const res = await fetch(`${server.base}/v1/chat/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({
+        model: "powerful",
+        messages: [{ role: "user", content: "Tell a long story" }],
+        max_tokens: 250,
+        stream: true,
+      }),
+      signal: ac.signal,
+    });
+    assert.equal(res.status, 200);
+    const reader = res.body!.getReader();
+    await reader.read();
+    metrics = await (await fetch(`${server.base}/metrics`)).text();
+    assert.equal(
+      metric(metrics, 'kvrelay_active_sequences{tier="powerful"}'),
+      1,
+      "sequence alive while streaming",
+    );
+    ac.abort();
+    await reader.cancel().catch(() => {});
+    const deadline = Date.now() + 10_000;
+    let freed = false;
+    while (Date.now() < deadline && !freed) {
+      await new Promise((r) => setTimeout(r, 100));
+      metrics = await (await fetch(`${server.base}/metrics`)).text();
+      freed = metric(metrics, 'kvrelay_active_sequences{tier="powerful"}') === 0 &&
+        metric(metrics, 'kvrelay_generations_aborted_total{cause="client",tier="powerful"}') === 1;
+    }
+    assert.ok(
+      freed,
+      `sequence not freed after disconnect:\n${
+        metrics.split("\n").filter((l) => /active|aborted/.test(l)).join("\n")
+      }`,
+    );
+    const generated = metric(metrics, 'kvrelay_generated_tokens_total{tier="powerful"}');
+    assert.ok(
+      generated < 250,
+      `generation ran to the end (${generated} tokens) after the disconnect`,
+    );
+  } finally {
+    const { status, stderr } = await server.stop();
+    assert.equal(status.code, 0, stderr);
+    await Deno.remove(config.slice(0, config.lastIndexOf("/")), { recursive: true });
+  }
+});

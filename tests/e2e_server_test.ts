@@ -1,0 +1,135 @@
+// End-to-end: starts the real `functions/main.ts` process (what `deno task start` runs, with the
+// bundled config/local.json) and drives it with the official `openai` npm client and fetch, as a
+// user following the README would; also the refusal to start on an invalid config, and SIGTERM.
+import assert from "node:assert/strict";
+import OpenAI from "openai";
+import { startServer } from "./e2e_support.ts";
+
+const root = new URL("../", import.meta.url).pathname;
+
+Deno.test("the served functions answer the openai client (chat, streaming with usage, completions) and fetch", async () => {
+  const server = await startServer("functions/main.ts", {});
+  try {
+    const client = new OpenAI({ baseURL: `${server.base}/v1`, apiKey: "unused", maxRetries: 0 });
+    const models = await client.models.list();
+    assert.deepEqual(models.data.map((m) => m.id), ["fast", "balanced", "powerful"]);
+
+    const chat = await client.chat.completions.create({
+      model: "fast",
+      messages: [{ role: "user", content: "Tell me about the sea." }],
+      max_tokens: 8,
+    });
+    assert.equal(chat.object, "chat.completion");
+    assert.equal(typeof chat.choices[0].message.content, "string");
+    assert.ok(["stop", "length"].includes(chat.choices[0].finish_reason));
+    assert.ok(chat.usage!.completion_tokens >= 1 && chat.usage!.completion_tokens <= 8);
+
+    const stream = await client.chat.completions.create({
+      model: "balanced",
+      messages: [{ role: "user", content: "Once upon a time" }],
+      max_tokens: 8,
+      stream: true,
+      stream_options: { include_usage: true },
+    });
+    let text = "";
+    let finish: string | null = null;
+    let usage: OpenAI.CompletionUsage | null | undefined;
+    for await (const chunk of stream) {
+      if (chunk.choices[0]) {
+        text += chunk.choices[0].delta.content ?? "";
+        finish = chunk.choices[0].finish_reason ?? finish;
+      }
+      if (chunk.usage) usage = chunk.usage;
+    }
+    assert.ok(finish === "length" || finish === "stop");
+    assert.ok(usage && usage.completion_tokens >= 1, JSON.stringify(usage));
+    assert.equal(usage!.total_tokens, usage!.prompt_tokens + usage!.completion_tokens);
+    assert.equal(typeof text, "string");
+
+    const non = await client.chat.completions.create({
+      model: "balanced",
+      messages: [{ role: "user", content: "Once upon a time" }],
+      max_tokens: 8,
+    });
+    assert.equal(
+      non.choices[0].message.content,
+      text,
+      "streamed text equals the non-streamed greedy text",
+    );
+
+    const cmpl = await client.completions.create({
+      model: "powerful",
+      prompt: ["The ship sailed", "Call me"],
+      max_tokens: 6,
+    });
+    assert.equal(cmpl.choices.length, 2);
+    assert.ok(cmpl.usage!.completion_tokens >= 2);
+
+    const gen = await fetch(`${server.base}/v1/generate`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ prompt: "The ship", user_id: "e2e", max_tokens: 4 }),
+    });
+    const body = await gen.json();
+    assert.equal(body.tier, "fast");
+    assert.equal(body.migrated, false);
+    assert.ok(body.tokens >= 1);
+
+    const err = await fetch(`${server.base}/v1/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: "{",
+    });
+    assert.equal(err.status, 400);
+    assert.equal((await err.json()).error.param, "body");
+    await assert.rejects(
+      client.completions.create({ model: "gigantic", prompt: "x", max_tokens: 1 }),
+      (e: unknown) => e instanceof OpenAI.NotFoundError,
+    );
+  } finally {
+    const { status } = await server.stop();
+    assert.equal(status.code, 0, `exit ${JSON.stringify(status)}`);
+  }
+});
+
+Deno.test("the server refuses to start on an invalid config, listing every problem by path", async () => {
+  const dir = await Deno.makeTempDir();
+  try {
+    await Deno.writeTextFile(
+      `${dir}/bad.json`,
+      JSON.stringify({ tiers: { a: { model: "", queue_depth: -1 } }, default_tier: "b" }),
+    );
+    const out = await new Deno.Command(Deno.execPath(), {
+      args: ["run", "-A", `${root}functions/main.ts`],
+      env: { KVRELAY_CONFIG: `${dir}/bad.json`, PORT: "0" },
+      stdout: "null",
+      stderr: "piped",
+    }).output();
+    const err = new TextDecoder().decode(out.stderr);
+    assert.equal(out.code, 2, err);
+    assert.match(err, /refusing to start/);
+    assert.match(err, /tiers\.a\.model/);
+    assert.match(err, /tiers\.a\.queue_depth/);
+    assert.doesNotMatch(err, /\n\s+at /);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+Deno.test("SIGTERM drains: an in-flight request completes and the process exits 0", async () => {
+  const server = await startServer("functions/generate/main.ts", {});
+  const inflight = fetch(`${server.base}/v1/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ model: "powerful", prompt: "The ship", max_tokens: 200 }),
+  });
+  await new Promise((r) => setTimeout(r, 150));
+  const stopped = server.stop();
+  const res = await inflight;
+  assert.equal(res.status, 200);
+  const body = await res.json();
+  assert.ok(body.usage.completion_tokens >= 1);
+  const { status, stderr } = await stopped;
+  assert.equal(status.code, 0, stderr);
+  assert.match(stderr, /draining/);
+});

@@ -14,18 +14,9 @@ import {
   referenceForward,
   type RefModel,
 } from "./reference/forward.ts";
+import { VALID_SAMPLE_PATH as VALID_TXT } from "./support/corpus.ts";
 
 const MODELS_DIR = new URL("../models", import.meta.url).pathname;
-/** The demo corpus sits beside the repository (../shared); without it the perplexity check is
- * skipped and the demo-model comparisons tokenize models/README.md instead. */
-const VALID_TXT = new URL("../../shared/corpus/valid.txt", import.meta.url).pathname;
-const HAVE_VALID = (() => {
-  try {
-    return Deno.statSync(VALID_TXT).isFile;
-  } catch {
-    return false;
-  }
-})();
 const F32_BOUND = 1e-3;
 /** bf16 KV cache: keys/values rounded to 8 significant bits (relative error ≤ 2^-9 ≈ 0.002
  * each), so logits move by about that much: observed 1.2e-3 on tiny-fast over 256 tokens
@@ -114,8 +105,7 @@ async function demoTokens(): Promise<number[]> {
     JSON.parse(await Deno.readTextFile(`${dir}/tokenizer.json`)),
     JSON.parse(await Deno.readTextFile(`${dir}/tokenizer_config.json`)),
   );
-  const source = HAVE_VALID ? VALID_TXT : `${MODELS_DIR}/README.md`;
-  const text = (await Deno.readTextFile(source)).slice(0, 4000); // ≈ 900 tokens of English
+  const text = (await Deno.readTextFile(VALID_TXT)).slice(0, 4000); // ≈ 900 tokens of English
   const ids = tok.encode(text, { add_special_tokens: false }).ids;
   assert.ok(ids.length >= 256, `only ${ids.length} tokens in the first 4000 characters`);
   demoTokensCache = ids.slice(0, 256);
@@ -137,7 +127,6 @@ async function demoReference(name: string, n: number) {
 Deno.test({
   name:
     "reference perplexity of tiny-fast on a 256-token valid.txt window is near the card's 132.5",
-  ignore: !HAVE_VALID,
 }, async () => {
   const tokens = await demoTokens();
   const { ref, logits } = await demoReference("tiny-fast", 256);

@@ -2,6 +2,7 @@
 // and checks stdout, stderr and the exit code. Oracles: lib/engine generate() in this process,
 // token counts from the tokenizer, NLL from fresh prefills and a log-softmax written here.
 
+import { readValidSample } from "../../tests/support/corpus.ts";
 import { assert, assertEquals } from "../tokenizer/_assert.ts";
 import { generate, loadModel } from "../engine/mod.ts";
 
@@ -132,7 +133,7 @@ Deno.test("`cli score --json` gives the token count, mean NLL and ppl of an inde
 });
 
 Deno.test("`cli score` on 20k characters of valid.txt gives tiny-fast a ppl near its card's 132", async () => {
-  const text = (await Deno.readTextFile("/work/shared/corpus/valid.txt")).slice(0, 20_000);
+  const text = (await readValidSample()).slice(0, 20_000);
   const file = await Deno.makeTempFile({ suffix: ".txt" });
   try {
     await Deno.writeTextFile(file, text);

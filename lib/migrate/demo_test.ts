@@ -3,6 +3,7 @@
 // top-1 agreement, for the linear projector and for the ONNX (learned MLP) one; a projector is
 // refused for the wrong pair. Few windows of valid.txt to keep the runtime small.
 
+import { readValidSample } from "../../tests/support/corpus.ts";
 import assert from "node:assert/strict";
 import { loadModel } from "../engine/mod.ts";
 import { MigrationRefusedError } from "./errors.ts";
@@ -12,16 +13,11 @@ import { discoverProjectors, findProjector, loadProjector } from "./projector.ts
 import { argmaxOf } from "./temperature.ts";
 
 const root = new URL("../../", import.meta.url).pathname;
-const corpus = `${root}../shared/corpus/valid.txt`;
-const haveCorpus = await Deno.stat(corpus).then(() => true, () => false);
-const fallbackText = await Deno.readTextFile(`${root}models/README.md`);
 
 async function pair() {
   const fast = await loadModel(`${root}models/tiny-fast`, { threads: 2 });
   const powerful = await loadModel(`${root}models/tiny-powerful`, { threads: 2 });
-  const text = haveCorpus
-    ? (await Deno.readTextFile(corpus)).slice(0, 40000)
-    : fallbackText.repeat(4);
+  const text = (await readValidSample()).slice(0, 40000);
   return { fast, powerful, ids: fast.tokenizer.encode(text) };
 }
 

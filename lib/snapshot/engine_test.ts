@@ -10,7 +10,7 @@ import { PREFIX_BYTES } from "./format.ts";
 import { exportSnapshot, exportSnapshotStream, importSnapshot, snapshotPrompt } from "./engine.ts";
 
 const MODELS = new URL("../../models/", import.meta.url).pathname;
-const CORPUS = new URL("../../../shared/corpus/valid.txt", import.meta.url).pathname;
+import { VALID_SAMPLE_PATH as CORPUS } from "../../tests/support/corpus.ts";
 
 async function promptIds(model: LoadedModel, n: number, at = 1000): Promise<number[]> {
   const text = (await Deno.readTextFile(CORPUS)).slice(at, at + 8 * n);

@@ -9,7 +9,7 @@ import { MemoryStore } from "./memory_store.ts";
 import { prefillWithCache, PrefixCache } from "./prefix_cache.ts";
 
 const MODELS = new URL("../../models/", import.meta.url).pathname;
-const CORPUS = new URL("../../../shared/corpus/valid.txt", import.meta.url).pathname;
+import { VALID_SAMPLE_PATH as CORPUS } from "../../tests/support/corpus.ts";
 
 async function corpusIds(model: LoadedModel, n: number, at: number): Promise<number[]> {
   const ids = model.tokenizer.encode((await Deno.readTextFile(CORPUS)).slice(at, at + 8 * n));

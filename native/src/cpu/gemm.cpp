@@ -143,21 +143,27 @@ void gemm_panels(const KernelTable& kt, const float* apack, size_t m, const Pack
   }
 }
 
-// One row (decode) against weight panels [p0, p1) of y (n); x is read in place.
+// One row (decode) against weight panels [p0, p1) of y (n); x is read in place. Blocked over k
+// like gemm_rows so each output is summed in the same order as on the tile path.
 void gemv_panels(const KernelTable& kt, const float* x, const PackedWeight& w, float* y,
                  bool accumulate, size_t p0, size_t p1) {
   const size_t n = w.rows(), k = w.cols();
-  const size_t full_end = std::min(p1, n / kPanelWidth);  // panels with all 16 columns valid
-  if (full_end > p0) kt.gemv(k, x, w.panel(p0), full_end - p0, y + p0 * kPanelWidth, accumulate);
-  if (p1 > full_end && p1 > p0) {  // the last panel, partly padding
-    const size_t last = std::max(full_end, p0);
-    alignas(64) float tmp[kPanelWidth];
-    const size_t col = last * kPanelWidth;
-    const size_t ncol = n - col;
-    if (accumulate) std::memcpy(tmp, y + col, ncol * sizeof(float));
-    kt.gemv(k, x, w.panel(last), 1, tmp, accumulate);
-    std::memcpy(y + col, tmp, ncol * sizeof(float));
+  const size_t stride = k * kPanelWidth;
+  const size_t full_end = std::max(p0, std::min(p1, n / kPanelWidth));  // all 16 columns valid
+  alignas(64) float tmp[kPanelWidth];
+  const size_t col = full_end * kPanelWidth;  // the partial last panel, if in range
+  const bool tail = p1 > full_end;
+  if (tail && accumulate) std::memcpy(tmp, y + col, (n - col) * sizeof(float));
+  for (size_t pc = 0; pc < k; pc += kKC) {
+    const size_t kc = std::min(kKC, k - pc);
+    const bool load = accumulate || pc > 0;
+    if (full_end > p0) {
+      kt.gemv(kc, x + pc, w.panel(p0) + pc * kPanelWidth, stride, full_end - p0,
+              y + p0 * kPanelWidth, load);
+    }
+    if (tail) kt.gemv(kc, x + pc, w.panel(full_end) + pc * kPanelWidth, stride, 1, tmp, load);
   }
+  if (tail) std::memcpy(y + col, tmp, (n - col) * sizeof(float));
 }
 
 // Number of work units to cut `units` (tiles or panels) into for nt threads: about 4 per thread

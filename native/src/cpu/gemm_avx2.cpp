@@ -57,45 +57,43 @@ KVR_AVX2_TARGET void tile_avx2(size_t kc, const float* a, const float* b, float*
   }
 }
 
-// y (16 * n_panels) (+)= x (k) · panels; four k-phases per panel hide the FMA latency.
-KVR_AVX2_TARGET void gemv_avx2(size_t k, const float* x, const float* panels, size_t n_panels,
-                               float* y, bool load_y) {
-  for (size_t p = 0; p < n_panels; ++p) {
-    const float* b = panels + p * k * 16;
-    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-    __m256 s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
-    __m256 s4 = _mm256_setzero_ps(), s5 = _mm256_setzero_ps();
-    __m256 s6 = _mm256_setzero_ps(), s7 = _mm256_setzero_ps();
-    size_t t = 0;
-    for (; t + 4 <= k; t += 4) {
-      const float* bt = b + t * 16;
-      const __m256 x0 = _mm256_broadcast_ss(x + t);
-      const __m256 x1 = _mm256_broadcast_ss(x + t + 1);
-      const __m256 x2 = _mm256_broadcast_ss(x + t + 2);
-      const __m256 x3 = _mm256_broadcast_ss(x + t + 3);
-      s0 = _mm256_fmadd_ps(x0, _mm256_load_ps(bt), s0);
-      s1 = _mm256_fmadd_ps(x0, _mm256_load_ps(bt + 8), s1);
-      s2 = _mm256_fmadd_ps(x1, _mm256_load_ps(bt + 16), s2);
-      s3 = _mm256_fmadd_ps(x1, _mm256_load_ps(bt + 24), s3);
-      s4 = _mm256_fmadd_ps(x2, _mm256_load_ps(bt + 32), s4);
-      s5 = _mm256_fmadd_ps(x2, _mm256_load_ps(bt + 40), s5);
-      s6 = _mm256_fmadd_ps(x3, _mm256_load_ps(bt + 48), s6);
-      s7 = _mm256_fmadd_ps(x3, _mm256_load_ps(bt + 56), s7);
+// y (16 * NP) (+)= x (kc) · NP panels; 2 * NP independent accumulator chains.
+template <int NP>
+KVR_AVX2_TARGET inline void gemv_group(size_t kc, const float* x, const float* b,
+                                       size_t panel_stride, float* y, bool load_y) {
+  __m256 acc[NP][2];
+#pragma GCC unroll 4
+  for (int q = 0; q < NP; ++q) acc[q][0] = acc[q][1] = _mm256_setzero_ps();
+  for (size_t t = 0; t < kc; ++t) {
+    const __m256 xv = _mm256_broadcast_ss(x + t);
+#pragma GCC unroll 4
+    for (int q = 0; q < NP; ++q) {
+      const float* bt = b + q * panel_stride + t * 16;
+      acc[q][0] = _mm256_fmadd_ps(xv, _mm256_load_ps(bt), acc[q][0]);
+      acc[q][1] = _mm256_fmadd_ps(xv, _mm256_load_ps(bt + 8), acc[q][1]);
     }
-    for (; t < k; ++t) {
-      const __m256 xv = _mm256_broadcast_ss(x + t);
-      s0 = _mm256_fmadd_ps(xv, _mm256_load_ps(b + t * 16), s0);
-      s1 = _mm256_fmadd_ps(xv, _mm256_load_ps(b + t * 16 + 8), s1);
-    }
-    __m256 lo = _mm256_add_ps(_mm256_add_ps(s0, s2), _mm256_add_ps(s4, s6));
-    __m256 hi = _mm256_add_ps(_mm256_add_ps(s1, s3), _mm256_add_ps(s5, s7));
-    float* out = y + p * 16;
+  }
+#pragma GCC unroll 4
+  for (int q = 0; q < NP; ++q) {
+    float* out = y + q * 16;
     if (load_y) {
-      lo = _mm256_add_ps(lo, _mm256_loadu_ps(out));
-      hi = _mm256_add_ps(hi, _mm256_loadu_ps(out + 8));
+      acc[q][0] = _mm256_add_ps(acc[q][0], _mm256_loadu_ps(out));
+      acc[q][1] = _mm256_add_ps(acc[q][1], _mm256_loadu_ps(out + 8));
     }
-    _mm256_storeu_ps(out, lo);
-    _mm256_storeu_ps(out + 8, hi);
+    _mm256_storeu_ps(out, acc[q][0]);
+    _mm256_storeu_ps(out + 8, acc[q][1]);
+  }
+}
+
+// See GemvFn: four panels at a time (8 chains hide the FMA latency), then the rest one by one.
+KVR_AVX2_TARGET void gemv_avx2(size_t kc, const float* x, const float* b, size_t panel_stride,
+                               size_t n_panels, float* y, bool load_y) {
+  size_t q = 0;
+  for (; q + 4 <= n_panels; q += 4) {
+    gemv_group<4>(kc, x, b + q * panel_stride, panel_stride, y + q * 16, load_y);
+  }
+  for (; q < n_panels; ++q) {
+    gemv_group<1>(kc, x, b + q * panel_stride, panel_stride, y + q * 16, load_y);
   }
 }
 

@@ -1,8 +1,6 @@
 // Portable micro-kernels for the packed GEMM (plain C++, auto-vectorised at the baseline ISA):
 // the fallback for CPUs without AVX2/FMA and the path KVRELAY_CPU_KERNEL=generic forces.
 // Same packed layout and contracts as gemm_avx2.cpp (see gemm_kernels.h).
-#include <cstring>
-
 #include "cpu/gemm_kernels.h"
 
 namespace kvr::cpu::detail {
@@ -33,25 +31,21 @@ void tile_generic(size_t kc, const float* a, const float* b, float* c, size_t ld
   }
 }
 
-// y (16 * n_panels) (+)= x (k) · panels; see GemvFn.
-void gemv_generic(size_t k, const float* x, const float* panels, size_t n_panels, float* y,
-                  bool load_y) {
-  for (size_t p = 0; p < n_panels; ++p) {
-    const float* b = panels + p * k * 16;
-    float acc[2][16];
-    std::memset(acc, 0, sizeof(acc));
-    size_t t = 0;
-    for (; t + 2 <= k; t += 2) {
-      for (int j = 0; j < 16; ++j) acc[0][j] += x[t] * b[t * 16 + j];
-      for (int j = 0; j < 16; ++j) acc[1][j] += x[t + 1] * b[(t + 1) * 16 + j];
-    }
-    for (; t < k; ++t) {
-      for (int j = 0; j < 16; ++j) acc[0][j] += x[t] * b[t * 16 + j];
-    }
-    float* out = y + p * 16;
-    for (int j = 0; j < 16; ++j) {
-      const float s = acc[0][j] + acc[1][j];
-      out[j] = load_y ? out[j] + s : s;
+// See GemvFn: one accumulator per output, summed over kc in order (as tile_generic does), in
+// two 8-column halves like tile_generic so the compiler keeps the accumulators in registers.
+void gemv_generic(size_t kc, const float* x, const float* b, size_t panel_stride,
+                  size_t n_panels, float* y, bool load_y) {
+  for (size_t q = 0; q < n_panels; ++q) {
+    for (int h = 0; h < 2; ++h) {
+      const float* bh = b + q * panel_stride + 8 * h;
+      float acc[8] = {};
+      for (size_t t = 0; t < kc; ++t) {
+        const float xv = x[t];
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; ++j) acc[j] += xv * bh[t * 16 + j];
+      }
+      float* out = y + q * 16 + 8 * h;
+      for (int j = 0; j < 8; ++j) out[j] = load_y ? out[j] + acc[j] : acc[j];
     }
   }
 }

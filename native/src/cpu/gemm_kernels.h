@@ -17,10 +17,12 @@ constexpr size_t kTileRows = 6;
 using TileFn = void (*)(size_t kc, const float* a, const float* b, float* c, size_t ldc,
                         bool load_c);
 
-// y (16 * n_panels) (+)= x (k) · panels, for one input row (decode): panels holds n_panels
-// consecutive (k, 16) k-major panels. Writes all 16 * n_panels outputs (y must have room).
-using GemvFn = void (*)(size_t k, const float* x, const float* panels, size_t n_panels, float* y,
-                        bool load_y);
+// y (16 * n_panels) (+)= x (kc) · panels, for one input row (decode): panel q's (kc, 16)
+// k-major slice starts at b + q * panel_stride. Writes all 16 * n_panels outputs (y must have
+// room). Each output is summed in the same order as the tile kernels (one accumulator per
+// output over kc, then added to y), so a row's result does not depend on m.
+using GemvFn = void (*)(size_t kc, const float* x, const float* b, size_t panel_stride,
+                        size_t n_panels, float* y, bool load_y);
 
 struct KernelTable {
   const char* name;

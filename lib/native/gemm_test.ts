@@ -84,6 +84,23 @@ Deno.test("`gemmF32()` matches a float64 reference when split over threads and c
   }
 });
 
+Deno.test("`gemmF32()` gives bit-identical rows whatever m and the thread count", () => {
+  // The decode path (m = 1) and every split sum each output in the same order as the batched
+  // path, so prefill and decode agree exactly. Shapes cross the k block (300 > 256).
+  const [m, n, k] = [37, 250, 300];
+  const a = randomF32(m * k, 77);
+  const b = randomF32(n * k, 78);
+  const full = gemmF32(m, n, k, a, b, 1);
+  assertMatchesReference(m, n, k, a, b, full, "bit-identity base");
+  assert.deepEqual(gemmF32(m, n, k, a, b, 2), full, "2 threads");
+  for (const i of [0, 17, 36]) {
+    const row = gemmF32(1, n, k, a.slice(i * k, (i + 1) * k), b, 2);
+    assert.deepEqual(row, full.slice(i * n, (i + 1) * n), `row ${i} alone (m = 1)`);
+  }
+  const firstFive = gemmF32(5, n, k, a.slice(0, 5 * k), b, 2);
+  assert.deepEqual(firstFive, full.slice(0, 5 * n), "first 5 rows (m = 5)");
+});
+
 Deno.test({
   name: "`cpuKernelName()` names avx2-fma when the CPU has AVX2 and FMA",
   ignore: FORCED !== undefined || Deno.build.os !== "linux" || Deno.build.arch !== "x86_64",
@@ -119,7 +136,7 @@ Deno.test({
         "-A",
         "--no-check",
         "--filter",
-        "/matches a float64 reference|is generic when/",
+        "/matches a float64 reference|bit-identical|is generic when/",
         file,
       ],
       cwd: root,
@@ -129,8 +146,8 @@ Deno.test({
     }).output();
     const text = new TextDecoder().decode(out.stdout) + new TextDecoder().decode(out.stderr);
     assert.equal(out.code, 0, `child deno test failed:\n${text}`);
-    // Three tests ran and passed (two reference tests, the kernel-name check).
-    assert.match(text, /ok \| 3 passed/, text);
+    // Four tests ran and passed (two reference tests, bit-identity, the kernel-name check).
+    assert.match(text, /ok \| 4 passed/, text);
   },
 });
 

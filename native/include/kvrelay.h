@@ -214,7 +214,7 @@ KVR_API int32_t kvr_seq_set_length(kvr_seq* seq, uint32_t n_tokens);
 
 /*
  * C (m, n) = A (m, k) · B(n, k)ᵀ, f32 row-major, with the same packed kernel the model uses
- * (B is packed on every call; the timed region in benchmarks should use kvr_gemm_packed_*).
+ * (B is packed on every call, so this is for tests; kvr_gemm_bench times a pre-packed B).
  */
 KVR_API int32_t kvr_gemm_f32(uint32_t m, uint32_t n, uint32_t k, const float* a, size_t a_len,
                              const float* b, size_t b_len, float* c, size_t c_len,

@@ -17,12 +17,12 @@
 
 #include "dtype.h"
 #include "errors.h"
+#include "rope.h"
 #include "model.h"
 
 namespace kvr {
 namespace {
 
-constexpr double kPi = 3.14159265358979323846;
 constexpr uint32_t kMaxRole = 28;  // per-layer slot table size (roles < 28)
 
 const char* role_name(uint32_t role) {
@@ -124,30 +124,6 @@ int32_t validate_params(const kvr_model_params& p) {
   return KVR_OK;
 }
 
-// HF transformers RoPE inverse frequencies (default, linear, llama3), in double.
-std::vector<double> rope_inv_freq(const kvr_model_params& p) {
-  const size_t half = p.head_dim / 2;
-  std::vector<double> f(half);
-  for (size_t i = 0; i < half; ++i) {
-    double inv = std::pow(static_cast<double>(p.rope_theta), -2.0 * static_cast<double>(i) / p.head_dim);
-    if (p.rope_scaling == KVR_ROPE_LINEAR) {
-      inv /= p.rope_factor;
-    } else if (p.rope_scaling == KVR_ROPE_LLAMA3) {
-      const double factor = p.rope_factor, lo = p.rope_low_freq_factor, hi = p.rope_high_freq_factor;
-      const double orig = p.rope_original_max_position;
-      const double low_wl = orig / lo, high_wl = orig / hi;
-      const double wl = 2.0 * kPi / inv;
-      if (wl > low_wl) {
-        inv = inv / factor;
-      } else if (!(wl < high_wl)) {
-        const double smooth = (orig / wl - lo) / (hi - lo);
-        inv = (1.0 - smooth) * inv / factor + smooth * inv;
-      }
-    }
-    f[i] = inv;
-  }
-  return f;
-}
 
 struct Mapping {
   std::string path;

@@ -14,8 +14,10 @@
 #include <vector>
 
 #include "cpu/gemm.h"
+#include "rope.h"
 #include "cpu/projector.h"
 #include "errors.h"
+#include "rope.h"
 #include "kvrelay.h"
 
 struct kvr_ridge {
@@ -157,7 +159,7 @@ int32_t transform(const char* fn, bool to_features, const kvr_model_params* geom
   KVR_TRY(check_buf(fn, "k_out", k_out, k_out_len, n));
   KVR_TRY(check_buf(fn, "v_out", v_out, v_out_len, n));
   return guarded(fn, nullptr, [&] {
-    const std::vector<double> freq = kvr::cpu::projector_inv_freq(*geometry);
+    const std::vector<double> freq = kvr::rope_inv_freq(*geometry);
     const std::vector<double> none;
     const int nt = std::max(1, omp_get_num_procs());
     if (to_features) {
@@ -418,8 +420,8 @@ KVR_API int32_t kvr_projector_create(const kvr_model_params* source,
     try {
       p->src = gs;
       p->dst = gt;
-      p->src_freq = kvr::cpu::projector_inv_freq(*source);
-      p->dst_freq = kvr::cpu::projector_inv_freq(*target);
+      p->src_freq = kvr::rope_inv_freq(*source);
+      p->dst_freq = kvr::rope_inv_freq(*target);
       p->wk = kvr::cpu::PackedWeight::pack(wk, nt, ns);
       p->wv = kvr::cpu::PackedWeight::pack(wv, nt, ns);
       p->bk.assign(bk, bk + nt);

@@ -1,6 +1,8 @@
 // Portable micro-kernels for the packed GEMM (plain C++, auto-vectorised at the baseline ISA):
 // the fallback for CPUs without AVX2/FMA and the path KVRELAY_CPU_KERNEL=generic forces.
 // Same packed layout and contracts as gemm_avx2.cpp (see gemm_kernels.h).
+#include <cstring>
+
 #include "cpu/gemm_kernels.h"
 
 namespace kvr::cpu::detail {
@@ -31,22 +33,31 @@ void tile_generic(size_t kc, const float* a, const float* b, float* c, size_t ld
   }
 }
 
-// See GemvFn: one accumulator per output, summed over kc in order (as tile_generic does), in
-// two 8-column halves like tile_generic so the compiler keeps the accumulators in registers.
+// Four floats as one value (GCC/Clang vector extension: SSE on x86-64, plain scalar code where
+// the target has no vectors). Used where the auto-vectoriser picks a poor loop to vectorise.
+typedef float V4 __attribute__((vector_size(16)));
+
+inline V4 load4(const float* p) {
+  V4 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+// See GemvFn: one accumulator per output, summed over kc in order (as tile_generic does).
 void gemv_generic(size_t kc, const float* x, const float* b, size_t panel_stride,
                   size_t n_panels, float* y, bool load_y) {
   for (size_t q = 0; q < n_panels; ++q) {
-    for (int h = 0; h < 2; ++h) {
-      const float* bh = b + q * panel_stride + 8 * h;
-      float acc[8] = {};
-      for (size_t t = 0; t < kc; ++t) {
-        const float xv = x[t];
-#pragma GCC unroll 8
-        for (int j = 0; j < 8; ++j) acc[j] += xv * bh[t * 16 + j];
-      }
-      float* out = y + q * 16 + 8 * h;
-      for (int j = 0; j < 8; ++j) out[j] = load_y ? out[j] + acc[j] : acc[j];
+    const float* bq = b + q * panel_stride;
+    V4 acc[4] = {};
+    for (size_t t = 0; t < kc; ++t) {
+      const float xs = x[t];
+      const V4 xv = {xs, xs, xs, xs};
+      for (int v = 0; v < 4; ++v) acc[v] += xv * load4(bq + t * 16 + 4 * v);
     }
+    float out[16];
+    std::memcpy(out, acc, sizeof(out));
+    float* yq = y + q * 16;
+    for (int j = 0; j < 16; ++j) yq[j] = load_y ? yq[j] + out[j] : out[j];
   }
 }
 

@@ -12,9 +12,6 @@
 
 namespace kvr::cpu {
 
-// HF transformers RoPE inverse frequencies (default, linear, llama3) for p.head_dim, rad/token.
-// Same formula as the model loader (model_load.cpp), kept here so a projector needs no model.
-std::vector<double> projector_inv_freq(const kvr_model_params& p);
 
 // Block geometry: layers, kv_heads, head_dim of one model.
 struct KvGeometry {

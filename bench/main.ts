@@ -3,7 +3,7 @@
 import { benchEngine, formatEngineTable } from "./engine.ts";
 import { benchSnapshots, formatSnapshotTable } from "./snapshot.ts";
 import { benchHttp, formatHttpTable } from "./http.ts";
-import { benchMigration } from "./migration.ts";
+import { benchMigration, formatMigrationTable } from "./migration.ts";
 import { machineInfo } from "./machine.ts";
 
 const root = new URL("../", import.meta.url).pathname;
@@ -17,7 +17,7 @@ interface Section {
 const sections: Record<string, Section> = {
   engine: { run: () => benchEngine(demoModels), format: formatEngineTable },
   snapshot: { run: benchSnapshots, format: formatSnapshotTable },
-  migration: { run: benchMigration, format: (r: object) => JSON.stringify(r, null, 2) },
+  migration: { run: benchMigration, format: formatMigrationTable },
   http: { run: benchHttp, format: formatHttpTable },
 };
 

@@ -19,7 +19,7 @@ import {
 } from "../lib/migrate/mod.ts";
 import { readCorpusTokens } from "../lib/migrate/corpus.ts";
 import type { ModelConfig } from "../lib/model/mod.ts";
-import { machineInfo, median } from "./machine.ts";
+import { median } from "./machine.ts";
 
 const PAIRS = [
   "tiny-fast--tiny-powerful",
@@ -150,7 +150,6 @@ export async function benchMigration(): Promise<object> {
     for (const m of models.values()) m.native.free();
   }
   return {
-    machine: await machineInfo(),
     note:
       "quality: stored eval-migration results (P=192, C=64, valid.txt); speed: pseudo-random prompts, warm source cache, full and migrated runs interleaved, medians of 5",
     pairs,
@@ -246,4 +245,47 @@ if (import.meta.main) {
     ? await benchRopeAblation()
     : await benchMigration();
   console.log(JSON.stringify(result, null, 2));
+}
+
+interface PairRow {
+  kind: string;
+  quality: {
+    repair: Record<string, { recovered: number; kl_recovered: number; top1_agreement: number }>;
+  } | null;
+  speed: {
+    prompt_tokens: number;
+    full_ttft_ms: number;
+    repair: Record<string, { ttft_ms: number; speedup: number }>;
+  }[];
+}
+
+/**
+ * Formats the migration section: one row per pair and repair length with stored quality and the
+ * TTFT of full prefill vs migrate+repair at each prompt length.
+ * @param result What benchMigration() returned.
+ * @returns Printable table lines.
+ */
+export function formatMigrationTable(result: object): string {
+  const pairs = (result as { pairs: Record<string, PairRow> }).pairs;
+  const lines = [
+    "pair                           kind    r  recovered  kl_rec  top1   | TTFT full→migrated ms (speedup) at 512 / 2048",
+  ];
+  for (const [name, row] of Object.entries(pairs)) {
+    for (const r of REPAIRS) {
+      const q = row.quality?.repair[String(r)];
+      const speed = row.speed.map((s) =>
+        `${s.full_ttft_ms.toFixed(0)}→${s.repair[String(r)].ttft_ms.toFixed(1)} (${
+          s.repair[String(r)].speedup.toFixed(1)
+        }×)`
+      ).join(" / ");
+      lines.push(
+        `${name.padEnd(30)} ${row.kind.padEnd(6)} ${String(r).padStart(2)}  ${
+          q ? q.recovered.toFixed(3).padStart(9) : "        -"
+        }  ${q ? q.kl_recovered.toFixed(3) : "    -"}  ${
+          q ? q.top1_agreement.toFixed(3) : "    -"
+        }  | ${speed}`,
+      );
+    }
+  }
+  return lines.join("\n");
 }

@@ -1,5 +1,6 @@
-// What a CLI command is, the usage error, and option parsing shared by commands (numbers, model
-// options). Commands live one per file and are listed in commands.ts; main.ts dispatches.
+// What a CLI command is, the usage error, and every option shared by two or more commands: each
+// shared flag is declared once in an option group below and parsed once by that group's parser.
+// Flags only one command takes stay in that command's file. No model loading here (model_pair.ts).
 
 import { parseArgs, type ParseArgsConfig } from "node:util";
 import type { KvDtype, NativeModelOptions } from "../native/mod.ts";
@@ -29,12 +30,64 @@ export class UsageError extends Error {
   }
 }
 
-/** Options every model-loading command accepts. */
-export const MODEL_OPTIONS = {
-  model: { type: "string" },
+// ---- option groups (spread into a command's parseOptions table) ----
+
+/** --threads N (CPU threads, 0 = all cores) and --kv-dtype D; parsed by parseModelLoadOptions. */
+export const modelLoadOptions = {
   threads: { type: "string" },
   "kv-dtype": { type: "string" },
 } as const satisfies ParseArgsConfig["options"];
+
+/** Commands that load one model: --model DIR (read with requireString) + modelLoadOptions. */
+export const modelOptions = {
+  model: { type: "string" },
+  ...modelLoadOptions,
+} as const satisfies ParseArgsConfig["options"];
+
+/** Commands that load two models: --source DIR, --target DIR + modelLoadOptions. */
+export const pairOptions = {
+  source: { type: "string" },
+  target: { type: "string" },
+  ...modelLoadOptions,
+} as const satisfies ParseArgsConfig["options"];
+
+/** pairOptions + --projector DIR (optional). --source/--target/--projector: parsePairOptions. */
+export const migrationOptions = {
+  ...pairOptions,
+  projector: { type: "string" },
+} as const satisfies ParseArgsConfig["options"];
+
+/** Sampling flags; parsed by parseSamplingOptions. Commands taking a subset use pick(). */
+export const samplingOptions = {
+  "max-tokens": { type: "string" },
+  temperature: { type: "string" },
+  "top-k": { type: "string" },
+  "top-p": { type: "string" },
+  "min-p": { type: "string" },
+  seed: { type: "string" },
+  stop: { type: "string", multiple: true },
+} as const satisfies ParseArgsConfig["options"];
+
+/** --key-id ID and --key-file F (HMAC key for signing or verifying); read by readKeyOptions. */
+export const keyOptions = {
+  "key-id": { type: "string" },
+  "key-file": { type: "string" },
+} as const satisfies ParseArgsConfig["options"];
+
+/**
+ * The named entries of an option group, for a command that takes only some of its flags.
+ *
+ * @param group an option group, e.g. samplingOptions
+ * @param names the flags to keep
+ * @returns a new table with just those entries
+ */
+export function pick<T extends object, K extends keyof T>(group: T, names: K[]): Pick<T, K> {
+  const out = {} as Pick<T, K>;
+  for (const name of names) out[name] = group[name];
+  return out;
+}
+
+// ---- parsing ----
 
 /**
  * node:util parseArgs with strict checking, its errors turned into UsageError.
@@ -67,7 +120,7 @@ export function parseOptions<T extends NonNullable<ParseArgsConfig["options"]>>(
  * @param value the parsed value
  * @param flag the flag name, for the message
  * @returns the value
- * @throws {UsageError} when absent
+ * @throws {UsageError} when absent or empty
  */
 export function requireString(value: unknown, flag: string): string {
   if (typeof value !== "string" || value.length === 0) {
@@ -104,13 +157,32 @@ export function parseNumber(
 }
 
 /**
- * Native options from --threads and --kv-dtype.
+ * Parses a comma-separated list of repair lengths (--repair, --eval-repair).
+ *
+ * @param text e.g. "1,8,32"
+ * @param flag flag name for messages
+ * @returns the lengths
+ * @throws {UsageError} for anything but positive integers
+ */
+export function parseRepairList(text: string, flag: string): number[] {
+  const rs = text.split(",").map((s) => s.trim());
+  return rs.map((s) => {
+    const n = Number(s);
+    if (s === "" || !Number.isSafeInteger(n) || n < 1) {
+      throw new UsageError(`--${flag}: ${JSON.stringify(s)} is not an integer >= 1`);
+    }
+    return n;
+  });
+}
+
+/**
+ * Native options from modelLoadOptions (--threads, --kv-dtype).
  *
  * @param values parsed values holding `threads` and `kv-dtype`
  * @returns NativeModelOptions (threads 0 = all cores; kvDtype default f32)
  * @throws {UsageError} for a bad thread count or an unknown dtype
  */
-export function nativeOptions(
+export function parseModelLoadOptions(
   values: { threads?: unknown; "kv-dtype"?: unknown },
 ): NativeModelOptions {
   const threads = parseNumber(values.threads, "threads", "int");
@@ -124,6 +196,90 @@ export function nativeOptions(
   return { threads, kvDtype: kv as KvDtype | undefined };
 }
 
+/** Checkpoint and projector directories from pairOptions / migrationOptions. */
+export interface PairDirs {
+  sourceDir: string;
+  targetDir: string;
+  /** --projector; undefined when not given (or the command has no such flag). */
+  projectorDir?: string;
+}
+
+/**
+ * Reads --source and --target (required) and --projector (optional).
+ *
+ * @param values parsed values holding `source`, `target` and maybe `projector`
+ * @returns the directories (not checked for existence: loading does that)
+ * @throws {UsageError} when --source or --target is absent or empty
+ */
+export function parsePairOptions(
+  values: { source?: unknown; target?: unknown; projector?: unknown },
+): PairDirs {
+  return {
+    sourceDir: requireString(values.source, "source"),
+    targetDir: requireString(values.target, "target"),
+    projectorDir: typeof values.projector === "string" ? values.projector : undefined,
+  };
+}
+
+/** Sampling flags as given; undefined = not given (each command applies its own defaults). */
+export interface SamplingFlags {
+  maxTokens?: number;
+  temperature?: number;
+  topK?: number;
+  topP?: number;
+  minP?: number;
+  seed?: number;
+  stop?: string[];
+}
+
+/**
+ * Parses samplingOptions (or the subset a command took). Only the number syntax is checked here;
+ * ranges (e.g. top-p in (0, 1]) are the engine's RangeErrors.
+ *
+ * @param values parsed values holding any of the samplingOptions flags
+ * @returns the numbers and stop strings, undefined where a flag was not given
+ * @throws {UsageError} for a malformed number, quoting it
+ */
+export function parseSamplingOptions(values: {
+  "max-tokens"?: unknown;
+  temperature?: unknown;
+  "top-k"?: unknown;
+  "top-p"?: unknown;
+  "min-p"?: unknown;
+  seed?: unknown;
+  stop?: string[];
+}): SamplingFlags {
+  return {
+    maxTokens: parseNumber(values["max-tokens"], "max-tokens", "int"),
+    temperature: parseNumber(values.temperature, "temperature", "float"),
+    topK: parseNumber(values["top-k"], "top-k", "int"),
+    topP: parseNumber(values["top-p"], "top-p", "float"),
+    minP: parseNumber(values["min-p"], "min-p", "float"),
+    seed: parseNumber(values.seed, "seed", "int"),
+    stop: values.stop,
+  };
+}
+
+/**
+ * Reads keyOptions (--key-id/--key-file, both or neither) into a signing/verification key.
+ *
+ * @param values parsed values holding `key-id` and `key-file`
+ * @returns the key id and raw key bytes, or undefined when neither flag is given
+ * @throws {UsageError} when only one is given; Deno.errors.NotFound etc. when the file can't be read
+ */
+export async function readKeyOptions(
+  values: { "key-id"?: unknown; "key-file"?: unknown },
+): Promise<{ keyId: string; key: Uint8Array } | undefined> {
+  const id = values["key-id"], file = values["key-file"];
+  if (id === undefined && file === undefined) return undefined;
+  if (typeof id !== "string" || typeof file !== "string") {
+    throw new UsageError("--key-id and --key-file go together");
+  }
+  return { keyId: id, key: await Deno.readFile(file) };
+}
+
+// ---- output ----
+
 /**
  * Writes all of a string to stdout (UTF-8).
  *
@@ -133,4 +289,15 @@ export async function writeStdout(text: string): Promise<void> {
   const bytes = new TextEncoder().encode(text);
   let off = 0;
   while (off < bytes.length) off += await Deno.stdout.write(bytes.subarray(off));
+}
+
+/**
+ * Prints a command's usage text to stdout, for --help: `if (v.help) return await printUsage(usage)`.
+ *
+ * @param usage the usage text (a newline is added)
+ * @returns exit code 0
+ */
+export async function printUsage(usage: string): Promise<number> {
+  await writeStdout(usage + "\n");
+  return 0;
 }

@@ -6,14 +6,20 @@ import { continueFrom, loadModel } from "../engine/mod.ts";
 import { decodeHeader, importSnapshot, LIMITS, type SnapshotHeader } from "../snapshot/mod.ts";
 import {
   type CliCommand,
-  MODEL_OPTIONS,
-  nativeOptions,
+  keyOptions,
+  modelOptions,
+  parseModelLoadOptions,
   parseNumber,
   parseOptions,
+  parseSamplingOptions,
+  pick,
+  printUsage,
+  readKeyOptions,
   requireString,
+  samplingOptions,
   writeStdout,
 } from "./command.ts";
-import { readKeyFlags, rethrowSnapshotError } from "./snapshot.ts";
+import { rethrowSnapshotError } from "./snapshot.ts";
 
 const usage = `usage: deno task cli continue --snapshot FILE --model DIR [options]
 
@@ -65,39 +71,30 @@ export const continueCommand: CliCommand = {
   usage,
   async run(args) {
     const v = parseOptions(args, {
-      ...MODEL_OPTIONS,
+      ...modelOptions,
+      ...pick(samplingOptions, ["max-tokens", "temperature", "top-k", "top-p", "seed"]),
+      ...keyOptions,
       snapshot: { type: "string" },
-      "max-tokens": { type: "string" },
-      temperature: { type: "string" },
-      "top-k": { type: "string" },
-      "top-p": { type: "string" },
-      seed: { type: "string" },
-      "key-id": { type: "string" },
-      "key-file": { type: "string" },
       "max-bytes": { type: "string" },
     });
-    if (v.help) {
-      await writeStdout(usage + "\n");
-      return 0;
-    }
+    if (v.help) return await printUsage(usage);
     const file = requireString(v.snapshot, "snapshot");
     const dir = requireString(v.model, "model");
+    const sampling = parseSamplingOptions(v);
     const opts = {
-      maxTokens: parseNumber(v["max-tokens"], "max-tokens", "int") ?? 256,
-      temperature: parseNumber(v.temperature, "temperature", "float") ?? 0,
-      topK: parseNumber(v["top-k"], "top-k", "int"),
-      topP: parseNumber(v["top-p"], "top-p", "float"),
-      seed: parseNumber(v.seed, "seed", "int"),
+      ...sampling,
+      maxTokens: sampling.maxTokens ?? 256,
+      temperature: sampling.temperature ?? 0,
     };
     const maxBytes = parseNumber(v["max-bytes"], "max-bytes", "int");
-    const key = await readKeyFlags(v);
+    const key = await readKeyOptions(v);
     let header: SnapshotHeader;
     try {
       header = await peekHeader(file, maxBytes);
     } catch (e) {
       rethrowSnapshotError(e, file);
     }
-    const native = nativeOptions(v);
+    const native = parseModelLoadOptions(v);
     native.kvDtype ??= header.cacheDtype;
     const model = await loadModel(dir, native);
     try {

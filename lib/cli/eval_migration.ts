@@ -2,26 +2,27 @@
 // migrated prefix + repair r vs no prefix, in windows of P+C tokens. Progress on stderr; the last
 // stdout line is one JSON object. Without --projector, source and target must be the same model.
 
-import { loadModel } from "../engine/mod.ts";
 import {
-  endpointOf,
   evaluateMigration,
-  loadProjector,
   parseProjectorMeta,
-  type Projector,
   qualityRecord,
   readProjectorMeta,
 } from "../migrate/mod.ts";
 import {
   type CliCommand,
-  nativeOptions,
+  migrationOptions,
+  parseModelLoadOptions,
   parseNumber,
   parseOptions,
+  parsePairOptions,
+  parseRepairList,
+  printUsage,
   requireString,
   UsageError,
   writeStdout,
 } from "./command.ts";
-import { parseRepairList, progressBar } from "./fit.ts";
+import { loadMigrationPair } from "./model_pair.ts";
+import { progressBar } from "./progress.ts";
 
 const usage =
   `usage: deno task cli eval-migration --source DIR --target DIR --projector DIR --file TEXT
@@ -51,9 +52,7 @@ export const evalMigrationCommand: CliCommand = {
   usage,
   async run(args) {
     const v = parseOptions(args, {
-      source: { type: "string" },
-      target: { type: "string" },
-      projector: { type: "string" },
+      ...migrationOptions,
       file: { type: "string" },
       prefix: { type: "string" },
       continuation: { type: "string" },
@@ -61,15 +60,9 @@ export const evalMigrationCommand: CliCommand = {
       "max-windows": { type: "string" },
       json: { type: "boolean" },
       store: { type: "boolean" },
-      threads: { type: "string" },
-      "kv-dtype": { type: "string" },
     });
-    if (v.help) {
-      await writeStdout(usage + "\n");
-      return 0;
-    }
-    const sourceDir = requireString(v.source, "source"),
-      targetDir = requireString(v.target, "target");
+    if (v.help) return await printUsage(usage);
+    const dirs = parsePairOptions(v);
     const file = requireString(v.file, "file");
     const prefix = parseNumber(requireString(v.prefix, "prefix"), "prefix", "int")!;
     const continuation = parseNumber(
@@ -88,57 +81,44 @@ export const evalMigrationCommand: CliCommand = {
     }
     const maxWindows = parseNumber(v["max-windows"], "max-windows", "int");
     const text = await Deno.readTextFile(file);
-    const native = nativeOptions(v);
-    const source = await loadModel(sourceDir, native);
-    const target = await loadModel(targetDir, native);
-    let projector: Projector | null = null;
-    try {
-      if (v.projector !== undefined) {
-        projector = await loadProjector(v.projector, endpointOf(source), endpointOf(target));
-      } else if (source.fingerprint !== target.fingerprint) {
-        throw new UsageError("--projector is required for different models");
-      }
-      const ids = source.tokenizer.encode(text, { addSpecialTokens: false });
-      const bar = progressBar(`eval ${source.name}→${target.name}`);
-      const r = await evaluateMigration(source, target, projector, ids, {
-        prefix,
-        continuation,
-        repairs,
-        maxWindows,
-        temperature: projector?.meta.temperature ?? null,
-        onProgress: (d, t) => bar("windows", d, t),
-      });
-      if (!v.json) {
-        const lines = [
-          `windows ${r.windows}  full_nll ${r.full_nll.toFixed(4)}  no_prefix_nll ${
-            r.no_prefix_nll.toFixed(4)
-          }  source_nll ${r.source_nll.toFixed(4)}  full_ttft ${r.full_ttft_ms.toFixed(2)} ms`,
-          ...Object.entries(r.repair).map(([k, m]) =>
-            `repair ${k}: nll ${m.nll.toFixed(4)}  recovered ${
-              m.recovered.toFixed(3)
-            }  kl_recovered ${m.kl_recovered.toFixed(3)}  top1 ${
-              m.top1_agreement.toFixed(3)
-            }  ttft ${m.ttft_ms.toFixed(2)} ms`
-          ),
-        ];
-        await writeStdout(lines.join("\n") + "\n");
-      }
-      if (v.store) {
-        if (projector === null) throw new UsageError("--store needs --projector");
-        const meta = await readProjectorMeta(projector.dir);
-        meta.quality = qualityRecord(r, file.split("/").slice(-2).join("/"), prefix, continuation);
-        parseProjectorMeta(meta, `${projector.dir}/projector.json`);
-        await Deno.writeTextFile(
-          `${projector.dir}/projector.json`,
-          JSON.stringify(meta, null, 2) + "\n",
-        );
-      }
-      await writeStdout(JSON.stringify(r) + "\n");
-    } finally {
-      await projector?.free();
-      source.native.free();
-      target.native.free();
+    await using pair = await loadMigrationPair(dirs, parseModelLoadOptions(v));
+    const { source, target, projector } = pair;
+    const ids = source.tokenizer.encode(text, { addSpecialTokens: false });
+    const bar = progressBar(`eval ${source.name}→${target.name}`);
+    const r = await evaluateMigration(source, target, projector, ids, {
+      prefix,
+      continuation,
+      repairs,
+      maxWindows,
+      temperature: projector?.meta.temperature ?? null,
+      onProgress: (d, t) => bar("windows", d, t),
+    });
+    if (!v.json) {
+      const lines = [
+        `windows ${r.windows}  full_nll ${r.full_nll.toFixed(4)}  no_prefix_nll ${
+          r.no_prefix_nll.toFixed(4)
+        }  source_nll ${r.source_nll.toFixed(4)}  full_ttft ${r.full_ttft_ms.toFixed(2)} ms`,
+        ...Object.entries(r.repair).map(([k, m]) =>
+          `repair ${k}: nll ${m.nll.toFixed(4)}  recovered ${
+            m.recovered.toFixed(3)
+          }  kl_recovered ${m.kl_recovered.toFixed(3)}  top1 ${m.top1_agreement.toFixed(3)}  ttft ${
+            m.ttft_ms.toFixed(2)
+          } ms`
+        ),
+      ];
+      await writeStdout(lines.join("\n") + "\n");
     }
+    if (v.store) {
+      if (projector === null) throw new UsageError("--store needs --projector");
+      const meta = await readProjectorMeta(projector.dir);
+      meta.quality = qualityRecord(r, file.split("/").slice(-2).join("/"), prefix, continuation);
+      parseProjectorMeta(meta, `${projector.dir}/projector.json`);
+      await Deno.writeTextFile(
+        `${projector.dir}/projector.json`,
+        JSON.stringify(meta, null, 2) + "\n",
+      );
+    }
+    await writeStdout(JSON.stringify(r) + "\n");
     return 0;
   },
 };

@@ -2,7 +2,6 @@
 // (projector.json + weights.safetensors), optionally measuring its quality on an evaluation file
 // first. Progress bar with ETA on stderr; the last stdout line is one JSON summary.
 
-import { loadModel } from "../engine/mod.ts";
 import {
   endpointOf,
   evaluateMigration,
@@ -14,13 +13,19 @@ import {
 import { readCorpusTokens } from "../migrate/corpus.ts";
 import {
   type CliCommand,
-  nativeOptions,
+  pairOptions,
+  parseModelLoadOptions,
   parseNumber,
   parseOptions,
+  parsePairOptions,
+  parseRepairList,
+  printUsage,
   requireString,
   UsageError,
   writeStdout,
 } from "./command.ts";
+import { loadModelPair } from "./model_pair.ts";
+import { progressBar } from "./progress.ts";
 
 const usage =
   `usage: deno task cli fit --source DIR --target DIR --corpus FILE... --out DIR [options]
@@ -47,27 +52,6 @@ temperature on held-out windows and writes OUT/projector.json + OUT/weights.safe
   --threads N            CPU threads (default all cores)
   --kv-dtype D           KV cache type f32 | f16 | bf16 (default f32)`;
 
-/** Draws a progress bar with ETA on stderr (one line, redrawn). */
-export function progressBar(label: string): (phase: string, done: number, total: number) => void {
-  const start = new Map<string, number>();
-  const enc = new TextEncoder();
-  return (phase, done, total) => {
-    const now = performance.now();
-    if (!start.has(phase)) start.set(phase, now);
-    const t0 = start.get(phase)!;
-    const frac = total > 0 ? done / total : 1;
-    const width = 30, filled = Math.round(frac * width);
-    const elapsed = (now - t0) / 1000;
-    const eta = done > 0 ? (elapsed / done) * (total - done) : NaN;
-    const line =
-      `\r${label} ${phase} [${"#".repeat(filled)}${" ".repeat(width - filled)}] ${done}/${total} ` +
-      `${(frac * 100).toFixed(0)}% ${elapsed.toFixed(0)}s ETA ${
-        Number.isFinite(eta) ? eta.toFixed(0) + "s" : "?"
-      }   `;
-    Deno.stderr.writeSync(enc.encode(line + (done >= total ? "\n" : "")));
-  };
-}
-
 /** `--corpus a b --x` → `--corpus a --corpus b --x` (FILE... after one flag). */
 function expandCorpus(args: string[]): string[] {
   const out: string[] = [];
@@ -83,32 +67,13 @@ function expandCorpus(args: string[]): string[] {
   return out;
 }
 
-/**
- * Parses a comma-separated list of repair lengths.
- * @param text e.g. "1,8,32"
- * @param flag flag name for messages
- * @returns the lengths
- * @throws UsageError for anything but positive integers
- */
-export function parseRepairList(text: string, flag: string): number[] {
-  const rs = text.split(",").map((s) => s.trim());
-  return rs.map((s) => {
-    const n = Number(s);
-    if (s === "" || !Number.isSafeInteger(n) || n < 1) {
-      throw new UsageError(`--${flag}: ${JSON.stringify(s)} is not an integer >= 1`);
-    }
-    return n;
-  });
-}
-
 /** The `fit` command. */
 export const fitCommand: CliCommand = {
   summary: "fit a linear KV projector between two models (writes projector.json + weights)",
   usage,
   async run(args) {
     const v = parseOptions(expandCorpus(args), {
-      source: { type: "string" },
-      target: { type: "string" },
+      ...pairOptions,
       corpus: { type: "string", multiple: true },
       out: { type: "string" },
       tokens: { type: "string" },
@@ -122,15 +87,9 @@ export const fitCommand: CliCommand = {
       "eval-continuation": { type: "string" },
       "eval-repair": { type: "string" },
       "eval-windows": { type: "string" },
-      threads: { type: "string" },
-      "kv-dtype": { type: "string" },
     });
-    if (v.help) {
-      await writeStdout(usage + "\n");
-      return 0;
-    }
-    const sourceDir = requireString(v.source, "source"),
-      targetDir = requireString(v.target, "target");
+    if (v.help) return await printUsage(usage);
+    const dirs = parsePairOptions(v);
     const out = requireString(v.out, "out");
     const corpus = v.corpus ?? [];
     if (corpus.length === 0) throw new UsageError("--corpus is required");
@@ -166,67 +125,61 @@ export const fitCommand: CliCommand = {
     const evalCont = parseNumber(v["eval-continuation"], "eval-continuation", "int") ?? 64;
     const evalRepairs = parseRepairList(v["eval-repair"] ?? "1,8,32", "eval-repair");
     const evalWindows = parseNumber(v["eval-windows"], "eval-windows", "int");
-    const native = nativeOptions(v);
-    const source = await loadModel(sourceDir, native);
-    const target = await loadModel(targetDir, native);
-    try {
-      const bar = progressBar(`fit ${source.name}→${target.name}`);
-      const ids = await readCorpusTokens(corpus, tokens + heldout, source.tokenizer);
-      const fitted = await fitLinearProjector(source, target, ids, {
-        tokens,
-        heldoutTokens: heldout,
-        windowTokens: window,
-        lambda,
-        sourceLayers,
-        repairDefault,
-        corpus: corpus.map((f) => f.split("/").slice(-2).join("/")),
-        onProgress: bar,
+    await using pair = await loadModelPair(dirs, parseModelLoadOptions(v));
+    const { source, target } = pair;
+    const bar = progressBar(`fit ${source.name}→${target.name}`);
+    const ids = await readCorpusTokens(corpus, tokens + heldout, source.tokenizer);
+    const fitted = await fitLinearProjector(source, target, ids, {
+      tokens,
+      heldoutTokens: heldout,
+      windowTokens: window,
+      lambda,
+      sourceLayers,
+      repairDefault,
+      corpus: corpus.map((f) => f.split("/").slice(-2).join("/")),
+      onProgress: bar,
+    });
+    await writeProjector(out, fitted.meta, fitted.layers);
+    if (v["eval-file"] !== undefined) {
+      const file = v["eval-file"];
+      const evalIds = source.tokenizer.encode(await Deno.readTextFile(file), {
+        addSpecialTokens: false,
       });
-      await writeProjector(out, fitted.meta, fitted.layers);
-      if (v["eval-file"] !== undefined) {
-        const file = v["eval-file"];
-        const evalIds = source.tokenizer.encode(await Deno.readTextFile(file), {
-          addSpecialTokens: false,
+      const proj = await loadProjector(out, endpointOf(source), endpointOf(target));
+      try {
+        const ev = await evaluateMigration(source, target, proj, evalIds, {
+          prefix: evalPrefix,
+          continuation: evalCont,
+          repairs: evalRepairs,
+          maxWindows: evalWindows,
+          temperature: fitted.meta.temperature,
+          onProgress: (d, t) => bar("evaluation windows", d, t),
         });
-        const proj = await loadProjector(out, endpointOf(source), endpointOf(target));
-        try {
-          const ev = await evaluateMigration(source, target, proj, evalIds, {
-            prefix: evalPrefix,
-            continuation: evalCont,
-            repairs: evalRepairs,
-            maxWindows: evalWindows,
-            temperature: fitted.meta.temperature,
-            onProgress: (d, t) => bar("evaluation windows", d, t),
-          });
-          fitted.meta.quality = qualityRecord(
-            ev,
-            file.split("/").slice(-2).join("/"),
-            evalPrefix,
-            evalCont,
-          );
-        } finally {
-          await proj.free();
-        }
-        await writeProjector(out, fitted.meta, fitted.layers);
+        fitted.meta.quality = qualityRecord(
+          ev,
+          file.split("/").slice(-2).join("/"),
+          evalPrefix,
+          evalCont,
+        );
+      } finally {
+        await proj.free();
       }
-      const m = fitted.meta;
-      await writeStdout(
-        JSON.stringify({
-          out,
-          source: m.source.name,
-          target: m.target.name,
-          tokens: m.calibration.tokens,
-          heldout_tokens: m.calibration.heldout_tokens,
-          fit_seconds: m.calibration.fit_seconds,
-          mean_heldout_r2: m.calibration.mean_heldout_r2,
-          temperature: m.temperature,
-          quality: m.quality,
-        }) + "\n",
-      );
-    } finally {
-      source.native.free();
-      target.native.free();
+      await writeProjector(out, fitted.meta, fitted.layers);
     }
+    const m = fitted.meta;
+    await writeStdout(
+      JSON.stringify({
+        out,
+        source: m.source.name,
+        target: m.target.name,
+        tokens: m.calibration.tokens,
+        heldout_tokens: m.calibration.heldout_tokens,
+        fit_seconds: m.calibration.fit_seconds,
+        mean_heldout_r2: m.calibration.mean_heldout_r2,
+        temperature: m.temperature,
+        quality: m.quality,
+      }) + "\n",
+    );
     return 0;
   },
 };

@@ -4,11 +4,13 @@
 import { generateStream, loadModel } from "../engine/mod.ts";
 import {
   type CliCommand,
-  MODEL_OPTIONS,
-  nativeOptions,
-  parseNumber,
+  modelOptions,
+  parseModelLoadOptions,
   parseOptions,
+  parseSamplingOptions,
+  printUsage,
   requireString,
+  samplingOptions,
   UsageError,
   writeStdout,
 } from "./command.ts";
@@ -36,33 +38,17 @@ export const generateCommand: CliCommand = {
   usage,
   async run(args) {
     const v = parseOptions(args, {
-      ...MODEL_OPTIONS,
+      ...modelOptions,
+      ...samplingOptions,
       prompt: { type: "string" },
       chat: { type: "boolean" },
-      "max-tokens": { type: "string" },
-      temperature: { type: "string" },
-      "top-k": { type: "string" },
-      "top-p": { type: "string" },
-      "min-p": { type: "string" },
-      seed: { type: "string" },
-      stop: { type: "string", multiple: true },
     });
-    if (v.help) {
-      await writeStdout(usage + "\n");
-      return 0;
-    }
+    if (v.help) return await printUsage(usage);
     const dir = requireString(v.model, "model");
     if (typeof v.prompt !== "string") throw new UsageError("--prompt is required");
-    const opts = {
-      maxTokens: parseNumber(v["max-tokens"], "max-tokens", "int"),
-      temperature: parseNumber(v.temperature, "temperature", "float") ?? 0,
-      topK: parseNumber(v["top-k"], "top-k", "int"),
-      topP: parseNumber(v["top-p"], "top-p", "float"),
-      minP: parseNumber(v["min-p"], "min-p", "float"),
-      seed: parseNumber(v.seed, "seed", "int"),
-      stop: v.stop as string[] | undefined,
-    };
-    const model = await loadModel(dir, nativeOptions(v));
+    const sampling = parseSamplingOptions(v);
+    const opts = { ...sampling, temperature: sampling.temperature ?? 0 };
+    const model = await loadModel(dir, parseModelLoadOptions(v));
     try {
       const prompt = v.chat
         ? model.tokenizer.applyChatTemplate([{ role: "user", content: v.prompt }])

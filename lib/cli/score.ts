@@ -4,10 +4,11 @@
 import { DEFAULT_SCORE_CONTEXT, loadModel, scoreTokens } from "../engine/mod.ts";
 import {
   type CliCommand,
-  MODEL_OPTIONS,
-  nativeOptions,
+  modelOptions,
+  parseModelLoadOptions,
   parseNumber,
   parseOptions,
+  printUsage,
   requireString,
   UsageError,
   writeStdout,
@@ -32,21 +33,18 @@ export const scoreCommand: CliCommand = {
   usage,
   async run(args) {
     const v = parseOptions(args, {
-      ...MODEL_OPTIONS,
+      ...modelOptions,
       file: { type: "string" },
       context: { type: "string" },
       json: { type: "boolean" },
     });
-    if (v.help) {
-      await writeStdout(usage + "\n");
-      return 0;
-    }
+    if (v.help) return await printUsage(usage);
     const dir = requireString(v.model, "model");
     const file = requireString(v.file, "file");
     const context = parseNumber(v.context, "context", "int") ?? DEFAULT_SCORE_CONTEXT;
     if (context < 2) throw new UsageError(`--context must be >= 2, got ${context}`);
     const text = await Deno.readTextFile(file);
-    const model = await loadModel(dir, nativeOptions(v));
+    const model = await loadModel(dir, parseModelLoadOptions(v));
     try {
       const ids = model.tokenizer.encode(text);
       const r = await scoreTokens(model, ids, { context });

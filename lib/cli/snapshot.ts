@@ -6,13 +6,15 @@ import { loadModel } from "../engine/mod.ts";
 import { type SnapshotEncoding, SnapshotError, snapshotPrompt } from "../snapshot/mod.ts";
 import {
   type CliCommand,
-  MODEL_OPTIONS,
-  nativeOptions,
+  keyOptions,
+  modelOptions,
+  parseModelLoadOptions,
   parseNumber,
   parseOptions,
+  printUsage,
+  readKeyOptions,
   requireString,
   UsageError,
-  writeStdout,
 } from "./command.ts";
 
 const usage =
@@ -35,22 +37,6 @@ token: \`continue\` prefills it itself to get the next-token logits).
 const ENCODINGS = ["f32", "f16", "bf16", "q8", "q4"];
 
 /**
- * Reads --key-id/--key-file into a signing/verification key (both or neither).
- * @returns the key id and raw key, or undefined when neither flag is given
- * @throws UsageError when only one is given
- */
-export async function readKeyFlags(
-  v: { "key-id"?: unknown; "key-file"?: unknown },
-): Promise<{ keyId: string; key: Uint8Array } | undefined> {
-  const id = v["key-id"], file = v["key-file"];
-  if (id === undefined && file === undefined) return undefined;
-  if (typeof id !== "string" || typeof file !== "string") {
-    throw new UsageError("--key-id and --key-file go together");
-  }
-  return { keyId: id, key: await Deno.readFile(file) };
-}
-
-/**
  * Rethrows a SnapshotError as a one-line Error naming what failed, e.g.
  * "snapshot rejected (checksum): chunk 2 checksum mismatch: …".
  * @throws always
@@ -68,19 +54,15 @@ export const snapshotCommand: CliCommand = {
   usage,
   async run(args) {
     const v = parseOptions(args, {
-      ...MODEL_OPTIONS,
+      ...modelOptions,
+      ...keyOptions,
       prompt: { type: "string" },
       "prompt-file": { type: "string" },
       out: { type: "string" },
       encoding: { type: "string" },
       "chunk-tokens": { type: "string" },
-      "key-id": { type: "string" },
-      "key-file": { type: "string" },
     });
-    if (v.help) {
-      await writeStdout(usage + "\n");
-      return 0;
-    }
+    if (v.help) return await printUsage(usage);
     const dir = requireString(v.model, "model");
     const out = requireString(v.out, "out");
     if ((v.prompt === undefined) === (v["prompt-file"] === undefined)) {
@@ -93,9 +75,9 @@ export const snapshotCommand: CliCommand = {
       );
     }
     const chunkTokens = parseNumber(v["chunk-tokens"], "chunk-tokens", "int");
-    const sign = await readKeyFlags(v);
+    const sign = await readKeyOptions(v);
     const text = v.prompt ?? await Deno.readTextFile(v["prompt-file"]!);
-    const model = await loadModel(dir, nativeOptions(v));
+    const model = await loadModel(dir, parseModelLoadOptions(v));
     try {
       const ids = model.tokenizer.encode(text);
       if (ids.length === 0) throw new UsageError("the prompt encodes to 0 tokens");

@@ -1,8 +1,10 @@
 // Migration benchmark (issue 4): per committed demo projector, the stored quality at P=192, C=64
 // on valid.txt (recovered, kl_recovered, top-1 for r ∈ {1, 8, 32}); and per pair and prompt
 // length 512/2048 (beyond the demo models' trained context: time only) the TTFT of full target
-// prefill vs migrate+repair(r) from a warm source cache, medians, with the migration split out.
-// `--ablation` runs benchRopeAblation instead (RoPE handling variants of the linear map).
+// prefill vs migrate+repair(r) from a warm source cache, medians, with the migration split out
+// (linear kind: also r=8 through the JS block path, for a same-run comparison).
+// `--ablation` runs benchRopeAblation instead (RoPE handling variants of the linear map);
+// `--profile` runs benchMigrationProfile (per-stage times of the two migration paths).
 import { type LoadedModel, loadModel } from "../lib/engine/mod.ts";
 import {
   endpointOf,
@@ -18,7 +20,9 @@ import {
   RidgeAccumulator,
 } from "../lib/migrate/mod.ts";
 import { readCorpusTokens } from "../lib/migrate/corpus.ts";
+import { writeCacheBlock } from "../lib/migrate/native.ts";
 import type { ModelConfig } from "../lib/model/mod.ts";
+import { gemmBench } from "../lib/native/mod.ts";
 import { median } from "./machine.ts";
 
 const PAIRS = [
@@ -55,6 +59,27 @@ async function timePair(source: LoadedModel, target: LoadedModel, projDir: strin
     const runs = new Map(
       REPAIRS.map((r) => [r, { ttft: [] as number[], mig: [] as number[], rep: [] as number[] }]),
     );
+    // the same projector without its native sequence → sequence entry: f32 blocks through JS
+    const blockPath: Projector | null = proj.projectInto
+      ? { ...proj, projectInto: undefined }
+      : null;
+    const js = { ttft: [] as number[], mig: [] as number[], rep: [] as number[] };
+    const migrate = async (p: Projector, r: number, x: typeof js) => {
+      using dst = target.native.createSequence(n);
+      const t0 = performance.now();
+      const m = await migrateAndRepair({
+        source: endpointOf(source),
+        sourceSeq: src,
+        target: endpointOf(target),
+        targetSeq: dst,
+        projector: p,
+        prompt: ids,
+        repair: r,
+      });
+      x.ttft.push(performance.now() - t0);
+      x.mig.push(m.migrateMs);
+      x.rep.push(m.repairMs);
+    };
     for (let i = 0; i < RUNS; i++) {
       {
         using seq = target.native.createSequence(n);
@@ -62,23 +87,8 @@ async function timePair(source: LoadedModel, target: LoadedModel, projDir: strin
         await seq.prefill(ids);
         full.push(performance.now() - t0);
       }
-      for (const r of REPAIRS) {
-        using dst = target.native.createSequence(n);
-        const t0 = performance.now();
-        const m = await migrateAndRepair({
-          source: endpointOf(source),
-          sourceSeq: src,
-          target: endpointOf(target),
-          targetSeq: dst,
-          projector: proj,
-          prompt: ids,
-          repair: r,
-        });
-        const x = runs.get(r)!;
-        x.ttft.push(performance.now() - t0);
-        x.mig.push(m.migrateMs);
-        x.rep.push(m.repairMs);
-      }
+      for (const r of REPAIRS) await migrate(proj, r, runs.get(r)!);
+      if (blockPath) await migrate(blockPath, 8, js);
     }
     const fullMs = median(full);
     const repair = Object.fromEntries(
@@ -92,7 +102,20 @@ async function timePair(source: LoadedModel, target: LoadedModel, projDir: strin
         }];
       }),
     );
-    return { prompt_tokens: n, full_ttft_ms: fullMs, source_prefill_ms: sourceMs, repair };
+    const jsPath = blockPath === null ? null : {
+      repair: 8,
+      ttft_ms: median(js.ttft),
+      migrate_ms: median(js.mig),
+      repair_prefill_ms: median(js.rep),
+      speedup: fullMs / median(js.ttft),
+    };
+    return {
+      prompt_tokens: n,
+      full_ttft_ms: fullMs,
+      source_prefill_ms: sourceMs,
+      repair,
+      js_block_path: jsPath,
+    };
   } finally {
     await proj.free();
   }
@@ -151,7 +174,7 @@ export async function benchMigration(): Promise<object> {
   }
   return {
     note:
-      "quality: stored eval-migration results (P=192, C=64, valid.txt); speed: pseudo-random prompts, warm source cache, full and migrated runs interleaved, medians of 5",
+      "quality: stored eval-migration results (P=192, C=64, valid.txt); speed: pseudo-random prompts, warm source cache, full and migrated runs interleaved, medians of 5; linear kind migrates sequence → sequence natively, js_block_path is the same projector through f32 blocks in JS (r=8)",
     pairs,
   };
 }
@@ -240,9 +263,70 @@ export async function benchRopeAblation(): Promise<object> {
   }
 }
 
+/**
+ * Per-stage times of migrating 2040 tokens (a 2048-token prompt, r = 8) fast→powerful with the
+ * committed projector (not run by benchMigration; ~20 s): the JS block path (readCacheBlock:
+ * kv_read per layer; apply: de-rotate → GEMM → re-rotate into new JS blocks; writeCacheBlock:
+ * kv_write per layer) next to the native sequence → sequence call, and the projection GEMMs alone
+ * (kvr_gemm_bench on a pre-packed weight, ×2 for K and V). Runs interleaved, medians of 9.
+ * @param threads worker threads for both paths and the GEMM (0 = all cores)
+ * @returns stage name → median ms
+ */
+export async function benchMigrationProfile(threads = 0): Promise<object> {
+  const root = new URL("../", import.meta.url).pathname;
+  const s = await loadModel(`${root}models/tiny-fast`),
+    t = await loadModel(`${root}models/tiny-powerful`);
+  const proj = await loadProjector(
+    `${root}models/projectors/tiny-fast--tiny-powerful`,
+    endpointOf(s),
+    endpointOf(t),
+  );
+  try {
+    const n = 2048, count = n - 8;
+    using src = s.native.createSequence(n);
+    await src.prefill(promptIds(n, t.native.config.vocabSize));
+    const times: Record<string, number[]> = {};
+    const rec = (k: string, v: number) => (times[k] ??= []).push(v);
+    for (let i = 0; i < 9; i++) {
+      {
+        using dst = t.native.createSequence(n);
+        const t0 = performance.now();
+        const block = readCacheBlock(src, 0, count);
+        const t1 = performance.now();
+        const out = await proj.project(0, block, threads);
+        const t2 = performance.now();
+        writeCacheBlock(dst, 0, out);
+        const t3 = performance.now();
+        rec("js_read_cache_block", t1 - t0);
+        rec("js_apply", t2 - t1);
+        rec("js_write_cache_block", t3 - t2);
+        rec("js_total", t3 - t0);
+      }
+      {
+        using dst = t.native.createSequence(n);
+        const t0 = performance.now();
+        await proj.projectInto!(src, dst, count, threads);
+        rec("native_seq_to_seq_total", performance.now() - t0);
+      }
+    }
+    const ns = featureWidth(s.native.config), nt = featureWidth(t.native.config);
+    rec("gemm_k_and_v_alone", 2000 * gemmBench(count, nt, ns, threads, 9));
+    return {
+      note: `fast→powerful, ${count} tokens, threads ${threads || "all"}, medians of 9 (ms)`,
+      ...Object.fromEntries(Object.entries(times).map(([k, v]) => [k, median(v)])),
+    };
+  } finally {
+    await proj.free();
+    s.native.free();
+    t.native.free();
+  }
+}
+
 if (import.meta.main) {
   const result = Deno.args.includes("--ablation")
     ? await benchRopeAblation()
+    : Deno.args.includes("--profile")
+    ? await benchMigrationProfile()
     : await benchMigration();
   console.log(JSON.stringify(result, null, 2));
 }
@@ -256,6 +340,7 @@ interface PairRow {
     prompt_tokens: number;
     full_ttft_ms: number;
     repair: Record<string, { ttft_ms: number; speedup: number }>;
+    js_block_path?: { ttft_ms: number; speedup: number } | null;
   }[];
 }
 
@@ -285,6 +370,14 @@ export function formatMigrationTable(result: object): string {
           q ? q.top1_agreement.toFixed(3) : "    -"
         }  | ${speed}`,
       );
+    }
+    if (row.speed.every((s) => s.js_block_path)) {
+      const speed = row.speed.map((s) =>
+        `${s.full_ttft_ms.toFixed(0)}→${s.js_block_path!.ttft_ms.toFixed(1)} (${
+          s.js_block_path!.speedup.toFixed(1)
+        }×)`
+      ).join(" / ");
+      lines.push(`${"".padEnd(30)} (JS block path, r=8)                   | ${speed}`);
     }
   }
   return lines.join("\n");

@@ -77,11 +77,13 @@ export interface MigrateKvOptions {
  * Moves KV of positions [0, count) from the source sequence into the empty target sequence and
  * sets the target's length to count. Same model: bit-exact copy in the cache dtype (converted
  * through f32 when the two caches differ in dtype). Otherwise: project with target RoPE
- * re-applied at the same positions.
+ * re-applied at the same positions — in native memory when the projector has projectInto (linear
+ * kind; both sequences are busy until the promise settles), else through f32 blocks in JS.
  * @param o see {@link MigrateKvOptions}
  * @returns the mode used
  * @throws MigrationRefusedError as migrationMode; RangeError when the source holds fewer than
- *   count tokens or the target is not empty / too small
+ *   count tokens or the target is not empty / too small; TypeError when a sequence's model does
+ *   not have the projector's KV geometry; EngineError from native
  */
 export async function migrateKv(o: MigrateKvOptions): Promise<MigrationMode> {
   const mode = migrationMode(o.source, o.target, o.projector);
@@ -110,8 +112,15 @@ export async function migrateKv(o: MigrateKvOptions): Promise<MigrationMode> {
     o.targetSeq.setLength(o.count);
     return mode;
   }
+  const projector = o.projector!;
+  if (projector.projectInto) {
+    // linear kind: read → de-rotate → project → re-rotate → write in native memory
+    await projector.projectInto(o.sourceSeq, o.targetSeq, o.count, o.threads ?? 0);
+    return mode;
+  }
+  // kinds that compute in JS (onnx): whole f32 blocks through JS
   const block = readCacheBlock(o.sourceSeq, 0, o.count);
-  const projected = await o.projector!.project(0, block, o.threads);
+  const projected = await projector.project(0, block, o.threads);
   writeCacheBlock(o.targetSeq, 0, projected);
   return mode;
 }

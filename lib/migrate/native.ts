@@ -1,14 +1,15 @@
 // Typed wrappers of libkvrelay's cross-model KV projection section (kvrelay.h): cache↔feature
 // block transforms (RoPE strip/re-apply), the float64 ridge accumulator and the linear projector
-// kernel, plus whole-cache read/write of a NativeSequence as f32 blocks. Arguments are checked
-// here before FFI; no fitting policy or artifact handling (fit.ts, artifact.ts).
+// kernel (on blocks, or sequence → sequence in native memory), plus whole-cache read/write of a
+// NativeSequence as f32 blocks. Arguments are checked here before FFI; no fitting policy or
+// artifact handling (fit.ts, artifact.ts).
 
 import type { ModelConfig } from "../model/mod.ts";
 import {
   encodeModelParams,
   EngineError,
   type NativeLibrary,
-  type NativeSequence,
+  NativeSequence,
   openNativeLibrary,
 } from "../native/mod.ts";
 
@@ -42,6 +43,15 @@ function checkF32(name: string, a: unknown, length: number): Float32Array {
     throw new RangeError(`${name} has ${a.length} elements, expected ${length}`);
   }
   return a;
+}
+
+/** What differs between two configs in KV geometry or RoPE ("" when nothing). */
+function kvGeometryMismatch(got: ModelConfig, want: ModelConfig): string {
+  for (const key of ["numLayers", "numKvHeads", "headDim", "ropeTheta"] as const) {
+    if (got[key] !== want[key]) return `${key} is ${got[key]}, projector expects ${want[key]}`;
+  }
+  const a = JSON.stringify(got.ropeScaling), b = JSON.stringify(want.ropeScaling);
+  return a === b ? "" : `ropeScaling is ${a}, projector expects ${b}`;
 }
 
 /** geometry struct (kvr_model_params) for a config; only the KV/RoPE fields matter here */
@@ -473,6 +483,76 @@ export class LinearKernel {
     this.#maybeRelease();
     if (st !== 0) throw new EngineError(st, error, "kvr_projector_apply");
     return { k, v, tokens: src.tokens };
+  }
+
+  /**
+   * Projects positions [0, count) of a source sequence's cache straight into an empty target
+   * sequence's cache and sets its length to count, in native memory on a worker thread (no
+   * JS-side copies): the same bits as writeCacheBlock(dst, 0, await apply(0,
+   * readCacheBlock(src, 0, count))). Both sequences are busy (any other call on them throws)
+   * until the promise settles.
+   * @param src sequence of the source model (length >= count)
+   * @param dst empty sequence of the target model (capacity >= count)
+   * @param count tokens to project (>= 1)
+   * @param threads worker threads (0 = all cores)
+   * @throws TypeError when a sequence is not a NativeSequence or its model's KV geometry / RoPE is
+   *   not the projector's; RangeError for a bad count or thread count, a source shorter than
+   *   count, a non-empty or too small target, or src === dst; Error when freed or a sequence is
+   *   busy; EngineError from native (message from kvr_projector_last_error)
+   */
+  async applySeq(
+    src: NativeSequence,
+    dst: NativeSequence,
+    count: number,
+    threads = 0,
+  ): Promise<void> {
+    if (this.#ptr === null || this.#freeRequested) {
+      throw new Error("LinearKernel.applySeq(): freed");
+    }
+    const ptr = this.#ptr;
+    for (
+      const [name, seq, want] of [["src", src, this.source], ["dst", dst, this.target]] as const
+    ) {
+      if (!(seq instanceof NativeSequence)) {
+        throw new TypeError(
+          `applySeq(): ${name} must be a NativeSequence, got ${
+            Object.prototype.toString.call(seq)
+          }`,
+        );
+      }
+      const why = kvGeometryMismatch(seq.model.config, want);
+      if (why) throw new TypeError(`applySeq(): ${name} sequence's model does not fit: ${why}`);
+    }
+    if (src === dst) throw new RangeError("applySeq(): src and dst are the same sequence");
+    checkCount("count", count, 1);
+    checkCount("threads", threads, 0, 4096);
+    if (src.length < count) {
+      throw new RangeError(`applySeq(): source sequence holds ${src.length} tokens, need ${count}`);
+    }
+    if (dst.length !== 0) {
+      throw new RangeError(`applySeq(): target sequence must be empty, holds ${dst.length} tokens`);
+    }
+    if (dst.capacity < count) {
+      throw new RangeError(`applySeq(): target capacity ${dst.capacity} < ${count} tokens`);
+    }
+    const sym = this.#lib.symbols;
+    this.#inFlight++;
+    let r: { st: number; error: string } | undefined;
+    try {
+      r = await src.runWithHandle(
+        "projectInto",
+        (sp) =>
+          dst.runWithHandle("projectInto", async (dp) => {
+            const st = await sym.kvr_projector_apply_seq(ptr, sp, dp, count, threads);
+            // the target's own message: no other call can have replaced it (it is held busy)
+            return { st, error: st !== 0 ? cstr(sym.kvr_seq_last_error(dp)) : "" };
+          }),
+      );
+    } finally {
+      this.#inFlight--;
+      this.#maybeRelease();
+    }
+    if (r.st !== 0) throw new EngineError(r.st, r.error, "kvr_projector_apply_seq");
   }
 
   #maybeRelease(): void {

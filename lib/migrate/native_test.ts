@@ -1,19 +1,30 @@
 // Tests of the native projection kernels against independent float64 references: ridge
 // accumulation + Cholesky solve vs a plain two-pass centred normal-equation solve (Gaussian
-// elimination), a planted linear map, ill-conditioned input, and RoPE strip/re-apply vs
-// tests/reference/forward.ts applyRope.
+// elimination), a planted linear map, ill-conditioned input, RoPE strip/re-apply vs
+// tests/reference/forward.ts applyRope; and the sequence → sequence projection vs the
+// JS-orchestrated block path (read, apply, write), with its argument checks.
 
 import assert from "node:assert/strict";
 import type { ModelConfig } from "../model/mod.ts";
 import { applyRope, ropeInvFreq } from "../../tests/reference/forward.ts";
-import { mulberry32 } from "../../tests/fixtures/random_checkpoint.ts";
-import { EngineError } from "../native/mod.ts";
+import { mulberry32, writeRandomCheckpoint } from "../../tests/fixtures/random_checkpoint.ts";
+import { type LoadedModel, loadModel } from "../engine/mod.ts";
+import {
+  encodeModelParams,
+  EngineError,
+  type KvDtype,
+  type NativeSequence,
+  openNativeLibrary,
+} from "../native/mod.ts";
 import {
   type CacheBlock,
+  featureWidth,
   kvFromFeatures,
   kvToFeatures,
   LinearKernel,
+  readCacheBlock,
   RidgeAccumulator,
+  writeCacheBlock,
 } from "./native.ts";
 
 function randn(rand: () => number): number {
@@ -342,4 +353,259 @@ Deno.test("LinearKernel.apply() gives identical results when applies overlap and
     assert.deepEqual(o.v, serial[i].v);
   });
   await assert.rejects(kern.apply(0, blocks[0]), /freed/);
+});
+
+// Two small random checkpoints of different geometry and RoPE for the sequence → sequence tests:
+// source Qwen3 (2 layers, 2 kv heads, head_dim 16, theta 10000), target Llama (3 layers, 1 kv
+// head, head_dim 32, theta 50000, linear scaling ×2).
+async function seqPair(
+  srcDtype: KvDtype,
+  dstDtype: KvDtype,
+): Promise<{ s: LoadedModel; t: LoadedModel; dirs: string[] }> {
+  const ds = await Deno.makeTempDir({ prefix: "kvr-seqproj-" });
+  const dt = await Deno.makeTempDir({ prefix: "kvr-seqproj-" });
+  const base = { vocab: 4096, dtype: "F32" as const, tie: true, intermediate: 48 };
+  await writeRandomCheckpoint(ds, {
+    ...base,
+    name: "src",
+    architecture: "Qwen3ForCausalLM",
+    hidden: 32,
+    layers: 2,
+    heads: 4,
+    kvHeads: 2,
+    headDim: 16,
+    seed: 31,
+  });
+  await writeRandomCheckpoint(dt, {
+    ...base,
+    name: "dst",
+    architecture: "LlamaForCausalLM",
+    hidden: 64,
+    layers: 3,
+    heads: 2,
+    kvHeads: 1,
+    headDim: 32,
+    ropeTheta: 50000,
+    ropeScaling: { type: "linear", factor: 2 },
+    seed: 32,
+  });
+  return {
+    s: await loadModel(ds, { threads: 2, kvDtype: srcDtype }),
+    t: await loadModel(dt, { threads: 2, kvDtype: dstDtype }),
+    dirs: [ds, dt],
+  };
+}
+
+function randomKernel(s: ModelConfig, t: ModelConfig, seed: number): LinearKernel {
+  const rand = mulberry32(seed);
+  const ns = featureWidth(s), nt = featureWidth(t);
+  const w = () => Float32Array.from({ length: nt * ns }, () => randn(rand) / Math.sqrt(ns));
+  const b = () => Float32Array.from({ length: nt }, () => randn(rand));
+  return new LinearKernel(s, t, w(), b(), w(), b());
+}
+
+/** Every layer's K and V of [0, n) in the cache's own dtype, decoded to f32 by readCacheBlock. */
+function snapshot(seq: NativeSequence, n: number): CacheBlock | null {
+  return n === 0 ? null : readCacheBlock(seq, 0, n);
+}
+
+Deno.test("LinearKernel.applySeq() equals the JS-orchestrated read → apply → write path to f32 rounding for f32, bf16 and f16 caches", async () => {
+  // Tolerance: both paths do the same f32 operations per element (same de-rotation in float64,
+  // same packed GEMM whose sum over k runs in the same KC blocks whatever the row count, same
+  // bias add, f32 rotation and rounding to the cache dtype), so they are expected to be
+  // bit-identical. Chunking over tokens changes only which GEMM micro-kernel (tile height, or
+  // the one-row GEMV path) computes a row; the bound allows those to differ by a few f32
+  // roundings: |Δ| <= 8·2⁻²⁴·max|x| in f32 caches, plus one ulp of the cache dtype at |x|
+  // (2⁻⁸·|x| bf16, 2⁻¹¹·|x| f16) where one f32 rounding can flip a final rounding.
+  for (const [sd, dd] of [["f32", "f32"], ["bf16", "f16"], ["f16", "bf16"]] as const) {
+    const { s, t, dirs } = await seqPair(sd, dd);
+    try {
+      using kern = randomKernel(s.native.config, t.native.config, 41);
+      const n = 203; // chunks of 96, 96, 11 with 2 threads; 97 leaves a one-row chunk
+      const ids = Array.from({ length: n }, (_, i) => (i * 7919 + 13) % 4096);
+      using src = s.native.createSequence(n);
+      await src.prefill(ids);
+      const before = snapshot(src, n)!;
+      const relUlp = dd === "f32" ? 0 : dd === "bf16" ? 2 ** -8 : 2 ** -11;
+      for (const [count, threads] of [[n, 2], [97, 2], [1, 1], [n, 1]]) {
+        using viaJs = t.native.createSequence(n);
+        writeCacheBlock(viaJs, 0, await kern.apply(0, readCacheBlock(src, 0, count)));
+        using direct = t.native.createSequence(n + 5);
+        await kern.applySeq(src, direct, count, threads);
+        assert.equal(direct.length, count);
+        const a = readCacheBlock(viaJs, 0, count), b = readCacheBlock(direct, 0, count);
+        let maxAbs = 0, diff = 0, bad = 0, same = true;
+        for (const x of [a.k, a.v]) {
+          for (let i = 0; i < x.length; i++) maxAbs = Math.max(maxAbs, Math.abs(x[i]));
+        }
+        for (const [x, y] of [[a.k, b.k], [a.v, b.v]]) {
+          for (let i = 0; i < x.length; i++) {
+            const d = Math.abs(x[i] - y[i]);
+            if (!Object.is(x[i], y[i])) same = false;
+            diff = Math.max(diff, d);
+            if (d > 8 * 2 ** -24 * maxAbs + relUlp * Math.abs(x[i])) bad++;
+          }
+        }
+        console.log(
+          `  ${sd}→${dd} count ${count} threads ${threads}: max |Δ| ${diff.toExponential(2)} ` +
+            `(max |x| ${maxAbs.toFixed(2)}), bit-identical ${same}`,
+        );
+        assert.equal(bad, 0, `${bad} elements outside the tolerance`);
+      }
+      // the source is only read
+      const after = snapshot(src, n)!;
+      assert.equal(src.length, n);
+      assert.deepEqual(after.k, before.k);
+      assert.deepEqual(after.v, before.v);
+    } finally {
+      s.native.free();
+      t.native.free();
+      for (const d of dirs) await Deno.remove(d, { recursive: true });
+    }
+  }
+});
+
+Deno.test("LinearKernel.applySeq() throws typed errors and leaves both sequences unchanged for a wrong model, count or capacity", async () => {
+  const { s, t, dirs } = await seqPair("f32", "f32");
+  try {
+    using kern = randomKernel(s.native.config, t.native.config, 43);
+    const ids = Array.from({ length: 40 }, (_, i) => (i * 31 + 5) % 4096);
+    using src = s.native.createSequence(64);
+    await src.prefill(ids);
+    using small = t.native.createSequence(16);
+    using full = t.native.createSequence(64);
+    await full.prefill(ids.slice(0, 8)); // a non-empty target
+    using other = t.native.createSequence(64); // a target-model sequence given as the source
+    await other.prefill(ids);
+    using srcModelDst = s.native.createSequence(64); // a source-model sequence given as the target
+    const state = () =>
+      [src, small, full, other, srcModelDst].map((q) => ({
+        length: q.length,
+        kv: snapshot(q, q.length),
+      }));
+    const start = state();
+    await assert.rejects(kern.applySeq(other, small, 8), TypeError); // wrong source model
+    await assert.rejects(kern.applySeq(src, srcModelDst, 8), TypeError); // wrong target model
+    await assert.rejects(kern.applySeq(src, small, 41), RangeError); // beyond the source
+    await assert.rejects(kern.applySeq(src, small, 17), RangeError); // beyond the capacity
+    await assert.rejects(kern.applySeq(src, full, 8), RangeError); // target not empty
+    await assert.rejects(kern.applySeq(src, small, 0), RangeError);
+    await assert.rejects(kern.applySeq(src, small, 1.5), RangeError);
+    // a sequence that is busy: the call refuses instead of racing the prefill
+    const busy = src.prefill([1]);
+    await assert.rejects(kern.applySeq(src, small, 8), /still running/);
+    await busy;
+    src.truncate(40);
+    assert.deepEqual(state(), start);
+
+    // the native checks on their own (the TS checks above run first in normal use)
+    const lib = openNativeLibrary();
+    const params = (c: ModelConfig) => encodeModelParams(c, "f32", 0);
+    const rand = mulberry32(44);
+    const ns = featureWidth(s.native.config), nt = featureWidth(t.native.config);
+    const w = Float32Array.from({ length: nt * ns }, () => randn(rand));
+    const b = new Float32Array(nt);
+    const big = (a: Float32Array) => BigInt(a.length);
+    const create = (sc: ModelConfig) => {
+      const out = new BigUint64Array(1);
+      const st = lib.symbols.kvr_projector_create(
+        params(sc),
+        params(t.native.config),
+        w,
+        big(w),
+        b,
+        big(b),
+        w,
+        big(w),
+        b,
+        big(b),
+        out,
+      );
+      lib.check(st, "kvr_projector_create");
+      return Deno.UnsafePointer.create(out[0]);
+    };
+    const proj = create(s.native.config);
+    // same KV geometry as the source model, other RoPE: refused on the frequencies alone
+    const otherRope = create({ ...s.native.config, ropeTheta: 20000 });
+    try {
+      await src.runWithHandle("test", (ap) =>
+        small.runWithHandle("test", async (dp) => {
+          const st = await lib.symbols.kvr_projector_apply_seq(otherRope, ap, dp, 8, 0);
+          assert.equal(st, -1);
+          const p = lib.symbols.kvr_projector_last_error(otherRope);
+          assert.match(p === null ? "" : Deno.UnsafePointerView.getCString(p), /RoPE differs/);
+        }));
+      const call = async (ap: Deno.PointerObject, dp: Deno.PointerObject, n: number) => {
+        const st = await lib.symbols.kvr_projector_apply_seq(proj, ap, dp, n, 0);
+        const p = lib.symbols.kvr_seq_last_error(dp);
+        return { st, seqMsg: p === null ? "" : Deno.UnsafePointerView.getCString(p) };
+      };
+      // the same sequence on both sides (TS cannot even hold one sequence busy twice)
+      const raw = (a: NativeSequence, d: NativeSequence, n: number) =>
+        a === d
+          ? a.runWithHandle("test", (ap) => call(ap, ap, n))
+          : a.runWithHandle("test", (ap) => d.runWithHandle("test", (dp) => call(ap, dp, n)));
+      const projMsg = () => {
+        const p = lib.symbols.kvr_projector_last_error(proj);
+        return p === null ? "" : Deno.UnsafePointerView.getCString(p);
+      };
+      for (
+        const [name, a, d, n, status, re] of [
+          ["wrong source model", other, small, 8, -1, /source sequence's model has layers 3/],
+          ["same sequence", src, src, 8, -1, /source and target are the same sequence/],
+          ["wrong target model", src, srcModelDst, 8, -1, /target sequence's model has layers 2/],
+          ["n > source length", src, small, 41, -2, /n_tokens 41 exceeds .* length 40/],
+          ["capacity too small", src, small, 17, -3, /n_tokens 17 exceeds .* capacity 16/],
+          ["target not empty", src, full, 8, -1, /must be empty, holds 8 tokens/],
+          ["zero tokens", src, small, 0, -1, /n_tokens is 0/],
+        ] as const
+      ) {
+        const r = await raw(a, d, n);
+        console.log(`  native ${name}: status ${r.st}, "${r.seqMsg}"`);
+        assert.equal(r.st, status, name);
+        assert.match(r.seqMsg, re, name);
+        assert.match(projMsg(), re, name);
+      }
+      assert.deepEqual(state(), start);
+      // and it works through the same raw handle once the arguments are right
+      assert.equal((await raw(src, small, 16)).st, 0);
+      assert.equal(small.length, 16);
+    } finally {
+      lib.symbols.kvr_projector_free(proj);
+      lib.symbols.kvr_projector_free(otherRope);
+    }
+  } finally {
+    s.native.free();
+    t.native.free();
+    for (const d of dirs) await Deno.remove(d, { recursive: true });
+  }
+});
+
+Deno.test("LinearKernel.applySeq() holds both sequences busy and defers free() of the kernel and the source until it settles", async () => {
+  const { s, t, dirs } = await seqPair("f32", "bf16");
+  try {
+    const kern = randomKernel(s.native.config, t.native.config, 45);
+    const ids = Array.from({ length: 150 }, (_, i) => (i * 17 + 3) % 4096);
+    const src = s.native.createSequence(150);
+    await src.prefill(ids);
+    using ref = t.native.createSequence(150);
+    await kern.applySeq(src, ref, 150);
+    const want = readCacheBlock(ref, 0, 150);
+    using dst = t.native.createSequence(150);
+    const pending = kern.applySeq(src, dst, 150);
+    assert.throws(() => src.length, /still running/);
+    assert.throws(() => dst.readKv(0, 0, 0), /still running/);
+    kern.free(); // deferred: the native weights stay until the call settles
+    src.free();
+    await pending;
+    const got = readCacheBlock(dst, 0, 150);
+    assert.deepEqual(got.k, want.k);
+    assert.deepEqual(got.v, want.v);
+    assert.throws(() => src.length, /freed/);
+    await assert.rejects(kern.applySeq(src, dst, 1), /freed/);
+  } finally {
+    s.native.free();
+    t.native.free();
+    for (const d of dirs) await Deno.remove(d, { recursive: true });
+  }
 });

@@ -3,7 +3,7 @@
 // fingerprints and geometry (typed refusal on mismatch). Not the migration flow (migrate.ts).
 
 import type { ModelConfig } from "../model/mod.ts";
-import type { NativeLibrary } from "../native/mod.ts";
+import type { NativeLibrary, NativeSequence } from "../native/mod.ts";
 import {
   denseWeights,
   geometryMismatch,
@@ -37,6 +37,21 @@ export interface Projector {
    * @returns (tgt layers, kv_heads, tokens, head_dim) f32, keys post-RoPE
    */
   project(startPos: number, src: CacheBlock, threads?: number): Promise<CacheBlock>;
+  /**
+   * Projects positions [0, count) of a source sequence straight into an empty target sequence
+   * (native memory, no JS copies) and sets its length to count. Present for the linear kind;
+   * kinds without it (onnx, whose graph runs in JS) go through project() and f32 blocks.
+   * @param src source model's sequence (length >= count)
+   * @param dst empty target model's sequence (capacity >= count)
+   * @param count tokens (>= 1)
+   * @param threads worker threads (0 = all cores)
+   */
+  projectInto?(
+    src: NativeSequence,
+    dst: NativeSequence,
+    count: number,
+    threads?: number,
+  ): Promise<void>;
   /** Releases native memory / the ONNX session. */
   free(): Promise<void>;
 }
@@ -118,6 +133,7 @@ export async function loadProjector(
       dir,
       meta,
       project: (startPos, src, threads) => kernel.apply(startPos, src, threads),
+      projectInto: (src, dst, count, threads) => kernel.applySeq(src, dst, count, threads),
       free: () => Promise.resolve(kernel.free()),
     };
   }

@@ -321,6 +321,27 @@ export class NativeSequence {
     if (status !== 0) this.#fail(status, "kvr_seq_kv_write");
   }
 
+  /**
+   * @internal For native calls that take this sequence's kvr_seq* next to other handles (the
+   * sequence → sequence projection in lib/migrate): runs `call` with the pointer and holds the
+   * sequence busy (every other call throws) until its promise settles, then performs a free()
+   * requested meanwhile. The caller checks its arguments and interprets the result.
+   * @param op the caller's name, for the freed/busy errors
+   * @param call starts the native call
+   * @returns what call's promise resolved to
+   * @throws Error when the sequence is freed or another call is in flight
+   */
+  async runWithHandle<T>(op: string, call: (ptr: Deno.PointerObject) => Promise<T>): Promise<T> {
+    const ptr = this.#handle(op);
+    this.#inFlight = true;
+    try {
+      return await call(ptr);
+    } finally {
+      this.#inFlight = false;
+      this.#settle();
+    }
+  }
+
   #release(): void {
     if (this.#ptr === null) return;
     this.#lib.symbols.kvr_seq_free(this.#ptr);

@@ -268,6 +268,12 @@ export const migrateSymbols = {
     result: "i32",
     nonblocking: true,
   },
+  // (projector, src kvr_seq*, dst kvr_seq*, n_tokens, n_threads) — worker thread
+  kvr_projector_apply_seq: {
+    parameters: ["pointer", "pointer", "pointer", "u32", "u32"],
+    result: "i32",
+    nonblocking: true,
+  },
 } as const satisfies Deno.ForeignLibraryInterface;
 
 /** Every symbol opened by openNativeLibrary. */

@@ -379,6 +379,29 @@ KVR_API int32_t kvr_projector_apply(const kvr_projector* projector, uint32_t sta
                                     size_t dst_k_len, float* dst_v, size_t dst_v_len,
                                     uint32_t n_threads);
 
+/*
+ * Sequence → sequence projection, entirely in native memory: reads the source sequence's cache for
+ * positions [0, n_tokens), de-rotates keys with the source RoPE, maps K and V as
+ * kvr_projector_apply does, re-rotates keys with the target RoPE at the same positions, writes the
+ * target sequence's cache (rounded from f32 to its kv_dtype, nearest-even) and sets the target's
+ * length to n_tokens. Same bits as kvr_seq_kv_read(F32) of every layer → kvr_projector_apply →
+ * kvr_seq_kv_write(F32) of every layer → kvr_seq_set_length. Works in chunks of tokens (one
+ * OpenMP thread per chunk; scratch O(chunk · (source + target features)) per thread, not
+ * O(n_tokens)). n_threads 0 = all available cores.
+ * Checks: projector, src, dst not NULL and src != dst (KVR_ERR_INVALID_ARGUMENT); each sequence's
+ * model has the layers, kv_heads, head_dim and RoPE frequencies of the projector's source /
+ * target params (KVR_ERR_INVALID_ARGUMENT); 1 <= n_tokens <= length(src) (0: INVALID_ARGUMENT,
+ * too many: KVR_ERR_OUT_OF_RANGE); dst empty (length 0, else KVR_ERR_INVALID_ARGUMENT);
+ * n_tokens <= capacity(dst) (KVR_ERR_CAPACITY). A failure leaves both lengths unchanged (the
+ * source is only read; only an out-of-memory during the projection can have written target
+ * positions >= its length, which are never read). The message goes to kvr_last_error (this
+ * thread), to the target sequence (kvr_seq_last_error) and to the projector
+ * (kvr_projector_last_error). Calls with distinct targets may share a source and a projector
+ * concurrently; the caller keeps both sequences otherwise idle until the call returns.
+ */
+KVR_API int32_t kvr_projector_apply_seq(const kvr_projector* projector, const kvr_seq* src,
+                                        kvr_seq* dst, uint32_t n_tokens, uint32_t n_threads);
+
 /* ---- end cross-model KV projection ---- */
 
 #ifdef __cplusplus

@@ -1,7 +1,8 @@
 // C ABI of cross-model KV projection (kvrelay.h): cache↔feature block transforms with RoPE
 // strip/re-apply, the streaming float64 ridge accumulator (stats, Cholesky solve, held-out SSE)
-// and the linear projector (packed f32 weights, apply). Checks every pointer, length and index,
-// then calls the kernels in cpu/projector.cpp. Not the fitting loop or artifacts (lib/migrate).
+// and the linear projector (packed f32 weights, apply to blocks or sequence → sequence). Checks
+// every pointer, length, index and geometry, then calls the kernels in cpu/projector.cpp. Not the
+// fitting loop or artifacts (lib/migrate).
 #include <omp.h>
 
 #include <algorithm>
@@ -14,11 +15,11 @@
 #include <vector>
 
 #include "cpu/gemm.h"
-#include "rope.h"
 #include "cpu/projector.h"
 #include "errors.h"
-#include "rope.h"
 #include "kvrelay.h"
+#include "rope.h"
+#include "sequence.h"
 
 struct kvr_ridge {
   size_t n_in = 0, n_out = 0;
@@ -198,6 +199,31 @@ int32_t check_selection(const char* fn, const kvr_ridge* r, const uint32_t* feat
     return fail(KVR_ERR_INVALID_ARGUMENT,
                 format("%s: %llu rows accumulated, need >= 2", fn,
                        static_cast<unsigned long long>(r->rows)));
+  return KVR_OK;
+}
+
+// Checks that a sequence's model has the KV geometry and RoPE frequencies a projector was built
+// for (what = "source" / "target").
+int32_t check_seq_model(const char* fn, const char* what, const kvr_seq* seq,
+                        const kvr::cpu::KvGeometry& g, const std::vector<double>& freq) {
+  const kvr::KvCache& kv = seq->kv;
+  if (kv.layers != g.layers || kv.kv_heads != g.heads || kv.head_dim != g.dim)
+    return fail(KVR_ERR_INVALID_ARGUMENT,
+                format("%s: %s sequence's model has layers %zu, kv_heads %zu, head_dim %zu; the "
+                       "projector's %s has layers %zu, kv_heads %zu, head_dim %zu",
+                       fn, what, kv.layers, kv.kv_heads, kv.head_dim, what, g.layers, g.heads,
+                       g.dim));
+  const std::vector<double>& mf = seq->model->inv_freq;
+  if (mf.size() != freq.size())
+    return fail(KVR_ERR_INVALID_ARGUMENT,
+                format("%s: %s sequence's model has %zu RoPE frequencies, the projector's %s %zu",
+                       fn, what, mf.size(), what, freq.size()));
+  for (size_t i = 0; i < mf.size(); ++i)
+    if (mf[i] != freq[i])
+      return fail(KVR_ERR_INVALID_ARGUMENT,
+                  format("%s: %s sequence's model RoPE differs from the projector's %s "
+                         "(inv_freq[%zu] %.17g vs %.17g: rope_theta or rope_scaling)",
+                         fn, what, what, i, mf[i], freq[i]));
   return KVR_OK;
 }
 
@@ -494,6 +520,60 @@ KVR_API int32_t kvr_projector_apply(const kvr_projector* cprojector, uint32_t st
     return KVR_OK;
   });
   if (status != KVR_OK) {
+    try {
+      std::lock_guard<std::mutex> lock(p->error_mutex);
+      p->last_error = message;
+    } catch (...) {
+    }
+  }
+  return status;
+}
+
+KVR_API int32_t kvr_projector_apply_seq(const kvr_projector* cprojector, const kvr_seq* src,
+                                        kvr_seq* dst, uint32_t n_tokens, uint32_t n_threads) {
+  const char* fn = "kvr_projector_apply_seq";
+  if (cprojector == nullptr)
+    return fail(KVR_ERR_INVALID_ARGUMENT, format("%s: projector is NULL", fn));
+  auto* p = const_cast<kvr_projector*>(cprojector);  // only the message is written
+  std::string message;
+  const int32_t status = guarded(fn, &message, [&]() -> int32_t {
+    if (src == nullptr || dst == nullptr)
+      return fail(KVR_ERR_INVALID_ARGUMENT,
+                  format("%s: %s sequence is NULL", fn, src == nullptr ? "source" : "target"));
+    if (src == dst)
+      return fail(KVR_ERR_INVALID_ARGUMENT,
+                  format("%s: source and target are the same sequence", fn));
+    int nt = 1;
+    KVR_TRY(resolve_threads(fn, n_threads, &nt));
+    KVR_TRY(check_seq_model(fn, "source", src, p->src, p->src_freq));
+    KVR_TRY(check_seq_model(fn, "target", dst, p->dst, p->dst_freq));
+    if (n_tokens == 0) return fail(KVR_ERR_INVALID_ARGUMENT, format("%s: n_tokens is 0", fn));
+    if (n_tokens > src->length)
+      return fail(KVR_ERR_OUT_OF_RANGE,
+                  format("%s: n_tokens %u exceeds the source sequence's length %u", fn, n_tokens,
+                         src->length));
+    if (dst->length != 0)
+      return fail(KVR_ERR_INVALID_ARGUMENT,
+                  format("%s: the target sequence must be empty, holds %u tokens", fn,
+                         dst->length));
+    if (n_tokens > dst->kv.capacity)
+      return fail(KVR_ERR_CAPACITY,
+                  format("%s: n_tokens %u exceeds the target sequence's capacity %zu", fn,
+                         n_tokens, dst->kv.capacity));
+    if (!kvr::cpu::project_cache(src->kv, p->src_freq, dst->kv, p->dst_freq, p->wk, p->bk.data(),
+                                 p->wv, p->bv.data(), n_tokens, nt))
+      return fail(KVR_ERR_OUT_OF_MEMORY, format("%s: out of memory (GEMM scratch)", fn));
+    dst->length = n_tokens;
+    return KVR_OK;
+  });
+  if (status != KVR_OK) {
+    if (dst != nullptr) {
+      try {
+        dst->last_error = message;
+      } catch (...) {
+        dst->last_error.clear();
+      }
+    }
     try {
       std::lock_guard<std::mutex> lock(p->error_mutex);
       p->last_error = message;

@@ -12,14 +12,7 @@
 #include "errors.h"
 #include "kv_cache.h"
 #include "model.h"
-
-struct kvr_seq {
-  std::shared_ptr<const kvr::Model> model;  // keeps the weights alive while the sequence exists
-  kvr::KvCache kv;
-  uint32_t length = 0;
-  std::string last_error;
-  kvr::cpu::Scratch scratch;
-};
+#include "sequence.h"  // struct kvr_seq
 
 namespace kvr {
 namespace {

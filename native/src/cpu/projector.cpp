@@ -1,6 +1,7 @@
 // CPU kernels of cross-model KV projection (see projector.h): RoPE strip/re-apply between cache
-// and feature layouts, the float64 ridge Gram accumulation (4-row register blocks, AVX2 clone
-// chosen at run time) and a plain Cholesky factor/solve. No argument checks (projector.cpp).
+// and feature layouts, the fused sequence-cache → sequence-cache projection, the float64 ridge
+// Gram accumulation (4-row register blocks, AVX2 clone chosen at run time) and a plain Cholesky
+// factor/solve. No argument checks (projector.cpp).
 #include "cpu/projector.h"
 
 #include <omp.h>
@@ -9,6 +10,7 @@
 #include <cmath>
 #include <vector>
 
+#include "cpu/convert.h"
 #include "cpu/simd.h"
 
 namespace kvr::cpu {
@@ -41,6 +43,141 @@ std::vector<double> rope_table(const std::vector<double>& inv_freq, uint32_t sta
 }
 
 }  // namespace
+
+namespace {
+
+// cos/sin rows of positions pos0 .. pos0+tokens-1 into tab (tokens, 2·half) float64, cos then sin:
+// the same values as rope_table (one thread; project_cache calls it per chunk).
+void rope_rows(const std::vector<double>& inv_freq, size_t pos0, size_t tokens, double* tab) {
+  const size_t half = inv_freq.size();
+  for (size_t t = 0; t < tokens; ++t) {
+    const double pos = static_cast<double>(pos0) + static_cast<double>(t);
+    double* row = tab + t * 2 * half;
+    for (size_t i = 0; i < half; ++i) {
+      const double ang = pos * inv_freq[i];
+      row[i] = std::cos(ang);
+      row[half + i] = std::sin(ang);
+    }
+  }
+}
+
+// Every layer's K (values = false) or V of cache positions [pos0, pos0+tokens) → feature rows
+// out (tokens, layers·kv_heads·head_dim) f32; keys de-rotated with tab (rope_rows of the same
+// positions) exactly as cache_to_features does, values copied (tab = nullptr). tmp: tokens·head_dim
+// floats for the dtype conversion of one head's rows.
+void gather_rows(const KvCache& kv, bool values, const double* tab, size_t pos0, size_t tokens,
+                 float* out, float* tmp) {
+  const size_t D = kv.head_dim, half = D / 2, H = kv.kv_heads, W = kv.layers * H * D;
+  for (size_t l = 0; l < kv.layers; ++l) {
+    const uint8_t* plane = values ? kv.v(l) : kv.k(l);
+    for (size_t h = 0; h < H; ++h) {
+      const uint8_t* at = plane + h * kv.head_bytes() + pos0 * D * kv.elem;  // (tokens, D)
+      const float* rows = reinterpret_cast<const float*>(at);
+      if (kv.dtype != KVR_DTYPE_F32) {
+        to_f32(at, kv.dtype, tmp, tokens * D);
+        rows = tmp;
+      }
+      for (size_t t = 0; t < tokens; ++t) {
+        const float* src = rows + t * D;
+        float* dst = out + t * W + (l * H + h) * D;
+        if (tab == nullptr) {
+          for (size_t d = 0; d < D; ++d) dst[d] = src[d];
+          continue;
+        }
+        const double* cs = tab + t * 2 * half;
+        for (size_t i = 0; i < half; ++i) {
+          const double c = cs[i], sn = cs[half + i];
+          const double a = src[i], b = src[i + half];
+          dst[i] = static_cast<float>(a * c + b * sn);
+          dst[i + half] = static_cast<float>(b * c - a * sn);
+        }
+      }
+    }
+  }
+}
+
+// Feature rows in (tokens, W) + bias (W) → every layer's K (values = false) or V at cache
+// positions [pos0, pos0+tokens), keys rotated with tab exactly as features_to_cache does (f32
+// cos/sin, f32 rotation), then rounded to the cache dtype. tmp: tokens·head_dim floats.
+void scatter_rows(KvCache& kv, bool values, const double* tab, size_t pos0, size_t tokens,
+                  const float* in, const float* bias, float* tmp) {
+  const size_t D = kv.head_dim, half = D / 2, H = kv.kv_heads, W = kv.layers * H * D;
+  for (size_t l = 0; l < kv.layers; ++l) {
+    uint8_t* plane = values ? kv.v(l) : kv.k(l);
+    for (size_t h = 0; h < H; ++h) {
+      uint8_t* at = plane + h * kv.head_bytes() + pos0 * D * kv.elem;  // (tokens, D)
+      const bool direct = kv.dtype == KVR_DTYPE_F32;
+      float* rows = direct ? reinterpret_cast<float*>(at) : tmp;
+      const float* b = bias + (l * H + h) * D;
+      for (size_t t = 0; t < tokens; ++t) {
+        const float* src = in + t * W + (l * H + h) * D;
+        float* dst = rows + t * D;
+        if (tab == nullptr) {
+          for (size_t d = 0; d < D; ++d) dst[d] = src[d] + b[d];
+          continue;
+        }
+        const double* cs = tab + t * 2 * half;
+        for (size_t i = 0; i < half; ++i) {
+          const float c = static_cast<float>(cs[i]), sn = static_cast<float>(cs[half + i]);
+          const float x0 = src[i] + b[i], x1 = src[i + half] + b[i + half];
+          dst[i] = x0 * c - x1 * sn;
+          dst[i + half] = x1 * c + x0 * sn;
+        }
+      }
+      if (!direct) from_f32(tmp, kv.dtype, at, tokens * D);
+    }
+  }
+}
+
+}  // namespace
+
+bool project_cache(const KvCache& src, const std::vector<double>& src_freq, KvCache& dst,
+                   const std::vector<double>& dst_freq, const PackedWeight& wk, const float* bk,
+                   const PackedWeight& wv, const float* bv, size_t tokens, int n_threads) {
+  if (tokens == 0) return true;
+  const size_t ws = src.layers * src.kv_heads * src.head_dim;
+  const size_t wt = dst.layers * dst.kv_heads * dst.head_dim;
+  size_t nt = static_cast<size_t>(std::max(1, n_threads));
+  // chunks of a multiple of the GEMM tile height (6), small enough that every thread gets work
+  size_t chunk = (tokens + nt - 1) / nt;
+  chunk = std::min(kProjectChunk, std::max<size_t>(6, (chunk + 5) / 6 * 6));
+  const size_t chunks = (tokens + chunk - 1) / chunk;
+  nt = std::min(nt, chunks);
+  struct Buffers {
+    std::vector<float> fin, fout, tmp;  // (chunk, ws), (chunk, wt), (chunk, max head_dim)
+    std::vector<double> tab_src, tab_dst;  // (chunk, head_dim) cos|sin of each model
+  };
+  std::vector<Buffers> bufs(nt);  // all scratch up front: std::bad_alloc here writes nothing
+  for (Buffers& b : bufs) {
+    b.fin.resize(chunk * ws);
+    b.fout.resize(chunk * wt);
+    b.tmp.resize(chunk * std::max(src.head_dim, dst.head_dim));
+    b.tab_src.resize(chunk * 2 * src_freq.size());
+    b.tab_dst.resize(chunk * 2 * dst_freq.size());
+  }
+  bool failed = false;  // an exception may not leave an OpenMP region: carry it out by hand
+#pragma omp parallel for num_threads(static_cast<int>(nt)) schedule(dynamic, 1) \
+    reduction(|| : failed)
+  for (long c = 0; c < static_cast<long>(chunks); ++c) {
+    Buffers& b = bufs[static_cast<size_t>(omp_get_thread_num())];
+    const size_t t0 = static_cast<size_t>(c) * chunk, n = std::min(chunk, tokens - t0);
+    try {
+      rope_rows(src_freq, t0, n, b.tab_src.data());
+      rope_rows(dst_freq, t0, n, b.tab_dst.data());
+      for (int kv = 0; kv < 2; ++kv) {
+        const bool values = kv == 1;
+        gather_rows(src, values, values ? nullptr : b.tab_src.data(), t0, n, b.fin.data(),
+                    b.tmp.data());
+        matmul_xwt(b.fin.data(), n, ws, values ? wv : wk, b.fout.data(), wt, false, 1);
+        scatter_rows(dst, values, values ? nullptr : b.tab_dst.data(), t0, n, b.fout.data(),
+                     values ? bv : bk, b.tmp.data());
+      }
+    } catch (...) {  // only std::bad_alloc from the GEMM's per-thread packing scratch can occur
+      failed = true;
+    }
+  }
+  return !failed;
+}
 
 void cache_to_features(const KvGeometry& g, const std::vector<double>& inv_freq, uint32_t start_pos,
                        size_t tokens, const float* in, float* out, int n_threads) {

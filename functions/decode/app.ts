@@ -5,15 +5,17 @@
 // when the projector gate allows (else 422); one of a model no tier serves is a 409.
 import type { Context, Hono } from "hono";
 import { z } from "zod";
+import type { SnapshotHeader } from "../../lib/snapshot/mod.ts";
 import { clientSignal, createBaseApp, jsonBodyLimit, requireTier } from "../shared/app.ts";
-import { HttpError, readJsonBody, toHttpError } from "../shared/errors.ts";
-import { type ServedResult, startFromSnapshot } from "../shared/generation.ts";
+import { blameSnapshot, HttpError, readJsonBody, toHttpError } from "../shared/errors.ts";
+import { abortError, type ServedResult, startFromSnapshot } from "../shared/generation.ts";
 import {
   countBytes,
   isSnapshotBody,
   loadStored,
   peekHeader,
   peekStream,
+  requestBody,
   tierOfSnapshot,
 } from "../shared/handoff.ts";
 import type { Runtime, Tier } from "../shared/runtime.ts";
@@ -28,7 +30,11 @@ const decodeJsonSchema = z.object({
   ...samplingFields,
 });
 
-const num = (int: boolean) => z.string().regex(int ? /^\d+$/ : /^-?\d+(\.\d+)?$/).transform(Number);
+const num = (int: boolean) =>
+  z.string().regex(
+    int ? /^\d+$/ : /^-?\d+(\.\d+)?$/,
+    int ? "must be a whole number, e.g. 16" : "must be a decimal number, e.g. 0.7",
+  ).transform(Number);
 
 const decodeQuerySchema = z.object({
   tier: z.string().min(1).optional(),
@@ -64,6 +70,7 @@ async function respond(
   tier: Tier,
   source: Tier,
   input: Uint8Array | ReadableStream<Uint8Array>,
+  header: SnapshotHeader,
   p: z.infer<typeof decodeJsonSchema> | z.infer<typeof decodeQuerySchema>,
 ): Promise<Response> {
   const options = generationOptions(tier, p);
@@ -74,6 +81,7 @@ async function respond(
     tier,
     source,
     input,
+    header,
     continuationIds,
     options,
     clientSignal: signal,
@@ -108,9 +116,7 @@ async function respond(
         step = await it.next();
       }
       const r = step.value;
-      if (r.abortCause) {
-        throw new HttpError(503, "timeout_error", `decode stopped: ${r.abortCause}`);
-      }
+      if (r.abortCause) throw abortError(r, gen);
       send({
         ...base,
         text: "",
@@ -142,28 +148,35 @@ async function respond(
 export function registerDecode(app: Hono, rt: Runtime): void {
   const limit = jsonBodyLimit(rt.config.server.max_body_bytes);
   app.post("/v1/decode", async (c, next) => {
-    if (isSnapshotBody(c)) {
-      const q = decodeQuerySchema.parse(c.req.query());
-      const target = q.tier === undefined ? undefined : requireTier(rt, q.tier);
-      if (!rt.ready) throw new HttpError(503, "unavailable_error", "server is not ready");
-      const body = c.req.raw.body;
-      if (!body) {
-        throw new HttpError(400, "invalid_request_error", "snapshot body is empty", "body");
-      }
+    if (!isSnapshotBody(c)) return await limit(c, next);
+    const q = decodeQuerySchema.parse(c.req.query());
+    const target = q.tier === undefined ? undefined : requireTier(rt, q.tier);
+    if (!rt.ready) throw new HttpError(503, "unavailable_error", "server is not ready");
+    const body = requestBody(c);
+    if (!body) {
+      throw new HttpError(400, "invalid_request_error", "snapshot body is empty", "body");
+    }
+    try {
       // Streamed into the import: only the header is read first (to find the model that made
       // it); it is verified again, with the signature, before any KV is allocated.
       const { header, stream } = await peekStream(body.pipeThrough(countBytes(rt, "in")));
       const source = tierOfSnapshot(rt, header, target);
-      return await respond(c, rt, target ?? source, source, stream, q);
+      return await respond(c, rt, target ?? source, source, stream, header, q);
+    } catch (e) {
+      throw blameSnapshot(e, { snapshot: "body", tier: "tier" });
     }
-    return await limit(c, next);
   }, async (c) => {
     const body = decodeJsonSchema.parse(await readJsonBody(c));
     if (!rt.ready) throw new HttpError(503, "unavailable_error", "server is not ready");
     const bytes = await loadStored(rt, body.snapshot_id);
     const target = body.tier !== undefined ? requireTier(rt, body.tier) : undefined;
-    const source = tierOfSnapshot(rt, peekHeader(bytes), target);
-    return await respond(c, rt, target ?? source, source, bytes, body);
+    try {
+      const header = peekHeader(bytes);
+      const source = tierOfSnapshot(rt, header, target);
+      return await respond(c, rt, target ?? source, source, bytes, header, body);
+    } catch (e) {
+      throw blameSnapshot(e, { snapshot: "snapshot_id", tier: "tier" });
+    }
   });
 }
 

@@ -4,7 +4,8 @@
 import assert from "node:assert/strict";
 import { generate } from "../../lib/engine/mod.ts";
 import { createPrefillApp } from "../prefill/app.ts";
-import { post, readSse, testRuntime } from "../shared/test_helpers.ts";
+import { snapshotKey } from "../shared/handoff.ts";
+import { metricValue, post, readSse, testRuntime } from "../shared/test_helpers.ts";
 import type { Runtime } from "../shared/runtime.ts";
 import { createDecodeApp } from "./app.ts";
 
@@ -187,6 +188,156 @@ Deno.test("POST /v1/decode answers 400 for corrupt snapshots and 413 for oversiz
       body: new Uint8Array(0),
     });
     assert.equal(empty.status, 400);
+  } finally {
+    await rt.close();
+  }
+});
+
+Deno.test("POST /v1/decode answers 400 context_length_exceeded naming continuation when it overflows max_context", async () => {
+  const rt = await testRuntime(); // max_context 512
+  try {
+    const app = createDecodeApp(rt);
+    const snap = await snapshotOf(rt);
+    const res = await app.request(
+      `/v1/decode?max_tokens=4&continuation=${encodeURIComponent(" x".repeat(600))}`,
+      { method: "POST", headers: SNAP, body: snap },
+    );
+    assert.equal(res.status, 400);
+    const body = await res.json();
+    assert.equal(body.error.type, "context_length_exceeded");
+    assert.equal(body.error.param, "continuation");
+    const over = await app.request("/v1/decode?max_tokens=128&continuation=x", {
+      method: "POST",
+      headers: SNAP,
+      body: snap,
+    });
+    assert.equal(over.status, 200, "snapshot + continuation + max_tokens within max_context");
+  } finally {
+    await rt.close();
+  }
+});
+
+Deno.test("POST /v1/decode errors name the field: body or snapshot_id for bad snapshots, tier for a refused migration", async () => {
+  const rt = await testRuntime({ tiers: { fast: "tiny-fast", balanced: "tiny-balanced" } });
+  try {
+    const app = createDecodeApp(rt);
+    const snap = await snapshotOf(rt);
+    const corrupt = snap.slice(0, 2000);
+    corrupt[40] ^= 0xff;
+    const bad = await app.request("/v1/decode", { method: "POST", headers: SNAP, body: corrupt });
+    assert.equal(bad.status, 400);
+    assert.equal((await bad.json()).error.param, "body");
+    const id = crypto.randomUUID();
+    await rt.store.put(snapshotKey(id), corrupt);
+    const stored = await app.request("/v1/decode", post({ snapshot_id: id }));
+    assert.equal(stored.status, 400);
+    const storedBody = await stored.json();
+    assert.equal(storedBody.error.type, "invalid_snapshot_error");
+    assert.equal(storedBody.error.param, "snapshot_id");
+    const cross = await app.request("/v1/decode?tier=balanced", {
+      method: "POST",
+      headers: SNAP,
+      body: snap,
+    });
+    assert.equal(cross.status, 422);
+    assert.equal((await cross.json()).error.param, "tier");
+    const num = await app.request("/v1/decode?temperature=1e308", {
+      method: "POST",
+      headers: SNAP,
+      body: snap,
+    });
+    assert.equal(num.status, 400);
+    const numBody = await num.json();
+    assert.equal(numBody.error.param, "temperature");
+    assert.match(numBody.error.message, /decimal number/);
+  } finally {
+    await rt.close();
+  }
+});
+
+Deno.test("POST /v1/decode cuts a stalled snapshot body at the tier's timeout: 503, slot and sequence freed", async () => {
+  const rt = await testRuntime({ tier: { request_timeout_ms: 300, concurrency: 1 } });
+  try {
+    const app = createDecodeApp(rt);
+    const snap = await snapshotOf(rt);
+    let cancelled = false;
+    const stalled = new ReadableStream<Uint8Array>({
+      start(ctl) {
+        ctl.enqueue(snap.slice(0, 1000)); // the header and part of chunk 0, then nothing
+      },
+      cancel() {
+        cancelled = true;
+      },
+    });
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const res = await Promise.race([
+      app.request("/v1/decode?max_tokens=2", { method: "POST", headers: SNAP, body: stalled }),
+      new Promise<null>((r) => timer = setTimeout(() => r(null), 3000)),
+    ]);
+    clearTimeout(timer);
+    assert.ok(res, "no answer 3 s after a 300 ms deadline");
+    assert.equal(res.status, 503);
+    assert.equal((await res.json()).error.type, "timeout_error");
+    assert.ok(cancelled, "the request body was cancelled");
+    const metrics = await (await app.request("/metrics")).text();
+    assert.equal(metricValue(metrics, 'kvrelay_active_sequences{tier="fast"}'), 0);
+    const next = await app.request("/v1/decode?max_tokens=2", {
+      method: "POST",
+      headers: SNAP,
+      body: snap,
+    });
+    assert.equal(next.status, 200, "the slot was released");
+  } finally {
+    await rt.close();
+  }
+});
+
+Deno.test("POST /v1/decode answers 400 naming body, not 500, when the snapshot upload breaks off", async () => {
+  const rt = await testRuntime();
+  try {
+    const app = createDecodeApp(rt);
+    const snap = await snapshotOf(rt);
+    const broken = new ReadableStream<Uint8Array>({
+      start(ctl) {
+        ctl.enqueue(snap.slice(0, 1000));
+      },
+      pull(ctl) {
+        ctl.error(new Error("connection reset by peer"));
+      },
+    });
+    const res = await app.request("/v1/decode", { method: "POST", headers: SNAP, body: broken });
+    assert.equal(res.status, 400);
+    const body = await res.json();
+    assert.equal(body.error.type, "invalid_request_error");
+    assert.equal(body.error.param, "body");
+    const metrics = await (await app.request("/metrics")).text();
+    assert.equal(metricValue(metrics, 'kvrelay_active_sequences{tier="fast"}'), 0);
+  } finally {
+    await rt.close();
+  }
+});
+
+Deno.test("POST /v1/decode stream stopped by shutdown ends with an unavailable_error frame, not timeout_error", async () => {
+  const rt = await testRuntime();
+  try {
+    const snap = await snapshotOf(rt);
+    const res = await createDecodeApp(rt).request("/v1/decode?max_tokens=100&stream=true", {
+      method: "POST",
+      headers: SNAP,
+      body: snap,
+    });
+    assert.equal(res.status, 200);
+    const reader = res.body!.getReader();
+    await reader.read(); // the first token's frame
+    rt.abortInFlight();
+    let text = "";
+    const dec = new TextDecoder();
+    for (let r = await reader.read(); !r.done; r = await reader.read()) text += dec.decode(r.value);
+    const frames = text.split("\n\n").filter((f) => f.startsWith("data: ")).map((f) => f.slice(6));
+    assert.equal(frames.at(-1), "[DONE]");
+    const last = JSON.parse(frames.at(-2)!);
+    assert.equal(last.error.type, "unavailable_error");
+    assert.match(last.error.message, /shutting down/);
   } finally {
     await rt.close();
   }

@@ -4,10 +4,17 @@
 // Tier choice is lib/router's; admission, caches and decoding are functions/shared/generation.ts.
 import type { Context, Hono } from "hono";
 import { z } from "zod";
+import type { GenerateOptions } from "../../lib/engine/mod.ts";
 import type { RouteDecision } from "../../lib/router/mod.ts";
 import { clientSignal, createBaseApp, jsonBodyLimit, requireTier } from "../shared/app.ts";
 import { HttpError, readJsonBody, toHttpError } from "../shared/errors.ts";
-import { type Generation, type ServedResult, startGeneration } from "../shared/generation.ts";
+import {
+  abortError,
+  checkContext,
+  type Generation,
+  type ServedResult,
+  startGeneration,
+} from "../shared/generation.ts";
 import type { Runtime, Tier } from "../shared/runtime.ts";
 import {
   generationOptions,
@@ -35,7 +42,10 @@ const completionSchema = z.object({
     z.array(z.string().min(1)).min(1).max(16),
     tokenIdsSchema,
     z.array(tokenIdsSchema).min(1).max(16),
-  ]),
+  ], {
+    error:
+      "must be a non-empty string, 1 to 16 non-empty strings, an array of token ids (integers >= 0), or 1 to 16 such arrays",
+  }),
   stream: z.boolean().nullish(),
   stream_options: streamOptions,
   n: z.literal(1).nullish(),
@@ -89,21 +99,34 @@ function routeText(p: PromptInput): string {
   return "";
 }
 
+/** A prompt routed to its tier, tokenized and checked against the tier's limits; no slot yet. */
+interface Planned {
+  tier: Tier;
+  route: RouteDecision;
+  ids: number[];
+  options: Omit<GenerateOptions, "signal">;
+}
+
 /**
- * Chooses the tier (explicit model/tier wins, else the router) and admits the generation.
- * @throws {HttpError} 404 unknown model, 400 bad prompt/limits, 429 queue full, 503 not ready
+ * Chooses the tier (explicit model/tier wins, else the router), tokenizes the prompt and checks
+ * it and the sampling fields against that tier — every input error surfaces here, before any
+ * generation of the request runs.
+ * @throws {HttpError} 404 unknown model, 400 bad prompt/limits, 503 not ready
  */
-async function admit(
+function plan(
   rt: Runtime,
-  signal: AbortSignal,
   req: {
     explicit?: string;
     param: string;
     prompt: PromptInput;
+    /** The prompt's field in the request, e.g. "prompt" or "prompt.2". */
+    promptParam: string;
     userId?: string;
     sampling: Parameters<typeof generationOptions>[1];
+    /** The field `sampling.max_tokens` came from (default "max_tokens"). */
+    maxTokensParam?: string;
   },
-): Promise<{ gen: Generation; route: RouteDecision }> {
+): Planned {
   if (!rt.ready) throw new HttpError(503, "unavailable_error", "server is not ready");
   const explicit = req.explicit === "auto" ? undefined : req.explicit;
   let route: RouteDecision;
@@ -118,11 +141,36 @@ async function admit(
     route = rt.router.route({ prompt: text, promptTokens: n, userId: req.userId });
     tier = requireTier(rt, route.tier, req.param);
   }
-  const ids = promptIds(tier, req.prompt);
-  const options = generationOptions(tier, req.sampling);
-  const gen = await startGeneration(rt, { tier, promptIds: ids, options, clientSignal: signal });
-  rt.router.commit(req.userId, tier.name);
-  return { gen, route };
+  const ids = promptIds(tier, req.prompt, req.promptParam);
+  const options = generationOptions(tier, req.sampling, req.maxTokensParam);
+  checkContext(
+    tier,
+    ids.length,
+    options.maxTokens ?? tier.config.default_max_tokens,
+    req.promptParam,
+    req.maxTokensParam,
+  );
+  return { tier, route, ids, options };
+}
+
+/**
+ * Admits a planned generation (queue slot, prefill) and records the user's tier.
+ * @throws {QueueFullError} 429; {@link HttpError} 503 timeout/not ready
+ */
+async function admit(
+  rt: Runtime,
+  signal: AbortSignal,
+  p: Planned,
+  userId: string | undefined,
+): Promise<{ gen: Generation; route: RouteDecision }> {
+  const gen = await startGeneration(rt, {
+    tier: p.tier,
+    promptIds: p.ids,
+    options: p.options,
+    clientSignal: signal,
+  });
+  rt.router.commit(userId, p.tier.name);
+  return { gen, route: p.route };
 }
 
 /** OpenAI finish_reason of an engine result. */
@@ -179,13 +227,15 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
   app.post("/v1/generate", limit, async (c) => {
     const body = generateSchema.parse(await readJsonBody(c));
     const requestId = `gen-${crypto.randomUUID()}`;
-    const { gen, route } = await admit(rt, clientSignal(c), {
+    const planned = plan(rt, {
       explicit: body.tier ?? body.model,
       param: body.tier !== undefined ? "tier" : "model",
       prompt: { text: body.prompt },
+      promptParam: "prompt",
       userId: body.user_id,
       sampling: body,
     });
+    const { gen, route } = await admit(rt, clientSignal(c), planned, body.user_id);
     const info = kvrelayInfo(gen, route);
     const r = await gen.collect();
     return c.json({
@@ -213,15 +263,22 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
       : (body.prompt as number[][]).map((ids) => ({ ids }));
     const id = `cmpl-${crypto.randomUUID()}`;
     const created = Math.floor(Date.now() / 1000);
-    const link = linkedSignal(c);
-    const admitOne = (i: number) =>
-      admit(rt, link.signal, {
+    // Every prompt is checked before the first one runs: a bad prompt 2 is a 400, not an error
+    // after prompt 1's text (or inside a 200 stream).
+    const plans = prompts.map((prompt, i) =>
+      plan(rt, {
         explicit: body.model,
         param: "model",
-        prompt: prompts[i],
+        prompt,
+        promptParam: typeof body.prompt === "string" || typeof body.prompt[0] === "number"
+          ? "prompt"
+          : `prompt.${i}`,
         userId: body.user,
         sampling: body,
-      });
+      })
+    );
+    const link = linkedSignal(c);
+    const admitOne = (i: number) => admit(rt, link.signal, plans[i], body.user);
     if (!body.stream) {
       const choices = [];
       let promptTokens = 0;
@@ -296,14 +353,19 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
     const body = chatSchema.parse(await readJsonBody(c));
     const id = `chatcmpl-${crypto.randomUUID()}`;
     const created = Math.floor(Date.now() / 1000);
-    const link = linkedSignal(c);
-    const { gen, route } = await admit(rt, link.signal, {
+    const planned = plan(rt, {
       explicit: body.model,
       param: "model",
       prompt: { messages: body.messages },
+      promptParam: "messages",
       userId: body.user,
       sampling: { ...body, max_tokens: body.max_completion_tokens ?? body.max_tokens },
+      maxTokensParam: body.max_completion_tokens !== undefined
+        ? "max_completion_tokens"
+        : "max_tokens",
     });
+    const link = linkedSignal(c);
+    const { gen, route } = await admit(rt, link.signal, planned, body.user);
     const model = gen.tier.name;
     const info = kvrelayInfo(gen, route);
     if (!body.stream) {
@@ -357,20 +419,6 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
       link.abort();
     }, streamError);
   });
-}
-
-function abortError(r: ServedResult, gen: Generation): HttpError {
-  return r.abortCause === "timeout"
-    ? new HttpError(
-      503,
-      "timeout_error",
-      `request exceeded the tier's timeout of ${gen.tier.config.request_timeout_ms} ms`,
-    )
-    : new HttpError(
-      503,
-      "unavailable_error",
-      r.abortCause === "shutdown" ? "server is shutting down" : "client disconnected",
-    );
 }
 
 /**

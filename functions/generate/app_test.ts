@@ -446,3 +446,106 @@ Deno.test("a request past the tier's timeout answers 503 timeout_error and frees
     await rt.close();
   }
 });
+
+Deno.test("POST /v1/completions checks every prompt before running any: 400 naming prompt.i, no tokens generated", async () => {
+  const rt = await testRuntime(); // max_context 512
+  try {
+    const app = createGenerateApp(rt);
+    const tooLong = Array.from({ length: 600 }, () => 1);
+    const cases: [unknown, string, string][] = [
+      [[[1, 2], [1, 9999]], "prompt.1.1", "invalid_request_error"],
+      [[[1, 2], tooLong], "prompt.1", "context_length_exceeded"],
+      [["Hello", "x ".repeat(600)], "prompt.1", "context_length_exceeded"],
+      [tooLong, "prompt", "context_length_exceeded"],
+    ];
+    for (const stream of [false, true]) {
+      for (const [prompt, param, type] of cases) {
+        const res = await app.request(
+          "/v1/completions",
+          post({ prompt, max_tokens: 4, stream }),
+        );
+        assert.equal(res.status, 400, `stream ${stream}, ${param}`);
+        const body = await res.json();
+        assert.equal(body.error.type, type);
+        assert.equal(body.error.param, param);
+      }
+    }
+    const metrics = await (await app.request("/metrics")).text();
+    assert.equal(metricValue(metrics, 'kvrelay_generated_tokens_total{tier="fast"}'), 0);
+  } finally {
+    await rt.close();
+  }
+});
+
+Deno.test("union fields answer 400 saying which shapes they accept", async () => {
+  const rt = await testRuntime();
+  try {
+    const app = createGenerateApp(rt);
+    const cases: [string, unknown, string, RegExp][] = [
+      ["/v1/completions", { prompt: [1.5] }, "prompt", /token ids/],
+      ["/v1/completions", { prompt: [] }, "prompt", /token ids/],
+      ["/v1/completions", { prompt: "hi", stop: ["a", "b", "c", "d", "e"] }, "stop", /at most 4/],
+      [
+        "/v1/chat/completions",
+        { messages: [{ role: "user", content: [{ type: "image_url" }] }] },
+        "messages.0.content",
+        /"type": "text"/,
+      ],
+    ];
+    for (const [path, body, param, message] of cases) {
+      const res = await app.request(path, post(body));
+      assert.equal(res.status, 400, JSON.stringify(body));
+      const json = await res.json();
+      assert.equal(json.error.param, param);
+      assert.match(json.error.message, message);
+    }
+  } finally {
+    await rt.close();
+  }
+});
+
+Deno.test("POST /v1/chat/completions names max_completion_tokens when that is the field over a limit", async () => {
+  const rt = await testRuntime(); // max_new_tokens 128, max_context 512
+  try {
+    const app = createGenerateApp(rt);
+    const messages = [{ role: "user", content: "hi" }];
+    const res = await app.request(
+      "/v1/chat/completions",
+      post({ messages, max_completion_tokens: 100000 }),
+    );
+    assert.equal(res.status, 400);
+    const body = await res.json();
+    assert.equal(body.error.param, "max_completion_tokens");
+    assert.match(body.error.message, /^max_completion_tokens 100000 /);
+    const plain = await app.request("/v1/chat/completions", post({ messages, max_tokens: 100000 }));
+    assert.equal((await plain.json()).error.param, "max_tokens");
+  } finally {
+    await rt.close();
+  }
+});
+
+Deno.test("a JSON body that breaks off mid-upload answers 400 naming body, not 500", async () => {
+  const rt = await testRuntime();
+  try {
+    const app = createGenerateApp(rt);
+    const broken = new ReadableStream<Uint8Array>({
+      start(ctl) {
+        ctl.enqueue(new TextEncoder().encode('{"prompt": "hel'));
+      },
+      pull(ctl) {
+        ctl.error(new Error("connection reset by peer"));
+      },
+    });
+    const res = await app.request("/v1/completions", {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: broken,
+    });
+    assert.equal(res.status, 400);
+    const body = await res.json();
+    assert.equal(body.error.param, "body");
+    assert.match(body.error.message, /could not be read: connection reset by peer/);
+  } finally {
+    await rt.close();
+  }
+});

@@ -8,7 +8,7 @@ import { z } from "zod";
 import type { NativeSequence } from "../../lib/native/mod.ts";
 import { exportSnapshotStream, importSnapshot } from "../../lib/snapshot/mod.ts";
 import { clientSignal, createBaseApp, jsonBodyLimit, requireTier } from "../shared/app.ts";
-import { HttpError, readJsonBody } from "../shared/errors.ts";
+import { blameSnapshot, HttpError, readJsonBody } from "../shared/errors.ts";
 import {
   countBytes,
   isSnapshotBody,
@@ -16,6 +16,7 @@ import {
   peekHeader,
   readBounded,
   releaser,
+  requestBody,
   SNAPSHOT_TYPE,
   snapshotKey,
   streamThenFree,
@@ -130,13 +131,22 @@ export function registerMigrate(app: Hono, rt: Runtime): void {
   app.post("/v1/migrate", async (c, next) => {
     if (!isSnapshotBody(c)) return await limit(c, next);
     const q = querySchema.parse(c.req.query());
-    const bytes = await readBounded(c.req.raw.body, rt.config.server.max_snapshot_bytes);
+    const bytes = await readBounded(requestBody(c), rt.config.server.max_snapshot_bytes);
     rt.metrics.snapshotBytes.inc({ direction: "in" }, bytes.length);
-    return await migrate(c, rt, bytes, q.target, q.store);
+    try {
+      return await migrate(c, rt, bytes, q.target, q.store);
+    } catch (e) {
+      throw blameSnapshot(e, { snapshot: "body", tier: "target" });
+    }
   }, async (c) => {
     const body = jsonSchema.parse(await readJsonBody(c));
     if (!rt.ready) throw new HttpError(503, "unavailable_error", "server is not ready");
-    return await migrate(c, rt, await loadStored(rt, body.snapshot_id), body.target, body.store);
+    const bytes = await loadStored(rt, body.snapshot_id);
+    try {
+      return await migrate(c, rt, bytes, body.target, body.store);
+    } catch (e) {
+      throw blameSnapshot(e, { snapshot: "snapshot_id", tier: "target" });
+    }
   });
 }
 

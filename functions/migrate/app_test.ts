@@ -102,3 +102,59 @@ Deno.test("POST /v1/migrate answers 409 for a snapshot of a model no tier serves
     await rt.close();
   }
 });
+
+Deno.test("POST /v1/migrate errors name the field: body or snapshot_id for bad snapshots, target for a refusal", async () => {
+  const rt = await testRuntime({ tiers: { fast: "tiny-fast", balanced: "tiny-balanced" } });
+  try {
+    const res = await createPrefillApp(rt).request("/v1/prefill", post({ tier: "fast", prompt }));
+    const snap = new Uint8Array(await res.arrayBuffer());
+    const app = createMigrateApp(rt);
+    const refused = await app.request("/v1/migrate?target=balanced", {
+      method: "POST",
+      headers: SNAP,
+      body: snap,
+    });
+    assert.equal(refused.status, 422);
+    assert.equal((await refused.json()).error.param, "target");
+    const truncated = snap.slice(0, 100);
+    const bad = await app.request("/v1/migrate?target=fast", {
+      method: "POST",
+      headers: SNAP,
+      body: truncated,
+    });
+    assert.equal(bad.status, 400);
+    assert.equal((await bad.json()).error.param, "body");
+    const id = crypto.randomUUID();
+    await rt.store.put(`snap:${id}`, truncated);
+    const stored = await app.request("/v1/migrate", post({ snapshot_id: id, target: "fast" }));
+    assert.equal(stored.status, 400);
+    assert.equal((await stored.json()).error.param, "snapshot_id");
+  } finally {
+    await rt.close();
+  }
+});
+
+Deno.test("POST /v1/migrate answers 400 naming body, not 500, when the snapshot upload breaks off", async () => {
+  const rt = await testRuntime();
+  try {
+    const broken = new ReadableStream<Uint8Array>({
+      start(ctl) {
+        ctl.enqueue(new Uint8Array(100));
+      },
+      pull(ctl) {
+        ctl.error(new Error("connection reset by peer"));
+      },
+    });
+    const res = await createMigrateApp(rt).request("/v1/migrate?target=fast", {
+      method: "POST",
+      headers: SNAP,
+      body: broken,
+    });
+    assert.equal(res.status, 400);
+    const body = await res.json();
+    assert.equal(body.error.param, "body");
+    assert.match(body.error.message, /connection reset by peer/);
+  } finally {
+    await rt.close();
+  }
+});

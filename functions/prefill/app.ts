@@ -83,7 +83,10 @@ export function registerPrefill(app: Hono, rt: Runtime): void {
     const tier = requireTier(rt, body.tier);
     let peer: string | undefined;
     if (body.forward_to !== undefined) {
-      peer = rt.config.peers[body.forward_to];
+      // Own keys only: a name like "constructor" must not find Object.prototype's members.
+      peer = Object.hasOwn(rt.config.peers, body.forward_to)
+        ? rt.config.peers[body.forward_to]
+        : undefined;
       if (!peer) {
         throw new HttpError(
           404,
@@ -95,15 +98,18 @@ export function registerPrefill(app: Hono, rt: Runtime): void {
         );
       }
     }
-    const ids = body.tokens
-      ? promptIds(tier, { ids: body.tokens }, "tokens")
-      : promptIds(tier, { text: body.prompt, messages: body.messages });
+    const field = body.tokens ? "tokens" : body.messages ? "messages" : "prompt";
+    const ids = promptIds(
+      tier,
+      { ids: body.tokens, text: body.prompt, messages: body.messages },
+      field,
+    );
     if (ids.length >= tier.config.max_context) {
       throw new HttpError(
         400,
         "context_length_exceeded",
         `prompt (${ids.length} tokens) reaches max_context ${tier.config.max_context}`,
-        "prompt",
+        field,
       );
     }
 

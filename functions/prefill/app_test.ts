@@ -118,3 +118,39 @@ Deno.test("POST /v1/prefill answers 400 for bad bodies and 404 for an unknown ti
     await rt.close();
   }
 });
+
+Deno.test("POST /v1/prefill answers 404 naming forward_to for peer names that are Object.prototype members", async () => {
+  const rt = await testRuntime();
+  try {
+    const app = createPrefillApp(rt);
+    for (const name of ["constructor", "toString", "hasOwnProperty", "__proto__"]) {
+      const res = await app.request(
+        "/v1/prefill",
+        post({ tier: "fast", prompt: "hello there", forward_to: name }),
+      );
+      assert.equal(res.status, 404, name);
+      const body = await res.json();
+      assert.equal(body.error.type, "not_found_error");
+      assert.equal(body.error.param, "forward_to");
+    }
+  } finally {
+    await rt.close();
+  }
+});
+
+Deno.test("POST /v1/prefill blames the prompt field it was given when the prompt reaches max_context", async () => {
+  const rt = await testRuntime(); // max_context 512
+  try {
+    const app = createPrefillApp(rt);
+    const res = await app.request(
+      "/v1/prefill",
+      post({ tier: "fast", tokens: Array.from({ length: 600 }, () => 1) }),
+    );
+    assert.equal(res.status, 400);
+    const body = await res.json();
+    assert.equal(body.error.type, "context_length_exceeded");
+    assert.equal(body.error.param, "tokens");
+  } finally {
+    await rt.close();
+  }
+});

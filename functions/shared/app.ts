@@ -52,12 +52,14 @@ function authMiddleware(rt: Runtime): MiddlewareHandler {
 }
 
 /**
- * A JSON body-size guard answering 413 in the error shape.
+ * A JSON body-size guard answering 413 in the error shape. A body without Content-Length is read
+ * here; when that read fails (the client reset the connection mid-upload) the answer is a 400
+ * naming "body", not an internal error.
  * @param maxBytes largest accepted body
  * @returns middleware
  */
 export function jsonBodyLimit(maxBytes: number): MiddlewareHandler {
-  return bodyLimit({
+  const limit = bodyLimit({
     maxSize: maxBytes,
     onError: () => {
       throw new HttpError(
@@ -68,6 +70,23 @@ export function jsonBodyLimit(maxBytes: number): MiddlewareHandler {
       );
     },
   });
+  return async (c, next) => {
+    let handled = false;
+    try {
+      await limit(c, async () => {
+        handled = true;
+        await next();
+      });
+    } catch (e) {
+      if (handled || e instanceof HttpError) throw e;
+      throw new HttpError(
+        400,
+        "invalid_request_error",
+        `request body could not be read: ${(e as Error)?.message ?? String(e)}`,
+        "body",
+      );
+    }
+  };
 }
 
 /**

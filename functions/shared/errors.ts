@@ -90,6 +90,26 @@ export function toHttpError(err: unknown): HttpError | null {
 }
 
 /**
+ * Names the request field a snapshot or migration error is about: a SnapshotError, the 409 of a
+ * snapshot no tier serves, and a migration refusal carry no field of their own, and only the
+ * route knows whether the snapshot came as the body or by `snapshot_id`, and which field named
+ * the target tier.
+ * @param err what a handler threw
+ * @param fields the field holding the snapshot, and the one naming the tier it goes to
+ * @returns an HttpError naming that field, or `err` unchanged for any other error
+ */
+export function blameSnapshot(err: unknown, fields: { snapshot: string; tier: string }): unknown {
+  const h = toHttpError(err);
+  if (!h || h.param !== undefined) return err;
+  const param = err instanceof SnapshotError || h.type === "snapshot_mismatch_error"
+    ? fields.snapshot
+    : h.type === "migration_refused_error"
+    ? fields.tier
+    : undefined;
+  return param === undefined ? err : new HttpError(h.status, h.type, h.message, param, h.headers);
+}
+
+/**
  * Builds the app.onError handler: maps any thrown value to a JSON error response and counts it.
  * @param metrics where error counts go (optional)
  * @returns a Hono error handler
@@ -127,12 +147,19 @@ export function errorResponse(err: unknown, c: Context): Response {
  * Parses a JSON request body, answering 400 (not 500) for malformed JSON.
  * @param c The Hono context.
  * @returns The parsed body.
- * @throws HttpError 400 when the body is not JSON.
+ * @throws HttpError 400 when the body is not JSON or cannot be read.
  */
 export async function readJsonBody(c: Context): Promise<unknown> {
   try {
     return await c.req.json();
-  } catch {
-    throw new HttpError(400, "invalid_request_error", "request body is not valid JSON", "body");
+  } catch (e) {
+    throw new HttpError(
+      400,
+      "invalid_request_error",
+      e instanceof SyntaxError
+        ? "request body is not valid JSON"
+        : `request body could not be read: ${(e as Error)?.message ?? String(e)}`,
+      "body",
+    );
   }
 }

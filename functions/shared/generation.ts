@@ -9,10 +9,11 @@ import {
   type GenerateResult,
 } from "../../lib/engine/mod.ts";
 import type { NativeSequence } from "../../lib/native/mod.ts";
-import { importSnapshot } from "../../lib/snapshot/mod.ts";
+import { importSnapshot, type SnapshotHeader } from "../../lib/snapshot/mod.ts";
 import { StoreError } from "../../lib/store/mod.ts";
 import { prefillWithCache } from "../../lib/store/prefix_cache.ts";
 import { HttpError } from "./errors.ts";
+import { untilAborted } from "./handoff.ts";
 import { MigrationRefusedError } from "./migration.ts";
 import { QueueFullError } from "./queue.ts";
 import type { Runtime, Tier } from "./runtime.ts";
@@ -74,15 +75,63 @@ export interface GenerationRequest {
   escalate?: boolean;
 }
 
-function signalCause(
-  client: AbortSignal | undefined,
-  timeout: AbortSignal,
-  rt: Runtime,
-): AbortCause {
+function signalCause(client: AbortSignal | undefined, rt: Runtime): AbortCause {
   if (client?.aborted) return "client";
   if (rt.shutdownSignal.aborted) return "shutdown";
-  void timeout;
   return "timeout";
+}
+
+/**
+ * The 503 for a request whose slot signal fired: its deadline passed, its client went away, or
+ * the server is shutting down.
+ * @param rt the runtime
+ * @param tier the tier
+ * @param client the client's signal
+ * @param doing what the request was waiting on, e.g. `waiting for tier "fast"`
+ * @returns the error to throw
+ */
+function stoppedError(
+  rt: Runtime,
+  tier: Tier,
+  client: AbortSignal | undefined,
+  doing: string,
+): HttpError {
+  const cause = signalCause(client, rt);
+  return new HttpError(
+    503,
+    cause === "timeout" ? "timeout_error" : "unavailable_error",
+    cause === "timeout"
+      ? `timed out after ${tier.config.request_timeout_ms} ms ${doing}`
+      : cause === "client"
+      ? `client disconnected while ${doing}`
+      : "server is shutting down",
+  );
+}
+
+/**
+ * Refuses a generation whose prompt plus max_tokens would exceed the tier's max_context.
+ * @param tier the tier
+ * @param promptTokens prompt length in tokens
+ * @param maxTokens tokens to generate
+ * @param param the prompt's field, blamed when the prompt alone reaches max_context
+ * @param maxTokensParam the field maxTokens came from, blamed otherwise
+ * @throws {HttpError} 400 context_length_exceeded
+ */
+export function checkContext(
+  tier: Tier,
+  promptTokens: number,
+  maxTokens: number,
+  param = "prompt",
+  maxTokensParam = "max_tokens",
+): void {
+  const limit = tier.config.max_context;
+  if (promptTokens + maxTokens <= limit) return;
+  throw new HttpError(
+    400,
+    "context_length_exceeded",
+    `prompt (${promptTokens} tokens) + ${maxTokensParam} (${maxTokens}) exceeds tier "${tier.name}"'s max_context ${limit}`,
+    promptTokens >= limit ? param : maxTokensParam,
+  );
 }
 
 /** A held queue slot with the request's deadline; `release` frees the slot and the timer. */
@@ -132,16 +181,7 @@ export async function admitSlot(rt: Runtime, tier: Tier, client?: AbortSignal): 
       rt.metrics.rejected.inc({ tier: tier.name });
       throw e;
     }
-    const cause = signalCause(client, tc.signal, rt);
-    throw new HttpError(
-      503,
-      cause === "timeout" ? "timeout_error" : "unavailable_error",
-      cause === "timeout"
-        ? `timed out after ${tier.config.request_timeout_ms} ms waiting for tier "${tier.name}"`
-        : cause === "client"
-        ? "client disconnected while queued"
-        : "server is shutting down",
-    );
+    throw stoppedError(rt, tier, client, `waiting for tier "${tier.name}"`);
   }
 }
 
@@ -161,7 +201,6 @@ export class Generation {
   #closed = false;
   readonly #rt: Runtime;
   readonly #signal: AbortSignal;
-  readonly #timeout: AbortSignal;
   readonly #client: AbortSignal | undefined;
   readonly #startMs: number;
   readonly #logits: Float32Array;
@@ -176,7 +215,7 @@ export class Generation {
     seq: NativeSequence,
     logits: Float32Array,
     release: () => void,
-    signals: { all: AbortSignal; timeout: AbortSignal; client?: AbortSignal },
+    signals: { all: AbortSignal; client?: AbortSignal },
     startMs: number,
   ) {
     this.#rt = rt;
@@ -184,7 +223,6 @@ export class Generation {
     this.#logits = logits;
     this.#release = release;
     this.#signal = signals.all;
-    this.#timeout = signals.timeout;
     this.#client = signals.client;
     this.#startMs = startMs;
   }
@@ -218,7 +256,7 @@ export class Generation {
             m.tokensPerSecond.observe(labels, (r.tokenIds.length - 1) / decodeSeconds);
           }
           if (r.finishReason === "abort") {
-            const cause = signalCause(this.#client, this.#timeout, this.#rt);
+            const cause = signalCause(this.#client, this.#rt);
             m.aborted.inc({ ...labels, cause });
             return { ...r, abortCause: cause, decodeSeconds };
           }
@@ -270,6 +308,27 @@ export class Generation {
 }
 
 /**
+ * The error a stream reports when its generation stopped early: 503 timeout_error past the
+ * deadline, 503 unavailable_error on shutdown or when the client went away.
+ * @param r the result (abortCause set)
+ * @param gen the generation
+ * @returns the error to send as the stream's last frame
+ */
+export function abortError(r: ServedResult, gen: Generation): HttpError {
+  return r.abortCause === "timeout"
+    ? new HttpError(
+      503,
+      "timeout_error",
+      `request exceeded the tier's timeout of ${gen.tier.config.request_timeout_ms} ms`,
+    )
+    : new HttpError(
+      503,
+      "unavailable_error",
+      r.abortCause === "shutdown" ? "server is shutting down" : "client disconnected",
+    );
+}
+
+/**
  * Admits and prefills a generation (errors here are HTTP errors, before any response byte).
  * @param rt the runtime
  * @param req tier, prompt ids, options, client signal
@@ -289,14 +348,7 @@ export async function startGeneration(rt: Runtime, req: GenerationRequest): Prom
       "prompt",
     );
   }
-  if (promptIds.length + maxTokens > tier.config.max_context) {
-    throw new HttpError(
-      400,
-      "context_length_exceeded",
-      `prompt (${promptIds.length} tokens) + max_tokens (${maxTokens}) exceeds tier "${tier.name}"'s max_context ${tier.config.max_context}`,
-      promptIds.length >= tier.config.max_context ? "prompt" : "max_tokens",
-    );
-  }
+  checkContext(tier, promptIds.length, maxTokens);
   const slot = await admitSlot(rt, tier, req.clientSignal);
   const { release } = slot;
   rt.metrics.activeSequences.add({ tier: tier.name }, 1);
@@ -307,7 +359,6 @@ export async function startGeneration(rt: Runtime, req: GenerationRequest): Prom
     const options = withCacheTemperature({ ...req.options, maxTokens }, cache);
     return new Generation(rt, tier, promptIds, options, cache, seq, logits, release, {
       all: slot.signal,
-      timeout: slot.timeout,
       client: req.clientSignal,
     }, startMs);
   } catch (e) {
@@ -431,6 +482,36 @@ async function tryMigrate(
   }
 }
 
+/**
+ * Refuses a decode whose snapshot + continuation + max_tokens exceed the tier's max_context, or
+ * that has no token at all.
+ * @throws {HttpError} 400 naming `continuation` when it is what pushes the total over, else
+ *   `max_tokens`
+ */
+function checkSnapshotContext(
+  tier: Tier,
+  snapshotTokens: number,
+  continuationTokens: number,
+  maxTokens: number,
+): void {
+  const limit = tier.config.max_context;
+  if (snapshotTokens + continuationTokens === 0) {
+    throw new HttpError(
+      400,
+      "invalid_request_error",
+      "snapshot holds no tokens and no continuation was given",
+      "continuation",
+    );
+  }
+  if (snapshotTokens + continuationTokens + maxTokens <= limit) return;
+  throw new HttpError(
+    400,
+    "context_length_exceeded",
+    `snapshot (${snapshotTokens} tokens) + continuation (${continuationTokens} tokens) + max_tokens (${maxTokens}) exceeds tier "${tier.name}"'s max_context ${limit}`,
+    continuationTokens > 0 && snapshotTokens + maxTokens <= limit ? "continuation" : "max_tokens",
+  );
+}
+
 /** A generation that continues from an imported snapshot. */
 export interface SnapshotGenerationRequest {
   /** The tier that decodes. */
@@ -439,6 +520,9 @@ export interface SnapshotGenerationRequest {
   source?: Tier;
   /** Snapshot bytes or stream (verified before import). */
   input: Uint8Array | ReadableStream<Uint8Array>;
+  /** The snapshot's header as the caller peeked it (peekStream/peekHeader): the context limit
+   *  is checked against it before a slot is taken (the import checks the real one again). */
+  header: SnapshotHeader;
   /** Token ids to append after the snapshot's tokens (continuation text). */
   continuationIds: number[];
   options: Omit<GenerateOptions, "signal">;
@@ -475,13 +559,26 @@ export async function startFromSnapshot(
     );
   }
   const maxTokens = req.options.maxTokens ?? tier.config.default_max_tokens;
+  const { tokenIds, pendingTokenIds } = req.header;
+  checkSnapshotContext(
+    tier,
+    tokenIds.length + pendingTokenIds.length,
+    req.continuationIds.length,
+    maxTokens,
+  );
   const slot = await admitSlot(rt, tier, req.clientSignal);
   const { release } = slot;
   rt.metrics.activeSequences.add({ tier: tier.name }, 1);
   let seq: NativeSequence | null = null;
   let src: NativeSequence | null = null;
+  // A streamed body is read while this request holds a slot: its deadline bounds the upload.
+  const input = req.input instanceof Uint8Array ? req.input : untilAborted(
+    req.input,
+    slot.signal,
+    () => stoppedError(rt, tier, req.clientSignal, "receiving the snapshot"),
+  );
   try {
-    const imported = await importSnapshot(source.model, req.input, {
+    const imported = await importSnapshot(source.model, input, {
       verify: rt.verify,
       maxBytes: rt.config.server.max_snapshot_bytes,
       reserve: migrating ? 0 : maxTokens + req.continuationIds.length + 1,
@@ -500,22 +597,7 @@ export async function startFromSnapshot(
       src = null;
       rt.metrics.migrations.inc({ from: source.name, to: tier.name });
     } else seq = imported.sequence;
-    if (ids.length === 0) {
-      throw new HttpError(
-        400,
-        "invalid_request_error",
-        "snapshot holds no tokens and no continuation was given",
-        "continuation",
-      );
-    }
-    if (ids.length + maxTokens > tier.config.max_context) {
-      throw new HttpError(
-        400,
-        "context_length_exceeded",
-        `snapshot + continuation (${ids.length} tokens) + max_tokens (${maxTokens}) exceeds max_context ${tier.config.max_context}`,
-        "max_tokens",
-      );
-    }
+    checkSnapshotContext(tier, imported.tokenIds.length, req.continuationIds.length, maxTokens);
     let tail = ids.slice(keep);
     if (tail.length === 0) {
       // Everything is in the KV: recompute the last position for its logits.
@@ -542,7 +624,7 @@ export async function startFromSnapshot(
       seq,
       logits,
       release,
-      { all: slot.signal, timeout: slot.timeout, client: req.clientSignal },
+      { all: slot.signal, client: req.clientSignal },
       startMs,
     );
   } catch (e) {

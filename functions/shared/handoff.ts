@@ -27,6 +27,41 @@ export function isSnapshotBody(c: Context): boolean {
 }
 
 /**
+ * The request body, whose read failures (the client reset the connection mid-upload, a broken
+ * chunked encoding) surface as a 400 naming "body" instead of an internal error.
+ * @param c the Hono context
+ * @returns the body stream, or null when the request has none
+ */
+export function requestBody(c: Context): ReadableStream<Uint8Array> | null {
+  const body = c.req.raw.body;
+  if (!body) return null;
+  const reader = body.getReader();
+  return new ReadableStream<Uint8Array>({
+    async pull(ctl) {
+      let r: ReadableStreamReadResult<Uint8Array>;
+      try {
+        r = await reader.read();
+      } catch (e) {
+        ctl.error(
+          new HttpError(
+            400,
+            "invalid_request_error",
+            `request body could not be read: ${(e as Error)?.message ?? String(e)}`,
+            "body",
+          ),
+        );
+        return;
+      }
+      if (r.done) ctl.close();
+      else ctl.enqueue(r.value);
+    },
+    cancel(why) {
+      return reader.cancel(why);
+    },
+  });
+}
+
+/**
  * Counts bytes flowing through a stream into the snapshot-bytes metric.
  * @param rt the runtime (metrics)
  * @param direction "in" (received) or "out" (sent)
@@ -251,4 +286,64 @@ export async function peekStream(
     await reader.cancel().catch(() => {});
     throw e;
   }
+}
+
+/**
+ * Passes a stream through until `signal` aborts; then the stream errors with `reason()` (a read
+ * waiting on a stalled sender fails at once) and the source is cancelled. Bounds how long an
+ * import that holds a queue slot and a native sequence can wait on a slow or stalled client.
+ * @param stream the source (e.g. a request body)
+ * @param signal aborts the pass-through (request deadline, client gone, shutdown)
+ * @param reason the error a pending or later read fails with
+ * @returns the guarded stream
+ */
+export function untilAborted(
+  stream: ReadableStream<Uint8Array>,
+  signal: AbortSignal,
+  reason: () => unknown,
+): ReadableStream<Uint8Array> {
+  const reader = stream.getReader();
+  let ctl: ReadableStreamDefaultController<Uint8Array> | undefined;
+  let finished = false;
+  const onAbort = () => {
+    if (finished) return;
+    finished = true;
+    try {
+      ctl?.error(reason());
+    } catch {
+      // already closed: nothing is waiting on it (a throw here would escape as an uncaught error)
+    }
+    reader.cancel().catch(() => {});
+  };
+  const finish = () => {
+    finished = true;
+    signal.removeEventListener("abort", onAbort);
+  };
+  return new ReadableStream<Uint8Array>({
+    start(c) {
+      ctl = c;
+      if (signal.aborted) onAbort();
+      else signal.addEventListener("abort", onAbort, { once: true });
+    },
+    async pull(c) {
+      let r: ReadableStreamReadResult<Uint8Array>;
+      try {
+        r = await reader.read();
+      } catch (e) {
+        if (finished) return;
+        finish();
+        c.error(e);
+        return;
+      }
+      if (finished) return;
+      if (r.done) {
+        finish();
+        c.close();
+      } else c.enqueue(r.value);
+    },
+    cancel(why) {
+      finish();
+      return reader.cancel(why);
+    },
+  });
 }

@@ -14,7 +14,9 @@ export const samplingFields = {
   top_k: z.number().int().min(1).optional(),
   min_p: z.number().min(0).max(1).optional(),
   seed: z.number().int().min(0).max(2 ** 32 - 1).optional(),
-  stop: z.union([z.string().min(1), z.array(z.string().min(1)).max(4)]).nullish(),
+  stop: z.union([z.string().min(1), z.array(z.string().min(1)).max(4)], {
+    error: "must be a non-empty string or an array of at most 4 non-empty strings",
+  }).nullish(),
 };
 
 /** One chat message; content is text or an array of text parts. */
@@ -23,7 +25,7 @@ export const messageSchema = z.object({
   content: z.union([
     z.string(),
     z.array(z.object({ type: z.literal("text"), text: z.string() })),
-  ]),
+  ], { error: 'must be a string or an array of {"type": "text", "text": string} parts' }),
 });
 
 /** A list of chat messages (≥ 1). */
@@ -46,17 +48,23 @@ type Sampling = {
  * Generation options from request fields, filled with the tier's defaults.
  * @param tier the tier serving the request
  * @param body request sampling fields
+ * @param maxTokensParam the request field `body.max_tokens` came from (chat:
+ *   max_completion_tokens)
  * @returns engine options
  * @throws {HttpError} 400 when max_tokens exceeds the tier's max_new_tokens
  */
-export function generationOptions(tier: Tier, body: Sampling): Omit<GenerateOptions, "signal"> {
+export function generationOptions(
+  tier: Tier,
+  body: Sampling,
+  maxTokensParam = "max_tokens",
+): Omit<GenerateOptions, "signal"> {
   const maxTokens = body.max_tokens ?? tier.config.default_max_tokens;
   if (maxTokens > tier.config.max_new_tokens) {
     throw new HttpError(
       400,
       "invalid_request_error",
-      `max_tokens ${maxTokens} exceeds tier "${tier.name}"'s max_new_tokens ${tier.config.max_new_tokens}`,
-      "max_tokens",
+      `${maxTokensParam} ${maxTokens} exceeds tier "${tier.name}"'s max_new_tokens ${tier.config.max_new_tokens}`,
+      maxTokensParam,
     );
   }
   const d = tier.config.sampling;

@@ -4,6 +4,7 @@
 
 import { parseArgs, type ParseArgsConfig } from "node:util";
 import type { KvDtype, NativeModelOptions } from "../native/mod.ts";
+import { MAX_SEQUENCE_TOKENS } from "../engine/mod.ts";
 
 /** One `deno task cli <name>` command. */
 export interface CliCommand {
@@ -135,13 +136,15 @@ export function requireString(value: unknown, flag: string): string {
  * @param value the parsed string, or undefined
  * @param flag flag name for messages
  * @param kind "int" for integers, "float" for any finite number
+ * @param range inclusive bounds; `above` is an exclusive lower bound
  * @returns the number, or undefined when the option was not given
- * @throws {UsageError} when the text is not such a number
+ * @throws {UsageError} when the text is not such a number or lies outside the range
  */
 export function parseNumber(
   value: unknown,
   flag: string,
   kind: "int" | "float",
+  range: { min?: number; above?: number; max?: number } = {},
 ): number | undefined {
   if (value === undefined) return undefined;
   const text = String(value).trim();
@@ -151,6 +154,16 @@ export function parseNumber(
       `--${flag} must be ${kind === "int" ? "an integer" : "a number"}, got ${
         JSON.stringify(value)
       }`,
+    );
+  }
+  const { min, above, max } = range;
+  if (
+    (min !== undefined && n < min) || (above !== undefined && n <= above) ||
+    (max !== undefined && n > max)
+  ) {
+    const lower = min !== undefined ? `[${min}` : above !== undefined ? `(${above}` : "(-inf";
+    throw new UsageError(
+      `--${flag} must be in ${lower}, ${max ?? "inf"}], got ${JSON.stringify(value)}`,
     );
   }
   return n;
@@ -250,12 +263,16 @@ export function parseSamplingOptions(values: {
   stop?: string[];
 }): SamplingFlags {
   return {
-    maxTokens: parseNumber(values["max-tokens"], "max-tokens", "int"),
-    temperature: parseNumber(values.temperature, "temperature", "float"),
-    topK: parseNumber(values["top-k"], "top-k", "int"),
-    topP: parseNumber(values["top-p"], "top-p", "float"),
-    minP: parseNumber(values["min-p"], "min-p", "float"),
-    seed: parseNumber(values.seed, "seed", "int"),
+    // The same bounds the HTTP API enforces; seeds are 32-bit like OpenAI's.
+    maxTokens: parseNumber(values["max-tokens"], "max-tokens", "int", {
+      min: 1,
+      max: MAX_SEQUENCE_TOKENS,
+    }),
+    temperature: parseNumber(values.temperature, "temperature", "float", { min: 0, max: 2 }),
+    topK: parseNumber(values["top-k"], "top-k", "int", { min: 0 }),
+    topP: parseNumber(values["top-p"], "top-p", "float", { above: 0, max: 1 }),
+    minP: parseNumber(values["min-p"], "min-p", "float", { min: 0, max: 1 }),
+    seed: parseNumber(values.seed, "seed", "int", { min: 0, max: 2 ** 32 - 1 }),
     stop: values.stop,
   };
 }

@@ -29,14 +29,14 @@ function throwsUsage(f: () => unknown, message: string): void {
 
 Deno.test("`parseSamplingOptions()` returns the given numbers and stop strings, undefined for the rest", () => {
   const argv = ["--max-tokens", "12", "--temperature", "0.7", "--top-k", "40", "--stop", "a"];
-  const v = parseOptions([...argv, "--stop", "\n\n", "--seed=-3"], samplingOptions);
+  const v = parseOptions([...argv, "--stop", "\n\n", "--seed=3"], samplingOptions);
   assert.deepEqual(parseSamplingOptions(v), {
     maxTokens: 12,
     temperature: 0.7,
     topK: 40,
     topP: undefined,
     minP: undefined,
-    seed: -3,
+    seed: 3,
     stop: ["a", "\n\n"],
   });
   assert.deepEqual(
@@ -53,7 +53,7 @@ Deno.test("`parseSamplingOptions()` returns the given numbers and stop strings, 
   );
 });
 
-Deno.test("`parseSamplingOptions()` throws a UsageError naming the flag and quoting the value when a number is malformed", () => {
+Deno.test("`parseSamplingOptions()` throws a UsageError naming the flag and quoting the value when a number is malformed or out of range", () => {
   const cases: [string, string, string][] = [
     ["--max-tokens", "abc", '--max-tokens must be an integer, got "abc"'],
     ["--max-tokens", "1.5", '--max-tokens must be an integer, got "1.5"'],
@@ -63,9 +63,20 @@ Deno.test("`parseSamplingOptions()` throws a UsageError naming the flag and quot
     ["--top-p", "", '--top-p must be a number, got ""'],
     ["--min-p", "0.1x", '--min-p must be a number, got "0.1x"'],
     ["--seed", "9007199254740993", '--seed must be an integer, got "9007199254740993"'],
+    ["--max-tokens", "0", '--max-tokens must be in [1, 32768], got "0"'],
+    ["--max-tokens", "1e12", '--max-tokens must be in [1, 32768], got "1e12"'],
+    ["--temperature", "1e308", '--temperature must be in [0, 2], got "1e308"'],
+    ["--top-k", "-1", '--top-k must be in [0, inf], got "-1"'],
+    ["--top-p", "0", '--top-p must be in (0, 1], got "0"'],
+    ["--min-p", "1.5", '--min-p must be in [0, 1], got "1.5"'],
+    ["--seed", "-1", '--seed must be in [0, 4294967295], got "-1"'],
+    ["--seed", "4294967296", '--seed must be in [0, 4294967295], got "4294967296"'],
   ];
   for (const [flag, value, message] of cases) {
-    throwsUsage(() => parseSamplingOptions(parseOptions([flag, value], samplingOptions)), message);
+    throwsUsage(
+      () => parseSamplingOptions(parseOptions([`${flag}=${value}`], samplingOptions)),
+      message,
+    );
   }
 });
 

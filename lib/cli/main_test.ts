@@ -153,7 +153,11 @@ Deno.test("`cli` prints one error line and exits non-zero for bad usage or a mis
     [["generate", "--model", MODEL, "--prompt", "x", "--max-tokens", "abc"], 2, '"abc"'],
     [["generate", "--model", MODEL, "--prompt", "x", "--bogus"], 2, "bogus"],
     [["generate", "--model", "/nonexistent/model", "--prompt", "x"], 1, "/nonexistent/model"],
-    [["generate", "--model", MODEL, "--prompt", "x", "--top-p", "2"], 1, "topP"],
+    [
+      ["generate", "--model", MODEL, "--prompt", "x", "--top-p", "2"],
+      2,
+      "--top-p must be in (0, 1]",
+    ],
     [["score", "--model", MODEL, "--file", "/nonexistent.txt"], 1, "/nonexistent.txt"],
     [["score", "--model", MODEL, "--file", "x", "--context", "1"], 2, "--context"],
     [["frobnicate"], 2, "unknown command"],

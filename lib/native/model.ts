@@ -27,6 +27,8 @@ export class NativeModel {
   readonly kvDtype: KvDtype;
   /** worker threads the native kernels use (resolved) */
   readonly threads: number;
+  /** resident bytes of the weights in compute layout (BF16 checkpoint weights stay 2 bytes) */
+  readonly weightBytes: number;
   readonly #lib: NativeLibrary;
   #ptr: Deno.PointerObject | null;
   #freeRequested = false;
@@ -43,10 +45,12 @@ export class NativeModel {
     this.config = config;
     this.kvDtype = kvDtype;
     this.threads = lib.symbols.kvr_model_threads(ptr);
+    this.weightBytes = Number(lib.symbols.kvr_model_weight_bytes(ptr));
   }
 
   /**
-   * Loads a checkpoint's weights into native memory (mmap + convert to f32; synchronous).
+   * Loads a checkpoint's weights into native memory (mmap + convert to the compute layout: BF16
+   * weights stay bf16, others become f32; synchronous).
    * @param checkpoint from lib/model loadCheckpoint
    * @param opts kvDtype, threads, lib
    * @returns the model

@@ -14,6 +14,7 @@ export const coreSymbols = {
   },
   kvr_model_free: { parameters: ["pointer"], result: "void" },
   kvr_model_threads: { parameters: ["pointer"], result: "u32" },
+  kvr_model_weight_bytes: { parameters: ["pointer"], result: "u64" },
   kvr_seq_create: { parameters: ["pointer", "u32", "buffer"], result: "i32" },
   kvr_seq_free: { parameters: ["pointer"], result: "void" },
   kvr_seq_length: { parameters: ["pointer"], result: "u32" },

@@ -172,6 +172,9 @@ KVR_API int32_t kvr_model_load(const kvr_model_params* params, const char* paths
 KVR_API void kvr_model_free(kvr_model* model);
 /* Worker threads this model's kernels use (resolved from params.n_threads). */
 KVR_API uint32_t kvr_model_threads(const kvr_model* model);
+/* Resident bytes of the model's weights in compute layout (packed panels, tables, norms, biases):
+ * BF16 checkpoint weights stay bf16 (2 bytes), others are f32. 0 for NULL. */
+KVR_API uint64_t kvr_model_weight_bytes(const kvr_model* model);
 
 /* A sequence owns a KV cache of `capacity` tokens for every layer. */
 KVR_API int32_t kvr_seq_create(kvr_model* model, uint32_t capacity, kvr_seq** out_seq);

@@ -1,10 +1,12 @@
-// The loaded model: validated geometry plus f32 weights in compute layout (linear weights
-// pre-packed for cpu::matmul_xwt; q/k/v and gate/up fused into one packed weight each).
+// The loaded model: validated geometry plus weights in compute layout (linear weights pre-packed
+// for cpu::matmul_xwt, bf16 when the checkpoint's are BF16, else f32; q/k/v and gate/up fused
+// into one packed weight each; norms and biases f32).
 // Immutable after load, shared by every sequence (std::shared_ptr), so concurrent calls on
 // different sequences never write to it. Not the loader itself (model_load.cpp).
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -33,9 +35,12 @@ struct Model {
   int n_threads = 1;
   size_t vocab = 0, hidden = 0, inter = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0;
   size_t q_dim = 0, kv_dim = 0;  // heads*head_dim, kv_heads*head_dim
-  std::vector<float> embed;      // (vocab, hidden) row-major f32, for token lookup
+  // Token lookup table (vocab, hidden) row-major: exactly one of the two is non-empty
+  // (embed_bf16 when the checkpoint's embedding is BF16 and KVRELAY_WEIGHTS_F32 is not 1).
+  std::vector<float> embed;          // f32
+  std::vector<uint16_t> embed_bf16;  // bf16 bit patterns, widened exactly on lookup
   std::vector<float> final_norm; // (hidden)
-  cpu::PackedWeight lm_head;     // (vocab, hidden); a packed copy of embed when tied
+  cpu::PackedWeight lm_head;     // (vocab, hidden); a packed copy of the embedding when tied
   std::vector<LayerWeights> layer;
   std::vector<double> inv_freq;  // (head_dim/2) RoPE inverse frequencies after rope_scaling, rad/token
 };

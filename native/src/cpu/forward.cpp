@@ -53,7 +53,12 @@ void forward_chunk(const Model& m, KvCache& kv, const int32_t* tokens, size_t n,
   // Embeddings and RoPE tables (double precision angles, rounded to f32).
 #pragma omp parallel for num_threads(nt) schedule(static) if (par_rows)
   for (size_t i = 0; i < n; ++i) {
-    std::copy_n(m.embed.data() + static_cast<size_t>(tokens[i]) * H, H, x + i * H);
+    const size_t row = static_cast<size_t>(tokens[i]) * H;
+    if (m.embed_bf16.empty()) {
+      std::copy_n(m.embed.data() + row, H, x + i * H);
+    } else {
+      to_f32(m.embed_bf16.data() + row, KVR_DTYPE_BF16, x + i * H, H);
+    }
     const double pos = static_cast<double>(pos0 + i);
     for (size_t d = 0; d < half; ++d) {
       const double ang = pos * m.inv_freq[d];

@@ -1,9 +1,9 @@
-// Packed single-precision GEMM y (m, n) = x (m, k) · Wᵀ: weight packing, cache blocking, OpenMP
-// work split and runtime kernel dispatch (AVX2+FMA or portable). The micro-kernels themselves
-// live in gemm_avx2.cpp / gemm_generic.cpp; this file has no ISA-specific code.
+// Packed single-precision GEMM y (m, n) = x (m, k) · Wᵀ (W packed as f32 or bf16): weight packing,
+// cache blocking, bf16 panel widening, OpenMP work split and runtime kernel dispatch (AVX2+FMA or
+// portable). The micro-kernels themselves live in gemm_avx2.cpp / gemm_generic.cpp; this file has
+// no ISA-specific code.
 // Layout, blocking and measured numbers: docs/gemm.md.
 #include "cpu/gemm.h"
-
 
 #include <algorithm>
 #include <cstdint>
@@ -79,18 +79,26 @@ void pack_a(const float* x, size_t ldx, size_t mc, size_t kc, float* dst) {
   }
 }
 
+// The tile kernel for mr rows over f32 or bf16 panel slices.
+inline detail::TileFn tile(const KernelTable& kt, size_t mr, const float*) { return kt.tile[mr]; }
+inline detail::TileBf16Fn tile(const KernelTable& kt, size_t mr, const uint16_t*) {
+  return kt.tile_bf16[mr];
+}
+
 // y rows [0, mc) x columns of panel slice bp (kc, 16) (+)= packed A rows · bp, tile by tile.
 // a: first packed tile of the rows, a_stride floats between tiles (A tiles are (kc', 6) with
-// kc' >= kc; the slice for this k block starts at a). ncol <= 16 valid columns at y.
+// kc' >= kc; the slice for this k block starts at a). ncol <= 16 valid columns at y. bp is f32,
+// or bf16 when the table has direct bf16 tiles.
+template <typename T>
 void run_tiles(const KernelTable& kt, const float* a, size_t a_stride, size_t mc, size_t kc,
-               const float* bp, float* y, size_t ldy, size_t ncol, bool load) {
+               const T* bp, float* y, size_t ldy, size_t ncol, bool load) {
   alignas(64) float tmp[kTileRows * kPanelWidth];
   for (size_t ir = 0; ir < mc; ir += kTileRows) {
     const size_t mr = std::min(kTileRows, mc - ir);
     const float* at = a + (ir / kTileRows) * a_stride;
     float* cp = y + ir * ldy;
     if (ncol == kPanelWidth) {
-      kt.tile[mr](kc, at, bp, cp, ldy, load);
+      tile(kt, mr, bp)(kc, at, bp, cp, ldy, load);
     } else {
       // Column tail: compute the full 16-wide tile into tmp, copy the valid columns.
       if (load) {
@@ -98,12 +106,24 @@ void run_tiles(const KernelTable& kt, const float* a, size_t a_stride, size_t mc
           std::memcpy(tmp + r * kPanelWidth, cp + r * ldy, ncol * sizeof(float));
         }
       }
-      kt.tile[mr](kc, at, bp, tmp, kPanelWidth, load);
+      tile(kt, mr, bp)(kc, at, bp, tmp, kPanelWidth, load);
       for (size_t r = 0; r < mr; ++r) {
         std::memcpy(cp + r * ldy, tmp + r * kPanelWidth, ncol * sizeof(float));
       }
     }
   }
+}
+
+// The (kc, 16) slice of panel p starting at k offset pc, as f32: f32 weights are read in place;
+// bf16 weights are widened exactly into buf (kKC * 16 floats) first, once per slice, so the f32
+// tile kernels then run unchanged (same operands, same bits), the widening amortised over the
+// rows of the block. Used for bf16 only when the kernel table has no direct bf16 tiles (generic);
+// the AVX2 tiles widen in registers instead (see docs/gemm.md "bf16 weights").
+const float* panel_slice(const KernelTable& kt, const PackedWeight& w, size_t p, size_t pc,
+                         size_t kc, float* buf) {
+  if (!w.is_bf16()) return w.panel(p) + pc * kPanelWidth;
+  kt.widen_bf16(kc * kPanelWidth, w.panel_bf16(p) + pc * kPanelWidth, buf);
+  return buf;
 }
 
 // Rows [m0, m1) of y against every weight panel: A packed block by block (MC, KC) into this
@@ -112,6 +132,8 @@ void gemm_rows(const KernelTable& kt, const float* x, size_t ldx, const PackedWe
                size_t ldy, bool accumulate, size_t m0, size_t m1) {
   const size_t n = w.rows(), k = w.cols(), panels = w.panels();
   float* apack = a_scratch();
+  const bool direct_bf16 = w.is_bf16() && kt.tile_bf16[1] != nullptr;
+  alignas(64) float bbuf[kKC * kPanelWidth];  // widened bf16 panel slice (16 KiB)
   for (size_t pc = 0; pc < k; pc += kKC) {
     const size_t kc = std::min(kKC, k - pc);
     const bool load = accumulate || pc > 0;
@@ -119,9 +141,14 @@ void gemm_rows(const KernelTable& kt, const float* x, size_t ldx, const PackedWe
       const size_t mc = std::min(kMC, m1 - ic);
       pack_a(x + ic * ldx + pc, ldx, mc, kc, apack);
       for (size_t p = 0; p < panels; ++p) {
-        const size_t col = p * kPanelWidth;
-        run_tiles(kt, apack, kc * kTileRows, mc, kc, w.panel(p) + pc * kPanelWidth,
-                  y + ic * ldy + col, ldy, std::min(kPanelWidth, n - col), load);
+        const size_t col = p * kPanelWidth, ncol = std::min(kPanelWidth, n - col);
+        if (direct_bf16) {
+          run_tiles(kt, apack, kc * kTileRows, mc, kc, w.panel_bf16(p) + pc * kPanelWidth,
+                    y + ic * ldy + col, ldy, ncol, load);
+        } else {
+          run_tiles(kt, apack, kc * kTileRows, mc, kc, panel_slice(kt, w, p, pc, kc, bbuf),
+                    y + ic * ldy + col, ldy, ncol, load);
+        }
       }
     }
   }
@@ -132,19 +159,27 @@ void gemm_rows(const KernelTable& kt, const float* x, size_t ldx, const PackedWe
 void gemm_panels(const KernelTable& kt, const float* apack, size_t m, const PackedWeight& w,
                  float* y, size_t ldy, bool accumulate, size_t p0, size_t p1) {
   const size_t n = w.rows(), k = w.cols();
+  const bool direct_bf16 = w.is_bf16() && kt.tile_bf16[1] != nullptr;
+  alignas(64) float bbuf[kKC * kPanelWidth];  // widened bf16 panel slice (16 KiB)
   for (size_t pc = 0; pc < k; pc += kKC) {
     const size_t kc = std::min(kKC, k - pc);
     const bool load = accumulate || pc > 0;
     for (size_t p = p0; p < p1; ++p) {
-      const size_t col = p * kPanelWidth;
-      run_tiles(kt, apack + pc * kTileRows, k * kTileRows, m, kc, w.panel(p) + pc * kPanelWidth,
-                y + col, ldy, std::min(kPanelWidth, n - col), load);
+      const size_t col = p * kPanelWidth, ncol = std::min(kPanelWidth, n - col);
+      if (direct_bf16) {
+        run_tiles(kt, apack + pc * kTileRows, k * kTileRows, m, kc,
+                  w.panel_bf16(p) + pc * kPanelWidth, y + col, ldy, ncol, load);
+      } else {
+        run_tiles(kt, apack + pc * kTileRows, k * kTileRows, m, kc,
+                  panel_slice(kt, w, p, pc, kc, bbuf), y + col, ldy, ncol, load);
+      }
     }
   }
 }
 
-// One row (decode) against weight panels [p0, p1) of y (n); x is read in place. Blocked over k
-// like gemm_rows so each output is summed in the same order as on the tile path.
+// One row (decode) against weight panels [p0, p1) of y (n); x is read in place, bf16 panels are
+// read directly (widened in registers). Blocked over k like gemm_rows so each output is summed in
+// the same order as on the tile path.
 void gemv_panels(const KernelTable& kt, const float* x, const PackedWeight& w, float* y,
                  bool accumulate, size_t p0, size_t p1) {
   const size_t n = w.rows(), k = w.cols();
@@ -157,11 +192,22 @@ void gemv_panels(const KernelTable& kt, const float* x, const PackedWeight& w, f
   for (size_t pc = 0; pc < k; pc += kKC) {
     const size_t kc = std::min(kKC, k - pc);
     const bool load = accumulate || pc > 0;
+    const size_t off = pc * kPanelWidth;
     if (full_end > p0) {
-      kt.gemv(kc, x + pc, w.panel(p0) + pc * kPanelWidth, stride, full_end - p0,
-              y + p0 * kPanelWidth, load);
+      if (w.is_bf16()) {
+        kt.gemv_bf16(kc, x + pc, w.panel_bf16(p0) + off, stride, full_end - p0,
+                     y + p0 * kPanelWidth, load);
+      } else {
+        kt.gemv(kc, x + pc, w.panel(p0) + off, stride, full_end - p0, y + p0 * kPanelWidth, load);
+      }
     }
-    if (tail) kt.gemv(kc, x + pc, w.panel(full_end) + pc * kPanelWidth, stride, 1, tmp, load);
+    if (tail) {
+      if (w.is_bf16()) {
+        kt.gemv_bf16(kc, x + pc, w.panel_bf16(full_end) + off, stride, 1, tmp, load);
+      } else {
+        kt.gemv(kc, x + pc, w.panel(full_end) + off, stride, 1, tmp, load);
+      }
+    }
   }
   if (tail) std::memcpy(y + col, tmp, (n - col) * sizeof(float));
 }
@@ -184,25 +230,44 @@ void split_range(size_t count, size_t parts, size_t i, size_t* begin, size_t* en
 
 }  // namespace
 
+namespace {
+
+// Packs w (n, k) row-major into ceil(n/16) (k, 16) k-major panels at dst; columns past n zero.
+template <typename T>
+void pack_panels(const T* w, size_t n, size_t k, T* dst) {
+  const size_t panels = (n + kPanelWidth - 1) / kPanelWidth;
+  for (size_t pi = 0; pi < panels; ++pi) {
+    T* panel = dst + pi * k * kPanelWidth;
+    for (size_t c = 0; c < kPanelWidth; ++c) {
+      const size_t row = pi * kPanelWidth + c;
+      if (row < n) {
+        const T* src = w + row * k;
+        for (size_t t = 0; t < k; ++t) panel[t * kPanelWidth + c] = src[t];
+      } else {
+        for (size_t t = 0; t < k; ++t) panel[t * kPanelWidth + c] = T{0};
+      }
+    }
+  }
+}
+
+}  // namespace
+
 PackedWeight PackedWeight::pack(const float* w, size_t n, size_t k) {
   PackedWeight p;
   p.n_ = n;
   p.k_ = k;
-  const size_t panels = p.panels();
-  p.data_.resize(panels * k * kPanelWidth);
-  float* dst = p.data_.data();
-  for (size_t pi = 0; pi < panels; ++pi) {
-    float* panel = dst + pi * k * kPanelWidth;
-    for (size_t c = 0; c < kPanelWidth; ++c) {
-      const size_t row = pi * kPanelWidth + c;
-      if (row < n) {
-        const float* src = w + row * k;
-        for (size_t t = 0; t < k; ++t) panel[t * kPanelWidth + c] = src[t];
-      } else {
-        for (size_t t = 0; t < k; ++t) panel[t * kPanelWidth + c] = 0.f;
-      }
-    }
-  }
+  p.data_.resize(p.panels() * k * kPanelWidth);
+  pack_panels(w, n, k, p.data_.data());
+  return p;
+}
+
+PackedWeight PackedWeight::pack_bf16(const uint16_t* w, size_t n, size_t k) {
+  PackedWeight p;
+  p.n_ = n;
+  p.k_ = k;
+  p.bf16_ = true;
+  p.data16_.resize(p.panels() * k * kPanelWidth);
+  pack_panels(w, n, k, p.data16_.data());
   return p;
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <new>
 #include <vector>
@@ -35,26 +36,38 @@ struct AlignedAllocator {
 // Output columns per packed micro-panel (two 8-lane ymm registers).
 constexpr size_t kPanelWidth = 16;
 
-// A weight W (n rows = output features, k cols = input features), row-major f32 on input,
-// stored in the layout the micro-kernel reads: ceil(n/16) panels, each (k, 16) k-major,
-// columns beyond n zero. Immutable after pack(); safe to share across threads.
+// A weight W (n rows = output features, k cols = input features), row-major on input, stored in
+// the layout the micro-kernel reads: ceil(n/16) panels, each (k, 16) k-major, columns beyond n
+// zero. Elements are f32, or bf16 (the upper 16 bits of an f32) when packed from a bf16 source:
+// the kernels widen bf16 exactly (<< 16) on the fly, so a bf16 weight gives bit-identical results
+// to the f32 weight holding the same values, at half the bytes. Immutable after pack(); safe to
+// share across threads.
 class PackedWeight {
  public:
   PackedWeight() = default;
-  // Copies and repacks w (n, k) row-major. Throws std::bad_alloc on allocation failure.
+  // Copies and repacks w (n, k) row-major f32. Throws std::bad_alloc on allocation failure.
   static PackedWeight pack(const float* w, size_t n, size_t k);
+  // Copies and repacks w (n, k) row-major bf16 bit patterns, kept as bf16. Throws std::bad_alloc.
+  static PackedWeight pack_bf16(const uint16_t* w, size_t n, size_t k);
   size_t rows() const { return n_; }  // n: output features
   size_t cols() const { return k_; }  // k: input features
-  const float* data() const { return data_.data(); }
-  size_t size_bytes() const { return data_.size() * sizeof(float); }
+  bool is_bf16() const { return bf16_; }
+  // Resident bytes of the packed panels (padding columns included).
+  size_t size_bytes() const {
+    return data_.size() * sizeof(float) + data16_.size() * sizeof(uint16_t);
+  }
   size_t panels() const { return (n_ + kPanelWidth - 1) / kPanelWidth; }
-  // Panel p (16 output columns p*16 .. p*16+15): (k, 16) floats, k-major, 64-byte aligned.
+  // Panel p (16 output columns p*16 .. p*16+15): (k, 16) elements, k-major, 64-byte aligned.
+  // panel() only for f32 weights, panel_bf16() only for bf16 ones (is_bf16()).
   const float* panel(size_t p) const { return data_.data() + p * k_ * kPanelWidth; }
+  const uint16_t* panel_bf16(size_t p) const { return data16_.data() + p * k_ * kPanelWidth; }
 
  private:
   size_t n_ = 0;
   size_t k_ = 0;
-  std::vector<float, AlignedAllocator<float>> data_;
+  bool bf16_ = false;
+  std::vector<float, AlignedAllocator<float>> data_;        // f32 panels, or empty
+  std::vector<uint16_t, AlignedAllocator<uint16_t>> data16_;  // bf16 panels, or empty
 };
 
 // y (m, n) with row stride ldy = x (m, k) with row stride ldx · Wᵀ; when accumulate, y += x · Wᵀ.

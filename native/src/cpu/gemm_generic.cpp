@@ -1,6 +1,7 @@
 // Portable micro-kernels for the packed GEMM (plain C++, auto-vectorised at the baseline ISA):
 // the fallback for CPUs without AVX2/FMA and the path KVRELAY_CPU_KERNEL=generic forces.
 // Same packed layout and contracts as gemm_avx2.cpp (see gemm_kernels.h).
+#include <cstdint>
 #include <cstring>
 
 #include "cpu/gemm_kernels.h"
@@ -43,11 +44,22 @@ inline V4 load4(const float* p) {
   return v;
 }
 
-// See GemvFn: one accumulator per output, summed over kc in order (as tile_generic does).
-void gemv_generic(size_t kc, const float* x, const float* b, size_t panel_stride,
-                  size_t n_panels, float* y, bool load_y) {
+// Four bf16 bit patterns widened exactly (<< 16) to the f32 values they encode.
+inline V4 load4(const uint16_t* p) {
+  uint32_t u[4];
+  for (int i = 0; i < 4; ++i) u[i] = static_cast<uint32_t>(p[i]) << 16;
+  V4 v;
+  std::memcpy(&v, u, sizeof(v));
+  return v;
+}
+
+// See GemvFn / GemvBf16Fn: one accumulator per output, summed over kc in order (as tile_generic
+// does); bf16 panels are widened before the multiply, so both element types give the same bits.
+template <typename T>
+void gemv_generic(size_t kc, const float* x, const T* b, size_t panel_stride, size_t n_panels,
+                  float* y, bool load_y) {
   for (size_t q = 0; q < n_panels; ++q) {
-    const float* bq = b + q * panel_stride;
+    const T* bq = b + q * panel_stride;
     V4 acc[4] = {};
     for (size_t t = 0; t < kc; ++t) {
       const float xs = x[t];
@@ -61,6 +73,14 @@ void gemv_generic(size_t kc, const float* x, const float* b, size_t panel_stride
   }
 }
 
+// See WidenBf16Fn.
+void widen_bf16_generic(size_t count, const uint16_t* src, float* dst) {
+  for (size_t i = 0; i < count; ++i) {
+    const uint32_t u = static_cast<uint32_t>(src[i]) << 16;
+    std::memcpy(dst + i, &u, sizeof(u));
+  }
+}
+
 }  // namespace
 
 const KernelTable& generic_kernels() {
@@ -68,7 +88,10 @@ const KernelTable& generic_kernels() {
       "generic",
       {nullptr, &tile_generic<1>, &tile_generic<2>, &tile_generic<3>, &tile_generic<4>,
        &tile_generic<5>, &tile_generic<6>},
-      &gemv_generic};
+      {},  // no direct bf16 tiles: the driver widens bf16 panel slices for tile_generic
+      &gemv_generic<float>,
+      &gemv_generic<uint16_t>,
+      &widen_bf16_generic};
   return table;
 }
 

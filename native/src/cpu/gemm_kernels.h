@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 namespace kvr::cpu::detail {
 
@@ -24,10 +25,29 @@ using TileFn = void (*)(size_t kc, const float* a, const float* b, float* c, siz
 using GemvFn = void (*)(size_t kc, const float* x, const float* b, size_t panel_stride,
                         size_t n_panels, float* y, bool load_y);
 
+// TileFn over a bf16 panel slice b (kc, 16), each element widened exactly (<< 16) in registers:
+// the same multiply-adds in the same order as TileFn on the widened slice, so bit-identical.
+using TileBf16Fn = void (*)(size_t kc, const float* a, const uint16_t* b, float* c, size_t ldc,
+                            bool load_c);
+
+// GemvFn over bf16 panels (b holds bf16 bit patterns): each element widened exactly (<< 16) and
+// then the same multiply-adds in the same order as GemvFn, so the result is bit-identical to
+// GemvFn over the widened panels.
+using GemvBf16Fn = void (*)(size_t kc, const float* x, const uint16_t* b, size_t panel_stride,
+                            size_t n_panels, float* y, bool load_y);
+
+// dst (count) = src (count) bf16 bit patterns widened exactly to f32 (bits << 16).
+using WidenBf16Fn = void (*)(size_t count, const uint16_t* src, float* dst);
+
 struct KernelTable {
   const char* name;
   TileFn tile[kTileRows + 1];  // tile[mr] for mr = 1..6; tile[0] unused
+  // tile_bf16[mr] for mr = 1..6, or all null when the table has none (the driver then widens
+  // each bf16 panel slice into an f32 buffer and runs `tile`)
+  TileBf16Fn tile_bf16[kTileRows + 1];
   GemvFn gemv;
+  GemvBf16Fn gemv_bf16;
+  WidenBf16Fn widen_bf16;
 };
 
 const KernelTable& generic_kernels();

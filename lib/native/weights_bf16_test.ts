@@ -1,0 +1,103 @@
+// Oracle test for bf16-resident weights: a default load keeps BF16 checkpoint weights as bf16 and
+// widens them exactly in the kernels, so its logits must be bit-identical to a load forced to f32
+// weights (KVRELAY_WEIGHTS_F32=1, the previous engine). Not a numerical-accuracy test (that is
+// tests/native_vs_reference_test.ts). Needs the built library (`deno task build:native`, or KVRELAY_LIB).
+
+import assert from "node:assert/strict";
+import { NativeModel } from "./model.ts";
+import { checkpoint, DEMO_DIRS, tokens } from "./test_helpers.ts";
+
+const PREFILL = 64;
+const SMALL_PREFILL = 5;
+const DECODE_STEPS = 16;
+const F32_ENV = "KVRELAY_WEIGHTS_F32";
+
+/** Largest |a[i] - b[i]| (NaN-aware: a NaN on either side counts as Infinity unless both are). */
+function maxAbsDiff(a: Float32Array, b: Float32Array): number {
+  assert.equal(a.length, b.length, "logit lengths differ");
+  let d = 0;
+  for (let i = 0; i < a.length; i++) {
+    const x = a[i], y = b[i];
+    if (Number.isNaN(x) || Number.isNaN(y)) {
+      if (!(Number.isNaN(x) && Number.isNaN(y))) return Infinity;
+      continue;
+    }
+    d = Math.max(d, Math.abs(x - y));
+  }
+  return d;
+}
+
+/** Loads dir with KVRELAY_WEIGHTS_F32 set to `f32` ("1") or unset, restoring the variable after. */
+async function load(dir: string, f32: boolean, threads: number): Promise<NativeModel> {
+  const saved = Deno.env.get(F32_ENV);
+  try {
+    if (f32) Deno.env.set(F32_ENV, "1");
+    else Deno.env.delete(F32_ENV);
+    return NativeModel.load(await checkpoint(dir), { threads });
+  } finally {
+    if (saved === undefined) Deno.env.delete(F32_ENV);
+    else Deno.env.set(F32_ENV, saved);
+  }
+}
+
+/**
+ * Logits of a 64-token allPositions prefill, of a 5-token allPositions prefill after it (the
+ * few-rows GEMM path), then of 16 decode steps (one array each).
+ */
+async function run(model: NativeModel, seed: number): Promise<Float32Array[]> {
+  const vocab = model.config.vocabSize;
+  using seq = model.createSequence(PREFILL + SMALL_PREFILL + DECODE_STEPS);
+  const out = [await seq.prefill(tokens(PREFILL, vocab, seed), { allPositions: true })];
+  out.push(await seq.prefill(tokens(SMALL_PREFILL, vocab, seed + 2), { allPositions: true }));
+  const next = tokens(DECODE_STEPS, vocab, seed + 1);
+  for (let i = 0; i < DECODE_STEPS; i++) out.push(await seq.decode(next[i]));
+  return out;
+}
+
+/** Name of step s of run(). */
+function stepName(s: number): string {
+  if (s === 0) return `prefill(${PREFILL}, allPositions)`;
+  if (s === 1) return `prefill(${SMALL_PREFILL}, allPositions)`;
+  return `decode step ${s - 1}`;
+}
+
+const IDENTITY_TEST = "`NativeModel.load()` gives bit-identical logits with bf16 and f32 weights";
+
+for (const threads of [1, 2]) {
+  Deno.test(`${IDENTITY_TEST} (${threads} thread${threads > 1 ? "s" : ""})`, async () => {
+    for (const [i, dir] of DEMO_DIRS.entries()) {
+      using bf16 = await load(dir, false, threads);
+      using f32 = await load(dir, true, threads);
+      // The demo checkpoints are BF16: only norms (and biases) stay f32, so the default load must
+      // hold about half the bytes — otherwise both loads took the f32 path and this test proves
+      // nothing.
+      const ratio = bf16.weightBytes / f32.weightBytes;
+      assert.ok(ratio > 0.49 && ratio < 0.52, `${dir}: bf16/f32 weight bytes = ${ratio}`);
+      const a = await run(bf16, 1000 + i);
+      const b = await run(f32, 1000 + i);
+      for (let s = 0; s < a.length; s++) {
+        const what = stepName(s);
+        assert.ok(a[s].every(Number.isFinite), `${dir}: ${what} has non-finite logits`);
+        const d = maxAbsDiff(a[s], b[s]);
+        assert.equal(d, 0, `${dir} (${threads} threads): ${what}: max |bf16 - f32| = ${d}`);
+      }
+    }
+  });
+}
+
+Deno.test({
+  name: `${IDENTITY_TEST} with KVRELAY_CPU_KERNEL=generic`,
+  // The kernel is chosen once per process: rerun the identity tests in a child that forces it.
+  ignore: Deno.env.get("KVRELAY_CPU_KERNEL") === "generic",
+  async fn() {
+    const { code, stdout, stderr } = await new Deno.Command(Deno.execPath(), {
+      args: ["test", "-A", "--no-check", "--filter", IDENTITY_TEST, import.meta.filename!],
+      env: { KVRELAY_CPU_KERNEL: "generic", NO_COLOR: "1" },
+      stdout: "piped",
+      stderr: "piped",
+    }).output();
+    const text = new TextDecoder().decode(stdout) + new TextDecoder().decode(stderr);
+    assert.equal(code, 0, `generic-kernel child failed:\n${text}`);
+    assert.match(text, /ok \| 2 passed/, `generic-kernel child ran no identity test:\n${text}`);
+  },
+});

@@ -87,6 +87,29 @@ void row_tile_generic(const float* q, const float* kt, const float* vt, size_t c
 }
 
 #if KVR_X86
+// Online-softmax step for one row of c scaled scores: s[j] ← exp(s[j] − mnew) with
+// mnew = max(m_old, mx); returns Σ s[j] and sets *corr = exp(m_old − mnew) (0 when m_old = −inf),
+// the factor the row's running sum and output accumulator are rescaled by.
+KVR_TARGET_AVX2 float exp_scores_avx2(float* s, size_t c, float m_old, float mx, float* mnew,
+                                      float* corr) {
+  *mnew = std::max(m_old, mx);
+  *corr = std::exp(m_old - *mnew);
+  const __m256 mv = _mm256_set1_ps(*mnew);
+  __m256 sv = _mm256_setzero_ps();
+  size_t j = 0;
+  for (; j + 8 <= c; j += 8) {
+    const __m256 p = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), mv));
+    _mm256_storeu_ps(s + j, p);
+    sv = _mm256_add_ps(sv, p);
+  }
+  float sum = hsum8(sv);
+  for (; j < c; ++j) {
+    s[j] = std::exp(s[j] - *mnew);
+    sum += s[j];
+  }
+  return sum;
+}
+
 KVR_TARGET_AVX2 void row_tile_avx2(const float* q, const float* kt, const float* vt, size_t c, size_t hd, float scale,
                                    float* s, float* m, float* l, float* acc) {
   const size_t hd8 = hd & ~size_t{7};
@@ -136,21 +159,8 @@ KVR_TARGET_AVX2 void row_tile_avx2(const float* q, const float* kt, const float*
     s[j] = d * scale;
     mx = std::max(mx, s[j]);
   }
-  const float mnew = std::max(*m, mx);
-  const float corr = std::exp(*m - mnew);
-  const __m256 mv = _mm256_set1_ps(mnew);
-  __m256 sv = _mm256_setzero_ps();
-  j = 0;
-  for (; j + 8 <= c; j += 8) {
-    const __m256 p = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), mv));
-    _mm256_storeu_ps(s + j, p);
-    sv = _mm256_add_ps(sv, p);
-  }
-  float sum = hsum8(sv);
-  for (; j < c; ++j) {
-    s[j] = std::exp(s[j] - mnew);
-    sum += s[j];
-  }
+  float mnew, corr;
+  const float sum = exp_scores_avx2(s, c, *m, mx, &mnew, &corr);
   const __m256 cv = _mm256_set1_ps(corr);
   size_t t = 0;
   for (; t + 32 <= hd8; t += 32) {
@@ -306,22 +316,9 @@ KVR_TARGET_AVX2 void block_tile_avx2(const float* const* q, const size_t* cnt, s
       s[j] *= scale;
       mx = std::max(mx, s[j]);
     }
-    const float mnew = std::max(m[r], mx);
-    const float corr = std::exp(m[r] - mnew);
-    const __m256 mv = _mm256_set1_ps(mnew);
-    __m256 sv = _mm256_setzero_ps();
-    j = 0;
-    for (; j + 8 <= c; j += 8) {
-      const __m256 p = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), mv));
-      _mm256_storeu_ps(s + j, p);
-      sv = _mm256_add_ps(sv, p);
-    }
-    float sum = hsum8(sv);
-    for (; j < c; ++j) {
-      s[j] = std::exp(s[j] - mnew);
-      sum += s[j];
-    }
-    for (; j < tl; ++j) s[j] = 0.f;
+    float mnew, corr;
+    const float sum = exp_scores_avx2(s, c, m[r], mx, &mnew, &corr);
+    for (j = c; j < tl; ++j) s[j] = 0.f;
     l[r] = l[r] * corr + sum;
     m[r] = mnew;
     if (corr != 1.f) {

@@ -1,5 +1,5 @@
 // Public face of lib/config: the deployment config schema (zod) and its loader (file + env).
-// Not model loading or serving: functions/shared/runtime.ts turns a config into loaded tiers.
+// Not model loading or serving: lib/serve/runtime.ts turns a config into loaded tiers.
 export {
   type ConfigFile,
   configSchema,

@@ -56,6 +56,12 @@ typedef enum kvr_arch {
   KVR_ARCH_QWEN3 = 3  /* per-head q_norm/k_norm (RMSNorm over head_dim) before RoPE */
 } kvr_arch;
 
+/* Compute backend of a model (chosen per model at load). "auto" is resolved by the caller. */
+typedef enum kvr_backend {
+  KVR_BACKEND_CPU = 0, /* always available; the reference */
+  KVR_BACKEND_CUDA = 1 /* an NVIDIA GPU; KVR_ERR_UNSUPPORTED in a build without CUDA */
+} kvr_backend;
+
 typedef enum kvr_rope_scaling {
   KVR_ROPE_NONE = 0,
   KVR_ROPE_LINEAR = 1, /* positions divided by factor */

@@ -205,7 +205,8 @@ export function parseRepairList(text: string, flag: string): number[] {
  * Native options from modelLoadOptions (--threads, --kv-dtype, --backend, --device).
  *
  * @param values parsed values holding `threads`, `kv-dtype`, `backend` and `device`
- * @returns NativeModelOptions (threads 0 = all cores; kvDtype default f32; backend default auto)
+ * @returns NativeModelOptions (threads 0 = all cores; kvDtype default f32; backend default auto,
+ *   whose CPU fallback is logged only when --backend auto was given)
  * @throws {UsageError} for a bad thread count, an unknown dtype or backend, or a bad device
  */
 export function parseModelLoadOptions(
@@ -224,7 +225,14 @@ export function parseModelLoadOptions(
     throw new UsageError(`--backend must be auto, cpu or cuda, got ${JSON.stringify(backend)}`);
   }
   const device = parseNumber(values.device, "device", "int", { min: 0, max: 0x7fffffff });
-  return { threads, kvDtype: kv as KvDtype | undefined, backend: backend as BackendChoice, device };
+  return {
+    threads,
+    kvDtype: kv as KvDtype | undefined,
+    backend: backend as BackendChoice,
+    device,
+    // the implicit default says nothing when it lands on the CPU; an explicit --backend auto does
+    logAutoFallback: values.backend !== undefined,
+  };
 }
 
 /** Checkpoint and projector directories from pairOptions / migrationOptions. */

@@ -82,7 +82,7 @@ Deno.test("`parseSamplingOptions()` throws a UsageError naming the flag and quot
 
 Deno.test("`parseModelLoadOptions()` reads --threads and --kv-dtype and rejects bad values with the flag and value", () => {
   const load = (...argv: string[]) => parseModelLoadOptions(parseOptions(argv, modelOptions));
-  const none = { backend: "auto", device: undefined };
+  const none = { backend: "auto", device: undefined, logAutoFallback: false };
   assert.deepEqual(load(), { threads: undefined, kvDtype: undefined, ...none });
   assert.deepEqual(load("--threads", "0", "--kv-dtype", "bf16"), {
     threads: 0,
@@ -102,7 +102,10 @@ Deno.test("`parseModelLoadOptions()` reads --threads and --kv-dtype and rejects 
 
 Deno.test("`parseModelLoadOptions()` reads --backend and --device and rejects bad values with the flag and value", () => {
   const load = (...argv: string[]) => parseModelLoadOptions(parseOptions(argv, modelOptions));
-  for (const b of ["auto", "cpu", "cuda"]) assert.equal(load("--backend", b).backend, b);
+  for (const b of ["auto", "cpu", "cuda"]) {
+    assert.equal(load("--backend", b).backend, b);
+    assert.equal(load("--backend", b).logAutoFallback, true);
+  }
   assert.equal(load("--device", "3").device, 3);
   assert.equal(load("--backend=cuda", "--device=1").device, 1);
   throwsUsage(() => load("--backend", "gpu"), '--backend must be auto, cpu or cuda, got "gpu"');

@@ -176,7 +176,7 @@ Deno.test("`cli` prints one error line and exits non-zero for bad usage or a mis
   assert(help.stdout.includes("--max-tokens"));
 });
 
-Deno.test("`cli generate --backend cuda` fails with the CUDA probe's reason; --backend auto runs on the CPU and says why once", async () => {
+Deno.test("`cli generate --backend cuda` fails with the CUDA probe's reason; --backend auto runs on the CPU and says why once (the implicit default quietly)", async () => {
   const { probeBackend } = await import("../native/mod.ts");
   const reason = probeBackend("cuda").info;
   const args = ["generate", "--model", MODEL, "--prompt", "Hello", "--max-tokens", "2"];
@@ -193,4 +193,7 @@ Deno.test("`cli generate --backend cuda` fails with the CUDA probe's reason; --b
     [`kvrelay: backend auto → cpu (CUDA unavailable: ${reason})`],
   );
   assertEquals(cpu.stderr.includes("backend auto"), false);
+  const implicit = await cli(...args, "--threads", "1"); // default auto: quiet on the CPU
+  assertEquals(implicit.stdout, cpu.stdout);
+  assertEquals(implicit.stderr.includes("backend auto"), false, implicit.stderr);
 });

@@ -20,6 +20,9 @@ export interface NativeModelOptions {
   /** compute backend (default "cpu"); "auto" = CUDA when its probe succeeds, else the CPU (the
    *  probe's reason is logged once per process, see noteAutoFallback) */
   backend?: BackendChoice;
+  /** log auto's CPU fallback (once per process; default true). The CLI's implicit default
+   *  backend sets false: there the CPU on a machine without a GPU is no news. */
+  logAutoFallback?: boolean;
   /** device ordinal for the backend (CUDA; default 0) */
   device?: number;
   /** library to use (default openNativeLibrary()) */
@@ -96,7 +99,9 @@ export class NativeModel {
     let backend: NativeBackend;
     if (choice === "auto") {
       const r = resolveBackend("auto", device, lib);
-      if (r.fallbackReason !== undefined) noteAutoFallback(r.fallbackReason);
+      if (r.fallbackReason !== undefined && opts.logAutoFallback !== false) {
+        noteAutoFallback(r.fallbackReason);
+      }
       backend = r.backend;
       device = r.device;
     } else {

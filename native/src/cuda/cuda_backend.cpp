@@ -255,7 +255,7 @@ CudaBackend::CudaBackend(const ModelGeometry& g, const TensorTable& t, int32_t d
   ck(attention_init(), "attention_init");
   lt::CublasLt& lt = lt::CublasLt::instance();
   if (lt.ok()) lt_ = &lt;
-  desc_ = "cuda:" + std::to_string(device) + " " + info;
+  desc_ = info;
 
   // Embedding table (vocab, hidden): kept bf16 when BF16; doubles as the tied lm_head.
   const TensorView* emb = t.find(KVR_T_EMBED);

@@ -51,7 +51,8 @@ int32_t cuda_probe(int32_t device, std::string& info) {
     int driver = 0;
     cudaDriverGetVersion(&driver);
     const cuda::lt::CublasLt& lt = cuda::lt::CublasLt::instance();
-    info = format("%s, compute capability %d.%d, %d SMs, %.1f GiB, driver %d.%d, cuBLASLt %s", prop.name, prop.major,
+    info = format("cuda:%d %s, compute capability %d.%d, %d SMs, %.1f GiB, driver %d.%d, cuBLASLt %s", device,
+                  prop.name, prop.major,
                   prop.minor, prop.multiProcessorCount, static_cast<double>(prop.totalGlobalMem) / (1u << 30),
                   driver / 1000, (driver % 1000) / 10,
                   lt.ok() ? ("found: " + lt.describe()).c_str() : ("absent (fallback GEMM): " + lt.describe()).c_str());

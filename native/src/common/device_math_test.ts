@@ -7,7 +7,10 @@ import assert from "node:assert/strict";
 const binary = new URL("../../../build/native/kvr_device_math_test", import.meta.url).pathname;
 
 Deno.test("`kvr_device_math_test` passes every check of the shared host/device math", async () => {
-  const { code, stdout, stderr } = await new Deno.Command(binary, { stdout: "piped", stderr: "piped" })
+  const { code, stdout, stderr } = await new Deno.Command(binary, {
+    stdout: "piped",
+    stderr: "piped",
+  })
     .output();
   const out = new TextDecoder().decode(stdout) + new TextDecoder().decode(stderr);
   assert.equal(code, 0, out);

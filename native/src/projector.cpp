@@ -90,25 +90,9 @@ int32_t check_geometry(const char* fn, const char* what, const kvr_model_params*
     return fail(KVR_ERR_INVALID_ARGUMENT,
                 format("%s: %s layers %u, kv_heads %u, head_dim %u (need 1..4096, head_dim even)",
                        fn, what, p->num_layers, p->num_kv_heads, p->head_dim));
-  if (!(p->rope_theta > 1.0f) || !std::isfinite(p->rope_theta))
-    return fail(KVR_ERR_INVALID_ARGUMENT,
-                format("%s: %s rope_theta %g must be finite and > 1", fn, what,
-                       static_cast<double>(p->rope_theta)));
-  if (p->rope_scaling != KVR_ROPE_NONE && p->rope_scaling != KVR_ROPE_LINEAR &&
-      p->rope_scaling != KVR_ROPE_LLAMA3)
-    return fail(KVR_ERR_INVALID_ARGUMENT,
-                format("%s: %s rope_scaling %u unknown", fn, what, p->rope_scaling));
-  if (p->rope_scaling != KVR_ROPE_NONE && !(p->rope_factor > 0.0f && std::isfinite(p->rope_factor)))
-    return fail(KVR_ERR_INVALID_ARGUMENT, format("%s: %s rope_factor %g must be > 0", fn, what,
-                                                 static_cast<double>(p->rope_factor)));
-  if (p->rope_scaling == KVR_ROPE_LLAMA3 &&
-      (!(p->rope_high_freq_factor > p->rope_low_freq_factor) || !(p->rope_low_freq_factor > 0) ||
-       p->rope_original_max_position == 0))
-    return fail(KVR_ERR_INVALID_ARGUMENT,
-                format("%s: %s llama3 rope needs high_freq_factor > low_freq_factor > 0 and "
-                       "original_max_position > 0 (got %g, %g, %u)",
-                       fn, what, static_cast<double>(p->rope_high_freq_factor),
-                       static_cast<double>(p->rope_low_freq_factor), p->rope_original_max_position));
+  std::string why;
+  if (int32_t st = kvr::check_rope(*p, &why))
+    return fail(st, format("%s: %s %s", fn, what, why.c_str()));
   g->layers = p->num_layers;
   g->heads = p->num_kv_heads;
   g->dim = p->head_dim;

@@ -12,6 +12,7 @@
 
 #include "cpu/convert.h"
 #include "cpu/simd.h"
+#include "rope.h"
 
 namespace kvr::cpu {
 
@@ -22,23 +23,17 @@ constexpr size_t kRowChunk = 64;  // rows converted to float64 per Gram pass (bo
 
 namespace {
 
-// cos/sin of (start_pos + t)·inv_freq[i] for every token of a block: (tokens, 2·half) float64,
-// cos in [0, half), sin in [half, 2·half). One table per call instead of per (layer, head).
-std::vector<double> rope_table(const std::vector<double>& inv_freq, uint32_t start_pos,
-                               size_t tokens, int n_threads) {
+// cos/sin rows (rope.h rope_cos_sin_rows, the engine's f32 values) of positions start_pos + t
+// for every token of a block: (tokens, 2·half). One table per call instead of per (layer, head).
+std::vector<float> rope_table(const std::vector<double>& inv_freq, uint32_t start_pos,
+                              size_t tokens, int n_threads) {
   const size_t half = inv_freq.size();
-  std::vector<double> tab(tokens * 2 * half);
-  double* tp = tab.data();
+  std::vector<float> tab(tokens * 2 * half);
+  float* tp = tab.data();
 #pragma omp parallel for num_threads(n_threads) schedule(static)
-  for (long tl = 0; tl < static_cast<long>(tokens); ++tl) {
-    const double pos = static_cast<double>(start_pos) + static_cast<double>(tl);
-    double* row = tp + static_cast<size_t>(tl) * 2 * half;
-    for (size_t i = 0; i < half; ++i) {
-      const double ang = pos * inv_freq[i];
-      row[i] = std::cos(ang);
-      row[half + i] = std::sin(ang);
-    }
-  }
+  for (long tl = 0; tl < static_cast<long>(tokens); ++tl)
+    rope_cos_sin_rows(inv_freq, start_pos + static_cast<size_t>(tl), 1, tp + static_cast<size_t>(tl) * 2 * half,
+                      2 * half);
   return tab;
 }
 
@@ -46,26 +41,17 @@ std::vector<double> rope_table(const std::vector<double>& inv_freq, uint32_t sta
 
 namespace {
 
-// cos/sin rows of positions pos0 .. pos0+tokens-1 into tab (tokens, 2·half) float64, cos then sin:
-// the same values as rope_table (one thread; project_cache calls it per chunk).
-void rope_rows(const std::vector<double>& inv_freq, size_t pos0, size_t tokens, double* tab) {
-  const size_t half = inv_freq.size();
-  for (size_t t = 0; t < tokens; ++t) {
-    const double pos = static_cast<double>(pos0) + static_cast<double>(t);
-    double* row = tab + t * 2 * half;
-    for (size_t i = 0; i < half; ++i) {
-      const double ang = pos * inv_freq[i];
-      row[i] = std::cos(ang);
-      row[half + i] = std::sin(ang);
-    }
-  }
+// cos/sin rows of positions pos0 .. pos0+tokens-1 into tab (tokens, 2·half): the same values as
+// rope_table (one thread; project_cache calls it per chunk).
+void rope_rows(const std::vector<double>& inv_freq, size_t pos0, size_t tokens, float* tab) {
+  rope_cos_sin_rows(inv_freq, pos0, tokens, tab, 2 * inv_freq.size());
 }
 
 // Every layer's K (values = false) or V of cache positions [pos0, pos0+tokens) → feature rows
 // out (tokens, layers·kv_heads·head_dim) f32; keys de-rotated with tab (rope_rows of the same
 // positions) exactly as cache_to_features does, values copied (tab = nullptr). tmp: tokens·head_dim
 // floats for the dtype conversion of one head's rows.
-void gather_rows(const KvCache& kv, bool values, const double* tab, size_t pos0, size_t tokens,
+void gather_rows(const KvCache& kv, bool values, const float* tab, size_t pos0, size_t tokens,
                  float* out, float* tmp) {
   const size_t D = kv.head_dim, half = D / 2, H = kv.kv_heads, W = kv.layers * H * D;
   for (size_t l = 0; l < kv.layers; ++l) {
@@ -84,7 +70,7 @@ void gather_rows(const KvCache& kv, bool values, const double* tab, size_t pos0,
           for (size_t d = 0; d < D; ++d) dst[d] = src[d];
           continue;
         }
-        const double* cs = tab + t * 2 * half;
+        const float* cs = tab + t * 2 * half;
         for (size_t i = 0; i < half; ++i) {
           const double c = cs[i], sn = cs[half + i];
           const double a = src[i], b = src[i + half];
@@ -99,7 +85,7 @@ void gather_rows(const KvCache& kv, bool values, const double* tab, size_t pos0,
 // Feature rows in (tokens, W) + bias (W) → every layer's K (values = false) or V at cache
 // positions [pos0, pos0+tokens), keys rotated with tab exactly as features_to_cache does (f32
 // cos/sin, f32 rotation), then rounded to the cache dtype. tmp: tokens·head_dim floats.
-void scatter_rows(KvCache& kv, bool values, const double* tab, size_t pos0, size_t tokens,
+void scatter_rows(KvCache& kv, bool values, const float* tab, size_t pos0, size_t tokens,
                   const float* in, const float* bias, float* tmp) {
   const size_t D = kv.head_dim, half = D / 2, H = kv.kv_heads, W = kv.layers * H * D;
   for (size_t l = 0; l < kv.layers; ++l) {
@@ -116,9 +102,9 @@ void scatter_rows(KvCache& kv, bool values, const double* tab, size_t pos0, size
           for (size_t d = 0; d < D; ++d) dst[d] = src[d] + b[d];
           continue;
         }
-        const double* cs = tab + t * 2 * half;
+        const float* cs = tab + t * 2 * half;
         for (size_t i = 0; i < half; ++i) {
-          const float c = static_cast<float>(cs[i]), sn = static_cast<float>(cs[half + i]);
+          const float c = cs[i], sn = cs[half + i];
           const float x0 = src[i] + b[i], x1 = src[i + half] + b[i + half];
           dst[i] = x0 * c - x1 * sn;
           dst[i + half] = x1 * c + x0 * sn;
@@ -145,7 +131,7 @@ bool project_cache(const KvCache& src, const std::vector<double>& src_freq, KvCa
   nt = std::min(nt, chunks);
   struct Buffers {
     std::vector<float> fin, fout, tmp;  // (chunk, ws), (chunk, wt), (chunk, max head_dim)
-    std::vector<double> tab_src, tab_dst;  // (chunk, head_dim) cos|sin of each model
+    std::vector<float> tab_src, tab_dst;  // (chunk, head_dim) cos|sin of each model
   };
   std::vector<Buffers> bufs(nt);  // all scratch up front: std::bad_alloc here writes nothing
   for (Buffers& b : bufs) {
@@ -183,9 +169,9 @@ void cache_to_features(const KvGeometry& g, const std::vector<double>& inv_freq,
                        size_t tokens, const float* in, float* out, int n_threads) {
   const size_t D = g.dim, half = D / 2, W = g.width();
   const bool rot = !inv_freq.empty();
-  const std::vector<double> tab = rot ? rope_table(inv_freq, start_pos, tokens, n_threads)
-                                      : std::vector<double>();
-  const double* tp = tab.data();
+  const std::vector<float> tab = rot ? rope_table(inv_freq, start_pos, tokens, n_threads)
+                                     : std::vector<float>();
+  const float* tp = tab.data();
 #pragma omp parallel for num_threads(n_threads) schedule(static)
   for (long tl = 0; tl < static_cast<long>(tokens); ++tl) {
     const size_t t = static_cast<size_t>(tl);
@@ -197,8 +183,9 @@ void cache_to_features(const KvGeometry& g, const std::vector<double>& inv_freq,
           for (size_t d = 0; d < D; ++d) dst[d] = src[d];
           continue;
         }
-        // inverse rotate-half: rotate the pair (x[i], x[i+half]) by −pos·inv_freq[i], in double
-        const double* cs = tp + t * 2 * half;
+        // inverse rotate-half in double with the engine's f32 cos/sin: undoes the rotation the
+        // engine applied (rotate by −pos·inv_freq[i])
+        const float* cs = tp + t * 2 * half;
         for (size_t i = 0; i < half; ++i) {
           const double c = cs[i], sn = cs[half + i];
           const double a = src[i], b = src[i + half];
@@ -214,9 +201,9 @@ void features_to_cache(const KvGeometry& g, const std::vector<double>& inv_freq,
                        size_t tokens, const float* in, float* out, int n_threads) {
   const size_t D = g.dim, half = D / 2, W = g.width();
   const bool rot = !inv_freq.empty();
-  const std::vector<double> tab = rot ? rope_table(inv_freq, start_pos, tokens, n_threads)
-                                      : std::vector<double>();
-  const double* tp = tab.data();
+  const std::vector<float> tab = rot ? rope_table(inv_freq, start_pos, tokens, n_threads)
+                                     : std::vector<float>();
+  const float* tp = tab.data();
 #pragma omp parallel for num_threads(n_threads) schedule(static)
   for (long tl = 0; tl < static_cast<long>(tokens); ++tl) {
     const size_t t = static_cast<size_t>(tl);
@@ -228,10 +215,10 @@ void features_to_cache(const KvGeometry& g, const std::vector<double>& inv_freq,
           for (size_t d = 0; d < D; ++d) dst[d] = src[d];
           continue;
         }
-        // cos/sin rounded to f32 and the rotation done in f32, as the engine's forward pass does
-        const double* cs = tp + t * 2 * half;
+        // the engine's f32 cos/sin and the rotation in f32, as the forward pass does
+        const float* cs = tp + t * 2 * half;
         for (size_t i = 0; i < half; ++i) {
-          const float c = static_cast<float>(cs[i]), sn = static_cast<float>(cs[half + i]);
+          const float c = cs[i], sn = cs[half + i];
           const float a = src[i], b = src[i + half];
           dst[i] = a * c - b * sn;
           dst[i + half] = b * c + a * sn;

@@ -25,8 +25,9 @@ struct KvGeometry {
 // inv_freq is non-empty (values: pass an empty inv_freq).
 void cache_to_features(const KvGeometry& g, const std::vector<double>& inv_freq, uint32_t start_pos,
                        size_t tokens, const float* in, float* out, int n_threads);
-// features (T, L*H*D) → cache (L, H, T, D); keys rotated at start_pos + t (cos/sin rounded to
-// f32 and the rotation done in f32, as the engine does) when inv_freq is non-empty.
+// features (T, L*H*D) → cache (L, H, T, D); keys rotated at start_pos + t (the engine's f32
+// cos/sin, rope.h rope_cos_sin_rows, and the rotation in f32, as the engine does) when inv_freq
+// is non-empty.
 void features_to_cache(const KvGeometry& g, const std::vector<double>& inv_freq, uint32_t start_pos,
                        size_t tokens, const float* in, float* out, int n_threads);
 

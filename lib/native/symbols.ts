@@ -78,6 +78,18 @@ export const coreSymbols = {
 export const codecSymbols = {
   // (data u8*, len, crc, out u32*)
   kvr_crc32c: { parameters: ["buffer", "usize", "u32", "buffer"], result: "i32" },
+  // (seq, encoding, group_size, tokens, out u64*)
+  kvr_seq_chunk_bytes: { parameters: ["pointer", "u32", "u32", "u32", "buffer"], result: "i32" },
+  // (seq, encoding, group_size, index, start, tokens, frame u8*, frame_len)
+  kvr_seq_export_chunk: {
+    parameters: ["pointer", "u32", "u32", "u32", "u32", "u32", "buffer", "usize"],
+    result: "i32",
+  },
+  // (seq, encoding, group_size, index, start, tokens, frame u8*, frame_len)
+  kvr_seq_import_chunk: {
+    parameters: ["pointer", "u32", "u32", "u32", "u32", "u32", "buffer", "usize"],
+    result: "i32",
+  },
   // (x f32*, x_len, heads, tokens, head_dim, axis, codes i8*, codes_len, scales f32*, scales_len)
   kvr_kv_quantize_q8: {
     parameters: [

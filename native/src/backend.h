@@ -134,6 +134,10 @@ class Backend {
   // writes chunk c from the host frame into positions [start, start+tokens) of every layer
   // (start+tokens <= capacity); writes nothing when a check fails. The neutral layer sets length.
   virtual void import_chunk(SeqState& s, const ChunkSpec& c, const uint8_t* frame, size_t frame_len) const;
+  // Empty while the backend is usable, else why not: a device fault (a CUDA kernel error leaves the
+  // context unusable) fails every later call, and the model must be reloaded. Any thread
+  // (kvr_model_health; /readyz answers 503 then).
+  virtual std::string failure() const { return {}; }
 };
 
 // The CPU backend (native/src/cpu/cpu_backend.cpp): packs the weights from the table.

@@ -6,21 +6,34 @@
 import type { Context, Hono } from "hono";
 import { z } from "zod";
 import type { SnapshotHeader } from "../../lib/snapshot/mod.ts";
-import { clientSignal, createBaseApp, jsonBodyLimit, requireTier } from "../shared/app.ts";
-import { blameSnapshot, HttpError, readJsonBody, toHttpError } from "../shared/errors.ts";
-import { abortError, type ServedResult, startFromSnapshot } from "../shared/generation.ts";
 import {
+  abortError,
   countBytes,
-  isSnapshotBody,
+  InputError,
   loadStored,
   peekHeader,
   peekStream,
-  requestBody,
+  requireReady,
+  requireTier,
+  type Runtime,
+  type ServedResult,
+  startFromSnapshot,
+  type Tier,
   tierOfSnapshot,
-} from "../shared/handoff.ts";
-import type { Runtime, Tier } from "../shared/runtime.ts";
-import { generationOptions, samplingFields } from "../shared/schemas.ts";
-import { sseResponse } from "../shared/sse.ts";
+} from "../../lib/serve/mod.ts";
+import {
+  blameSnapshot,
+  clientSignal,
+  createBaseApp,
+  generationOptions,
+  isSnapshotBody,
+  jsonBodyLimit,
+  readJsonBody,
+  requestBody,
+  samplingFields,
+  sseResponse,
+  toHttpError,
+} from "../shared/mod.ts";
 
 const decodeJsonSchema = z.object({
   snapshot_id: z.string().min(1),
@@ -151,11 +164,9 @@ export function registerDecode(app: Hono, rt: Runtime): void {
     if (!isSnapshotBody(c)) return await limit(c, next);
     const q = decodeQuerySchema.parse(c.req.query());
     const target = q.tier === undefined ? undefined : requireTier(rt, q.tier);
-    if (!rt.ready) throw new HttpError(503, "unavailable_error", "server is not ready");
+    requireReady(rt);
     const body = requestBody(c);
-    if (!body) {
-      throw new HttpError(400, "invalid_request_error", "snapshot body is empty", "body");
-    }
+    if (!body) throw new InputError("snapshot body is empty", "body");
     try {
       // Streamed into the import: only the header is read first (to find the model that made
       // it); it is verified again, with the signature, before any KV is allocated.
@@ -167,7 +178,7 @@ export function registerDecode(app: Hono, rt: Runtime): void {
     }
   }, async (c) => {
     const body = decodeJsonSchema.parse(await readJsonBody(c));
-    if (!rt.ready) throw new HttpError(503, "unavailable_error", "server is not ready");
+    requireReady(rt);
     const bytes = await loadStored(rt, body.snapshot_id);
     const target = body.tier !== undefined ? requireTier(rt, body.tier) : undefined;
     try {

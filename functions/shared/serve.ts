@@ -4,8 +4,8 @@
 // stop accepting, let in-flight requests finish within the grace period, then stop them.
 import type { Hono } from "hono";
 import { ConfigError, loadConfig } from "../../lib/config/mod.ts";
+import { createRuntime, type Runtime } from "../../lib/serve/mod.ts";
 import { createBaseApp } from "./app.ts";
-import { createRuntime, type Runtime } from "./runtime.ts";
 
 /** Adds one function's routes to an app. */
 export type Register = (app: Hono, rt: Runtime) => void;

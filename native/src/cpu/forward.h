@@ -8,8 +8,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "backend.h"
+#include "cpu/weights.h"
 #include "kv_cache.h"
-#include "model.h"
 
 namespace kvr::cpu {
 
@@ -35,7 +36,7 @@ struct Scratch {
 // Appends tokens[0..n) at positions pos0..pos0+n-1 to kv (which must have room) and writes
 // logits: all_positions ? (n, vocab) rows : the last position's (vocab). tokens are < vocab.
 // Throws std::bad_alloc when scratch cannot grow (the cache's length is the caller's to update).
-void forward(const Model& m, KvCache& kv, const int32_t* tokens, size_t n, size_t pos0, bool all_positions,
+void forward(const ModelGeometry& m, const Weights& w, KvCache& kv, const int32_t* tokens, size_t n, size_t pos0, bool all_positions,
              float* logits, Scratch& scratch);
 
 }  // namespace kvr::cpu

@@ -98,6 +98,7 @@ export class NativeSampler {
   readonly #lib: NativeLibrary;
   #ptr: Deno.PointerObject | null;
   readonly #out = new SampleBuffers();
+  #busy = false;
 
   private constructor(lib: NativeLibrary, ptr: Deno.PointerObject, o: NativeSamplingOptions) {
     this.#lib = lib;
@@ -129,10 +130,29 @@ export class NativeSampler {
     return new NativeSampler(lib, ptr, opts);
   }
 
-  /** @internal the kvr_sampler* for calls that sample in place (NativeSequence.decodeSample) */
+  /** @internal the kvr_sampler*, checked not freed and not in use by a pending call */
   get pointer(): Deno.PointerObject {
     if (this.#ptr === null) throw new Error("NativeSampler: the sampler has been freed");
+    if (this.#busy) {
+      throw new Error("NativeSampler: a decodeSample() using this sampler is still running");
+    }
     return this.#ptr;
+  }
+
+  /**
+   * @internal Marks the sampler in use by a nonblocking call (NativeSequence.decodeSample) until
+   * release(); sample(), free() and a second acquire() throw meanwhile.
+   * @returns the kvr_sampler*
+   */
+  acquire(): Deno.PointerObject {
+    const ptr = this.pointer;
+    this.#busy = true;
+    return ptr;
+  }
+
+  /** @internal ends acquire() */
+  release(): void {
+    this.#busy = false;
   }
 
   /**
@@ -171,8 +191,12 @@ export class NativeSampler {
     return o.result(req, top);
   }
 
-  /** Frees the native sampler (idempotent). */
+  /**
+   * Frees the native sampler (idempotent).
+   * @throws Error while a decodeSample() using it is running
+   */
   free(): void {
+    if (this.#busy) throw new Error("NativeSampler.free(): a decodeSample() is still running");
     if (this.#ptr !== null) this.#lib.symbols.kvr_sampler_free(this.#ptr);
     this.#ptr = null;
   }

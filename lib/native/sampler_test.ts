@@ -127,3 +127,39 @@ Deno.test("NativeSampler rejects bad options, widths and rows without a finite l
     (e: unknown) => e instanceof EngineError && /no finite logit/.test(e.message),
   );
 });
+
+Deno.test("`decodeSample()` returns the token the sampler would draw from `decode()`'s logits, with logprobs", async () => {
+  const { NativeModel } = await import("./model.ts");
+  const { checkpoint, DEMO_DIRS, tokens } = await import("./test_helpers.ts");
+  using m = await NativeModel.load(await checkpoint(DEMO_DIRS[1]), { threads: 2 });
+  const V = m.config.vocabSize;
+  const toks = tokens(20, V, 3);
+  using a = m.createSequence(64);
+  using b = m.createSequence(64);
+  await a.prefill(toks);
+  await b.prefill(toks);
+  const opts = { temperature: 0.9, topK: 30, topP: 0.95, minP: 0, seed: 77 };
+  using sa = a.createSampler(opts);
+  using sb = NativeSampler.create(opts);
+  let ta = toks[19], tb = toks[19];
+  for (let i = 0; i < 10; i++) {
+    const r = await a.decodeSample(ta, sa, V - 5, { logprob: true, topLogprobs: 3 });
+    const logits = await b.decode(tb);
+    const want = sb.sample(logits, V - 5, { logprob: true, topLogprobs: 3 });
+    assert.deepEqual(r, want, `step ${i}`);
+    ta = r.token;
+    tb = want.token;
+  }
+  assert.equal(a.length, 30);
+  // checked before FFI / before the decode: the sequence is unchanged
+  await assert.rejects(() => a.decodeSample(V, sa), RangeError);
+  await assert.rejects(() => a.decodeSample(1, sa, V + 1), RangeError);
+  await assert.rejects(() => a.decodeSample(1, sa, V, { topLogprobs: 65 }), RangeError);
+  assert.equal(a.length, 30);
+  // the sampler is busy while a step runs
+  const p = a.decodeSample(1, sa);
+  assert.throws(() => sa.sample(new Float32Array(4)), /still running/);
+  assert.throws(() => sa.free(), /still running/);
+  await p;
+  sa.sample(new Float32Array(4));
+});

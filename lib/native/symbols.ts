@@ -308,6 +308,24 @@ export const samplingSymbols = {
     ],
     result: "i32",
   },
+  // (seq, token, sampler, width, token_out i32*, logprob_out f64* | NULL, top_ids | NULL,
+  //  top_logprobs | NULL, top_len, top_count_out u32* | NULL) — worker thread
+  kvr_seq_decode_sample: {
+    parameters: [
+      "pointer",
+      "i32",
+      "pointer",
+      "u32",
+      "buffer",
+      "buffer",
+      "buffer",
+      "buffer",
+      "u32",
+      "buffer",
+    ],
+    result: "i32",
+    nonblocking: true,
+  },
 } as const satisfies Deno.ForeignLibraryInterface;
 
 /** Every symbol opened by openNativeLibrary. */

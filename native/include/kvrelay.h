@@ -484,6 +484,18 @@ KVR_API int32_t kvr_sampler_sample(kvr_sampler* sampler, const float* logits, si
                                    int32_t* top_ids, double* top_logprobs, uint32_t top_len,
                                    uint32_t* top_count_out);
 
+/*
+ * A decode step that returns a token instead of logits: kvr_seq_decode(seq, token) into a buffer
+ * the library owns, then kvr_sampler_sample(sampler, those logits, vocab, width, ...). Everything
+ * is checked before the decode (sampler, 1 <= width <= vocab, output buffers, then as
+ * kvr_seq_decode). Only a row without a finite logit fails after it (KVR_ERR_INVALID_ARGUMENT,
+ * the token is appended then). Messages go to the sequence (and the sampler for sampling ones).
+ */
+KVR_API int32_t kvr_seq_decode_sample(kvr_seq* seq, int32_t token, kvr_sampler* sampler,
+                                      uint32_t width, int32_t* token_out, double* logprob_out,
+                                      int32_t* top_ids, double* top_logprobs, uint32_t top_len,
+                                      uint32_t* top_count_out);
+
 /* ---- end native sampling ---- */
 
 #ifdef __cplusplus

@@ -38,7 +38,7 @@ void gemv_part(const float* x, const PackedWeight& w, const std::vector<float>& 
 
 }  // namespace
 
-void decode_step(const Model& m, KvCache& kv, int32_t token, size_t pos, float* logits, Scratch& sc,
+void decode_step(const ModelGeometry& m, const Weights& w, KvCache& kv, int32_t token, size_t pos, float* logits, Scratch& sc,
                  int n_threads) {
   const size_t H = m.hidden, I = m.inter, hd = m.head_dim, half = hd / 2;
   const size_t qd = m.q_dim, kvd = m.kv_dim, ldqkv = qd + 2 * kvd;
@@ -73,10 +73,10 @@ void decode_step(const Model& m, KvCache& kv, int32_t token, size_t pos, float* 
   aa.out = att;
 
   const size_t row = static_cast<size_t>(token) * H;
-  if (m.embed_bf16.empty()) {
-    std::copy_n(m.embed.data() + row, H, x);
+  if (w.embed_bf16.empty()) {
+    std::copy_n(w.embed.data() + row, H, x);
   } else {
-    to_f32(m.embed_bf16.data() + row, KVR_DTYPE_BF16, x, H);
+    to_f32(w.embed_bf16.data() + row, KVR_DTYPE_BF16, x, H);
   }
   for (size_t d = 0; d < half; ++d) {
     const double ang = static_cast<double>(pos) * m.inv_freq[d];
@@ -98,17 +98,17 @@ void decode_step(const Model& m, KvCache& kv, int32_t token, size_t pos, float* 
     float* h = hbase + t * h_each;
     float* as = sc.attn.data() + t * attn_each;
     size_t q0, q1, o0, o1, g0, g1, d0, d1, v0, v1;
-    split(m.layer.empty() ? 0 : m.layer[0].qkv.panels(), T, t, &q0, &q1);
-    split(m.layer.empty() ? 0 : m.layer[0].o.panels(), T, t, &o0, &o1);
-    split(m.layer.empty() ? 0 : m.layer[0].down.panels(), T, t, &d0, &d1);
+    split(w.layer.empty() ? 0 : w.layer[0].qkv.panels(), T, t, &q0, &q1);
+    split(w.layer.empty() ? 0 : w.layer[0].o.panels(), T, t, &o0, &o1);
+    split(w.layer.empty() ? 0 : w.layer[0].down.panels(), T, t, &d0, &d1);
     split(m.kv_heads, T, t, &g0, &g1);
-    split(m.lm_head.panels(), T, t, &v0, &v1);
+    split(w.lm_head.panels(), T, t, &v0, &v1);
     size_t u0, u1;  // gate/up panels (fused: gate panel range; else all panels)
-    split(fused_swiglu ? I / kPanelWidth : (m.layer.empty() ? 0 : m.layer[0].gate_up.panels()), T, t,
+    split(fused_swiglu ? I / kPanelWidth : (w.layer.empty() ? 0 : w.layer[0].gate_up.panels()), T, t,
           &u0, &u1);
 
     for (size_t l = 0; l < m.layers; ++l) {
-      const LayerWeights& L = m.layer[l];
+      const LayerWeights& L = w.layer[l];
       uint8_t* kc = kv.k(l);
       uint8_t* vc = kv.v(l);
 
@@ -159,23 +159,23 @@ void decode_step(const Model& m, KvCache& kv, int32_t token, size_t pos, float* 
       bar.wait();
     }
 
-    rmsnorm(x, h, m.final_norm.data(), H, eps);
-    gemv_range(h, m.lm_head, logits, false, v0, v1);
+    rmsnorm(x, h, w.final_norm.data(), H, eps);
+    gemv_range(h, w.lm_head, logits, false, v0, v1);
   }
 }
 
-void decode_tuned(const Model& m, KvCache& kv, int32_t token, size_t pos, float* logits, Scratch& sc,
+void decode_tuned(const ModelGeometry& m, const Weights& w, KvCache& kv, int32_t token, size_t pos, float* logits, Scratch& sc,
                   DecodeTuner& tu) {
   const int many = std::max(m.n_threads, 1);
   if (many == 1) {
-    decode_step(m, kv, token, pos, logits, sc, 1);
+    decode_step(m, w, kv, token, pos, logits, sc, 1);
     return;
   }
   constexpr uint32_t half = DecodeTuner::kProbe / 2;
   const bool probing = tu.step < DecodeTuner::kProbe;
   const int variant = probing ? static_cast<int>(tu.step % 2) : (tu.chosen == 1 ? 0 : 1);
   const auto t0 = std::chrono::steady_clock::now();
-  decode_step(m, kv, token, pos, logits, sc, variant == 0 ? 1 : many);
+  decode_step(m, w, kv, token, pos, logits, sc, variant == 0 ? 1 : many);
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (probing) {
     tu.probe_time[variant][tu.step / 2] = dt;

@@ -131,7 +131,7 @@ void forward_chunk(const ModelGeometry& m, const Weights& w, KvCache& kv, const 
 void forward(const ModelGeometry& m, const Weights& w, KvCache& kv, const int32_t* tokens, size_t n, size_t pos0, bool all_positions,
              float* logits, Scratch& scratch) {
   if (n == 1) {  // decode: one parallel region for the whole step (cpu/decode_step.cpp)
-    decode_tuned(m, kv, tokens[0], pos0, logits, scratch, scratch.tuner);
+    decode_tuned(m, w, kv, tokens[0], pos0, logits, scratch, scratch.tuner);
     return;
   }
   for (size_t c = 0; c < n; c += kChunk) {

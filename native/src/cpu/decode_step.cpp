@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 
+#include "common/device_math.h"
 #include "cpu/attention.h"
 #include "cpu/convert.h"
 #include "cpu/gemm.h"
@@ -78,11 +79,9 @@ void decode_step(const ModelGeometry& m, const Weights& w, KvCache& kv, int32_t 
   } else {
     to_f32(w.embed_bf16.data() + row, KVR_DTYPE_BF16, x, H);
   }
-  for (size_t d = 0; d < half; ++d) {
-    const double ang = static_cast<double>(pos) * m.inv_freq[d];
-    cs[d] = static_cast<float>(std::cos(ang));
-    cs[half + d] = static_cast<float>(std::sin(ang));
-  }
+  // The same bits as the prefill path and the CUDA backend (common/device_math.h).
+  for (size_t d = 0; d < half; ++d)
+    dm::rope_cos_sin(static_cast<uint32_t>(pos), m.inv_freq[d], &cs[d], &cs[half + d]);
 
   // gate and up panels line up when I is a multiple of the panel width: the thread that owns
   // gate columns [c0, c1) also owns up columns [I + c0, I + c1) and applies SwiGLU there.

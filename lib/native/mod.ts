@@ -8,4 +8,13 @@ export { NativeLibrary, openNativeLibrary } from "./library.ts";
 export { NativeModel, type NativeModelOptions } from "./model.ts";
 export { NativeSequence } from "./sequence.ts";
 export { cpuKernelName, gemmBench, gemmF32 } from "./gemm.ts";
-export { encodeModelParams, encodePaths, encodeTensorTable } from "./layout.ts";
+export { encodeModelParams, encodePaths, encodeTensorTable, type NativeBackend } from "./layout.ts";
+export {
+  BACKEND_CHOICES,
+  type BackendChoice,
+  type BackendProbe,
+  BackendUnavailableError,
+  probeBackend,
+  resolveBackend,
+  type ResolvedBackend,
+} from "./backend.ts";

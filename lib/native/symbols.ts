@@ -15,6 +15,13 @@ export const coreSymbols = {
   kvr_model_free: { parameters: ["pointer"], result: "void" },
   kvr_model_threads: { parameters: ["pointer"], result: "u32" },
   kvr_model_weight_bytes: { parameters: ["pointer"], result: "u64" },
+  // (backend, device, info char*, info_len)
+  kvr_backend_probe: { parameters: ["u32", "i32", "buffer", "usize"], result: "i32" },
+  // (model, out_backend u32*, out_device u32*, info char*, info_len)
+  kvr_model_backend: {
+    parameters: ["pointer", "buffer", "buffer", "buffer", "usize"],
+    result: "i32",
+  },
   kvr_seq_create: { parameters: ["pointer", "u32", "buffer"], result: "i32" },
   kvr_seq_free: { parameters: ["pointer"], result: "void" },
   kvr_seq_length: { parameters: ["pointer"], result: "u32" },

@@ -29,7 +29,7 @@ extern "C" {
 #endif
 
 /* Bumped on any change of a signature or struct layout; TypeScript refuses a mismatch. */
-#define KVR_ABI_VERSION 1
+#define KVR_ABI_VERSION 2
 
 typedef enum kvr_status {
   KVR_OK = 0,
@@ -69,7 +69,7 @@ typedef enum kvr_rope_scaling {
 } kvr_rope_scaling;
 
 /*
- * Model geometry and options. 80 bytes, all fields 4-byte, in this order:
+ * Model geometry and options. 88 bytes, all fields 4-byte, in this order:
  *   off  0 arch (u32, kvr_arch)          off  4 vocab_size (u32)
  *   off  8 hidden_size (u32)             off 12 intermediate_size (u32)
  *   off 16 num_layers (u32)              off 20 num_heads (u32)
@@ -80,7 +80,8 @@ typedef enum kvr_rope_scaling {
  *   off 56 rope_original_max_position (u32)
  *   off 60 tie_word_embeddings (u32 0/1) off 64 attention_bias (u32 0/1: q/k/v/o bias tensors)
  *   off 68 mlp_bias (u32 0/1)            off 72 kv_dtype (u32, kvr_dtype)
- *   off 76 n_threads (u32, 0 = all available cores)
+ *   off 76 n_threads (u32, 0 = all available cores; CPU backend threads)
+ *   off 80 backend (u32, kvr_backend)    off 84 device (u32: CUDA device ordinal, < 2^31; 0 for CPU)
  * attention_bias=1 means every bias tensor the table lists for q/k/v/o is used (Qwen2 lists
  * q/k/v only; Llama with attention_bias lists all four); a listed bias with attention_bias=0 is
  * an error.
@@ -106,6 +107,8 @@ typedef struct kvr_model_params {
   uint32_t mlp_bias;
   uint32_t kv_dtype;
   uint32_t n_threads;
+  uint32_t backend;
+  uint32_t device;
 } kvr_model_params;
 
 /* Which weight a tensor-table row is. Per-layer roles carry the layer index. */
@@ -164,13 +167,28 @@ KVR_API uint32_t kvr_abi_version(void);
 /* Message of the last failed call on this thread ("" if none). Valid until the next call. */
 KVR_API const char* kvr_last_error(void);
 /* Fills params with defaults: zeros, rms_norm_eps 1e-6, rope_theta 10000, rope_factor 1,
- * kv_dtype F32 (exact; BF16 halves cache memory), n_threads 0 (all available cores). */
+ * kv_dtype F32 (exact; BF16 halves cache memory), n_threads 0 (all available cores),
+ * backend CPU, device 0. */
 KVR_API void kvr_model_default_params(kvr_model_params* params);
 
 /*
+ * Whether `backend` (kvr_backend) can run models on `device` (CUDA ordinal; must be 0 for CPU).
+ * KVR_OK with a one-line description of the device in info, e.g.
+ *   "cpu: Intel(R) Xeon(R) ..., 8 cores, avx2-fma-f16c kernels"
+ *   "cuda:0 NVIDIA H200, sm_90, 132 SMs, 139.8 GiB, cuBLASLt 13.0"
+ * or a kvr_status with the reason in info (KVR_ERR_UNSUPPORTED: "built without CUDA support
+ * (nvcc not found at build time)", no device, no driver; KVR_ERR_INVALID_ARGUMENT: bad
+ * backend/device). info (info_len bytes, NULL only when info_len = 0) is always NUL-terminated,
+ * truncated to info_len - 1 bytes; kvr_last_error holds the same reason on failure.
+ */
+KVR_API int32_t kvr_backend_probe(uint32_t backend, int32_t device, char* info, size_t info_len);
+
+/*
  * Loads weights. paths: file paths, each NUL-terminated, back to back in one buffer of
- * paths_len bytes; n_paths of them. The files are mmapped read-only and converted to f32 compute
- * layout at load; the mapping is released before return.
+ * paths_len bytes; n_paths of them. The files are mmapped read-only and handed to the backend
+ * params.backend on params.device, which converts them to its compute layout (CPU: packed
+ * panels, BF16 kept bf16) or uploads them; the mapping is released before return. A backend that
+ * cannot run (a build without CUDA, no device) fails with its probe's status and reason.
  */
 KVR_API int32_t kvr_model_load(const kvr_model_params* params, const char* paths, size_t paths_len,
                                uint32_t n_paths, const kvr_tensor_desc* tensors,
@@ -181,6 +199,12 @@ KVR_API uint32_t kvr_model_threads(const kvr_model* model);
 /* Resident bytes of the model's weights in compute layout (packed panels, tables, norms, biases):
  * BF16 checkpoint weights stay bf16 (2 bytes), others are f32. 0 for NULL. */
 KVR_API uint64_t kvr_model_weight_bytes(const kvr_model* model);
+
+/* Which backend and device a loaded model runs on: *out_backend (kvr_backend) and *out_device
+ * (either may be NULL) and the device's one-line description in info (as kvr_backend_probe;
+ * NUL-terminated, truncated to info_len - 1; info may be NULL when info_len = 0). */
+KVR_API int32_t kvr_model_backend(const kvr_model* model, uint32_t* out_backend, uint32_t* out_device,
+                                  char* info, size_t info_len);
 
 /* A sequence owns a KV cache of `capacity` tokens for every layer. */
 KVR_API int32_t kvr_seq_create(kvr_model* model, uint32_t capacity, kvr_seq** out_seq);

@@ -122,8 +122,13 @@ std::unique_ptr<Backend> make_cpu_backend(const ModelGeometry& g, const TensorTa
 // The CUDA backend on `device` (a CUDA ordinal), uploading the weights from the table. A build
 // without CUDA links native/src/stub/cuda_stub.cpp, which throws KVR_ERR_UNSUPPORTED.
 std::unique_ptr<Backend> make_cuda_backend(const ModelGeometry& g, const TensorTable& t, int32_t device);
-// Probes CUDA device `device`: KVR_OK with a one-line description in info (name, compute
-// capability, SMs, memory, ...) or a kvr_status with the reason in info. Never throws.
+// Probes CUDA device `device` (>= 0): KVR_OK with a one-line description in info (e.g.
+// "cuda:0 NVIDIA H200, sm_90, 132 SMs, 139.8 GiB, cuBLASLt 13.0"), or a kvr_status with the
+// reason in info. Convention the TypeScript tests rely on: no usable device (no driver, no GPU,
+// ordinal out of range) is KVR_ERR_UNSUPPORTED with info "no CUDA device: <cuda error name>
+// (<code>) <detail>"; the stub answers KVR_ERR_UNSUPPORTED "built without CUDA support (nvcc not
+// found at build time)". Never throws. make_cuda_backend on such a machine throws
+// BackendError with the same status and message.
 int32_t cuda_probe(int32_t device, std::string& info);
 
 }  // namespace kvr

@@ -12,6 +12,7 @@
 #include <new>
 #include <vector>
 
+#include "cpu/cpu_features.h"
 #include "cpu/gemm_kernels.h"
 
 namespace kvr::cpu {
@@ -38,15 +39,8 @@ constexpr size_t kMinParallelMacs = size_t{1} << 17;
 constexpr size_t kMaxWholeA = size_t{1} << 22;
 
 const KernelTable& choose_kernels() {
-  const char* forced = std::getenv("KVRELAY_CPU_KERNEL");
-  if (forced != nullptr && std::strcmp(forced, "generic") == 0) return detail::generic_kernels();
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-    return detail::avx2_kernels();
-  }
-#endif
-  return detail::generic_kernels();
+  // KVRELAY_CPU_KERNEL=generic and the CPU's features: cpu_features.h (the one dispatch)
+  return use_avx2_gemm() ? detail::avx2_kernels() : detail::generic_kernels();
 }
 
 // Chosen once per process (thread-safe function-local static).

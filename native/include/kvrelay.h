@@ -206,6 +206,12 @@ KVR_API uint64_t kvr_model_weight_bytes(const kvr_model* model);
 KVR_API int32_t kvr_model_backend(const kvr_model* model, uint32_t* out_backend, uint32_t* out_device,
                                   char* info, size_t info_len);
 
+/* Whether the model's device is still usable: KVR_OK (info "") or KVR_ERR_INTERNAL with the reason
+ * in info (a CUDA kernel fault leaves the device context unusable; every later call on the model
+ * fails and it must be reloaded; readiness probes answer 503). The CPU backend is always OK. info
+ * as kvr_model_backend. */
+KVR_API int32_t kvr_model_health(const kvr_model* model, char* info, size_t info_len);
+
 /* A sequence owns a KV cache of `capacity` tokens for every layer. */
 KVR_API int32_t kvr_seq_create(kvr_model* model, uint32_t capacity, kvr_seq** out_seq);
 KVR_API void kvr_seq_free(kvr_seq* seq);

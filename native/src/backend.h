@@ -115,6 +115,10 @@ class Backend {
   // The inverse copy (host → cache), same layout and conversion rules; start+count <= capacity.
   virtual void kv_write(SeqState& s, uint32_t layer, uint32_t start, uint32_t count, uint32_t dtype,
                         const void* k_in, const void* v_in) const = 0;
+  // Empty while the backend is usable, else why not: a device fault (a CUDA kernel error leaves the
+  // context unusable) fails every later call, and the model must be reloaded. Any thread
+  // (kvr_model_health; /readyz answers 503 then).
+  virtual std::string failure() const { return {}; }
 };
 
 // The CPU backend (native/src/cpu/cpu_backend.cpp): packs the weights from the table.

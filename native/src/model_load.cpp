@@ -376,6 +376,19 @@ KVR_API int32_t kvr_model_backend(const kvr_model* model, uint32_t* out_backend,
   return KVR_OK;
 }
 
+KVR_API int32_t kvr_model_health(const kvr_model* model, char* info, size_t info_len) {
+  if (!model) return kvr::fail(KVR_ERR_INVALID_ARGUMENT, "model is NULL");
+  if (!info && info_len > 0) return kvr::fail(KVR_ERR_INVALID_ARGUMENT, "info is NULL but info_len > 0");
+  try {
+    const std::string why = model->m->backend->failure();
+    kvr::copy_info(why, info, info_len);
+    return why.empty() ? KVR_OK : kvr::fail(KVR_ERR_INTERNAL, why);
+  } catch (...) {
+    kvr::copy_info("out of memory", info, info_len);
+    return kvr::fail(KVR_ERR_OUT_OF_MEMORY, "out of memory in kvr_model_health");
+  }
+}
+
 KVR_API uint64_t kvr_model_weight_bytes(const kvr_model* model) {
   return model ? model->m->backend->weight_bytes() : 0;
 }

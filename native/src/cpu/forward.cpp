@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/device_math.h"
 #include "cpu/attention.h"
 #include "cpu/convert.h"
 #include "cpu/gemm.h"
@@ -59,12 +60,9 @@ void forward_chunk(const ModelGeometry& m, const Weights& w, KvCache& kv, const 
     } else {
       to_f32(w.embed_bf16.data() + row, KVR_DTYPE_BF16, x + i * H, H);
     }
-    const double pos = static_cast<double>(pos0 + i);
-    for (size_t d = 0; d < half; ++d) {
-      const double ang = pos * m.inv_freq[d];
-      cs[i * hd + d] = static_cast<float>(std::cos(ang));
-      cs[i * hd + half + d] = static_cast<float>(std::sin(ang));
-    }
+    // The CUDA backend computes the same bits (common/device_math.h).
+    for (size_t d = 0; d < half; ++d)
+      dm::rope_cos_sin(static_cast<uint32_t>(pos0 + i), m.inv_freq[d], &cs[i * hd + d], &cs[i * hd + half + d]);
   }
 
   const size_t es = kv.elem;

@@ -9,6 +9,13 @@ import { checkInt, quoteValue } from "./check.ts";
 import { assertKvDtype, dtypeByteSize, type KvDtype } from "./dtype.ts";
 import { cString, type NativeLibrary } from "./library.ts";
 import type { NativeModel } from "./model.ts";
+import {
+  type LogprobRequest,
+  NativeSampler,
+  type NativeSamplingOptions,
+  SampleBuffers,
+  type SampleResult,
+} from "./sampler.ts";
 
 /** Largest logits buffer a prefill may request, in f32 elements (4 GiB of memory). */
 const MAX_LOGITS = 2 ** 30;
@@ -211,6 +218,72 @@ export class NativeSequence {
       this.#settle();
     }
     return logits;
+  }
+
+  /**
+   * A native sampler from this sequence's library, for {@link decodeSample}.
+   * @param opts resolved sampling options (lib/engine validateSampling plus a seed)
+   * @returns the sampler (the caller frees it)
+   * @throws EngineError when an option is rejected
+   */
+  createSampler(opts: NativeSamplingOptions): NativeSampler {
+    return NativeSampler.create(opts, this.#lib);
+  }
+
+  /**
+   * Appends one token and samples the next one natively from its logits (which never reach
+   * JavaScript): same token as `sampler.sample(await decode(token), width, req)`.
+   * @param token token id in [0, vocabSize)
+   * @param sampler the generation's sampler (busy until the promise settles)
+   * @param width ids below width are candidates, 1..vocabSize (default vocabSize)
+   * @param req logprobs to return (chosen token, top-n up to 64)
+   * @returns the sampled token and the requested logprobs
+   * @throws TypeError/RangeError before FFI for a bad id, width or request, or a full cache;
+   *   EngineError when the native call fails; Error when freed, busy, or the sampler is busy/freed
+   */
+  async decodeSample(
+    token: number,
+    sampler: NativeSampler,
+    width?: number,
+    req: LogprobRequest = {},
+  ): Promise<SampleResult> {
+    const ptr = this.#handle("decodeSample");
+    const vocab = this.model.config.vocabSize;
+    checkInt("decodeSample(): token", token, 0, vocab - 1);
+    const w = checkInt("decodeSample(): width", width ?? vocab, 1, vocab);
+    const out = new SampleBuffers();
+    const top = out.prepare(req);
+    const length = this.#lib.symbols.kvr_seq_length(ptr);
+    const capacity = this.#lib.symbols.kvr_seq_capacity(ptr);
+    if (length + 1 > capacity) {
+      throw new RangeError(
+        `decodeSample(): capacity exceeded: length ${length} + 1 token > capacity ${capacity}`,
+      );
+    }
+    const sp = sampler.acquire();
+    try {
+      await this.#run(
+        () =>
+          this.#lib.symbols.kvr_seq_decode_sample(
+            ptr,
+            token,
+            sp,
+            w,
+            out.token,
+            req.logprob ? out.logprob : null,
+            top > 0 ? out.topIds : null,
+            top > 0 ? out.topLogprobs : null,
+            top,
+            out.topCount,
+          ),
+        "kvr_seq_decode_sample",
+        [out.token, out.logprob, out.topIds, out.topLogprobs, out.topCount],
+      );
+    } finally {
+      sampler.release();
+      this.#settle();
+    }
+    return out.result(req, top);
   }
 
   /**

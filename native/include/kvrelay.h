@@ -487,6 +487,67 @@ KVR_API int32_t kvr_projector_apply_seq(const kvr_projector* projector, const kv
 
 /* ---- end cross-model KV projection ---- */
 
+/* ---- Native sampling (issues 9/13: a decode step returns a token, not logits) ---- */
+
+/*
+ * Sampling settings, 40 bytes, by pointer (kvr_sampling_default_params fills the defaults):
+ *   off  0 temperature (f64, finite >= 0; 0 = greedy argmax, lowest id on ties; default 1)
+ *   off  8 top_p (f64, (0, 1]; 1 = off)   off 16 min_p (f64, [0, 1]; 0 = off)
+ *   off 24 seed (i64, |seed| < 2^53)       off 32 top_k (u32; 0 = off)
+ *   off 36 reserved (u32, must be 0)
+ * The draw is lib/engine/sampler.ts exactly: softmax(logits/T) → top_k → top_p → min_p →
+ * renormalise, from the xoshiro128** stream of lib/engine/prng.ts seeded with `seed`, in float64
+ * with the same summation order (and JavaScript's exp), so the same logits and seed give the same
+ * tokens. NaN logits count as -inf; -inf logits are never drawn.
+ */
+typedef struct kvr_sampling_params {
+  double temperature;
+  double top_p;
+  double min_p;
+  int64_t seed;
+  uint32_t top_k;
+  uint32_t reserved;
+} kvr_sampling_params;
+
+/* Most top-n logprobs one sample call returns. */
+#define KVR_SAMPLER_MAX_TOP 64
+
+KVR_API void kvr_sampling_default_params(kvr_sampling_params* params);
+
+/* A sampler: the settings plus its PRNG stream (advanced by every non-greedy draw). One sampler
+ * per generation; calls on one sampler must not overlap. */
+typedef struct kvr_sampler kvr_sampler;
+KVR_API int32_t kvr_sampler_create(const kvr_sampling_params* params, kvr_sampler** out_sampler);
+KVR_API void kvr_sampler_free(kvr_sampler* sampler);
+/* Message of the last failed call on this sampler ("" if none), readable from any thread. */
+KVR_API const char* kvr_sampler_last_error(const kvr_sampler* sampler);
+/*
+ * Picks one token from logits[0..width) (1 <= width <= logits_len; ids >= width are never
+ * drawn) into *token_out. Optional outputs, log-softmax of the raw logits over [0, width)
+ * (temperature 1, no filters, float64): *logprob_out (the chosen token; NULL = not computed);
+ * the top_len (<= KVR_SAMPLER_MAX_TOP) most likely ids by logit (ties: lower id) into top_ids and
+ * their logprobs into top_logprobs, the count written (fewer when fewer logits are finite) into
+ * *top_count_out (may be NULL). A row without a finite logit is KVR_ERR_INVALID_ARGUMENT.
+ */
+KVR_API int32_t kvr_sampler_sample(kvr_sampler* sampler, const float* logits, size_t logits_len,
+                                   uint32_t width, int32_t* token_out, double* logprob_out,
+                                   int32_t* top_ids, double* top_logprobs, uint32_t top_len,
+                                   uint32_t* top_count_out);
+
+/*
+ * A decode step that returns a token instead of logits: kvr_seq_decode(seq, token) into a buffer
+ * the library owns, then kvr_sampler_sample(sampler, those logits, vocab, width, ...). Everything
+ * is checked before the decode (sampler, 1 <= width <= vocab, output buffers, then as
+ * kvr_seq_decode). Only a row without a finite logit fails after it (KVR_ERR_INVALID_ARGUMENT,
+ * the token is appended then). Messages go to the sequence (and the sampler for sampling ones).
+ */
+KVR_API int32_t kvr_seq_decode_sample(kvr_seq* seq, int32_t token, kvr_sampler* sampler,
+                                      uint32_t width, int32_t* token_out, double* logprob_out,
+                                      int32_t* top_ids, double* top_logprobs, uint32_t top_len,
+                                      uint32_t* top_count_out);
+
+/* ---- end native sampling ---- */
+
 #ifdef __cplusplus
 }
 #endif

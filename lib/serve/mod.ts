@@ -44,7 +44,10 @@ export {
   peekStream,
   readBounded,
   snapshotKey,
+  streamTimer,
+  type StreamTiming,
   tierOfSnapshot,
+  timingHeader,
   untilAborted,
 } from "./handoff.ts";
 export {

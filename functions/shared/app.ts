@@ -123,7 +123,14 @@ export function createBaseApp(rt: Runtime, fn: string): Hono {
         ? new UnavailableError("shutting_down", "server is shutting down")
         : new UnavailableError("not_ready", "models are still loading");
     }
-    return c.json({ status: "ready", tiers: [...rt.tiers.keys()] });
+    const backends = Object.fromEntries(
+      [...rt.tiers].map(([name, t]) => [name, {
+        backend: t.model.native.backend,
+        device: t.model.native.device,
+        info: t.model.native.deviceInfo,
+      }]),
+    );
+    return c.json({ status: "ready", tiers: [...rt.tiers.keys()], backends });
   });
   app.get("/metrics", (c) => {
     c.header("content-type", "text/plain; version=0.0.4; charset=utf-8");

@@ -18,8 +18,11 @@ export const samplingSchema = z.strictObject({
 export const tierSchema = z.strictObject({
   /** Checkpoint directory; relative paths resolve against the config file's directory. */
   model: z.string().min(1),
-  /** Compute backend: `auto` picks CUDA when the library has it, else CPU. */
+  /** Compute backend: `auto` picks CUDA when its probe finds a usable device, else CPU (the
+   *  reason is logged once); `cuda` without one refuses to start (exit 2). */
   backend: z.enum(["auto", "cpu", "cuda"]).default("auto"),
+  /** CUDA device ordinal for `cuda`/`auto` (the CPU ignores it). */
+  device: z.number().int().min(0).max(2147483647).default(0),
   /** Kernel worker threads (0 = all cores). */
   threads: z.number().int().min(0).max(1024).default(0),
   /** KV cache element type in memory. */

@@ -101,6 +101,20 @@ export class BackendUnavailableError extends Error {
   }
 }
 
+let noted = false;
+
+/**
+ * Logs (stderr, once per process) that "auto" fell back to the CPU, with the CUDA probe's reason.
+ * @param reason the CUDA probe's info
+ * @returns true when this call logged, false when an earlier one had
+ */
+export function noteAutoFallback(reason: string): boolean {
+  if (noted) return false;
+  noted = true;
+  console.error(`kvrelay: backend auto → cpu (CUDA unavailable: ${reason})`);
+  return true;
+}
+
 /** The NUL-terminated string at the start of buf. */
 export function cString(buf: Uint8Array): string {
   const end = buf.indexOf(0);

@@ -4,7 +4,12 @@
 // they run on. Needs the built library.
 
 import assert from "node:assert/strict";
-import { BackendUnavailableError, probeBackend, resolveBackend } from "./backend.ts";
+import {
+  BackendUnavailableError,
+  noteAutoFallback,
+  probeBackend,
+  resolveBackend,
+} from "./backend.ts";
 import { EngineError } from "./errors.ts";
 import { cpuKernelName } from "./gemm.ts";
 import { openNativeLibrary } from "./library.ts";
@@ -101,4 +106,25 @@ Deno.test("`NativeModel.load()` with backend cuda fails with the probe's reason 
     /INVALID_ARGUMENT.*cpu backend has only device 0/,
   );
   assert.throws(() => NativeModel.load(ckpt, { backend: "tpu" as "cpu" }), TypeError);
+});
+
+Deno.test("`NativeModel.load()` with backend auto runs on the CPU here and logs the reason once per process", async () => {
+  const ckpt = await checkpoint(DEMO_DIRS[0]);
+  const logged: string[] = [];
+  const original = console.error;
+  console.error = (...a: unknown[]) => logged.push(a.join(" "));
+  try {
+    using a = NativeModel.load(ckpt, { backend: "auto", threads: 1 });
+    using b = NativeModel.load(ckpt, { backend: "auto", threads: 1 });
+    assert.equal(a.backend, "cpu");
+    assert.equal(b.deviceInfo, a.deviceInfo);
+  } finally {
+    console.error = original;
+  }
+  // Another test file in this process may have logged first; at most one line, and its text.
+  assert.ok(logged.length <= 1, logged.join("\n"));
+  for (const l of logged) {
+    assert.equal(l, `kvrelay: backend auto → cpu (CUDA unavailable: ${probeBackend("cuda").info})`);
+  }
+  assert.equal(noteAutoFallback("again"), false);
 });

@@ -6,7 +6,7 @@ import { type Checkpoint, mapWeights, type ModelConfig } from "../model/mod.ts";
 import { checkInt, quoteValue, U32_MAX } from "./check.ts";
 import { assertKvDtype, type KvDtype } from "./dtype.ts";
 import { BACKEND_CODE } from "./abi.ts";
-import { cString } from "./backend.ts";
+import { type BackendChoice, cString, noteAutoFallback, resolveBackend } from "./backend.ts";
 import { encodeModelParams, encodePaths, encodeTensorTable, type NativeBackend } from "./layout.ts";
 import { type NativeLibrary, openNativeLibrary } from "./library.ts";
 import { NativeSequence } from "./sequence.ts";
@@ -17,8 +17,12 @@ export interface NativeModelOptions {
   kvDtype?: KvDtype;
   /** worker threads; 0 or undefined = all available cores */
   threads?: number;
-  /** compute backend (default "cpu"; resolve "auto" first with resolveBackend) */
-  backend?: NativeBackend;
+  /** compute backend (default "cpu"); "auto" = CUDA when its probe succeeds, else the CPU (the
+   *  probe's reason is logged once per process, see noteAutoFallback) */
+  backend?: BackendChoice;
+  /** log auto's CPU fallback (once per process; default true). The CLI's implicit default
+   *  backend sets false: there the CPU on a machine without a GPU is no news. */
+  logAutoFallback?: boolean;
   /** device ordinal for the backend (CUDA; default 0) */
   device?: number;
   /** library to use (default openNativeLibrary()) */
@@ -86,12 +90,23 @@ export class NativeModel {
     const kvDtype = opts.kvDtype ?? "f32";
     assertKvDtype(kvDtype, "kvDtype");
     const threads = checkInt("threads", opts.threads ?? 0, 0, 4096);
-    const backend = opts.backend ?? "cpu";
-    if (!(backend in BACKEND_CODE)) {
-      throw new TypeError(`backend must be "cpu" or "cuda", got ${quoteValue(backend)}`);
+    const choice = opts.backend ?? "cpu";
+    if (!(choice in BACKEND_CODE) && choice !== "auto") {
+      throw new TypeError(`backend must be "auto", "cpu" or "cuda", got ${quoteValue(choice)}`);
     }
-    const device = checkInt("device", opts.device ?? 0, 0, 0x7fffffff);
+    let device = checkInt("device", opts.device ?? 0, 0, 0x7fffffff);
     const lib = opts.lib ?? openNativeLibrary();
+    let backend: NativeBackend;
+    if (choice === "auto") {
+      const r = resolveBackend("auto", device, lib);
+      if (r.fallbackReason !== undefined && opts.logAutoFallback !== false) {
+        noteAutoFallback(r.fallbackReason);
+      }
+      backend = r.backend;
+      device = r.device;
+    } else {
+      backend = choice;
+    }
     const entries = mapWeights(checkpoint.config, checkpoint.tensors, checkpoint.dir);
     const params = encodeModelParams(checkpoint.config, kvDtype, threads, backend, device);
     const paths = encodePaths(checkpoint.files);

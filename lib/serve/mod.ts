@@ -16,6 +16,7 @@ export {
 export { Counter, Gauge, Histogram, Metrics } from "./metrics.ts";
 export { ModelQueue, QueueFullError } from "./queue.ts";
 export { findTier, type Tier } from "./tier.ts";
+export { autoFallbackNote, resolveTierBackends, TierBackendError } from "./backends.ts";
 export { createMigrator, type GateResult, type Migrator } from "./migrator.ts";
 export {
   createRuntime,
@@ -43,7 +44,10 @@ export {
   peekStream,
   readBounded,
   snapshotKey,
+  streamTimer,
+  type StreamTiming,
   tierOfSnapshot,
+  timingHeader,
   untilAborted,
 } from "./handoff.ts";
 export {

@@ -13,6 +13,7 @@ import { Metrics } from "./metrics.ts";
 import { ModelQueue } from "./queue.ts";
 import { createMigrator, type Migrator } from "./migrator.ts";
 import { findTier, type Tier } from "./tier.ts";
+import { autoFallbackNote, resolveTierBackends } from "./backends.ts";
 
 /** Everything the function apps need; see {@link createRuntime}. */
 export interface Runtime {
@@ -125,18 +126,24 @@ export async function createRuntime(
             );
           }
         }
+        const backends = resolveTierBackends(config, opts.native?.lib);
+        const note = autoFallbackNote(backends);
+        if (note !== null) console.error(`kvrelay: ${note}`);
         for (const [rank, name] of config.tierOrder.entries()) {
           const tc = config.tiers[name];
-          if (tc.backend === "cuda") {
-            throw new Error(
-              `tier "${name}": backend "cuda" requested, but this libkvrelay build has only the CPU backend`,
-            );
-          }
+          const be = backends.get(name)!;
           const model = await loadModel(tc.model, {
             ...opts.native,
             kvDtype: tc.kv_dtype,
             threads: tc.threads,
+            backend: be.backend,
+            device: be.device,
           });
+          metrics.backendInfo.set({
+            tier: name,
+            backend: model.native.backend,
+            device: String(model.native.device),
+          }, 1);
           const queue = new ModelQueue(name, tc.concurrency, tc.queue_depth, (_r, waiting) => {
             metrics.queueDepth.set({ tier: name }, waiting);
           });

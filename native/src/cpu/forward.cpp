@@ -9,6 +9,7 @@
 #include "common/device_math.h"
 #include "cpu/attention.h"
 #include "cpu/convert.h"
+#include "cpu/decode_step.h"
 #include "cpu/gemm.h"
 #include "cpu/ops.h"
 
@@ -127,6 +128,10 @@ void forward_chunk(const ModelGeometry& m, const Weights& w, KvCache& kv, const 
 
 void forward(const ModelGeometry& m, const Weights& w, KvCache& kv, const int32_t* tokens, size_t n, size_t pos0, bool all_positions,
              float* logits, Scratch& scratch) {
+  if (n == 1) {  // decode: one parallel region for the whole step (cpu/decode_step.cpp)
+    decode_tuned(m, w, kv, tokens[0], pos0, logits, scratch, scratch.tuner);
+    return;
+  }
   for (size_t c = 0; c < n; c += kChunk) {
     const size_t nc = std::min(kChunk, n - c);
     const bool last = c + nc == n;

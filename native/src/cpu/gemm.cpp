@@ -336,6 +336,18 @@ void matmul_xwt(const float* x, size_t m, size_t ldx, const PackedWeight& w, flo
   if (failed) throw std::bad_alloc();
 }
 
+void gemv_range(const float* x, const PackedWeight& w, float* y, bool accumulate, size_t p0,
+                size_t p1) {
+  if (p0 >= p1 || w.cols() == 0) {
+    if (!accumulate && p0 < p1) {
+      const size_t c0 = p0 * kPanelWidth, c1 = std::min(p1 * kPanelWidth, w.rows());
+      std::memset(y + c0, 0, (c1 - c0) * sizeof(float));
+    }
+    return;
+  }
+  gemv_panels(kernels(), x, w, y, accumulate, p0, p1);
+}
+
 const char* kernel_name() { return kernels().name; }
 
 }  // namespace kvr::cpu

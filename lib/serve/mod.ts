@@ -5,6 +5,7 @@
 // No HTTP: functions/ owns routes, request schemas and the mapping of these errors to statuses.
 
 export {
+  BusyError,
   InputError,
   type InputErrorCode,
   NotFoundError,
@@ -16,6 +17,9 @@ export {
 export { Counter, Gauge, Histogram, Metrics } from "./metrics.ts";
 export { ModelQueue, QueueFullError } from "./queue.ts";
 export { findTier, type Tier } from "./tier.ts";
+export { type RequestContext, tenantId } from "./request.ts";
+export { UploadBudget } from "./uploads.ts";
+export { bodyWithin, type GuardedBody } from "./deadline.ts";
 export { createMigrator, type GateResult, type Migrator } from "./migrator.ts";
 export {
   createRuntime,
@@ -42,9 +46,11 @@ export {
   peekHeader,
   peekStream,
   readBounded,
+  receiveUpload,
   snapshotKey,
   tierOfSnapshot,
   untilAborted,
+  type Upload,
 } from "./handoff.ts";
 export {
   type MigratedSnapshot,
@@ -55,7 +61,9 @@ export {
 export {
   type ChatMessage,
   chatPrompt,
+  checkTextBound,
   messageText,
+  promptChars,
   promptIds,
   type PromptInput,
 } from "./prompt.ts";

@@ -19,8 +19,11 @@ import {
   type Runtime,
   type ServedResult,
   startFromSnapshot,
+  streamTimer,
+  type StreamTiming,
   type Tier,
   tierOfSnapshot,
+  timingHeader,
 } from "../../lib/serve/mod.ts";
 import {
   blameSnapshot,
@@ -86,6 +89,7 @@ async function respond(
   input: Uint8Array | ReadableStream<Uint8Array>,
   header: SnapshotHeader,
   p: z.infer<typeof decodeJsonSchema> | z.infer<typeof decodeQuerySchema>,
+  importTiming?: StreamTiming,
 ): Promise<Response> {
   const options = generationOptions(tier, p);
   if (p.continuation) checkTextBound(tier, p.continuation.length, "continuation");
@@ -105,6 +109,9 @@ async function respond(
     options,
     ctx,
   });
+  // When a streamed snapshot's bytes were read by the import (the import has finished here).
+  const imported = importTiming ? timingHeader(importTiming) : null;
+  if (imported !== null) c.header("x-kvrelay-import-ms", imported);
   const base = {
     tier: tier.name,
     snapshot_tokens: gen.promptIds.length - continuationIds.length,
@@ -126,7 +133,7 @@ async function respond(
       },
     });
   }
-  return sseResponse(
+  const sse = sseResponse(
     async (send) => {
       const it = gen.tokens();
       let step = await it.next();
@@ -150,6 +157,8 @@ async function respond(
     () => ac.abort(),
     (e) => errorBody(e, c.get("requestId")).body,
   );
+  if (imported !== null) sse.headers.set("x-kvrelay-import-ms", imported);
+  return sse;
 }
 
 /**
@@ -169,13 +178,24 @@ export function registerDecode(app: Hono, rt: Runtime): void {
     try {
       // Received whole (checked as it arrives, bounded, within the body deadline) before the
       // request may take a tier slot: a slow upload holds memory it declared, never the engine.
-      const up = await receiveUpload(rt, body, {
+      // The timer records when the snapshot's first and last bytes arrived.
+      const timer = streamTimer();
+      const up = await receiveUpload(rt, body.pipeThrough(timer.transform), {
         client: c.req.raw.signal,
         arrivalMs: c.get("arrivalMs"),
       });
       release = up.release;
       const source = tierOfSnapshot(rt, up.header, target);
-      return await respond(c, rt, target ?? source, source, up.replay(), up.header, q);
+      return await respond(
+        c,
+        rt,
+        target ?? source,
+        source,
+        up.replay(),
+        up.header,
+        q,
+        timer.timing,
+      );
     } catch (e) {
       throw blameSnapshot(e, { snapshot: "body", tier: "tier" });
     } finally {

@@ -208,7 +208,7 @@ Deno.test("snapshots carrying NaN, ±Inf or values that overflow the cache dtype
       body: big,
     });
     assert.equal(res.status, 400);
-    assert.match((await res.json()).error.message, /overflows the f16 cache/);
+    assert.match((await res.json()).error.message, /finite|overflows the f16 cache/);
   } finally {
     await rt.close();
     await rtHalf.close();

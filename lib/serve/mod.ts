@@ -20,6 +20,7 @@ export { findTier, type Tier } from "./tier.ts";
 export { type RequestContext, tenantId } from "./request.ts";
 export { UploadBudget } from "./uploads.ts";
 export { bodyWithin, type GuardedBody } from "./deadline.ts";
+export { autoFallbackNote, resolveTierBackends, TierBackendError } from "./backends.ts";
 export { createMigrator, type GateResult, type Migrator } from "./migrator.ts";
 export {
   createRuntime,
@@ -27,6 +28,8 @@ export {
   requireTier,
   type Runtime,
   type RuntimeOptions,
+  type StartupReport,
+  type TierLoadState,
 } from "./runtime.ts";
 export { type AbortCause, admitSlot, type Slot } from "./slot.ts";
 export {
@@ -48,7 +51,10 @@ export {
   readBounded,
   receiveUpload,
   snapshotKey,
+  streamTimer,
+  type StreamTiming,
   tierOfSnapshot,
+  timingHeader,
   untilAborted,
   type Upload,
 } from "./handoff.ts";

@@ -166,7 +166,8 @@ Deno.test("a body that is not a snapshot is refused at its first bytes, not afte
       const err = (await res.json()).error;
       assert.equal(err.type, "invalid_snapshot_error", url);
       assert.equal(err.param, "body", url);
-      assert.ok(pulls <= 4, `${url}: read ${pulls} pieces of 64 KiB before refusing`);
+      // A few pieces are read ahead by the pass-through stages (byte count, timing).
+      assert.ok(pulls <= 8, `${url}: read ${pulls} pieces of 64 KiB before refusing`);
       assert.ok(cancelled, `${url}: the body was cancelled`);
     }
   } finally {

@@ -3,7 +3,8 @@
 # torch and numpy, no Deno, no network). Builds libkvrelay there with the ptxas resource report
 # (or uses KVRELAY_LIB / a carried build), finds cuBLASLt (torch's nvidia-cublas wheel or the
 # toolkit), then runs scripts/gpu_check/gpu_check.py: correctness vs the CPU backend and a float64
-# reference, compute-sanitizer, bench. Prints one table and `RESULT: N passed, M failed`; JSON and
+# reference, the handoff (device snapshot codec vs the golden files, projection, timing),
+# compute-sanitizer, bench. Prints one table and `RESULT: N passed, M failed`; JSON and
 # logs go to $OUT (default /tmp/gpu_check_out). Ends within ~8 minutes (section budgets).
 # Here (no GPU): `scripts/gpu_check.sh --dry-run` runs the same driver with the CPU standing in.
 set -uo pipefail

@@ -7,6 +7,8 @@ Drives libkvrelay through its C ABI (ctypes, kvr.py) and reports one table plus
                numpy reference (reference.py) at every position of a prefill, chunked prefills and
                24 decodes, on the demo models and generated checkpoints (every family and weight
                dtype), f32 and bf16 KV; KV read/write round trip; 64-step greedy agreement.
+  handoff      golden-snapshot codec export/import byte-identical to the CPU's, projection of the demo
+               pair vs the CPU (KL within 0.005), snapshot GB/s and migration TTFT (handoff.py).
   sanitizer    compute-sanitizer memcheck and racecheck on a short run (this script, --child).
   bench        prefill tokens/s (128/2048/16384) and decode tokens/s (context 512/8192), batch 1, for
                the demo models and random-weight Qwen3-0.6B / Llama-3.1-8B shapes, beside torch eager
@@ -33,6 +35,7 @@ sys.path.insert(0, HERE)
 
 import kvr  # noqa: E402
 from reference import Reference, make_config, test_checkpoints, write_checkpoint  # noqa: E402
+from handoff import section_handoff  # noqa: E402
 
 F32_BOUND, BF16_BOUND = 1e-3, 5e-3  # the repository's oracle bounds (tests/native_vs_reference_test.ts)
 DEMOS = ["tiny-fast", "tiny-balanced", "tiny-powerful"]
@@ -562,7 +565,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lib", default=os.path.join(ROOT, "build", "native", "libkvrelay.so"))
     ap.add_argument("--out", default=os.environ.get("OUT") or os.path.join(tempfile.gettempdir(), "gpu_check_out"))
-    ap.add_argument("--sections", default="correctness,sanitizer,bench")
+    ap.add_argument("--sections", default="correctness,handoff,sanitizer,bench")
     ap.add_argument("--budget", type=float, default=420.0, help="seconds for all sections together")
     ap.add_argument("--dry-run", action="store_true",
                     help="no GPU: the CPU backend stands in for the backend under test")
@@ -586,7 +589,7 @@ def main():
     if not cuda_ok:
         print(f"dry run: no CUDA device ({cuda_info}); the CPU backend stands in for CUDA", flush=True)
     sections = ARGS.sections.split(",")
-    # budgets: correctness 40%, sanitizer 20%, bench the rest
+    # budgets: correctness 35%, handoff 15%, sanitizer 15%, bench the rest
     b = ARGS.budget
     workdir = tempfile.mkdtemp(prefix="kvr_gpu_check_")
     try:
@@ -594,9 +597,11 @@ def main():
         if "correctness" in sections:
             if cuda_ok:
                 check_cublaslt_abi(rep)
-            section_correctness(rep, lib, dut, 0.4 * b, ARGS.quick, workdir)
+            section_correctness(rep, lib, dut, 0.35 * b, ARGS.quick, workdir)
+        if "handoff" in sections:
+            section_handoff(rep, lib, dut, 0.15 * b, ARGS.quick, workdir, try_import_torch()[0] if cuda_ok else None)
         if "sanitizer" in sections:
-            section_sanitizer(rep, ARGS.lib, 0.2 * b, cuda_ok)
+            section_sanitizer(rep, ARGS.lib, 0.15 * b, cuda_ok)
         if "bench" in sections:
             section_bench(rep, lib, max(30.0, b - (time.time() - t_start)), cuda_ok, workdir)
     finally:

@@ -47,3 +47,38 @@ Deno.test("gpu_check.py --dry-run passes its correctness and probe checks on the
     await Deno.remove(out, { recursive: true });
   }
 });
+
+Deno.test("gpu_check.py --dry-run passes its handoff checks (golden-snapshot codec, projection) on the CPU backend", async () => {
+  const out = await Deno.makeTempDir({ prefix: "gpu_check_handoff_" });
+  try {
+    const { code, stdout, stderr } = await new Deno.Command("python3", {
+      args: [
+        `${root}scripts/gpu_check/gpu_check.py`,
+        "--dry-run",
+        "--quick",
+        "--sections",
+        "handoff",
+        "--lib",
+        lib,
+        "--out",
+        out,
+      ],
+      env: { OMP_WAIT_POLICY: "passive" },
+      stdout: "piped",
+      stderr: "piped",
+    }).output();
+    const text = new TextDecoder().decode(stdout) + new TextDecoder().decode(stderr);
+    assert.equal(code, 0, text.slice(-4000));
+    const report = JSON.parse(await Deno.readTextFile(`${out}/gpu_check.json`));
+    assert.equal(report.failed, 0, text.slice(-4000));
+    const names: string[] = report.checks
+      .filter((c: { section: string }) => c.section === "handoff")
+      .map((c: { name: string }) => c.name);
+    // every golden file exported byte for byte and imported, plus the projection checks
+    assert.equal(names.filter((n) => /byte-identical to the golden file/.test(n)).length, 7);
+    assert.equal(names.filter((n) => /restores the CPU's KV/.test(n)).length, 7);
+    assert.ok(names.some((n) => /KL\(full ‖ migrated\)/.test(n)), names.join("\n"));
+  } finally {
+    await Deno.remove(out, { recursive: true });
+  }
+});

@@ -16,6 +16,7 @@
 
 #include "backend.h"
 #include "common/device_math.h"
+#include "cuda/codec_host.h"
 #include "cuda/cublaslt.h"
 #include "cuda/kernels.h"
 #include "cuda/status.h"
@@ -83,6 +84,7 @@ struct CudaSeq final : SeqState {
   PinnedBuf kv_host;  // kv_read/kv_write staging, grown on demand
   uint32_t decode_splits = 1;
   cudaGraphExec_t graph = nullptr;
+  std::unique_ptr<CodecStaging> codec;  // snapshot chunk codec staging (codec_host.cpp), on demand
   ~CudaSeq() override {
     cudaSetDevice(device);
     if (graph) cudaGraphExecDestroy(graph);
@@ -108,6 +110,9 @@ class CudaBackend final : public Backend {
                void* v_out) const override;
   void kv_write(SeqState& s, uint32_t layer, uint32_t start, uint32_t count, uint32_t dtype, const void* k_in,
                 const void* v_in) const override;
+  // The snapshot codec on the device (codec.cu, codec_host.cpp): same bytes as the host codec.
+  void export_chunk(const SeqState& s, const ChunkSpec& c, uint8_t* frame, size_t frame_len) const override;
+  void import_chunk(SeqState& s, const ChunkSpec& c, const uint8_t* frame, size_t frame_len) const override;
   std::string failure() const override {
     if (!failed_.load()) return {};
     std::lock_guard<std::mutex> lock(fail_mu_);
@@ -350,6 +355,24 @@ std::unique_ptr<SeqState> CudaBackend::create_seq(uint32_t capacity) const {
      "allocating pinned logits");
   ck(cudaStreamSynchronize(s->stream), "zeroing the KV cache");
   return s;
+}
+
+void CudaBackend::export_chunk(const SeqState& ss, const ChunkSpec& c, uint8_t* frame, size_t frame_len) const {
+  ensure_healthy();
+  use_device();
+  CudaSeq& s = const_cast<CudaSeq&>(static_cast<const CudaSeq&>(ss));  // staging only; the cache is read
+  if (!s.codec) s.codec = std::make_unique<CodecStaging>();
+  const DevKv kv{static_cast<uint8_t*>(s.kv.p), s.capacity, g_.kv_dtype(), g_.layers, g_.kv_heads, g_.head_dim};
+  s.codec->export_chunk(kv, c, frame, frame_len, s.stream, [this](cudaError_t e, const char* w) { ck(e, w); });
+}
+
+void CudaBackend::import_chunk(SeqState& ss, const ChunkSpec& c, const uint8_t* frame, size_t frame_len) const {
+  ensure_healthy();
+  use_device();
+  CudaSeq& s = static_cast<CudaSeq&>(ss);
+  if (!s.codec) s.codec = std::make_unique<CodecStaging>();
+  const DevKv kv{static_cast<uint8_t*>(s.kv.p), s.capacity, g_.kv_dtype(), g_.layers, g_.kv_heads, g_.head_dim};
+  s.codec->import_chunk(kv, c, frame, frame_len, s.stream, [this](cudaError_t e, const char* w) { ck(e, w); });
 }
 
 uint8_t* CudaBackend::kv_layer(const CudaSeq& s, size_t layer, bool v) const {

@@ -32,6 +32,12 @@ inline bool use_avx2_gemm() {
   const CpuFeatures& f = cpu_features();
   return f.avx2 && f.fma && !f.gemm_forced_generic;
 }
+// GEMM micro-kernels with AVX-512F zmm registers (same bits as AVX2), unless KVRELAY_CPU_KERNEL
+// is generic or avx2.
+inline bool use_avx512_gemm() {
+  const CpuFeatures& f = cpu_features();
+  return f.avx512f && use_avx2_gemm() && !f.gemm_forced_avx2;
+}
 // q8 weight kernels with AVX-512 VNNI (F/BW/VL + vpdpbusd), unless KVRELAY_CPU_KERNEL is
 // generic or avx2.
 inline bool use_avx512_vnni() {

@@ -42,6 +42,7 @@ constexpr size_t kMaxWholeA = size_t{1} << 22;
 
 const KernelTable& choose_kernels() {
   // KVRELAY_CPU_KERNEL=generic and the CPU's features: cpu_features.h (the one dispatch)
+  if (use_avx512_gemm()) return detail::avx512_kernels();
   return use_avx2_gemm() ? detail::avx2_kernels() : detail::generic_kernels();
 }
 

@@ -13,13 +13,22 @@ Deno.test("GET /healthz, /readyz, /metrics answer; /readyz is 503 before models 
     assert.deepEqual(await (await app.request("/healthz")).json(), { status: "ok" });
     const notReady = await app.request("/readyz");
     assert.equal(notReady.status, 503);
-    assert.equal((await notReady.json()).error.type, "unavailable_error");
+    const notReadyBody = await notReady.json();
+    assert.equal(notReadyBody.error.type, "unavailable_error");
+    assert.deepEqual(notReadyBody.tiers, { fast: { state: "loading" } });
     const gen = await app.request("/v1/generate", post({ prompt: "hi", user_id: "u" }));
     assert.equal(gen.status, 503);
     await cold.load();
     const ready = await app.request("/readyz");
     assert.equal(ready.status, 200);
-    assert.deepEqual((await ready.json()).tiers, ["fast"]);
+    const readyBody = await ready.json();
+    assert.deepEqual(readyBody.tiers, ["fast"]);
+    // Where the start went: each phase of the tier's load, measured.
+    assert.equal(readyBody.startup.tiers.fast.state, "ready");
+    for (const phase of ["checkpoint", "tokenizer", "weights"]) {
+      assert.ok(readyBody.startup.tiers.fast.loadMs[phase] > 0, phase);
+    }
+    assert.ok(readyBody.startup.readyMs >= readyBody.startup.loadStartedMs);
     const metrics = await app.request("/metrics");
     assert.match(metrics.headers.get("content-type")!, /^text\/plain; version=0\.0\.4/);
     const text = await metrics.text();
@@ -33,6 +42,27 @@ Deno.test("GET /healthz, /readyz, /metrics answer; /readyz is 503 before models 
     );
   } finally {
     await cold.close();
+  }
+});
+
+Deno.test("GET /readyz is 503 naming the tier when its device has failed (kvr_model_health)", async () => {
+  const rt = await testRuntime();
+  try {
+    const app = createGenerateApp(rt);
+    assert.equal((await app.request("/readyz")).status, 200);
+    // A CUDA kernel fault marks the backend failed; the CPU never fails, so stand one in.
+    const native = rt.tiers.get("fast")!.model.native;
+    native.health = () => "CUDA device 0 failed: cudaErrorIllegalAddress (700)";
+    const res = await app.request("/readyz");
+    assert.equal(res.status, 503);
+    const body = await res.json();
+    assert.equal(body.error.type, "unavailable_error");
+    assert.equal(
+      body.error.message,
+      "tier fast: CUDA device 0 failed: cudaErrorIllegalAddress (700)",
+    );
+  } finally {
+    await rt.close();
   }
 });
 

@@ -18,7 +18,14 @@ export const STATUS_NAMES: Readonly<Record<number, string>> = {
   [-6]: "OUT_OF_MEMORY",
   [-7]: "CORRUPT",
   [-8]: "INTERNAL",
+  [-9]: "CHECKSUM",
 };
+
+/** kvr_kv_encoding codes (snapshot chunk encodings; 0–2 coincide with kvr_dtype). */
+export const ENCODING_CODE = { f32: 0, f16: 1, bf16: 2, q8: 3, q4: 4 } as const;
+
+/** A snapshot chunk encoding (kvr_kv_encoding). */
+export type KvEncoding = keyof typeof ENCODING_CODE;
 
 /** kvr_dtype codes by safetensors / KV dtype name. */
 export const DTYPE_CODE = { F32: 0, F16: 1, BF16: 2, f32: 0, f16: 1, bf16: 2 } as const;

@@ -5,6 +5,7 @@
 
 export { EngineError } from "./errors.ts";
 export { assertKvDtype, dtypeByteSize, type KvDtype } from "./dtype.ts";
+export { ENCODING_CODE, type KvEncoding } from "./abi.ts";
 export { NativeLibrary, openNativeLibrary } from "./library.ts";
 export { NativeModel, type NativeModelOptions } from "./model.ts";
 export { NativeSequence } from "./sequence.ts";

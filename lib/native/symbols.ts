@@ -12,6 +12,14 @@ export const coreSymbols = {
     parameters: ["buffer", "buffer", "usize", "u32", "buffer", "usize", "buffer"],
     result: "i32",
   },
+  // The same function on a worker thread (model loads can take seconds: weights are read and
+  // packed). Its kvr_last_error() stays on that thread; see NativeModel.loadAsync.
+  kvr_model_load_nonblocking: {
+    name: "kvr_model_load",
+    parameters: ["buffer", "buffer", "usize", "u32", "buffer", "usize", "buffer"],
+    result: "i32",
+    nonblocking: true,
+  },
   kvr_model_free: { parameters: ["pointer"], result: "void" },
   kvr_model_threads: { parameters: ["pointer"], result: "u32" },
   kvr_model_weight_bytes: { parameters: ["pointer"], result: "u64" },
@@ -22,6 +30,7 @@ export const coreSymbols = {
     parameters: ["pointer", "buffer", "buffer", "buffer", "usize"],
     result: "i32",
   },
+  kvr_model_health: { parameters: ["pointer", "buffer", "usize"], result: "i32" },
   kvr_seq_create: { parameters: ["pointer", "u32", "buffer"], result: "i32" },
   kvr_seq_free: { parameters: ["pointer"], result: "void" },
   kvr_seq_length: { parameters: ["pointer"], result: "u32" },
@@ -78,6 +87,18 @@ export const coreSymbols = {
 export const codecSymbols = {
   // (data u8*, len, crc, out u32*)
   kvr_crc32c: { parameters: ["buffer", "usize", "u32", "buffer"], result: "i32" },
+  // (seq, encoding, group_size, tokens, out u64*)
+  kvr_seq_chunk_bytes: { parameters: ["pointer", "u32", "u32", "u32", "buffer"], result: "i32" },
+  // (seq, encoding, group_size, index, start, tokens, frame u8*, frame_len)
+  kvr_seq_export_chunk: {
+    parameters: ["pointer", "u32", "u32", "u32", "u32", "u32", "buffer", "usize"],
+    result: "i32",
+  },
+  // (seq, encoding, group_size, index, start, tokens, frame u8*, frame_len)
+  kvr_seq_import_chunk: {
+    parameters: ["pointer", "u32", "u32", "u32", "u32", "u32", "buffer", "usize"],
+    result: "i32",
+  },
   // (x f32*, x_len, heads, tokens, head_dim, axis, codes i8*, codes_len, scales f32*, scales_len)
   kvr_kv_quantize_q8: {
     parameters: [

@@ -40,7 +40,8 @@ typedef enum kvr_status {
   KVR_ERR_UNSUPPORTED = -5,      /* architecture, dtype or feature not implemented */
   KVR_ERR_OUT_OF_MEMORY = -6,
   KVR_ERR_CORRUPT = -7,          /* file contents inconsistent with the tensor table */
-  KVR_ERR_INTERNAL = -8
+  KVR_ERR_INTERNAL = -8,
+  KVR_ERR_CHECKSUM = -9          /* a stored CRC32C does not match the bytes (snapshot chunk) */
 } kvr_status;
 
 /* Element types, shared by weights, KV cache and KV read/write buffers. */
@@ -336,6 +337,49 @@ KVR_API int32_t kvr_kv_dequantize_q4(const uint8_t* codes, size_t codes_len, con
  * has them, else a table. data may be NULL only when len = 0.
  */
 KVR_API int32_t kvr_crc32c(const uint8_t* data, size_t len, uint32_t crc, uint32_t* out);
+
+/*
+ * Snapshot chunk frames straight from / into a sequence's KV cache (docs/snapshot-format.md §1.3,
+ * §2; design in docs/gpu-handoff.md): the backend encodes or decodes every layer of the token
+ * range itself (CPU: from the host cache; CUDA: on the device), so raw KV never crosses into the
+ * caller. The bytes equal what lib/snapshot/chunk.ts encodeChunk writes from kvr_seq_kv_read.
+ * A frame here is the unsigned frame: index (u32), tokens (u32), payload, CRC32C (u32) — an
+ * HMAC tag, when signed, is the caller's and is not part of frame/frame_len.
+ * encoding: kvr_kv_encoding; group_size: the q4 group (1..1024), must be 0 for every other
+ * encoding. tokens >= 1.
+ */
+typedef enum kvr_kv_encoding {
+  KVR_ENC_F32 = 0, /* codes 0..2 coincide with kvr_dtype */
+  KVR_ENC_F16 = 1,
+  KVR_ENC_BF16 = 2,
+  KVR_ENC_Q8 = 3,
+  KVR_ENC_Q4 = 4
+} kvr_kv_encoding;
+
+/* Bytes of one unsigned chunk frame of `tokens` tokens of this sequence's model, into *out. */
+KVR_API int32_t kvr_seq_chunk_bytes(const kvr_seq* seq, uint32_t encoding, uint32_t group_size,
+                                    uint32_t tokens, uint64_t* out);
+/*
+ * Encodes positions [start, start+tokens) (start+tokens <= length) as chunk `index` into frame
+ * (frame_len must equal kvr_seq_chunk_bytes). q8/q4 refuse non-finite KV
+ * (KVR_ERR_INVALID_ARGUMENT). Lossless encodings read the cache in the encoding's type (exact
+ * when it is the cache's type, else rounded to nearest even).
+ */
+KVR_API int32_t kvr_seq_export_chunk(const kvr_seq* seq, uint32_t encoding, uint32_t group_size,
+                                     uint32_t index, uint32_t start, uint32_t tokens,
+                                     uint8_t* frame, size_t frame_len);
+/*
+ * Checks and imports chunk frame `index` holding positions [start, start+tokens): start <=
+ * length, start+tokens <= capacity (KVR_ERR_OUT_OF_RANGE / KVR_ERR_CAPACITY), frame_len equal to
+ * kvr_seq_chunk_bytes (KVR_ERR_INVALID_ARGUMENT). Then, before writing anything: the CRC32C
+ * (KVR_ERR_CHECKSUM "chunk I checksum mismatch: stored crc32c 0x…, computed 0x…"), the stored
+ * index and token count (KVR_ERR_CORRUPT), every q8/q4 scale and min (KVR_ERR_CORRUPT). Then
+ * writes every layer (converted to the cache type, nearest even) and sets the length to
+ * start+tokens. On failure nothing is written and the length is unchanged.
+ */
+KVR_API int32_t kvr_seq_import_chunk(kvr_seq* seq, uint32_t encoding, uint32_t group_size,
+                                     uint32_t index, uint32_t start, uint32_t tokens,
+                                     const uint8_t* frame, size_t frame_len);
 
 /* ---- end KV snapshot codec ---- */
 

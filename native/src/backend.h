@@ -12,10 +12,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
+#include "common/chunk_layout.h"
 #include "kvrelay.h"
 
 namespace kvr {
@@ -86,6 +89,28 @@ class SeqState {
   virtual ~SeqState() = default;
 };
 
+// One snapshot chunk of a sequence (kvr_seq_export_chunk / kvr_seq_import_chunk), validated by the
+// neutral layer: layout.encoding a kvr_kv_encoding, layout.group the q4 group (0 otherwise),
+// layout.tokens >= 1, the model's layers/heads/dim; frame_len = layout.frame_bytes().
+struct ChunkSpec {
+  chunk::Layout layout;
+  uint32_t index = 0;  // stored in the frame
+  uint32_t start = 0;  // cache position of the chunk's first token
+};
+
+// A linear KV projector as kvr_projector_apply_seq hands it to a backend (projector.cpp): shapes,
+// row-major weights on request, biases, and a slot where a device backend keeps its copy of the
+// weights for the projector's lifetime (guarded by slot_mutex).
+struct LinearProjection {
+  size_t src_layers = 0, src_heads = 0, src_dim = 0, dst_layers = 0, dst_heads = 0, dst_dim = 0;
+  // Writes W_k (keys) or W_v (n_dst, n_src) row-major f32 into out.
+  std::function<void(bool keys, float* out)> weights;
+  const float* bk = nullptr;  // (n_dst)
+  const float* bv = nullptr;
+  std::shared_ptr<void>* slot = nullptr;
+  std::mutex* slot_mutex = nullptr;
+};
+
 // A model's weights on one device. Immutable after construction: every method is const and may
 // run concurrently on different SeqStates (one call at a time per SeqState). Arguments are
 // already validated by the neutral layer (ranges, sizes, token ids, capacity).
@@ -115,10 +140,28 @@ class Backend {
   // The inverse copy (host → cache), same layout and conversion rules; start+count <= capacity.
   virtual void kv_write(SeqState& s, uint32_t layer, uint32_t start, uint32_t count, uint32_t dtype,
                         const void* k_in, const void* v_in) const = 0;
+  // Encodes chunk c (positions [start, start+tokens) < length, every layer) into the host buffer
+  // frame (frame_len bytes, the unsigned frame incl. its CRC32C). Throws BackendError
+  // KVR_ERR_INVALID_ARGUMENT for non-finite KV under q8/q4. The default (chunk_codec.cpp) goes
+  // through kv_read and the CPU quantizers; a device backend overrides it to encode in place.
+  virtual void export_chunk(const SeqState& s, const ChunkSpec& c, uint8_t* frame, size_t frame_len) const;
+  // Checks (CRC32C: KVR_ERR_CHECKSUM; stored index/tokens, scales, mins: KVR_ERR_CORRUPT) and then
+  // writes chunk c from the host frame into positions [start, start+tokens) of every layer
+  // (start+tokens <= capacity); writes nothing when a check fails. The neutral layer sets length.
+  virtual void import_chunk(SeqState& s, const ChunkSpec& c, const uint8_t* frame, size_t frame_len) const;
   // Empty while the backend is usable, else why not: a device fault (a CUDA kernel error leaves the
   // context unusable) fails every later call, and the model must be reloaded. Any thread
   // (kvr_model_health; /readyz answers 503 then).
   virtual std::string failure() const { return {}; }
+  // Projects positions [0, n_tokens) of `src` (a sequence of `src_backend`'s model) into `dst`
+  // (this backend's) and returns true, or returns false without touching anything when this
+  // backend cannot do it natively (then projector.cpp takes the copy path). The CUDA backend does
+  // it when both sequences live on its device (docs/gpu-handoff.md).
+  virtual bool project_linear(const SeqState& src, const Backend& src_backend, SeqState& dst,
+                              const LinearProjection& p, uint32_t n_tokens) const {
+    (void)src, (void)src_backend, (void)dst, (void)p, (void)n_tokens;
+    return false;
+  }
 };
 
 // The CPU backend (native/src/cpu/cpu_backend.cpp): packs the weights from the table.

@@ -18,7 +18,11 @@ export const STATUS_NAMES: Readonly<Record<number, string>> = {
   [-6]: "OUT_OF_MEMORY",
   [-7]: "CORRUPT",
   [-8]: "INTERNAL",
+  [-9]: "POOL_EXHAUSTED",
 };
+
+/** KVR_ERR_POOL_EXHAUSTED: a paged sequence needs more KV blocks than its pool has free. */
+export const STATUS_POOL_EXHAUSTED = -9;
 
 /** kvr_dtype codes by safetensors / KV dtype name. */
 export const DTYPE_CODE = { F32: 0, F16: 1, BF16: 2, f32: 0, f16: 1, bf16: 2 } as const;

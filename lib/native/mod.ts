@@ -7,5 +7,8 @@ export { assertKvDtype, dtypeByteSize, type KvDtype } from "./dtype.ts";
 export { NativeLibrary, openNativeLibrary } from "./library.ts";
 export { NativeModel, type NativeModelOptions } from "./model.ts";
 export { NativeSequence } from "./sequence.ts";
+export { KvPool } from "./kv_pool.ts";
+export { type BatchItem, MAX_BATCH_SEQS, MAX_BATCH_TOKENS } from "./batch.ts";
+export { STATUS_POOL_EXHAUSTED } from "./abi.ts";
 export { cpuKernelName, gemmBench, gemmF32 } from "./gemm.ts";
 export { encodeModelParams, encodePaths, encodeTensorTable } from "./layout.ts";

@@ -560,6 +560,10 @@ KVR_API int32_t kvr_projector_apply_seq(const kvr_projector* cprojector, const k
       return fail(KVR_ERR_CAPACITY,
                   format("%s: n_tokens %u exceeds the target sequence's capacity %zu", fn,
                          n_tokens, dst->kv.capacity));
+    if (!dst->kv.reserve(n_tokens))
+      return fail(KVR_ERR_POOL_EXHAUSTED,
+                  format("%s: the target's KV pool has %zu free blocks, %zu needed for %u tokens", fn,
+                         dst->kv.pool->free_count(), dst->kv.blocks_needed(n_tokens), n_tokens));
     if (!kvr::cpu::project_cache(src->kv, p->src_freq, dst->kv, p->dst_freq, p->wk, p->bk.data(),
                                  p->wv, p->bv.data(), n_tokens, nt))
       return fail(KVR_ERR_OUT_OF_MEMORY, format("%s: out of memory (GEMM scratch)", fn));

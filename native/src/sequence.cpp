@@ -41,6 +41,14 @@ int32_t guarded(kvr_seq* seq, const char* what, F&& f) {
   }
 }
 
+// The failure of a paged sequence that cannot get the blocks for `tokens` positions.
+int32_t pool_exhausted(kvr_seq* seq, size_t tokens) {
+  const KvCache& kv = seq->kv;
+  return seq_fail(seq, KVR_ERR_POOL_EXHAUSTED,
+                  format("KV pool exhausted: %zu more block(s) of %zu tokens needed for %zu positions, %zu free",
+                         kv.blocks_needed(tokens), kv.pool->block_tokens, tokens, kv.pool->free_count()));
+}
+
 int32_t prefill_impl(kvr_seq* seq, const int32_t* tokens, size_t n, uint32_t all_positions, float* logits,
                      size_t logits_len) {
   const Model& m = *seq->model;
@@ -63,6 +71,7 @@ int32_t prefill_impl(kvr_seq* seq, const int32_t* tokens, size_t n, uint32_t all
       return seq_fail(seq, KVR_ERR_OUT_OF_RANGE,
                       format("token id %d at index %zu is out of range [0, %zu)", tokens[i], i, m.vocab));
   }
+  if (!seq->kv.reserve(seq->length + n)) return pool_exhausted(seq, seq->length + n);
   cpu::forward(m, seq->kv, tokens, n, seq->length, all_positions != 0, logits, seq->scratch);
   seq->length += static_cast<uint32_t>(n);
   return KVR_OK;
@@ -94,25 +103,33 @@ int32_t kv_check(kvr_seq* seq, uint32_t layer, uint32_t start, uint32_t count, u
   return KVR_OK;
 }
 
-// Copies (kv_heads, count, head_dim) between a caller buffer in `dtype` and the cache plane.
-void kv_copy(const KvCache& kv, uint8_t* plane, uint32_t start, uint32_t count, uint32_t dtype, uint8_t* buf,
-             bool to_cache) {
+// Copies (kv_heads, count, head_dim) between a caller buffer in `dtype` and the cache's K
+// (which = 0) or V (1) of one layer, run by run (a paged cache is contiguous within a block).
+void kv_copy(const KvCache& kv, size_t layer, size_t which, uint32_t start, uint32_t count, uint32_t dtype,
+             uint8_t* buf, bool to_cache) {
   const size_t hd = kv.head_dim, bes = dtype_size(dtype);
-  const size_t row_elems = static_cast<size_t>(count) * hd;
   std::vector<float> tmp;
-  if (dtype != kv.dtype) tmp.resize(row_elems);
+  if (dtype != kv.dtype) tmp.resize(std::min<size_t>(count, kv.run(start)) * hd);
   for (size_t g = 0; g < kv.kv_heads; ++g) {
-    uint8_t* c = plane + g * kv.head_bytes() + static_cast<size_t>(start) * hd * kv.elem;
-    uint8_t* b = buf + g * row_elems * bes;
-    if (dtype == kv.dtype) {
-      if (to_cache) std::memcpy(c, b, row_elems * bes);
-      else std::memcpy(b, c, row_elems * bes);
-    } else if (to_cache) {
-      cpu::to_f32(b, dtype, tmp.data(), row_elems);
-      cpu::from_f32(tmp.data(), kv.dtype, c, row_elems);
-    } else {
-      cpu::to_f32(c, kv.dtype, tmp.data(), row_elems);
-      cpu::from_f32(tmp.data(), dtype, b, row_elems);
+    for (size_t p = start; p < static_cast<size_t>(start) + count;) {
+      const size_t len = std::min(kv.run(p), static_cast<size_t>(start) + count - p);
+      const size_t elems = len * hd;
+      uint8_t* c = kv.at(layer, which, g, p);
+      uint8_t* b = buf + (g * count + (p - start)) * hd * bes;
+      if (dtype == kv.dtype) {
+        if (to_cache) std::memcpy(c, b, elems * bes);
+        else std::memcpy(b, c, elems * bes);
+      } else {
+        if (tmp.size() < elems) tmp.resize(elems);
+        if (to_cache) {
+          cpu::to_f32(b, dtype, tmp.data(), elems);
+          cpu::from_f32(tmp.data(), kv.dtype, c, elems);
+        } else {
+          cpu::to_f32(c, kv.dtype, tmp.data(), elems);
+          cpu::from_f32(tmp.data(), dtype, b, elems);
+        }
+      }
+      p += len;
     }
   }
 }
@@ -188,6 +205,7 @@ KVR_API int32_t kvr_seq_truncate(kvr_seq* seq, uint32_t n_tokens) {
     return seq_fail(seq, KVR_ERR_OUT_OF_RANGE,
                     format("truncate to %u tokens exceeds length %u", n_tokens, seq->length));
   seq->length = n_tokens;
+  seq->kv.shrink(n_tokens);
   return KVR_OK;
 }
 
@@ -197,8 +215,8 @@ KVR_API int32_t kvr_seq_kv_read(const kvr_seq* cseq, uint32_t layer, uint32_t st
   kvr_seq* seq = const_cast<kvr_seq*>(cseq);  // only last_error is written
   return kvr::guarded(seq, "kv_read", [&] {
     if (int32_t st = kvr::kv_check(seq, layer, start, count, dtype, k_out, k_bytes, v_out, v_bytes, false)) return st;
-    kvr::kv_copy(seq->kv, seq->kv.k(layer), start, count, dtype, static_cast<uint8_t*>(k_out), false);
-    kvr::kv_copy(seq->kv, seq->kv.v(layer), start, count, dtype, static_cast<uint8_t*>(v_out), false);
+    kvr::kv_copy(seq->kv, layer, 0, start, count, dtype, static_cast<uint8_t*>(k_out), false);
+    kvr::kv_copy(seq->kv, layer, 1, start, count, dtype, static_cast<uint8_t*>(v_out), false);
     return static_cast<int32_t>(KVR_OK);
   });
 }
@@ -208,10 +226,11 @@ KVR_API int32_t kvr_seq_kv_write(kvr_seq* seq, uint32_t layer, uint32_t start, u
   if (!seq) return fail(KVR_ERR_INVALID_ARGUMENT, "seq is NULL");
   return kvr::guarded(seq, "kv_write", [&] {
     if (int32_t st = kvr::kv_check(seq, layer, start, count, dtype, k_in, k_bytes, v_in, v_bytes, true)) return st;
-    kvr::kv_copy(seq->kv, seq->kv.k(layer), start, count, dtype,
-                 const_cast<uint8_t*>(static_cast<const uint8_t*>(k_in)), true);
-    kvr::kv_copy(seq->kv, seq->kv.v(layer), start, count, dtype,
-                 const_cast<uint8_t*>(static_cast<const uint8_t*>(v_in)), true);
+    if (!seq->kv.reserve(static_cast<size_t>(start) + count)) return kvr::pool_exhausted(seq, start + count);
+    kvr::kv_copy(seq->kv, layer, 0, start, count, dtype, const_cast<uint8_t*>(static_cast<const uint8_t*>(k_in)),
+                 true);
+    kvr::kv_copy(seq->kv, layer, 1, start, count, dtype, const_cast<uint8_t*>(static_cast<const uint8_t*>(v_in)),
+                 true);
     return static_cast<int32_t>(KVR_OK);
   });
 }
@@ -221,7 +240,12 @@ KVR_API int32_t kvr_seq_set_length(kvr_seq* seq, uint32_t n_tokens) {
   if (n_tokens > seq->kv.capacity)
     return seq_fail(seq, KVR_ERR_OUT_OF_RANGE,
                     format("set_length %u exceeds capacity %zu", n_tokens, seq->kv.capacity));
+  const int32_t st = kvr::guarded(seq, "set_length", [&] {
+    return seq->kv.reserve(n_tokens) ? static_cast<int32_t>(KVR_OK) : kvr::pool_exhausted(seq, n_tokens);
+  });
+  if (st != KVR_OK) return st;
   seq->length = n_tokens;
+  seq->kv.shrink(n_tokens);
   return KVR_OK;
 }
 

@@ -28,6 +28,12 @@ constexpr size_t kQBlock = 24;       // queries per work item (× the GQA group'
 constexpr double kMinParallelWork = 1 << 20;  // multiply-adds below which one thread is faster
 constexpr size_t kBlockMinRows = 8;  // fewer rows (decode): per-row kernel, no K transpose
 
+// Keys per tile: kTile, or the block size of a paged cache with smaller blocks, so a tile never
+// straddles two blocks (f32 tiles are then read in place from either storage).
+size_t tile_keys(const KvCache& kv) {
+  return kv.paged() ? std::min(kTile, kv.pool->block_tokens) : kTile;
+}
+
 struct Plan {
   bool parallel;
   size_t group, qblock, nqb, splits, items, rows_max;
@@ -42,7 +48,8 @@ Plan make_plan(const AttnArgs& a) {
   p.nqb = (a.n + p.qblock - 1) / p.qblock;
   const size_t base = a.kv_heads * p.nqb;
   const size_t want = 2 * static_cast<size_t>(std::max(a.n_threads, 1));
-  const size_t tiles = (a.pos0 + a.n + kTile - 1) / kTile;
+  const size_t tile = tile_keys(*a.kv);
+  const size_t tiles = (a.pos0 + a.n + tile - 1) / tile;
   // Multiply-adds (upper bound); small problems run on the calling thread (no fork/join).
   const double work = 2.0 * a.heads * a.n * static_cast<double>(a.pos0 + a.n) * a.head_dim;
   p.parallel = a.n_threads > 1 && work >= kMinParallelWork;
@@ -347,8 +354,9 @@ void attention(const AttnArgs& a, float* scratch) {
   const Plan p = make_plan(a);
   const size_t hd = a.head_dim;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
-  const size_t es = a.dtype == KVR_DTYPE_F32 ? 4 : 2;
-  const size_t head_bytes = a.capacity * hd * es;
+  const KvCache& kv = *a.kv;
+  const uint32_t dtype = kv.dtype;
+  const size_t tile = tile_keys(kv);
   float* partial = scratch;
   // Thread blocks start 64-byte aligned (they hold pointer and size_t arrays).
   float* thread_base = scratch + ((p.items * p.partial_per_item + 15) & ~size_t{15});
@@ -381,7 +389,7 @@ void attention(const AttnArgs& a, float* scratch) {
       const size_t i0 = qb * p.qblock, i1 = std::min(a.n, i0 + p.qblock);
       const size_t rows = (i1 - i0) * p.group;
       const size_t kend = a.pos0 + i1;  // keys [0, kend) visible to the block's last query
-      const size_t ntiles = (kend + kTile - 1) / kTile;
+      const size_t ntiles = (kend + tile - 1) / tile;
       const size_t t_begin = ntiles * seg / p.splits, t_end = ntiles * (seg + 1) / p.splits;
       float* acc = partial + item * p.partial_per_item;  // (rows, hd)
       float* mrow = acc + p.rows_max * hd;               // (rows)
@@ -391,19 +399,19 @@ void attention(const AttnArgs& a, float* scratch) {
         lrow[r] = 0.f;
       }
       std::fill(acc, acc + rows * hd, 0.f);
-      const uint8_t* kh = a.k + g * head_bytes;
-      const uint8_t* vh = a.v + g * head_bytes;
       for (size_t tt = t_begin; tt < t_end; ++tt) {
-        const size_t k0 = tt * kTile;
-        const size_t tl = std::min(kTile, kend - k0);
+        const size_t k0 = tt * tile;
+        const size_t tl = std::min(tile, kend - k0);
+        const uint8_t* kh = kv.at(a.layer, 0, g, k0);  // tl contiguous (tl, hd) rows
+        const uint8_t* vh = kv.at(a.layer, 1, g, k0);
         const float* kt;
         const float* vt;
-        if (a.dtype == KVR_DTYPE_F32) {
-          kt = reinterpret_cast<const float*>(kh) + k0 * hd;
-          vt = reinterpret_cast<const float*>(vh) + k0 * hd;
+        if (dtype == KVR_DTYPE_F32) {
+          kt = reinterpret_cast<const float*>(kh);
+          vt = reinterpret_cast<const float*>(vh);
         } else {
-          to_f32(kh + k0 * hd * es, a.dtype, ktile, tl * hd);
-          to_f32(vh + k0 * hd * es, a.dtype, vtile, tl * hd);
+          to_f32(kh, dtype, ktile, tl * hd);
+          to_f32(vh, dtype, vtile, tl * hd);
           kt = ktile;
           vt = vtile;
         }

@@ -103,7 +103,9 @@ export async function runBatchStep(
       BigInt(wanted * vocab),
     );
     // The message is on every sequence of the batch; read it before a deferred free runs.
-    if (status !== 0) message = cString(lib.symbols.kvr_seq_last_error(Deno.UnsafePointer.create(ptrs[0])));
+    if (status !== 0) {
+      message = cString(lib.symbols.kvr_seq_last_error(Deno.UnsafePointer.create(ptrs[0])));
+    }
   } finally {
     for (const s of held) s.endHold();
   }

@@ -7,7 +7,11 @@ import assert from "node:assert/strict";
 import { loadCheckpoint } from "../model/mod.ts";
 import { type BatchItem, type KvDtype, NativeModel, type NativeSequence } from "./mod.ts";
 import { checkpoint, DEMO_DIRS, relDiff, tokens } from "./test_helpers.ts";
-import { mulberry32, ORACLE_CASES, writeRandomCheckpoint } from "../../tests/fixtures/random_checkpoint.ts";
+import {
+  mulberry32,
+  ORACLE_CASES,
+  writeRandomCheckpoint,
+} from "../../tests/fixtures/random_checkpoint.ts";
 import { loadReferenceModel, referenceForward } from "../../tests/reference/forward.ts";
 
 /** Batched vs alone on CPU: the issue's bound (same kernels, different summation splits). */
@@ -48,7 +52,12 @@ async function batchedVsAlone(
   const lanes: Lane[] = [];
   for (let i = 0; i < opts.lanes; i++) {
     const n = 1 + Math.floor(rnd() * opts.maxLen);
-    lanes.push({ ids: tokens(n, vocab, opts.seed * 100 + i), seq: null, fed: 0, joinAt: Math.floor(rnd() * 6) });
+    lanes.push({
+      ids: tokens(n, vocab, opts.seed * 100 + i),
+      seq: null,
+      fed: 0,
+      joinAt: Math.floor(rnd() * 6),
+    });
   }
   const alone: Float32Array[] = [];
   for (const l of lanes) {
@@ -63,7 +72,10 @@ async function batchedVsAlone(
       lanes.forEach((l, i) => {
         if (step < l.joinAt || l.fed >= l.ids.length || rnd() < 0.25) return;
         l.seq ??= pool ? pool.createSequence(l.ids.length) : model.createSequence(l.ids.length);
-        const n = Math.min(l.ids.length - l.fed, rnd() < 0.5 ? 1 : 1 + Math.floor(rnd() * opts.maxChunk));
+        const n = Math.min(
+          l.ids.length - l.fed,
+          rnd() < 0.5 ? 1 : 1 + Math.floor(rnd() * opts.maxChunk),
+        );
         const want = rnd() < 0.8 || l.fed + n === l.ids.length;
         items.push({ seq: l.seq, tokens: l.ids.slice(l.fed, l.fed + n), wantLogits: want });
         which.push({ lane: i, pos: l.fed + n - 1, want });
@@ -102,7 +114,13 @@ for (const dir of DEMO_DIRS) {
   for (const kvDtype of ["f32", "bf16"] as KvDtype[]) {
     Deno.test(`batchStep() gives every sequence its alone logits on ${name} (${kvDtype} KV, paged, random mixes)`, async () => {
       using model = NativeModel.load(await checkpoint(dir), { threads: 2, kvDtype });
-      const r = await batchedVsAlone(model, { lanes: 12, maxLen: 90, maxChunk: 24, seed: 7, paged: true });
+      const r = await batchedVsAlone(model, {
+        lanes: 12,
+        maxLen: 90,
+        maxChunk: 24,
+        seed: 7,
+        paged: true,
+      });
       assert.ok(r.rows > 40, `compared ${r.rows} rows`);
       const tol = kvDtype === "f32" ? REL_TOL : REL_TOL_BF16;
       assert.ok(r.worst <= tol, `${name}: worst relative difference ${r.worst.toExponential(3)}`);
@@ -112,7 +130,13 @@ for (const dir of DEMO_DIRS) {
 
 Deno.test("batchStep() matches alone with contiguous sequences and one thread (tiny-powerful)", async () => {
   using model = NativeModel.load(await checkpoint(DEMO_DIRS[2]), { threads: 1 });
-  const r = await batchedVsAlone(model, { lanes: 6, maxLen: 300, maxChunk: 200, seed: 3, paged: false });
+  const r = await batchedVsAlone(model, {
+    lanes: 6,
+    maxLen: 300,
+    maxChunk: 200,
+    seed: 3,
+    paged: false,
+  });
   assert.ok(r.worst <= REL_TOL, `worst relative difference ${r.worst.toExponential(3)}`);
 });
 
@@ -122,15 +146,29 @@ Deno.test("batchStep() matches alone and the float64 reference on the generated 
     for (const [i, spec] of ORACLE_CASES.entries()) {
       const dir = await writeRandomCheckpoint(`${root}/${spec.name}`, spec);
       using model = NativeModel.load(await loadCheckpoint(dir), { threads: 2 });
-      const r = await batchedVsAlone(model, { lanes: 5, maxLen: 40, maxChunk: 12, seed: 11 + i, paged: true });
-      assert.ok(r.worst <= REL_TOL, `${spec.name}: worst relative difference ${r.worst.toExponential(3)}`);
+      const r = await batchedVsAlone(model, {
+        lanes: 5,
+        maxLen: 40,
+        maxChunk: 12,
+        seed: 11 + i,
+        paged: true,
+      });
+      assert.ok(
+        r.worst <= REL_TOL,
+        `${spec.name}: worst relative difference ${r.worst.toExponential(3)}`,
+      );
       if (i % 3 !== 0) continue;
       // A sample against the float64 reference: two sequences, one step of a prefill chunk and
       // a decode mixed, every batched row vs the reference at the same position.
       const ref = await loadReferenceModel(dir);
       const vocab = model.config.vocabSize;
       const a = tokens(24, vocab, 5), b = tokens(9, vocab, 6);
-      using pool = { p: model.createKvPool(64, 16), [Symbol.dispose]() { this.p.free(); } };
+      using pool = {
+        p: model.createKvPool(64, 16),
+        [Symbol.dispose]() {
+          this.p.free();
+        },
+      };
       using sa = pool.p.createSequence(64);
       using sb = pool.p.createSequence(64);
       await sa.prefill(a.slice(0, 20));
@@ -140,13 +178,19 @@ Deno.test("batchStep() matches alone and the float64 reference on the generated 
         { seq: sb, tokens: b.slice(8), wantLogits: true },
       ]);
       for (const [ids, got] of [[a, la!], [b, lb!]] as const) {
-        const want = referenceForward(ref, ids).subarray((ids.length - 1) * vocab, ids.length * vocab);
+        const want = referenceForward(ref, ids).subarray(
+          (ids.length - 1) * vocab,
+          ids.length * vocab,
+        );
         let diff = 0, scale = 0;
         for (let t = 0; t < vocab; t++) {
           diff = Math.max(diff, Math.abs(got[t] - want[t]));
           scale = Math.max(scale, Math.abs(want[t]));
         }
-        assert.ok(diff / scale < 1e-3, `${spec.name}: vs reference ${(diff / scale).toExponential(3)}`);
+        assert.ok(
+          diff / scale < 1e-3,
+          `${spec.name}: vs reference ${(diff / scale).toExponential(3)}`,
+        );
       }
     }
   } finally {
@@ -164,14 +208,28 @@ Deno.test("batchStep() refuses bad batches before any work and leaves every leng
   const vocab = model.config.vocabSize;
   await assert.rejects(model.batchStep([]), RangeError);
   await assert.rejects(
-    model.batchStep([{ seq: a, tokens: [1], wantLogits: true }, { seq: a, tokens: [2], wantLogits: true }]),
+    model.batchStep([{ seq: a, tokens: [1], wantLogits: true }, {
+      seq: a,
+      tokens: [2],
+      wantLogits: true,
+    }]),
     /appears twice/,
   );
-  await assert.rejects(model.batchStep([{ seq: c, tokens: [1], wantLogits: true }]), /not a sequence of this model/);
-  await assert.rejects(model.batchStep([{ seq: b, tokens: [vocab], wantLogits: true }]), /tokens\[0\]/);
+  await assert.rejects(
+    model.batchStep([{ seq: c, tokens: [1], wantLogits: true }]),
+    /not a sequence of this model/,
+  );
+  await assert.rejects(
+    model.batchStep([{ seq: b, tokens: [vocab], wantLogits: true }]),
+    /tokens\[0\]/,
+  );
   await assert.rejects(model.batchStep([{ seq: b, tokens: [], wantLogits: true }]), /at least one/);
   await assert.rejects(
-    model.batchStep([{ seq: b, tokens: [1], wantLogits: true }, { seq: a, tokens: new Array(7).fill(1), wantLogits: true }]),
+    model.batchStep([{ seq: b, tokens: [1], wantLogits: true }, {
+      seq: a,
+      tokens: new Array(7).fill(1),
+      wantLogits: true,
+    }]),
     /capacity exceeded/,
   );
   assert.equal(a.length, 2);

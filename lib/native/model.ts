@@ -135,9 +135,15 @@ export class NativeModel {
     );
     const ptr = Deno.UnsafePointer.create(out[0]);
     if (ptr === null) throw new Error("kvr_kv_pool_create returned OK but no pool");
-    const pool = new KvPool(this, this.#lib, ptr, (capacity) => this.#createPaged(ptr, capacity), () => {
-      this.#pools.delete(pool);
-    });
+    const pool = new KvPool(
+      this,
+      this.#lib,
+      ptr,
+      (capacity) => this.#createPaged(ptr, capacity),
+      () => {
+        this.#pools.delete(pool);
+      },
+    );
     this.#pools.add(pool);
     return pool;
   }

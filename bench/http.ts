@@ -4,9 +4,9 @@
 // the HTTP layer vs calling lib/engine generate() directly. Bounded: ~1 min on 2 cores.
 import { parseConfig } from "../lib/config/mod.ts";
 import { generate } from "../lib/engine/mod.ts";
-import { createBaseApp } from "../functions/shared/app.ts";
+import { createBaseApp } from "../functions/shared/mod.ts";
 import { registerGenerate } from "../functions/generate/app.ts";
-import { createRuntime } from "../functions/shared/runtime.ts";
+import { createRuntime } from "../lib/serve/mod.ts";
 
 const root = new URL("../", import.meta.url).pathname;
 const TIERS: Record<string, string> = {

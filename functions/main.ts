@@ -4,6 +4,6 @@ import { registerDecode } from "./decode/app.ts";
 import { registerGenerate } from "./generate/app.ts";
 import { registerMigrate } from "./migrate/app.ts";
 import { registerPrefill } from "./prefill/app.ts";
-import { serveFunctions } from "./shared/serve.ts";
+import { serveFunctions } from "./shared/mod.ts";
 
 await serveFunctions("all", [registerGenerate, registerPrefill, registerMigrate, registerDecode]);

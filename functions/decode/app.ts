@@ -6,21 +6,37 @@
 import type { Context, Hono } from "hono";
 import { z } from "zod";
 import type { SnapshotHeader } from "../../lib/snapshot/mod.ts";
-import { clientSignal, createBaseApp, jsonBodyLimit, requireTier } from "../shared/app.ts";
-import { blameSnapshot, HttpError, readJsonBody, toHttpError } from "../shared/errors.ts";
-import { abortError, type ServedResult, startFromSnapshot } from "../shared/generation.ts";
 import {
+  abortError,
   countBytes,
-  isSnapshotBody,
+  InputError,
   loadStored,
   peekHeader,
   peekStream,
-  requestBody,
+  requireReady,
+  requireTier,
+  type Runtime,
+  type ServedResult,
+  startFromSnapshot,
+  streamTimer,
+  type StreamTiming,
+  type Tier,
   tierOfSnapshot,
-} from "../shared/handoff.ts";
-import type { Runtime, Tier } from "../shared/runtime.ts";
-import { generationOptions, samplingFields } from "../shared/schemas.ts";
-import { sseResponse } from "../shared/sse.ts";
+  timingHeader,
+} from "../../lib/serve/mod.ts";
+import {
+  blameSnapshot,
+  clientSignal,
+  createBaseApp,
+  generationOptions,
+  isSnapshotBody,
+  jsonBodyLimit,
+  readJsonBody,
+  requestBody,
+  samplingFields,
+  sseResponse,
+  toHttpError,
+} from "../shared/mod.ts";
 
 const decodeJsonSchema = z.object({
   snapshot_id: z.string().min(1),
@@ -72,6 +88,7 @@ async function respond(
   input: Uint8Array | ReadableStream<Uint8Array>,
   header: SnapshotHeader,
   p: z.infer<typeof decodeJsonSchema> | z.infer<typeof decodeQuerySchema>,
+  importTiming?: StreamTiming,
 ): Promise<Response> {
   const options = generationOptions(tier, p);
   const continuationIds = p.continuation ? tier.model.tokenizer.encode(p.continuation) : [];
@@ -86,6 +103,9 @@ async function respond(
     options,
     clientSignal: signal,
   });
+  // When a streamed snapshot's bytes were read by the import (the import has finished here).
+  const imported = importTiming ? timingHeader(importTiming) : null;
+  if (imported !== null) c.header("x-kvrelay-import-ms", imported);
   const base = {
     tier: tier.name,
     snapshot_tokens: gen.promptIds.length - continuationIds.length,
@@ -107,7 +127,7 @@ async function respond(
       },
     });
   }
-  return sseResponse(
+  const sse = sseResponse(
     async (send) => {
       const it = gen.tokens();
       let step = await it.next();
@@ -138,6 +158,8 @@ async function respond(
       };
     },
   );
+  if (imported !== null) sse.headers.set("x-kvrelay-import-ms", imported);
+  return sse;
 }
 
 /**
@@ -151,23 +173,24 @@ export function registerDecode(app: Hono, rt: Runtime): void {
     if (!isSnapshotBody(c)) return await limit(c, next);
     const q = decodeQuerySchema.parse(c.req.query());
     const target = q.tier === undefined ? undefined : requireTier(rt, q.tier);
-    if (!rt.ready) throw new HttpError(503, "unavailable_error", "server is not ready");
+    requireReady(rt);
     const body = requestBody(c);
-    if (!body) {
-      throw new HttpError(400, "invalid_request_error", "snapshot body is empty", "body");
-    }
+    if (!body) throw new InputError("snapshot body is empty", "body");
     try {
       // Streamed into the import: only the header is read first (to find the model that made
       // it); it is verified again, with the signature, before any KV is allocated.
-      const { header, stream } = await peekStream(body.pipeThrough(countBytes(rt, "in")));
+      const timer = streamTimer();
+      const { header, stream } = await peekStream(
+        body.pipeThrough(countBytes(rt, "in")).pipeThrough(timer.transform),
+      );
       const source = tierOfSnapshot(rt, header, target);
-      return await respond(c, rt, target ?? source, source, stream, header, q);
+      return await respond(c, rt, target ?? source, source, stream, header, q, timer.timing);
     } catch (e) {
       throw blameSnapshot(e, { snapshot: "body", tier: "tier" });
     }
   }, async (c) => {
     const body = decodeJsonSchema.parse(await readJsonBody(c));
-    if (!rt.ready) throw new HttpError(503, "unavailable_error", "server is not ready");
+    requireReady(rt);
     const bytes = await loadStored(rt, body.snapshot_id);
     const target = body.tier !== undefined ? requireTier(rt, body.tier) : undefined;
     try {

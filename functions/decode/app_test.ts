@@ -4,9 +4,8 @@
 import assert from "node:assert/strict";
 import { generate } from "../../lib/engine/mod.ts";
 import { createPrefillApp } from "../prefill/app.ts";
-import { snapshotKey } from "../shared/handoff.ts";
+import { type Runtime, snapshotKey } from "../../lib/serve/mod.ts";
 import { metricValue, post, readSse, testRuntime } from "../shared/test_helpers.ts";
-import type { Runtime } from "../shared/runtime.ts";
 import { createDecodeApp } from "./app.ts";
 
 const prompt = "The ship sailed out of the harbour at dawn";

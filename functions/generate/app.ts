@@ -1,29 +1,37 @@
 // The generate function: POST /v1/generate (the seed's {prompt, user_id} API with routing and
 // escalation), OpenAI-compatible POST /v1/completions and /v1/chat/completions (streaming SSE,
 // usage, finish_reason) and GET /v1/models (one id per tier), over an injected Runtime.
-// Tier choice is lib/router's; admission, caches and decoding are functions/shared/generation.ts.
+// Tier choice is lib/router's; admission, caches and decoding are lib/serve's.
 import type { Context, Hono } from "hono";
 import { z } from "zod";
 import type { GenerateOptions } from "../../lib/engine/mod.ts";
 import type { RouteDecision } from "../../lib/router/mod.ts";
-import { clientSignal, createBaseApp, jsonBodyLimit, requireTier } from "../shared/app.ts";
-import { HttpError, readJsonBody, toHttpError } from "../shared/errors.ts";
 import {
   abortError,
   checkContext,
   type Generation,
+  messageText,
+  promptIds,
+  type PromptInput,
+  requireReady,
+  requireTier,
+  type Runtime,
   type ServedResult,
   startGeneration,
-} from "../shared/generation.ts";
-import type { Runtime, Tier } from "../shared/runtime.ts";
+  type Tier,
+} from "../../lib/serve/mod.ts";
 import {
+  clientSignal,
+  createBaseApp,
   generationOptions,
+  jsonBodyLimit,
   messagesSchema,
-  promptIds,
+  readJsonBody,
   samplingFields,
+  sseResponse,
+  toHttpError,
   tokenIdsSchema,
-} from "../shared/schemas.ts";
-import { sseResponse } from "../shared/sse.ts";
+} from "../shared/mod.ts";
 
 const streamOptions = z.object({ include_usage: z.boolean().optional() }).nullish();
 
@@ -65,13 +73,6 @@ const chatSchema = z.object({
   ...samplingFields,
 });
 
-/** A prompt in one of its forms. */
-interface PromptInput {
-  text?: string;
-  messages?: z.infer<typeof messagesSchema>;
-  ids?: number[];
-}
-
 /** The kvrelay extension object attached to responses. */
 function kvrelayInfo(gen: Generation, route: RouteDecision) {
   return {
@@ -91,10 +92,7 @@ function kvrelayInfo(gen: Generation, route: RouteDecision) {
 function routeText(p: PromptInput): string {
   if (p.text !== undefined) return p.text;
   if (p.messages) {
-    return p.messages.map((m) =>
-      typeof m.content === "string" ? m.content : m.content.map((x) => x.text).join("")
-    )
-      .join("\n");
+    return p.messages.map(messageText).join("\n");
   }
   return "";
 }
@@ -111,7 +109,8 @@ interface Planned {
  * Chooses the tier (explicit model/tier wins, else the router), tokenizes the prompt and checks
  * it and the sampling fields against that tier — every input error surfaces here, before any
  * generation of the request runs.
- * @throws {HttpError} 404 unknown model, 400 bad prompt/limits, 503 not ready
+ * @throws {NotFoundError} unknown model; {@link InputError} bad prompt/limits;
+ *   {@link UnavailableError} not ready
  */
 function plan(
   rt: Runtime,
@@ -127,7 +126,7 @@ function plan(
     maxTokensParam?: string;
   },
 ): Planned {
-  if (!rt.ready) throw new HttpError(503, "unavailable_error", "server is not ready");
+  requireReady(rt);
   const explicit = req.explicit === "auto" ? undefined : req.explicit;
   let route: RouteDecision;
   let tier: Tier;
@@ -155,7 +154,7 @@ function plan(
 
 /**
  * Admits a planned generation (queue slot, prefill) and records the user's tier.
- * @throws {QueueFullError} 429; {@link HttpError} 503 timeout/not ready
+ * @throws {QueueFullError}; {@link UnavailableError} timeout/not ready
  */
 async function admit(
   rt: Runtime,
@@ -210,7 +209,7 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
   const limit = jsonBodyLimit(rt.config.server.max_body_bytes);
 
   app.get("/v1/models", (c) => {
-    if (!rt.ready) throw new HttpError(503, "unavailable_error", "server is not ready");
+    requireReady(rt);
     return c.json({
       object: "list",
       data: [...rt.tiers.values()].map((t) => ({

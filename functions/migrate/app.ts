@@ -5,26 +5,24 @@
 // store) or JSON {snapshot_id, target, store}; answers the target snapshot or {snapshot_id}.
 import type { Context, Hono } from "hono";
 import { z } from "zod";
-import type { NativeSequence } from "../../lib/native/mod.ts";
-import { exportSnapshotStream, importSnapshot } from "../../lib/snapshot/mod.ts";
-import { clientSignal, createBaseApp, jsonBodyLimit, requireTier } from "../shared/app.ts";
-import { blameSnapshot, HttpError, readJsonBody } from "../shared/errors.ts";
 import {
-  countBytes,
-  isSnapshotBody,
   loadStored,
-  peekHeader,
+  migrateSnapshot,
   readBounded,
-  releaser,
+  requireReady,
+  type Runtime,
+  storeSnapshot,
+} from "../../lib/serve/mod.ts";
+import {
+  blameSnapshot,
+  clientSignal,
+  createBaseApp,
+  isSnapshotBody,
+  jsonBodyLimit,
+  readJsonBody,
   requestBody,
   SNAPSHOT_TYPE,
-  snapshotKey,
-  streamThenFree,
-} from "../shared/handoff.ts";
-import { MigrationRefusedError } from "../shared/migration.ts";
-import { admitSlot } from "../shared/generation.ts";
-import type { Runtime } from "../shared/runtime.ts";
-import { tierOfSnapshot } from "../shared/handoff.ts";
+} from "../shared/mod.ts";
 
 const jsonSchema = z.object({
   snapshot_id: z.string().min(1),
@@ -44,81 +42,28 @@ async function migrate(
   targetName: string,
   store: boolean,
 ): Promise<Response> {
-  if (!rt.ready) throw new HttpError(503, "unavailable_error", "server is not ready");
-  const target = requireTier(rt, targetName, "target");
-  const source = tierOfSnapshot(rt, peekHeader(bytes));
-  const gate = rt.migrator.gate(source, target);
-  if (!gate.ok) {
-    throw new MigrationRefusedError(
-      "no_projector",
-      `${source.name} → ${target.name}: ${gate.reason}`,
-    );
-  }
-  const { release } = await admitSlot(rt, target, clientSignal(c));
-  rt.metrics.activeSequences.add({ tier: target.name }, 1);
-  let src: NativeSequence | null = null;
-  let tgt: NativeSequence | null = null;
-  let done = releaser(rt, target, null, release);
-  try {
-    const imported = await importSnapshot(source.model, bytes, {
-      verify: rt.verify,
-      maxBytes: rt.config.server.max_snapshot_bytes,
-      reserve: 0,
-      maxTokens: source.config.max_context,
-      prefillPending: false,
+  const m = await migrateSnapshot(rt, bytes, targetName, "target", clientSignal(c));
+  if (store) {
+    const { id, bytes: n } = await storeSnapshot(rt, m.stream);
+    return c.json({
+      snapshot_id: id,
+      source_tier: m.source.name,
+      tier: m.target.name,
+      migrated_tokens: m.migratedTokens,
+      repair_tokens: m.repairTokens,
+      bytes: n,
     });
-    src = imported.sequence;
-    const kvTokens = imported.header.tokenIds.length;
-    const same = source.model.fingerprint === target.model.fingerprint;
-    const keep = same ? kvTokens : Math.max(0, kvTokens - gate.repairTokens);
-    tgt = target.model.native.createSequence(Math.max(1, keep));
-    done = releaser(rt, target, tgt, release);
-    if (keep > 0) await rt.migrator.projectInto(source, target, src, keep, tgt);
-    src.free();
-    src = null;
-    if (!same) rt.metrics.migrations.inc({ from: source.name, to: target.name });
-    const ids = imported.tokenIds;
-    const stream = streamThenFree(
-      exportSnapshotStream(target.model, tgt, {
-        tokens: ids.slice(0, keep),
-        pending: ids.slice(keep),
-        encoding: target.encoding,
-        sign: rt.sign,
-      }),
-      done,
-    ).pipeThrough(countBytes(rt, "out"));
-    const headers = {
-      "x-kvrelay-source-tier": source.name,
-      "x-kvrelay-tier": target.name,
-      "x-kvrelay-migrated-tokens": String(keep),
-      "x-kvrelay-repair-tokens": String(ids.length - keep),
-    };
-    if (store) {
-      const out = new Uint8Array(await new Response(stream).arrayBuffer());
-      const id = crypto.randomUUID();
-      await rt.store.put(
-        snapshotKey(id),
-        out,
-        rt.config.store.ttl_ms ? { ttlMs: rt.config.store.ttl_ms } : {},
-      );
-      return c.json({
-        snapshot_id: id,
-        source_tier: source.name,
-        tier: target.name,
-        migrated_tokens: keep,
-        repair_tokens: ids.length - keep,
-        bytes: out.length,
-      });
-    }
-    return new Response(stream, {
-      status: 200,
-      headers: { "content-type": SNAPSHOT_TYPE, ...headers },
-    });
-  } catch (e) {
-    src?.free();
-    done();
-    throw e;
   }
+  return new Response(m.stream, {
+    status: 200,
+    headers: {
+      "content-type": SNAPSHOT_TYPE,
+      "x-kvrelay-source-tier": m.source.name,
+      "x-kvrelay-tier": m.target.name,
+      "x-kvrelay-migrated-tokens": String(m.migratedTokens),
+      "x-kvrelay-repair-tokens": String(m.repairTokens),
+    },
+  });
 }
 
 /**
@@ -140,7 +85,7 @@ export function registerMigrate(app: Hono, rt: Runtime): void {
     }
   }, async (c) => {
     const body = jsonSchema.parse(await readJsonBody(c));
-    if (!rt.ready) throw new HttpError(503, "unavailable_error", "server is not ready");
+    requireReady(rt);
     const bytes = await loadStored(rt, body.snapshot_id);
     try {
       return await migrate(c, rt, bytes, body.target, body.store);

@@ -5,27 +5,28 @@
 // it to a peer decode function and relays that answer (cross-process handoff).
 import type { Hono } from "hono";
 import { z } from "zod";
-import { exportSnapshotStream } from "../../lib/snapshot/mod.ts";
-import { prefillWithCache } from "../../lib/store/prefix_cache.ts";
-import type { NativeSequence } from "../../lib/native/mod.ts";
+import {
+  NotFoundError,
+  prefillSnapshot,
+  promptIds,
+  requireTier,
+  type Runtime,
+  storeSnapshot,
+  streamTimer,
+  timingHeader,
+} from "../../lib/serve/mod.ts";
 import {
   clientSignal,
   createBaseApp,
+  HttpError,
   jsonBodyLimit,
+  messagesSchema,
   peerHeaders,
-  requireTier,
-} from "../shared/app.ts";
-import { HttpError, readJsonBody } from "../shared/errors.ts";
-import {
-  countBytes,
-  releaser,
+  readJsonBody,
+  samplingFields,
   SNAPSHOT_TYPE,
-  snapshotKey,
-  streamThenFree,
-} from "../shared/handoff.ts";
-import { admitSlot } from "../shared/generation.ts";
-import type { Runtime } from "../shared/runtime.ts";
-import { messagesSchema, promptIds, samplingFields, tokenIdsSchema } from "../shared/schemas.ts";
+  tokenIdsSchema,
+} from "../shared/mod.ts";
 
 const decodeParams = z.object({
   tier: z.string().min(1).optional(),
@@ -79,6 +80,7 @@ function decodeQuery(tier: string, p: z.infer<typeof decodeParams>): string {
  */
 export function registerPrefill(app: Hono, rt: Runtime): void {
   app.post("/v1/prefill", jsonBodyLimit(rt.config.server.max_body_bytes), async (c) => {
+    const started = performance.now();
     const body = prefillSchema.parse(await readJsonBody(c));
     const tier = requireTier(rt, body.tier);
     let peer: string | undefined;
@@ -88,9 +90,7 @@ export function registerPrefill(app: Hono, rt: Runtime): void {
         ? rt.config.peers[body.forward_to]
         : undefined;
       if (!peer) {
-        throw new HttpError(
-          404,
-          "not_found_error",
+        throw new NotFoundError(
           `unknown peer "${body.forward_to}"; configured: ${
             Object.keys(rt.config.peers).join(", ") || "none"
           }`,
@@ -104,60 +104,18 @@ export function registerPrefill(app: Hono, rt: Runtime): void {
       { ids: body.tokens, text: body.prompt, messages: body.messages },
       field,
     );
-    if (ids.length >= tier.config.max_context) {
-      throw new HttpError(
-        400,
-        "context_length_exceeded",
-        `prompt (${ids.length} tokens) reaches max_context ${tier.config.max_context}`,
-        field,
-      );
-    }
-
-    const { release } = await admitSlot(rt, tier, clientSignal(c));
-    rt.metrics.activeSequences.add({ tier: tier.name }, 1);
-    let seq: NativeSequence | null = null;
-    let done = releaser(rt, tier, null, release);
-    let stream: ReadableStream<Uint8Array>;
-    const kv = ids.slice(0, -1);
-    try {
-      seq = tier.model.native.createSequence(Math.max(1, kv.length));
-      done = releaser(rt, tier, seq, release);
-      if (kv.length > 0) {
-        if (tier.prefix) {
-          const r = await prefillWithCache(tier.prefix, seq, kv);
-          if (r.reusedTokens > 0) {
-            rt.metrics.prefixHits.inc({ tier: tier.name });
-            rt.metrics.reusedTokens.inc({ tier: tier.name }, r.reusedTokens);
-          } else if (kv.length > tier.prefix.chunkTokens) {
-            rt.metrics.prefixMisses.inc({ tier: tier.name });
-          }
-        } else await seq.prefill(kv);
-      }
-      stream = streamThenFree(
-        exportSnapshotStream(tier.model, seq, {
-          tokens: kv,
-          pending: ids.slice(-1),
-          encoding: tier.encoding,
-          sign: rt.sign,
-        }),
-        done,
-      ).pipeThrough(countBytes(rt, "out"));
-    } catch (e) {
-      done();
-      throw e;
-    }
+    const stream = await prefillSnapshot(rt, tier, ids, field, clientSignal(c));
 
     if (body.store) {
-      const bytes = new Uint8Array(await new Response(stream).arrayBuffer());
-      const id = crypto.randomUUID();
-      await rt.store.put(
-        snapshotKey(id),
-        bytes,
-        rt.config.store.ttl_ms ? { ttlMs: rt.config.store.ttl_ms } : {},
-      );
-      return c.json({ snapshot_id: id, tier: tier.name, tokens: ids.length, bytes: bytes.length });
+      const { id, bytes } = await storeSnapshot(rt, stream);
+      return c.json({ snapshot_id: id, tier: tier.name, tokens: ids.length, bytes });
     }
     if (peer !== undefined) {
+      // The peer call is bounded by this tier's request deadline too: a peer host that vanishes
+      // (no RST, no answer) must not hold the client, the sequence and the slot until TCP gives up.
+      const left = tier.config.request_timeout_ms - (performance.now() - started);
+      const deadline = AbortSignal.timeout(Math.max(1, Math.round(left)));
+      const timer = streamTimer();
       let res: Response;
       try {
         res = await fetch(
@@ -165,22 +123,30 @@ export function registerPrefill(app: Hono, rt: Runtime): void {
           {
             method: "POST",
             headers: { "content-type": SNAPSHOT_TYPE, ...peerHeaders(rt) },
-            body: stream,
-            signal: clientSignal(c),
+            body: stream.pipeThrough(timer.transform),
+            signal: AbortSignal.any([clientSignal(c), deadline]),
           },
         );
       } catch (e) {
         await stream.cancel().catch(() => {});
+        const why = deadline.aborted
+          ? `no answer within the request deadline (${tier.config.request_timeout_ms} ms)`
+          : `is unreachable: ${(e as Error).message}`;
         throw new HttpError(
           503,
           "peer_unavailable_error",
-          `peer "${body.forward_to}" at ${peer} is unreachable: ${(e as Error).message}`,
+          `peer "${body.forward_to}" at ${peer} ${why}`,
         );
       }
       const headers = new Headers({
         "content-type": res.headers.get("content-type") ?? "application/json",
       });
       headers.set("x-kvrelay-handoff", `${tier.name}->${body.forward_to}`);
+      // Streaming evidence: when this side encoded the snapshot and when the peer imported it.
+      const exported = timingHeader(timer.timing);
+      if (exported !== null) headers.set("x-kvrelay-export-ms", exported);
+      const imported = res.headers.get("x-kvrelay-import-ms");
+      if (imported !== null) headers.set("x-kvrelay-import-ms", imported);
       return new Response(res.body, { status: res.status, headers });
     }
     return new Response(stream, {

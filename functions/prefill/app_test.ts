@@ -5,7 +5,7 @@ import assert from "node:assert/strict";
 import { generate } from "../../lib/engine/mod.ts";
 import { decodeHeader } from "../../lib/snapshot/mod.ts";
 import { createDecodeApp } from "../decode/app.ts";
-import { createBaseApp } from "../shared/app.ts";
+import { createBaseApp } from "../shared/mod.ts";
 import { post, testRuntime } from "../shared/test_helpers.ts";
 import { createPrefillApp, registerPrefill } from "./app.ts";
 import { registerDecode } from "../decode/app.ts";

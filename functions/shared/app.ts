@@ -4,8 +4,8 @@
 import { Hono } from "hono";
 import type { Context, MiddlewareHandler } from "hono";
 import { bodyLimit } from "hono/body-limit";
+import { type Runtime, UnavailableError } from "../../lib/serve/mod.ts";
 import { errorHandler, HttpError } from "./errors.ts";
-import type { Runtime, Tier } from "./runtime.ts";
 
 async function digest(s: string): Promise<Uint8Array> {
   return new Uint8Array(await crypto.subtle.digest("SHA-256", new TextEncoder().encode(s)));
@@ -119,41 +119,24 @@ export function createBaseApp(rt: Runtime, fn: string): Hono {
   app.get("/healthz", (c) => c.json({ status: "ok" }));
   app.get("/readyz", (c) => {
     if (!rt.ready) {
-      throw new HttpError(
-        503,
-        "unavailable_error",
-        rt.draining ? "server is shutting down" : "models are still loading",
-      );
+      throw rt.draining
+        ? new UnavailableError("shutting_down", "server is shutting down")
+        : new UnavailableError("not_ready", "models are still loading");
     }
-    return c.json({ status: "ready", tiers: [...rt.tiers.keys()] });
+    const backends = Object.fromEntries(
+      [...rt.tiers].map(([name, t]) => [name, {
+        backend: t.model.native.backend,
+        device: t.model.native.device,
+        info: t.model.native.deviceInfo,
+      }]),
+    );
+    return c.json({ status: "ready", tiers: [...rt.tiers.keys()], backends });
   });
   app.get("/metrics", (c) => {
     c.header("content-type", "text/plain; version=0.0.4; charset=utf-8");
     return c.body(rt.metrics.render());
   });
   return app;
-}
-
-/**
- * Looks up a tier by name (404 when unknown; 503 before models are loaded).
- * @param rt the runtime
- * @param name the tier name
- * @param param request field quoted in the error
- * @returns the tier
- * @throws {HttpError} 503 not ready, 404 unknown tier
- */
-export function requireTier(rt: Runtime, name: string, param = "tier"): Tier {
-  if (!rt.ready) throw new HttpError(503, "unavailable_error", "server is not ready");
-  const t = rt.tiers.get(name);
-  if (!t) {
-    throw new HttpError(
-      404,
-      "not_found_error",
-      `unknown tier "${name}"; available: ${[...rt.tiers.keys()].join(", ")}`,
-      param,
-    );
-  }
-  return t;
 }
 
 /**

@@ -1,13 +1,23 @@
 // The one mapping from thrown errors to HTTP responses shared by every function's app.onError.
 // Shape follows OpenAI's: {error: {type, message, param}}; never a stack trace in a body.
-// Typed errors of lib/ (SnapshotError, StoreError, QueueFullError, migration refusals) map here.
+// Domain errors of lib/ (lib/serve's input/not-found/unavailable/too-large/mismatch errors,
+// SnapshotError, StoreError, QueueFullError, migration refusals) map here and nowhere else;
+// HttpError is for what only HTTP knows (a body that cannot be read, a size limit of the route).
 import type { Context } from "hono";
 import { HTTPException } from "hono/http-exception";
 import { z } from "zod";
+import { MigrationRefusedError } from "../../lib/migrate/mod.ts";
+import {
+  InputError,
+  type Metrics,
+  NotFoundError,
+  QueueFullError,
+  SnapshotMismatchError,
+  TooLargeError,
+  UnavailableError,
+} from "../../lib/serve/mod.ts";
 import { SnapshotError } from "../../lib/snapshot/mod.ts";
 import { StoreError } from "../../lib/store/mod.ts";
-import { QueueFullError } from "./queue.ts";
-import type { Metrics } from "./metrics.ts";
 
 /** Statuses a handler may answer with on purpose. */
 export type ErrorStatus = 400 | 401 | 404 | 409 | 413 | 422 | 429 | 503 | 504;
@@ -60,6 +70,30 @@ export function toHttpError(err: unknown): HttpError | null {
       param,
     );
   }
+  if (err instanceof InputError) {
+    return new HttpError(
+      400,
+      err.code === "context_length_exceeded" ? "context_length_exceeded" : "invalid_request_error",
+      err.message,
+      err.param,
+    );
+  }
+  if (err instanceof UnavailableError) {
+    return new HttpError(
+      503,
+      err.reason === "timeout" ? "timeout_error" : "unavailable_error",
+      err.message,
+    );
+  }
+  if (err instanceof NotFoundError) {
+    return new HttpError(404, "not_found_error", err.message, err.param);
+  }
+  if (err instanceof TooLargeError) {
+    return new HttpError(413, "invalid_request_error", err.message, err.param);
+  }
+  if (err instanceof SnapshotMismatchError) {
+    return new HttpError(409, "snapshot_mismatch_error", err.message, err.param);
+  }
   if (err instanceof QueueFullError) {
     return new HttpError(429, "rate_limit_error", err.message, undefined, {
       "retry-after": String(err.retryAfterS),
@@ -77,7 +111,7 @@ export function toHttpError(err: unknown): HttpError | null {
     if (err.kind === "too_large") return new HttpError(413, "invalid_request_error", err.message);
     return new HttpError(503, "store_unavailable_error", `snapshot store: ${err.message}`);
   }
-  if (err instanceof Error && err.name === "MigrationRefusedError") {
+  if (err instanceof MigrationRefusedError) {
     return new HttpError(422, "migration_refused_error", err.message);
   }
   if (err instanceof HTTPException) {

@@ -1,10 +1,9 @@
 // Request-body schemas (zod) shared by the functions: sampling fields, chat messages, and the
-// prompt forms (text, chat messages, token ids), plus turning a prompt into token ids for a tier.
-// Field names follow OpenAI's API; validation only — no generation here.
+// prompt forms (text, chat messages, token ids), plus request sampling fields → engine options.
+// Field names follow OpenAI's API; validation only — tokenizing and generation are lib/serve's.
 import { z } from "zod";
 import type { GenerateOptions } from "../../lib/engine/mod.ts";
-import { HttpError } from "./errors.ts";
-import type { Tier } from "./runtime.ts";
+import { InputError, type Tier } from "../../lib/serve/mod.ts";
 
 /** Sampling and length fields shared by every generating endpoint. */
 export const samplingFields = {
@@ -51,7 +50,7 @@ type Sampling = {
  * @param maxTokensParam the request field `body.max_tokens` came from (chat:
  *   max_completion_tokens)
  * @returns engine options
- * @throws {HttpError} 400 when max_tokens exceeds the tier's max_new_tokens
+ * @throws {InputError} when max_tokens exceeds the tier's max_new_tokens
  */
 export function generationOptions(
   tier: Tier,
@@ -60,9 +59,7 @@ export function generationOptions(
 ): Omit<GenerateOptions, "signal"> {
   const maxTokens = body.max_tokens ?? tier.config.default_max_tokens;
   if (maxTokens > tier.config.max_new_tokens) {
-    throw new HttpError(
-      400,
-      "invalid_request_error",
+    throw new InputError(
       `${maxTokensParam} ${maxTokens} exceeds tier "${tier.name}"'s max_new_tokens ${tier.config.max_new_tokens}`,
       maxTokensParam,
     );
@@ -77,57 +74,4 @@ export function generationOptions(
     seed: body.seed,
     stop: body.stop == null ? undefined : typeof body.stop === "string" ? [body.stop] : body.stop,
   };
-}
-
-/**
- * Text of chat messages through the tier's chat template (with the generation prompt).
- * @param tier the tier
- * @param messages validated messages
- * @returns the prompt text
- */
-export function chatPrompt(tier: Tier, messages: z.infer<typeof messagesSchema>): string {
-  return tier.model.tokenizer.applyChatTemplate(
-    messages.map((m) => ({
-      role: m.role === "developer" ? "system" : m.role,
-      content: typeof m.content === "string" ? m.content : m.content.map((p) => p.text).join(""),
-    })),
-    { addGenerationPrompt: true },
-  );
-}
-
-/**
- * Token ids of a prompt given as text, chat messages or ids.
- * @param tier the tier (its tokenizer)
- * @param p exactly one of text, messages, ids
- * @param param request field quoted in errors
- * @returns ids (≥ 1)
- * @throws {HttpError} 400 for an empty encoding or an id outside the vocabulary
- */
-export function promptIds(
-  tier: Tier,
-  p: { text?: string; messages?: z.infer<typeof messagesSchema>; ids?: number[] },
-  param = "prompt",
-): number[] {
-  let ids: number[];
-  if (p.ids) {
-    const vocab = tier.model.native.config.vocabSize;
-    const bad = p.ids.findIndex((t) => t >= vocab);
-    if (bad >= 0) {
-      throw new HttpError(
-        400,
-        "invalid_request_error",
-        `token id ${p.ids[bad]} at ${bad} is outside the vocabulary (${vocab})`,
-        `${param}.${bad}`,
-      );
-    }
-    ids = p.ids;
-  } else if (p.messages) {
-    ids = tier.model.tokenizer.encode(chatPrompt(tier, p.messages));
-  } else {
-    ids = tier.model.tokenizer.encode(p.text ?? "");
-  }
-  if (ids.length === 0) {
-    throw new HttpError(400, "invalid_request_error", "prompt encodes to 0 tokens", param);
-  }
-  return ids;
 }

@@ -4,8 +4,13 @@
 // stop accepting, let in-flight requests finish within the grace period, then stop them.
 import type { Hono } from "hono";
 import { ConfigError, loadConfig } from "../../lib/config/mod.ts";
+import {
+  createRuntime,
+  resolveTierBackends,
+  type Runtime,
+  TierBackendError,
+} from "../../lib/serve/mod.ts";
 import { createBaseApp } from "./app.ts";
-import { createRuntime, type Runtime } from "./runtime.ts";
 
 /** Adds one function's routes to an app. */
 export type Register = (app: Hono, rt: Runtime) => void;
@@ -22,6 +27,15 @@ export async function serveFunctions(name: string, registers: Register[]): Promi
     config = await loadConfig();
   } catch (e) {
     if (e instanceof ConfigError) {
+      console.error(`kvrelay ${name}: refusing to start: ${e.message}`);
+      Deno.exit(2);
+    }
+    throw e;
+  }
+  try {
+    resolveTierBackends(config); // `backend: cuda` without a usable device: refuse, exit 2
+  } catch (e) {
+    if (e instanceof TierBackendError) {
       console.error(`kvrelay ${name}: refusing to start: ${e.message}`);
       Deno.exit(2);
     }

@@ -1,7 +1,7 @@
 // Test support for the function apps: a Runtime over the real demo tiers built from an inline
 // config (one thread per model, small limits), and small request helpers. Tests only.
 import { parseConfig } from "../../lib/config/mod.ts";
-import { createRuntime, type Runtime } from "./runtime.ts";
+import { createRuntime, type Runtime } from "../../lib/serve/mod.ts";
 
 const modelsDir = new URL("../../models/", import.meta.url).pathname;
 

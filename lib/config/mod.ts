@@ -1,8 +1,10 @@
 // Public face of lib/config: the deployment config schema (zod) and its loader (file + env).
-// Not model loading or serving: functions/shared/runtime.ts turns a config into loaded tiers.
+// Not model loading or serving: lib/serve/runtime.ts turns a config into loaded tiers.
 export {
   type ConfigFile,
   configSchema,
+  type DeployConfig,
+  deploySchema,
   type ProjectorConfig,
   projectorSchema,
   type RouteRule,

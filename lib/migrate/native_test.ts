@@ -465,6 +465,40 @@ Deno.test("LinearKernel.applySeq() equals the JS-orchestrated read → apply →
   }
 });
 
+Deno.test("LinearKernel.applySeq() through the backend copy path writes the same bits as the CPU in-place path", async () => {
+  // KVRELAY_PROJECT_VIA_COPIES=1 makes kvr_projector_apply_seq use the backend-neutral path
+  // (kv_read → project → kv_write per chunk), the one a CUDA sequence takes. Same chunks, same
+  // arithmetic: the caches must be bit-identical, in every dtype pair.
+  for (const [sd, dd] of [["f32", "f32"], ["bf16", "f16"]] as const) {
+    const { s, t, dirs } = await seqPair(sd, dd);
+    try {
+      using kern = randomKernel(s.native.config, t.native.config, 43);
+      const n = 193; // chunks of 96, 96 and a one-row chunk
+      using src = s.native.createSequence(n);
+      await src.prefill(Array.from({ length: n }, (_, i) => (i * 104729 + 7) % 4096));
+      using fast = t.native.createSequence(n);
+      using copied = t.native.createSequence(n);
+      await kern.applySeq(src, fast, n, 2);
+      Deno.env.set("KVRELAY_PROJECT_VIA_COPIES", "1");
+      try {
+        await kern.applySeq(src, copied, n, 2);
+      } finally {
+        Deno.env.delete("KVRELAY_PROJECT_VIA_COPIES");
+      }
+      assert.equal(copied.length, n);
+      for (let layer = 0; layer < t.native.config.numLayers; layer++) {
+        const a = fast.readKv(layer, 0, n), b = copied.readKv(layer, 0, n);
+        assert.deepEqual(b.k, a.k, `K layer ${layer}`);
+        assert.deepEqual(b.v, a.v, `V layer ${layer}`);
+      }
+    } finally {
+      s.native.free();
+      t.native.free();
+      for (const d of dirs) await Deno.remove(d, { recursive: true });
+    }
+  }
+});
+
 Deno.test("LinearKernel.applySeq() throws typed errors and leaves both sequences unchanged for a wrong model, count or capacity", async () => {
   const { s, t, dirs } = await seqPair("f32", "f32");
   try {

@@ -8,11 +8,13 @@ export {
   type CacheDtype,
   type ChunkEntry,
   decodeHeader,
+  decodePrefix,
   DEFAULT_CHUNK_TOKENS,
   DEFAULT_MAX_BYTES,
   DEFAULT_Q4_GROUP,
   LIMITS,
   MAGIC,
+  PREFIX_BYTES,
   type SnapshotEncoding,
   type SnapshotGeometry,
   type SnapshotHeader,
@@ -32,6 +34,7 @@ export {
   type SnapshotMeta,
 } from "./stream.ts";
 export { NativeKvCodec } from "./native_codec.ts";
+export { nativeSink, nativeSource, readKvSource, writeKvSink } from "./native_chunk.ts";
 export {
   checkCompatible,
   defaultKvCodec,

@@ -1,7 +1,8 @@
 // The paged KV pool handle (kvr_kv_pool_*), paged sequences (kvr_seq_create_paged,
-// kvr_seq_blocks) and the batched step (kvr_batch_step): argument checks, block reservation all
-// or none, then cpu::forward_batch. Not the pool's free list (kv_pool.h), the block table
-// (kv_cache.h) nor the forward math (cpu/batch_forward.cpp).
+// kvr_seq_blocks) and the batched step (kvr_batch_step), backend-neutral: argument checks, block
+// reservation all or none through the backend, then Backend::forward_batch. Also the defaults of
+// the paged/batched Backend methods for backends without them. Not the pool's free list
+// (kv_pool.h), the block table (kv_cache.h) nor the forward math (cpu/batch_forward.cpp).
 #include <algorithm>
 #include <memory>
 #include <new>
@@ -9,20 +10,34 @@
 #include <unordered_set>
 #include <vector>
 
-#include "cpu/batch_forward.h"
+#include "backend.h"
 #include "dtype.h"
 #include "errors.h"
-#include "kv_cache.h"
-#include "kv_pool.h"
 #include "model.h"
 #include "sequence.h"
 
 struct kvr_kv_pool {
   std::shared_ptr<const kvr::Model> model;
-  std::shared_ptr<kvr::KvPool> pool;
+  std::shared_ptr<kvr::PoolState> pool;
 };
 
 namespace kvr {
+
+std::shared_ptr<PoolState> Backend::create_pool(uint32_t, uint32_t) const {
+  throw BackendError(KVR_ERR_UNSUPPORTED, "this backend has no paged KV pool");
+}
+
+std::unique_ptr<SeqState> Backend::create_paged_seq(const std::shared_ptr<PoolState>&, uint32_t) const {
+  throw BackendError(KVR_ERR_UNSUPPORTED, "this backend has no paged KV pool");
+}
+
+void Backend::forward_batch(const BatchEntry* entries, size_t count) const {
+  for (size_t i = 0; i < count; ++i) {
+    const BatchEntry& e = entries[i];
+    forward(*e.s, e.tokens, e.n, e.pos0, false, e.logits ? e.logits : e.spare);
+  }
+}
+
 namespace {
 
 constexpr uint32_t kMaxBatchSeqs = 4096;
@@ -64,9 +79,9 @@ int32_t batch_impl(kvr_seq* const* seqs, uint32_t n_seqs, const uint32_t* n_toke
     if (n_tokens[i] == 0) return bad(KVR_ERR_INVALID_ARGUMENT, format("n_tokens[%u] must be >= 1, got 0", i));
     if (want_logits[i] > 1)
       return bad(KVR_ERR_INVALID_ARGUMENT, format("want_logits[%u] must be 0 or 1, got %u", i, want_logits[i]));
-    if (n_tokens[i] > s->kv.capacity - s->length)
-      return bad(KVR_ERR_CAPACITY, format("seqs[%u]: %u tokens at length %u exceed capacity %zu", i, n_tokens[i],
-                                          s->length, s->kv.capacity));
+    if (n_tokens[i] > s->capacity - s->length)
+      return bad(KVR_ERR_CAPACITY, format("seqs[%u]: %u tokens at length %u exceed capacity %u", i, n_tokens[i],
+                                          s->length, s->capacity));
     rows += n_tokens[i];
     want += want_logits[i];
     if (rows > kMaxBatchRows)
@@ -83,38 +98,31 @@ int32_t batch_impl(kvr_seq* const* seqs, uint32_t n_seqs, const uint32_t* n_toke
     return bad(KVR_ERR_INVALID_ARGUMENT, format("logits_len %zu is too small: need %zu (%zu rows x vocab %zu)",
                                                 logits_len, want * model->vocab, want, model->vocab));
 
-  // Blocks, all or none: on a shortfall give back what this call took.
-  std::vector<size_t> held(n_seqs);
+  // Storage, all or none: on a shortfall the sequences reserved so far give back what lies past
+  // their length (their state before the call).
+  const Backend& be = *model->backend;
   for (uint32_t i = 0; i < n_seqs; ++i) {
-    KvCache& kv = seqs[i]->kv;
-    held[i] = kv.table.size();
-    if (kv.reserve(seqs[i]->length + static_cast<size_t>(n_tokens[i]))) continue;
-    const size_t missing = kv.blocks_needed(seqs[i]->length + static_cast<size_t>(n_tokens[i]));
-    const size_t free_now = kv.pool->free_count();
-    for (uint32_t j = 0; j <= i; ++j) {
-      KvCache& kj = seqs[j]->kv;
-      if (kj.paged() && kj.table.size() > held[j]) {
-        kj.pool->release(kj.table.data() + held[j], kj.table.size() - held[j]);
-        kj.table.resize(held[j]);
-      }
+    try {
+      be.reserve(*seqs[i]->state, static_cast<size_t>(seqs[i]->length) + n_tokens[i]);
+    } catch (const BackendError& e) {
+      for (uint32_t j = 0; j < i; ++j) be.shrink(*seqs[j]->state, seqs[j]->length);
+      return bad(e.status, format("seqs[%u]: %s", i, e.message.c_str()));
     }
-    return bad(KVR_ERR_POOL_EXHAUSTED,
-               format("KV pool exhausted: seqs[%u] needs %zu more block(s), %zu free after the earlier sequences",
-                      i, missing, free_now));
   }
 
-  std::vector<cpu::BatchSeq> batch(n_seqs);
+  std::vector<BatchEntry> batch(n_seqs);
+  std::vector<float> spare(want < n_seqs ? model->vocab : 0);
   size_t off = 0, lrow = 0;
   for (uint32_t i = 0; i < n_seqs; ++i) {
-    batch[i].kv = &seqs[i]->kv;
+    batch[i].s = seqs[i]->state.get();
     batch[i].tokens = tokens + off;
     batch[i].n = n_tokens[i];
     batch[i].pos0 = seqs[i]->length;
     batch[i].logits = want_logits[i] ? logits_out + (lrow++) * model->vocab : nullptr;
+    batch[i].spare = spare.empty() ? nullptr : spare.data();
     off += n_tokens[i];
   }
-  static thread_local cpu::BatchScratch scratch;  // one per worker thread, reused across steps
-  cpu::forward_batch(*model, batch.data(), n_seqs, scratch);
+  be.forward_batch(batch.data(), n_seqs);
   for (uint32_t i = 0; i < n_seqs; ++i) seqs[i]->length += n_tokens[i];
   return KVR_OK;
 }
@@ -142,80 +150,70 @@ KVR_API int32_t kvr_kv_pool_create(kvr_model* model, uint32_t n_blocks, uint32_t
   if (bytes > 1.0e15)
     return fail(KVR_ERR_OUT_OF_MEMORY, format("a KV pool of %u blocks (%.0f bytes) is too large", n_blocks, bytes));
   try {
-    auto pool = std::make_shared<kvr::KvPool>();
-    pool->dtype = m.params.kv_dtype;
-    pool->elem = es;
-    pool->layers = m.layers;
-    pool->kv_heads = m.kv_heads;
-    pool->head_dim = m.head_dim;
-    pool->block_tokens = block_tokens;
-    pool->n_blocks = n_blocks;
-    pool->block_bytes = 2 * m.layers * m.kv_heads * m.head_dim * es * block_tokens;
-    pool->data = static_cast<uint8_t*>(std::calloc(pool->block_bytes * n_blocks, 1));
-    if (!pool->data)
-      return fail(KVR_ERR_OUT_OF_MEMORY,
-                  format("out of memory allocating a KV pool of %u blocks x %zu bytes", n_blocks, pool->block_bytes));
-    pool->init_free_list();
+    auto pool = m.backend->create_pool(n_blocks, block_tokens);
     *out_pool = new kvr_kv_pool{model->m, std::move(pool)};
+  } catch (const kvr::BackendError& e) {
+    return fail(e.status, e.message);
   } catch (const std::bad_alloc&) {
     return fail(KVR_ERR_OUT_OF_MEMORY, "out of memory creating a KV pool");
+  } catch (...) {
+    return fail(KVR_ERR_INTERNAL, "internal error creating a KV pool");
   }
   return KVR_OK;
 }
 
 KVR_API void kvr_kv_pool_free(kvr_kv_pool* pool) { delete pool; }
 
-KVR_API uint32_t kvr_kv_pool_blocks_total(const kvr_kv_pool* pool) {
-  return pool ? static_cast<uint32_t>(pool->pool->n_blocks) : 0;
-}
+KVR_API uint32_t kvr_kv_pool_blocks_total(const kvr_kv_pool* pool) { return pool ? pool->pool->blocks_total() : 0; }
 
-KVR_API uint32_t kvr_kv_pool_blocks_free(const kvr_kv_pool* pool) {
-  return pool ? static_cast<uint32_t>(pool->pool->free_count()) : 0;
-}
+KVR_API uint32_t kvr_kv_pool_blocks_free(const kvr_kv_pool* pool) { return pool ? pool->pool->blocks_free() : 0; }
 
-KVR_API uint32_t kvr_kv_pool_block_tokens(const kvr_kv_pool* pool) {
-  return pool ? static_cast<uint32_t>(pool->pool->block_tokens) : 0;
-}
+KVR_API uint32_t kvr_kv_pool_block_tokens(const kvr_kv_pool* pool) { return pool ? pool->pool->block_tokens() : 0; }
 
-KVR_API uint64_t kvr_kv_pool_block_bytes(const kvr_kv_pool* pool) { return pool ? pool->pool->block_bytes : 0; }
+KVR_API uint64_t kvr_kv_pool_block_bytes(const kvr_kv_pool* pool) { return pool ? pool->pool->block_bytes() : 0; }
 
 KVR_API int32_t kvr_seq_create_paged(kvr_kv_pool* pool, uint32_t capacity, kvr_seq** out_seq) {
   if (!out_seq) return fail(KVR_ERR_INVALID_ARGUMENT, "out_seq is NULL");
   *out_seq = nullptr;
   if (!pool) return fail(KVR_ERR_INVALID_ARGUMENT, "pool is NULL");
   if (capacity == 0) return fail(KVR_ERR_INVALID_ARGUMENT, "capacity must be >= 1, got 0");
+  kvr_seq* seq = nullptr;
   try {
-    auto* seq = new kvr_seq;
+    seq = new kvr_seq;
     seq->model = pool->model;
-    kvr::KvCache& kv = seq->kv;
-    const kvr::KvPool& p = *pool->pool;
-    kv.dtype = p.dtype;
-    kv.elem = p.elem;
-    kv.layers = p.layers;
-    kv.kv_heads = p.kv_heads;
-    kv.head_dim = p.head_dim;
-    kv.capacity = capacity;
-    kv.pool = pool->pool;
-    *out_seq = seq;
+    seq->capacity = capacity;
+    seq->state = pool->model->backend->create_paged_seq(pool->pool, capacity);
+  } catch (const kvr::BackendError& e) {
+    delete seq;
+    return fail(e.status, e.message);
   } catch (const std::bad_alloc&) {
+    delete seq;
     return fail(KVR_ERR_OUT_OF_MEMORY, "out of memory creating a sequence");
+  } catch (...) {
+    delete seq;
+    return fail(KVR_ERR_INTERNAL, "internal error creating a sequence");
   }
+  *out_seq = seq;
   return KVR_OK;
 }
 
-KVR_API uint32_t kvr_seq_blocks(const kvr_seq* seq) { return seq ? static_cast<uint32_t>(seq->kv.table.size()) : 0; }
+KVR_API uint32_t kvr_seq_blocks(const kvr_seq* seq) {
+  return seq ? seq->model->backend->blocks_held(*seq->state) : 0;
+}
 
 KVR_API int32_t kvr_batch_step(kvr_seq* const* seqs, uint32_t n_seqs, const uint32_t* n_tokens, const int32_t* tokens,
                                size_t tokens_len, const uint32_t* want_logits, float* logits_out, size_t logits_len) {
+  const uint32_t n_rec = (seqs && n_seqs <= 4096) ? n_seqs : 0;  // sequences to record a failure on
   try {
     return kvr::batch_impl(seqs, n_seqs, n_tokens, tokens, tokens_len, want_logits, logits_out, logits_len);
+  } catch (const kvr::BackendError& e) {
+    return kvr::batch_fail(seqs, n_rec, e.status, e.message);
   } catch (const std::bad_alloc&) {
-    return kvr::batch_fail(seqs, seqs ? n_seqs : 0, KVR_ERR_OUT_OF_MEMORY, "out of memory in batch_step");
+    return kvr::batch_fail(seqs, n_rec, KVR_ERR_OUT_OF_MEMORY, "out of memory in batch_step");
   } catch (const std::exception& e) {
-    return kvr::batch_fail(seqs, seqs ? n_seqs : 0, KVR_ERR_INTERNAL,
-                           format("internal error in batch_step: %s", e.what()));
+    return kvr::batch_fail(seqs, n_rec, KVR_ERR_INTERNAL, format("internal error in batch_step: %s", e.what()));
   } catch (...) {
-    return kvr::batch_fail(seqs, seqs ? n_seqs : 0, KVR_ERR_INTERNAL, "internal error in batch_step");
+    return kvr::batch_fail(seqs, n_rec, KVR_ERR_INTERNAL, "internal error in batch_step");
   }
 }
 

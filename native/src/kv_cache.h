@@ -43,17 +43,17 @@ struct KvCache {
   uint8_t* at(size_t layer, size_t which, size_t g, size_t p) const {
     const size_t plane = (2 * layer + which) * kv_heads + g;
     if (!pool) return data + plane * head_bytes() + p * head_dim * elem;
-    const size_t bt = pool->block_tokens;
-    return pool->data + table[p / bt] * pool->block_bytes + (plane * bt + p % bt) * head_dim * elem;
+    const size_t bt = pool->tokens_per_block;
+    return pool->data + table[p / bt] * pool->bytes_per_block + (plane * bt + p % bt) * head_dim * elem;
   }
   // Positions from p on that are contiguous in memory at at(.., p) (within p's block when paged).
-  size_t run(size_t p) const { return pool ? pool->block_tokens - p % pool->block_tokens : capacity - p; }
+  size_t run(size_t p) const { return pool ? pool->tokens_per_block - p % pool->tokens_per_block : capacity - p; }
   // Positions with storage now: capacity when contiguous, held blocks × block tokens when paged.
-  size_t held_tokens() const { return pool ? table.size() * pool->block_tokens : capacity; }
+  size_t held_tokens() const { return pool ? table.size() * pool->tokens_per_block : capacity; }
   // Blocks a paged cache must add to hold positions [0, tokens) (0 when contiguous).
   size_t blocks_needed(size_t tokens) const {
     if (!pool) return 0;
-    const size_t want = (tokens + pool->block_tokens - 1) / pool->block_tokens;
+    const size_t want = (tokens + pool->tokens_per_block - 1) / pool->tokens_per_block;
     return want > table.size() ? want - table.size() : 0;
   }
   // Makes positions [0, tokens) (tokens <= capacity) addressable: takes the missing blocks from the
@@ -68,7 +68,7 @@ struct KvCache {
   // Returns the blocks holding no position < tokens to the pool (paged; no-op when contiguous).
   void shrink(size_t tokens) {
     if (!pool) return;
-    const size_t keep = (tokens + pool->block_tokens - 1) / pool->block_tokens;
+    const size_t keep = (tokens + pool->tokens_per_block - 1) / pool->tokens_per_block;
     if (keep >= table.size()) return;
     pool->release(table.data() + keep, table.size() - keep);
     table.resize(keep);

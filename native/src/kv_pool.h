@@ -12,19 +12,26 @@
 #include <mutex>
 #include <vector>
 
+#include "backend.h"
+
 namespace kvr {
 
-struct KvPool {
+struct KvPool final : PoolState {
   uint32_t dtype = 0;
   size_t elem = 4, layers = 0, kv_heads = 0, head_dim = 0;
-  size_t block_tokens = 0, n_blocks = 0;
-  size_t block_bytes = 0;   // 2 · layers · kv_heads · block_tokens · head_dim · elem
-  uint8_t* data = nullptr;  // n_blocks · block_bytes, owned (calloc/free)
+  size_t tokens_per_block = 0, n_blocks = 0;
+  size_t bytes_per_block = 0;  // 2 · layers · kv_heads · tokens_per_block · head_dim · elem
+  uint8_t* data = nullptr;  // n_blocks · bytes_per_block, owned (calloc/free)
 
   KvPool() = default;
   KvPool(const KvPool&) = delete;
   KvPool& operator=(const KvPool&) = delete;
-  ~KvPool() { std::free(data); }
+  ~KvPool() override { std::free(data); }
+
+  uint32_t blocks_total() const override { return static_cast<uint32_t>(n_blocks); }
+  uint32_t blocks_free() const override { return static_cast<uint32_t>(free_count()); }
+  uint32_t block_tokens() const override { return static_cast<uint32_t>(tokens_per_block); }
+  uint64_t block_bytes() const override { return bytes_per_block; }
 
   // Fills the free list with every block (ids descending so take() hands out low ids first).
   void init_free_list() {

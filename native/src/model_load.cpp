@@ -1,8 +1,8 @@
 // kvr_model_load and friends: validates params and the tensor table against the geometry,
-// mmaps each safetensors file read-only, packs linear weights (kept as bf16 when the file's are
-// BF16, else converted to f32; KVRELAY_WEIGHTS_F32=1 forces f32), and unmaps before returning.
-// Every failure is a status + message; nothing throws across the ABI.
-// Not the forward pass (cpu/forward.cpp) nor JSON parsing (TypeScript does that).
+// mmaps each safetensors file read-only, hands the validated table to the backend (which packs or
+// uploads the weights; backend.h), and unmaps before returning. Every failure is a status +
+// message; nothing throws across the ABI. Not the weights layout (cpu/cpu_backend.cpp) nor JSON
+// parsing (TypeScript does that).
 #include <fcntl.h>
 #include <omp.h>
 #include <sys/mman.h>
@@ -18,7 +18,9 @@
 #include <string>
 #include <vector>
 
+#include "backend.h"
 #include "dtype.h"
+#include "probe.h"
 #include "errors.h"
 #include "rope.h"
 #include "model.h"
@@ -124,6 +126,7 @@ int32_t validate_params(const kvr_model_params& p) {
     return fail(KVR_ERR_INVALID_ARGUMENT, format("kv_dtype %u is not a kvr_dtype (0 f32, 1 f16, 2 bf16)", p.kv_dtype));
   if (p.n_threads > 4096)
     return fail(KVR_ERR_INVALID_ARGUMENT, format("n_threads %u is out of range (0..4096)", p.n_threads));
+  if (int32_t st = check_backend_device(p.backend, p.device)) return st;
   return KVR_OK;
 }
 
@@ -162,74 +165,6 @@ int32_t map_file(Mapping& m) {
   madvise(a, m.size, MADV_SEQUENTIAL);
   return KVR_OK;
 }
-
-struct Loader {
-  Model& m;
-  const kvr_tensor_desc* t;
-  std::vector<Mapping>& files;
-
-  // Converts row `idx` into dst (elems floats).
-  void read(size_t idx, float* dst) const {
-    const kvr_tensor_desc& d = t[idx];
-    const uint8_t* src = static_cast<const uint8_t*>(files[d.file_index].addr) + d.offset;
-    const size_t n = d.shape[0] * d.shape[1];
-    if (d.dtype == KVR_DTYPE_F32) {
-      std::memcpy(dst, src, n * 4);
-    } else if (d.dtype == KVR_DTYPE_BF16) {
-      for (size_t i = 0; i < n; ++i) {
-        uint16_t h;
-        std::memcpy(&h, src + 2 * i, 2);
-        dst[i] = bf16_to_f32(h);
-      }
-    } else {
-      for (size_t i = 0; i < n; ++i) {
-        uint16_t h;
-        std::memcpy(&h, src + 2 * i, 2);
-        dst[i] = f16_to_f32(h);
-      }
-    }
-  }
-  // Copies row `idx` (BF16) into dst (elems bf16 bit patterns) unconverted.
-  void read_bf16(size_t idx, uint16_t* dst) const {
-    const kvr_tensor_desc& d = t[idx];
-    const uint8_t* src = static_cast<const uint8_t*>(files[d.file_index].addr) + d.offset;
-    std::memcpy(dst, src, d.shape[0] * d.shape[1] * sizeof(uint16_t));
-  }
-  // True when every listed row is BF16 (so their concatenation can be kept as bf16).
-  bool all_bf16(std::initializer_list<long> idx) const {
-    for (long i : idx)
-      if (t[i].dtype != KVR_DTYPE_BF16) return false;
-    return true;
-  }
-  // Packs the rows `idx` stacked in order (each (rows_i, cols) row-major) as one weight of
-  // (sum rows_i, cols): bf16 panels when keep_bf16 and every part is BF16, else f32.
-  cpu::PackedWeight packed(std::initializer_list<long> idx, size_t cols, bool keep_bf16) const {
-    size_t rows = 0;
-    for (long i : idx) rows += t[i].shape[0];
-    if (keep_bf16 && all_bf16(idx)) {
-      std::vector<uint16_t> w(rows * cols);
-      size_t r = 0;
-      for (long i : idx) {
-        read_bf16(static_cast<size_t>(i), w.data() + r * cols);
-        r += t[i].shape[0];
-      }
-      return cpu::PackedWeight::pack_bf16(w.data(), rows, cols);
-    }
-    std::vector<float> w(rows * cols);
-    size_t r = 0;
-    for (long i : idx) {
-      read(static_cast<size_t>(i), w.data() + r * cols);
-      r += t[i].shape[0];
-    }
-    return cpu::PackedWeight::pack(w.data(), rows, cols);
-  }
-  std::vector<float> vec(long idx) const {
-    if (idx < 0) return {};
-    std::vector<float> v(t[idx].shape[0] * t[idx].shape[1]);
-    read(static_cast<size_t>(idx), v.data());
-    return v;
-  }
-};
 
 int32_t load_impl(const kvr_model_params* params, const char* paths, size_t paths_len, uint32_t n_paths,
                   const kvr_tensor_desc* tensors, size_t n_tensors, kvr_model** out_model) {
@@ -361,54 +296,24 @@ int32_t load_impl(const kvr_model_params* params, const char* paths, size_t path
     }
   }
 
-  // Convert and pack. BF16 linear weights (and the embedding) stay bf16 unless
-  // KVRELAY_WEIGHTS_F32=1 (read here, once per load): the kernels widen them exactly, so results
-  // are bit-identical either way, and bf16 halves the memory and the bytes each decode streams.
-  const char* force_f32_env = std::getenv("KVRELAY_WEIGHTS_F32");
-  const bool keep_bf16 = !(force_f32_env != nullptr && std::strcmp(force_f32_env, "1") == 0);
-  Loader ld{m, tensors, files};
+  // Hand the validated table (host pointers into the mappings) to the backend, which packs or
+  // uploads the weights; the mappings stay valid until it returns.
+  TensorTable table(m.layers);
+  for (size_t i = 0; i < n_tensors; ++i) {
+    const kvr_tensor_desc& d = tensors[i];
+    TensorView v;
+    v.role = d.role;
+    v.layer = d.layer;
+    v.dtype = d.dtype;
+    v.rows = d.shape[0];
+    v.cols = d.shape[1];
+    v.nbytes = d.nbytes;
+    v.data = static_cast<const uint8_t*>(files[d.file_index].addr) + d.offset;
+    table.add(v);
+  }
   m.inv_freq = rope_inv_freq(p);
-  const long embed = global[KVR_T_EMBED];
-  if (keep_bf16 && ld.all_bf16({embed})) {
-    m.embed_bf16.resize(m.vocab * m.hidden);
-    ld.read_bf16(static_cast<size_t>(embed), m.embed_bf16.data());
-    if (p.tie_word_embeddings)
-      m.lm_head = cpu::PackedWeight::pack_bf16(m.embed_bf16.data(), m.vocab, m.hidden);
-  } else {
-    m.embed = ld.vec(embed);
-    if (p.tie_word_embeddings) m.lm_head = cpu::PackedWeight::pack(m.embed.data(), m.vocab, m.hidden);
-  }
-  m.final_norm = ld.vec(global[KVR_T_FINAL_NORM]);
-  if (!p.tie_word_embeddings) m.lm_head = ld.packed({global[KVR_T_LM_HEAD]}, m.hidden, keep_bf16);
-  m.layer.resize(m.layers);
-  for (size_t l = 0; l < m.layers; ++l) {
-    const long* s = &slot[l * kMaxRole];
-    LayerWeights& L = m.layer[l];
-    L.attn_norm = ld.vec(s[KVR_T_ATTN_NORM]);
-    L.mlp_norm = ld.vec(s[KVR_T_MLP_NORM]);
-    if (qwen3) {
-      L.q_norm = ld.vec(s[KVR_T_Q_NORM]);
-      L.k_norm = ld.vec(s[KVR_T_K_NORM]);
-    }
-    const size_t qkv_rows = m.q_dim + 2 * m.kv_dim;
-    L.qkv = ld.packed({s[KVR_T_Q], s[KVR_T_K], s[KVR_T_V]}, m.hidden, keep_bf16);
-    if (p.attention_bias) {
-      L.qkv_bias.resize(qkv_rows);
-      ld.read(s[KVR_T_Q_BIAS], L.qkv_bias.data());
-      ld.read(s[KVR_T_K_BIAS], L.qkv_bias.data() + m.q_dim);
-      ld.read(s[KVR_T_V_BIAS], L.qkv_bias.data() + m.q_dim + m.kv_dim);
-      L.o_bias = ld.vec(s[KVR_T_O_BIAS]);
-    }
-    L.o = ld.packed({s[KVR_T_O]}, m.q_dim, keep_bf16);
-    L.gate_up = ld.packed({s[KVR_T_GATE], s[KVR_T_UP]}, m.hidden, keep_bf16);
-    if (p.mlp_bias) {
-      L.gate_up_bias.resize(2 * m.inter);
-      ld.read(s[KVR_T_GATE_BIAS], L.gate_up_bias.data());
-      ld.read(s[KVR_T_UP_BIAS], L.gate_up_bias.data() + m.inter);
-      L.down_bias = ld.vec(s[KVR_T_DOWN_BIAS]);
-    }
-    L.down = ld.packed({s[KVR_T_DOWN]}, m.inter, keep_bf16);
-  }
+  if (p.backend == KVR_BACKEND_CUDA) m.backend = make_cuda_backend(m, table, static_cast<int32_t>(p.device));
+  else m.backend = make_cpu_backend(m, table);
   files.clear();  // unmap before returning
 
   kvr_model* out = new kvr_model;
@@ -430,6 +335,8 @@ KVR_API void kvr_model_default_params(kvr_model_params* params) {
   params->rope_factor = 1.f;
   params->kv_dtype = KVR_DTYPE_F32;
   params->n_threads = 0;
+  params->backend = KVR_BACKEND_CPU;
+  params->device = 0;
 }
 
 KVR_API int32_t kvr_model_load(const kvr_model_params* params, const char* paths, size_t paths_len,
@@ -437,6 +344,8 @@ KVR_API int32_t kvr_model_load(const kvr_model_params* params, const char* paths
                                kvr_model** out_model) {
   try {
     return kvr::load_impl(params, paths, paths_len, n_paths, tensors, n_tensors, out_model);
+  } catch (const kvr::BackendError& e) {
+    return kvr::fail(e.status, e.message);
   } catch (const std::bad_alloc&) {
     return kvr::fail(KVR_ERR_OUT_OF_MEMORY, "out of memory while loading the model weights");
   } catch (const std::exception& e) {
@@ -452,18 +361,36 @@ KVR_API uint32_t kvr_model_threads(const kvr_model* model) {
   return model ? static_cast<uint32_t>(model->m->n_threads) : 0;
 }
 
-KVR_API uint64_t kvr_model_weight_bytes(const kvr_model* model) {
-  if (!model) return 0;
+KVR_API int32_t kvr_model_backend(const kvr_model* model, uint32_t* out_backend, uint32_t* out_device, char* info,
+                                  size_t info_len) {
+  if (!model) return kvr::fail(KVR_ERR_INVALID_ARGUMENT, "model is NULL");
+  if (!info && info_len > 0) return kvr::fail(KVR_ERR_INVALID_ARGUMENT, "info is NULL but info_len > 0");
   const kvr::Model& m = *model->m;
-  auto f32 = [](const std::vector<float>& v) { return v.size() * sizeof(float); };
-  uint64_t bytes = f32(m.embed) + m.embed_bf16.size() * sizeof(uint16_t) + f32(m.final_norm) +
-                   m.lm_head.size_bytes();
-  for (const kvr::LayerWeights& l : m.layer) {
-    bytes += f32(l.attn_norm) + f32(l.mlp_norm) + f32(l.q_norm) + f32(l.k_norm) + f32(l.qkv_bias) +
-             f32(l.o_bias) + f32(l.gate_up_bias) + f32(l.down_bias) + l.qkv.size_bytes() +
-             l.o.size_bytes() + l.gate_up.size_bytes() + l.down.size_bytes();
+  if (out_backend) *out_backend = m.backend->kind();
+  if (out_device) *out_device = m.params.device;
+  try {
+    kvr::copy_info(m.backend->device_description(), info, info_len);
+  } catch (...) {
+    kvr::copy_info("", info, info_len);
   }
-  return bytes;
+  return KVR_OK;
+}
+
+KVR_API int32_t kvr_model_health(const kvr_model* model, char* info, size_t info_len) {
+  if (!model) return kvr::fail(KVR_ERR_INVALID_ARGUMENT, "model is NULL");
+  if (!info && info_len > 0) return kvr::fail(KVR_ERR_INVALID_ARGUMENT, "info is NULL but info_len > 0");
+  try {
+    const std::string why = model->m->backend->failure();
+    kvr::copy_info(why, info, info_len);
+    return why.empty() ? KVR_OK : kvr::fail(KVR_ERR_INTERNAL, why);
+  } catch (...) {
+    kvr::copy_info("out of memory", info, info_len);
+    return kvr::fail(KVR_ERR_OUT_OF_MEMORY, "out of memory in kvr_model_health");
+  }
+}
+
+KVR_API uint64_t kvr_model_weight_bytes(const kvr_model* model) {
+  return model ? model->m->backend->weight_bytes() : 0;
 }
 
 }  // extern "C"

@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cmath>
 #include <cstdint>
 #include <mutex>
@@ -14,6 +15,7 @@
 #include <tuple>
 #include <vector>
 
+#include "cpu/cpu_backend.h"
 #include "cpu/gemm.h"
 #include "cpu/projector.h"
 #include "errors.h"
@@ -124,11 +126,20 @@ int32_t block_elems(const char* fn, const kvr::cpu::KvGeometry& g, uint32_t toke
   return KVR_OK;
 }
 
+// Test hook: KVRELAY_PROJECT_VIA_COPIES=1 (read per call) makes kvr_projector_apply_seq take the
+// backend-neutral copy path even for two CPU sequences, so tests can compare it with the fast path.
+bool force_copy_path() {
+  const char* v = std::getenv("KVRELAY_PROJECT_VIA_COPIES");
+  return v != nullptr && v[0] == '1' && v[1] == 0;
+}
+
 template <class F>
 int32_t guarded(const char* fn, std::string* sink, F&& f) {
   int32_t st;
   try {
     st = f();
+  } catch (const kvr::BackendError& e) {
+    st = fail(e.status, format("%s: %s", fn, e.message.c_str()));
   } catch (const std::bad_alloc&) {
     st = fail(KVR_ERR_OUT_OF_MEMORY, format("%s: out of memory", fn));
   } catch (...) {
@@ -206,7 +217,7 @@ int32_t check_selection(const char* fn, const kvr_ridge* r, const uint32_t* feat
 // for (what = "source" / "target").
 int32_t check_seq_model(const char* fn, const char* what, const kvr_seq* seq,
                         const kvr::cpu::KvGeometry& g, const std::vector<double>& freq) {
-  const kvr::KvCache& kv = seq->kv;
+  const kvr::Model& kv = *seq->model;
   if (kv.layers != g.layers || kv.kv_heads != g.heads || kv.head_dim != g.dim)
     return fail(KVR_ERR_INVALID_ARGUMENT,
                 format("%s: %s sequence's model has layers %zu, kv_heads %zu, head_dim %zu; the "
@@ -225,6 +236,44 @@ int32_t check_seq_model(const char* fn, const char* what, const kvr_seq* seq,
                          "(inv_freq[%zu] %.17g vs %.17g: rope_theta or rope_scaling)",
                          fn, what, what, i, mf[i], freq[i]));
   return KVR_OK;
+}
+
+// Sequence → sequence projection through the backends' copy interface (kv_read F32 of every
+// layer → features → GEMM + bias → cache block → kv_write F32), chunk by chunk so scratch stays
+// O(chunk · features): the path for sequences that are not both in CPU memory. Same arithmetic as
+// kvr_projector_apply on the blocks, so the same bits as the CPU fast path (project_cache).
+void project_via_copies(const kvr_projector& p, const kvr_seq& src, kvr_seq& dst, uint32_t n_tokens, int nt) {
+  const kvr::Backend& sb = *src.model->backend;
+  const kvr::Backend& db = *dst.model->backend;
+  const size_t chunk = kvr::cpu::kProjectChunk;
+  const size_t ws = p.src.width(), wt = p.dst.width();
+  std::vector<float> sblock(chunk * ws), fin(chunk * ws), fout(chunk * wt), dblock(chunk * wt);
+  std::vector<float> sv(chunk * ws);
+  const std::vector<double> none;
+  for (uint32_t start = 0; start < n_tokens; start += static_cast<uint32_t>(chunk)) {
+    const uint32_t tokens = static_cast<uint32_t>(std::min<size_t>(chunk, n_tokens - start));
+    const size_t s_layer = p.src.heads * tokens * p.src.dim, d_layer = p.dst.heads * tokens * p.dst.dim;
+    for (size_t l = 0; l < p.src.layers; ++l)
+      sb.kv_read(*src.state, static_cast<uint32_t>(l), start, tokens, KVR_DTYPE_F32, sblock.data() + l * s_layer,
+                 sv.data() + l * s_layer);
+    std::vector<float> dk(p.dst.layers * d_layer);
+    for (int kv = 0; kv < 2; ++kv) {
+      const bool keys = kv == 0;
+      kvr::cpu::cache_to_features(p.src, keys ? p.src_freq : none, start, tokens, keys ? sblock.data() : sv.data(),
+                                  fin.data(), nt);
+      kvr::cpu::matmul_xwt(fin.data(), tokens, ws, keys ? p.wk : p.wv, fout.data(), wt, false, nt);
+      const float* b = keys ? p.bk.data() : p.bv.data();
+      for (size_t t = 0; t < tokens; ++t) {
+        float* row = fout.data() + t * wt;
+        for (size_t j = 0; j < wt; ++j) row[j] += b[j];
+      }
+      kvr::cpu::features_to_cache(p.dst, keys ? p.dst_freq : none, start, tokens, fout.data(),
+                                  keys ? dk.data() : dblock.data(), nt);
+    }
+    for (size_t l = 0; l < p.dst.layers; ++l)
+      db.kv_write(*dst.state, static_cast<uint32_t>(l), start, tokens, KVR_DTYPE_F32, dk.data() + l * d_layer,
+                  dblock.data() + l * d_layer);
+  }
 }
 
 }  // namespace
@@ -556,17 +605,21 @@ KVR_API int32_t kvr_projector_apply_seq(const kvr_projector* cprojector, const k
       return fail(KVR_ERR_INVALID_ARGUMENT,
                   format("%s: the target sequence must be empty, holds %u tokens", fn,
                          dst->length));
-    if (n_tokens > dst->kv.capacity)
+    if (n_tokens > dst->capacity)
       return fail(KVR_ERR_CAPACITY,
-                  format("%s: n_tokens %u exceeds the target sequence's capacity %zu", fn,
-                         n_tokens, dst->kv.capacity));
-    if (!dst->kv.reserve(n_tokens))
-      return fail(KVR_ERR_POOL_EXHAUSTED,
-                  format("%s: the target's KV pool has %zu free blocks, %zu needed for %u tokens", fn,
-                         dst->kv.pool->free_count(), dst->kv.blocks_needed(n_tokens), n_tokens));
-    if (!kvr::cpu::project_cache(src->kv, p->src_freq, dst->kv, p->dst_freq, p->wk, p->bk.data(),
-                                 p->wv, p->bv.data(), n_tokens, nt))
-      return fail(KVR_ERR_OUT_OF_MEMORY, format("%s: out of memory (GEMM scratch)", fn));
+                  format("%s: n_tokens %u exceeds the target sequence's capacity %u", fn,
+                         n_tokens, dst->capacity));
+    dst->model->backend->reserve(*dst->state, n_tokens);  // paged target: blocks all or none
+    const kvr::KvCache* src_cpu = kvr::cpu::cpu_cache(src->state.get());
+    kvr::KvCache* dst_cpu = kvr::cpu::cpu_cache(dst->state.get());
+    if (src_cpu != nullptr && dst_cpu != nullptr && !force_copy_path()) {
+      // both caches in CPU memory: project in place, chunks in parallel
+      if (!kvr::cpu::project_cache(*src_cpu, p->src_freq, *dst_cpu, p->dst_freq, p->wk,
+                                   p->bk.data(), p->wv, p->bv.data(), n_tokens, nt))
+        return fail(KVR_ERR_OUT_OF_MEMORY, format("%s: out of memory (GEMM scratch)", fn));
+    } else {
+      project_via_copies(*p, *src, *dst, n_tokens, nt);
+    }
     dst->length = n_tokens;
     return KVR_OK;
   });

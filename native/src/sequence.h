@@ -1,20 +1,22 @@
-// The kvr_seq handle's layout, internal to the library: a token sequence of one model with its own
-// KV cache and scratch. Shared by sequence.cpp (which implements kvr_seq_*) and the few other
-// entry points that read or write a sequence's cache in place (projector.cpp). Not public ABI.
+// The kvr_seq handle's layout, internal to the library: a token sequence of one model. The
+// neutral part (length, capacity, last error) lives here; the KV cache and scratch are the
+// backend's SeqState. Shared by sequence.cpp (which implements kvr_seq_*) and projector.cpp
+// (sequence → sequence projection). Not public ABI.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
-#include "cpu/forward.h"
-#include "kv_cache.h"
+#include "backend.h"
 #include "model.h"
 
 struct kvr_seq {
-  std::shared_ptr<const kvr::Model> model;  // keeps the weights alive while the sequence exists
-  kvr::KvCache kv;
+  std::shared_ptr<const kvr::Model> model;  // keeps the backend alive while the sequence exists
+  std::unique_ptr<kvr::SeqState> state;     // declared after model: destroyed first
   uint32_t length = 0;
+  uint32_t capacity = 0;
   std::string last_error;
-  kvr::cpu::Scratch scratch;
+  std::vector<float> logits;  // (vocab) logits of kvr_seq_decode_sample, never leave the library
 };

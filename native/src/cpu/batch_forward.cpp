@@ -10,6 +10,7 @@
 
 #include <omp.h>
 
+#include "common/device_math.h"
 #include "cpu/attention.h"
 #include "cpu/convert.h"
 #include "cpu/gemm.h"
@@ -24,7 +25,7 @@ constexpr double kBigAttention = 1 << 20;
 
 }  // namespace
 
-void forward_batch(const Model& m, const BatchSeq* seqs, size_t count, BatchScratch& sc) {
+void forward_batch(const ModelGeometry& m, const Weights& w, const BatchSeq* seqs, size_t count, BatchScratch& sc) {
   const size_t H = m.hidden, I = m.inter, hd = m.head_dim, half = hd / 2;
   const size_t qd = m.q_dim, kvd = m.kv_dim, ldqkv = qd + 2 * kvd;
   const int nt = m.n_threads;
@@ -99,21 +100,17 @@ void forward_batch(const Model& m, const BatchSeq* seqs, size_t count, BatchScra
   for (size_t r = 0; r < rows; ++r) {
     const BatchSeq& s = seqs[seq_of[r]];
     const size_t tok = static_cast<size_t>(s.tokens[pos_of[r] - s.pos0]) * H;
-    if (m.embed_bf16.empty()) {
-      std::copy_n(m.embed.data() + tok, H, x + r * H);
+    if (w.embed_bf16.empty()) {
+      std::copy_n(w.embed.data() + tok, H, x + r * H);
     } else {
-      to_f32(m.embed_bf16.data() + tok, KVR_DTYPE_BF16, x + r * H, H);
+      to_f32(w.embed_bf16.data() + tok, KVR_DTYPE_BF16, x + r * H, H);
     }
-    const double pos = static_cast<double>(pos_of[r]);
-    for (size_t d = 0; d < half; ++d) {
-      const double ang = pos * m.inv_freq[d];
-      cs[r * hd + d] = static_cast<float>(std::cos(ang));
-      cs[r * hd + half + d] = static_cast<float>(std::sin(ang));
-    }
+    for (size_t d = 0; d < half; ++d)  // the same bits as forward.cpp (common/device_math.h)
+      dm::rope_cos_sin(static_cast<uint32_t>(pos_of[r]), m.inv_freq[d], &cs[r * hd + d], &cs[r * hd + half + d]);
   }
 
   for (size_t l = 0; l < m.layers; ++l) {
-    const LayerWeights& L = m.layer[l];
+    const LayerWeights& L = w.layer[l];
 #pragma omp parallel for num_threads(nt) schedule(static) if (par_rows)
     for (size_t r = 0; r < rows; ++r) rmsnorm(x + r * H, h + r * H, L.attn_norm.data(), H, eps);
     matmul_xwt(h, rows, H, L.qkv, qkv, ldqkv, false, nt);
@@ -175,11 +172,11 @@ void forward_batch(const Model& m, const BatchSeq* seqs, size_t count, BatchScra
   size_t k = 0;
   for (size_t e = 0; e < count; ++e) {
     if (!seqs[e].logits) continue;
-    rmsnorm(x + (row0[e] + seqs[e].n - 1) * H, h + k * H, m.final_norm.data(), H, eps);
+    rmsnorm(x + (row0[e] + seqs[e].n - 1) * H, h + k * H, w.final_norm.data(), H, eps);
     ++k;
   }
   if (sc.logits.size() < want * m.vocab) sc.logits.resize(want * m.vocab);
-  matmul_xwt(h, want, H, m.lm_head, sc.logits.data(), m.vocab, false, nt);
+  matmul_xwt(h, want, H, w.lm_head, sc.logits.data(), m.vocab, false, nt);
   k = 0;
   for (size_t e = 0; e < count; ++e) {
     if (!seqs[e].logits) continue;

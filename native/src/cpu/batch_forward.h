@@ -10,8 +10,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "backend.h"
+#include "cpu/weights.h"
 #include "kv_cache.h"
-#include "model.h"
 
 namespace kvr::cpu {
 
@@ -34,6 +35,6 @@ struct BatchScratch {
 
 // Runs the step. Sequences must be distinct caches. Throws std::bad_alloc when scratch cannot
 // grow (caches may then hold partial writes at positions >= pos0; lengths are the caller's).
-void forward_batch(const Model& m, const BatchSeq* seqs, size_t count, BatchScratch& sc);
+void forward_batch(const ModelGeometry& m, const Weights& w, const BatchSeq* seqs, size_t count, BatchScratch& sc);
 
 }  // namespace kvr::cpu

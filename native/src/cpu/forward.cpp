@@ -6,8 +6,10 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/device_math.h"
 #include "cpu/attention.h"
 #include "cpu/convert.h"
+#include "cpu/decode_step.h"
 #include "cpu/gemm.h"
 #include "cpu/ops.h"
 
@@ -16,7 +18,7 @@ namespace {
 
 constexpr size_t kChunk = 256;  // tokens per prefill chunk
 
-void forward_chunk(const Model& m, KvCache& kv, const int32_t* tokens, size_t n, size_t pos0, float* logits,
+void forward_chunk(const ModelGeometry& m, const Weights& w, KvCache& kv, const int32_t* tokens, size_t n, size_t pos0, float* logits,
                    size_t logit_row0, size_t logit_rows, Scratch& sc) {
   const size_t H = m.hidden, I = m.inter, hd = m.head_dim, half = hd / 2;
   const size_t qd = m.q_dim, kvd = m.kv_dim, ldqkv = qd + 2 * kvd;
@@ -53,21 +55,18 @@ void forward_chunk(const Model& m, KvCache& kv, const int32_t* tokens, size_t n,
 #pragma omp parallel for num_threads(nt) schedule(static) if (par_rows)
   for (size_t i = 0; i < n; ++i) {
     const size_t row = static_cast<size_t>(tokens[i]) * H;
-    if (m.embed_bf16.empty()) {
-      std::copy_n(m.embed.data() + row, H, x + i * H);
+    if (w.embed_bf16.empty()) {
+      std::copy_n(w.embed.data() + row, H, x + i * H);
     } else {
-      to_f32(m.embed_bf16.data() + row, KVR_DTYPE_BF16, x + i * H, H);
+      to_f32(w.embed_bf16.data() + row, KVR_DTYPE_BF16, x + i * H, H);
     }
-    const double pos = static_cast<double>(pos0 + i);
-    for (size_t d = 0; d < half; ++d) {
-      const double ang = pos * m.inv_freq[d];
-      cs[i * hd + d] = static_cast<float>(std::cos(ang));
-      cs[i * hd + half + d] = static_cast<float>(std::sin(ang));
-    }
+    // The CUDA backend computes the same bits (common/device_math.h).
+    for (size_t d = 0; d < half; ++d)
+      dm::rope_cos_sin(static_cast<uint32_t>(pos0 + i), m.inv_freq[d], &cs[i * hd + d], &cs[i * hd + half + d]);
   }
 
   for (size_t l = 0; l < m.layers; ++l) {
-    const LayerWeights& L = m.layer[l];
+    const LayerWeights& L = w.layer[l];
 
 #pragma omp parallel for num_threads(nt) schedule(static) if (par_rows)
     for (size_t i = 0; i < n; ++i) rmsnorm(x + i * H, h + i * H, L.attn_norm.data(), H, eps);
@@ -115,21 +114,25 @@ void forward_chunk(const Model& m, KvCache& kv, const int32_t* tokens, size_t n,
 
   if (logit_rows == 0) return;
   for (size_t r = 0; r < logit_rows; ++r)
-    rmsnorm(x + (logit_row0 + r) * H, h + r * H, m.final_norm.data(), H, eps);
-  matmul_xwt(h, logit_rows, H, m.lm_head, logits, m.vocab, false, nt);
+    rmsnorm(x + (logit_row0 + r) * H, h + r * H, w.final_norm.data(), H, eps);
+  matmul_xwt(h, logit_rows, H, w.lm_head, logits, m.vocab, false, nt);
 }
 
 }  // namespace
 
-void forward(const Model& m, KvCache& kv, const int32_t* tokens, size_t n, size_t pos0, bool all_positions,
+void forward(const ModelGeometry& m, const Weights& w, KvCache& kv, const int32_t* tokens, size_t n, size_t pos0, bool all_positions,
              float* logits, Scratch& scratch) {
+  if (n == 1) {  // decode: one parallel region for the whole step (cpu/decode_step.cpp)
+    decode_tuned(m, w, kv, tokens[0], pos0, logits, scratch, scratch.tuner);
+    return;
+  }
   for (size_t c = 0; c < n; c += kChunk) {
     const size_t nc = std::min(kChunk, n - c);
     const bool last = c + nc == n;
     if (all_positions) {
-      forward_chunk(m, kv, tokens + c, nc, pos0 + c, logits + c * m.vocab, 0, nc, scratch);
+      forward_chunk(m, w, kv, tokens + c, nc, pos0 + c, logits + c * m.vocab, 0, nc, scratch);
     } else {
-      forward_chunk(m, kv, tokens + c, nc, pos0 + c, logits, nc - 1, last ? 1 : 0, scratch);
+      forward_chunk(m, w, kv, tokens + c, nc, pos0 + c, logits, nc - 1, last ? 1 : 0, scratch);
     }
   }
 }

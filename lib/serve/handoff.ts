@@ -1,64 +1,20 @@
-// Snapshot plumbing shared by prefill, migrate and decode: the media type, reading a snapshot
-// from a request (streamed body or a store id), peeking at its header to find the tier that made
-// it, and wrapping an export stream so its sequence and queue slot are freed when it ends.
-// The byte format is lib/snapshot's; this file never decodes KV itself.
-import type { Context } from "hono";
-import { decodeHeader, type SnapshotHeader } from "../../lib/snapshot/mod.ts";
-import { decodePrefix, PREFIX_BYTES } from "../../lib/snapshot/format.ts";
-import type { NativeSequence } from "../../lib/native/mod.ts";
-import { HttpError } from "./errors.ts";
-import type { Runtime, Tier } from "./runtime.ts";
+// Snapshot plumbing shared by prefill, migrate and decode: reading a snapshot (bounded stream or
+// a store id), peeking at its header to find the tier that made it, guarding a stream by a
+// deadline, and wrapping an export stream so its sequence and queue slot are freed when it ends.
+// The byte format is lib/snapshot's; this file never decodes KV itself. No HTTP here.
+import { decodeHeader, decodePrefix, PREFIX_BYTES, type SnapshotHeader } from "../snapshot/mod.ts";
+import type { NativeSequence } from "../native/mod.ts";
+import { InputError, NotFoundError, SnapshotMismatchError, TooLargeError } from "./errors.ts";
+import type { Runtime } from "./runtime.ts";
+import type { Tier } from "./tier.ts";
 
-/** Media type of a KV snapshot body. */
-export const SNAPSHOT_TYPE = "application/vnd.kvrelay.snapshot";
-
-/** Store key of a snapshot id (ids are UUIDs; keys are namespaced). */
+/**
+ * Store key of a snapshot id (ids are UUIDs; keys are namespaced).
+ * @param id the snapshot id
+ * @returns the store key
+ */
 export function snapshotKey(id: string): string {
   return `snap:${id}`;
-}
-
-/**
- * Whether the request carries a snapshot body.
- * @param c the Hono context
- * @returns true for the snapshot media type
- */
-export function isSnapshotBody(c: Context): boolean {
-  return (c.req.header("content-type") ?? "").split(";")[0].trim().toLowerCase() === SNAPSHOT_TYPE;
-}
-
-/**
- * The request body, whose read failures (the client reset the connection mid-upload, a broken
- * chunked encoding) surface as a 400 naming "body" instead of an internal error.
- * @param c the Hono context
- * @returns the body stream, or null when the request has none
- */
-export function requestBody(c: Context): ReadableStream<Uint8Array> | null {
-  const body = c.req.raw.body;
-  if (!body) return null;
-  const reader = body.getReader();
-  return new ReadableStream<Uint8Array>({
-    async pull(ctl) {
-      let r: ReadableStreamReadResult<Uint8Array>;
-      try {
-        r = await reader.read();
-      } catch (e) {
-        ctl.error(
-          new HttpError(
-            400,
-            "invalid_request_error",
-            `request body could not be read: ${(e as Error)?.message ?? String(e)}`,
-            "body",
-          ),
-        );
-        return;
-      }
-      if (r.done) ctl.close();
-      else ctl.enqueue(r.value);
-    },
-    cancel(why) {
-      return reader.cancel(why);
-    },
-  });
 }
 
 /**
@@ -84,24 +40,19 @@ export function countBytes(
  * @param stream the body
  * @param maxBytes the limit
  * @returns the bytes
- * @throws {HttpError} 413 when larger, 400 when empty
+ * @throws {TooLargeError} when larger; {@link InputError} when empty
  */
 export async function readBounded(
   stream: ReadableStream<Uint8Array> | null,
   maxBytes: number,
 ): Promise<Uint8Array> {
-  if (!stream) throw new HttpError(400, "invalid_request_error", "snapshot body is empty", "body");
+  if (!stream) throw new InputError("snapshot body is empty", "body");
   const parts: Uint8Array[] = [];
   let n = 0;
   for await (const p of stream) {
     n += p.length;
     if (n > maxBytes) {
-      throw new HttpError(
-        413,
-        "invalid_request_error",
-        `snapshot body exceeds ${maxBytes} bytes`,
-        "body",
-      );
+      throw new TooLargeError(`snapshot body exceeds ${maxBytes} bytes`, "body");
     }
     parts.push(p);
   }
@@ -111,7 +62,7 @@ export async function readBounded(
     out.set(p, o);
     o += p.length;
   }
-  if (n === 0) throw new HttpError(400, "invalid_request_error", "snapshot body is empty", "body");
+  if (n === 0) throw new InputError("snapshot body is empty", "body");
   return out;
 }
 
@@ -120,25 +71,15 @@ export async function readBounded(
  * @param rt the runtime (store)
  * @param id the snapshot id
  * @returns its bytes
- * @throws {HttpError} 404 when absent or expired
+ * @throws {InputError} for a malformed id; {@link NotFoundError} when absent or expired
  */
 export async function loadStored(rt: Runtime, id: string): Promise<Uint8Array> {
   if (!/^[A-Za-z0-9-]{1,100}$/.test(id)) {
-    throw new HttpError(
-      400,
-      "invalid_request_error",
-      `snapshot_id ${JSON.stringify(id)} is malformed`,
-      "snapshot_id",
-    );
+    throw new InputError(`snapshot_id ${JSON.stringify(id)} is malformed`, "snapshot_id");
   }
   const bytes = await rt.store.get(snapshotKey(id));
   if (!bytes) {
-    throw new HttpError(
-      404,
-      "not_found_error",
-      `no snapshot "${id}" (unknown or expired)`,
-      "snapshot_id",
-    );
+    throw new NotFoundError(`no snapshot "${id}" (unknown or expired)`, "snapshot_id");
   }
   rt.metrics.snapshotBytes.inc({ direction: "in" }, bytes.length);
   return bytes;
@@ -160,16 +101,14 @@ export function peekHeader(bytes: Uint8Array): SnapshotHeader {
  * @param header the snapshot header
  * @param prefer returned when its model made it (several tiers may serve one model)
  * @returns the tier
- * @throws {HttpError} 409 when no served model has that fingerprint
+ * @throws {SnapshotMismatchError} when no served model has that fingerprint
  */
 export function tierOfSnapshot(rt: Runtime, header: SnapshotHeader, prefer?: Tier): Tier {
   if (prefer && prefer.model.fingerprint.toLowerCase() === header.modelFingerprint) return prefer;
   for (const t of rt.tiers.values()) {
     if (t.model.fingerprint.toLowerCase() === header.modelFingerprint) return t;
   }
-  throw new HttpError(
-    409,
-    "snapshot_mismatch_error",
+  throw new SnapshotMismatchError(
     `snapshot was made by model ${
       header.modelFingerprint.slice(0, 16)
     }…, which no tier here serves`,
@@ -346,4 +285,45 @@ export function untilAborted(
       return reader.cancel(why);
     },
   });
+}
+
+/** When the first and the last chunk of a stream passed (epoch ms; null until they did). */
+export interface StreamTiming {
+  firstMs: number | null;
+  lastMs: number | null;
+}
+
+/**
+ * A pass-through that records when its first and last chunks pass. On the exporting side that is
+ * when encoding started and finished (exports are encoded as they are pulled); on the importing
+ * side when the import read its first and last bytes (imports write each chunk as it is read).
+ * Both use the wall clock, so hosts with synchronized clocks can compare them.
+ * @returns the transform and its (live) timing
+ */
+export function streamTimer(): {
+  transform: TransformStream<Uint8Array, Uint8Array>;
+  timing: StreamTiming;
+} {
+  const timing: StreamTiming = { firstMs: null, lastMs: null };
+  const now = () => Math.round((performance.timeOrigin + performance.now()) * 10) / 10;
+  return {
+    timing,
+    transform: new TransformStream({
+      transform(chunk, ctl) {
+        const t = now();
+        timing.firstMs ??= t;
+        timing.lastMs = t;
+        ctl.enqueue(chunk);
+      },
+    }),
+  };
+}
+
+/**
+ * The `x-kvrelay-*-ms` header value of a stream timing: "first,last" epoch ms.
+ * @param t the timing
+ * @returns the value, or null when nothing passed
+ */
+export function timingHeader(t: StreamTiming): string | null {
+  return t.firstMs === null ? null : `${t.firstMs},${t.lastMs}`;
 }

@@ -2,9 +2,10 @@
 // gates each tier pair on the projector's stored, measured quality against the tier's threshold
 // (lib/migrate migrationGate), and moves KV between live sequences (migrateKv: exact copy for the
 // same model, projection otherwise). A refused pair is a reason string; callers fall back to a
-// full prefill (generate) or answer 422 (migrate). The projection math is lib/migrate's.
-import type { KvrelayConfig, ProjectorConfig } from "../../lib/config/mod.ts";
-import type { NativeSequence } from "../../lib/native/mod.ts";
+// full prefill (generate) or refuse (migrate, decode). The projection math is lib/migrate's.
+// Depends on tier.ts only (not runtime.ts): the runtime owns a migrator, not the reverse.
+import type { KvrelayConfig, ProjectorConfig } from "../config/mod.ts";
+import type { NativeSequence } from "../native/mod.ts";
 import {
   endpointOf,
   loadProjector,
@@ -12,10 +13,8 @@ import {
   migrationGate,
   MigrationRefusedError,
   type Projector,
-} from "../../lib/migrate/mod.ts";
-import type { Runtime, Tier } from "./runtime.ts";
-
-export { MigrationRefusedError };
+} from "../migrate/mod.ts";
+import type { Tier } from "./tier.ts";
 
 /** Outcome of the gate for one pair. */
 export type GateResult =
@@ -25,7 +24,7 @@ export type GateResult =
 /** Gates and runs migrations between loaded tiers. */
 export interface Migrator {
   /** Loads configured projectors against the loaded tiers (called once by Runtime.load). */
-  load(rt: Runtime): Promise<void>;
+  load(tiers: ReadonlyMap<string, Tier>): Promise<void>;
   /**
    * Whether `from`'s cache may be migrated into `to`.
    * @returns ok with the repair length, or the refusal reason
@@ -60,9 +59,9 @@ export function createMigrator(config: KvrelayConfig): Migrator {
   const loaded = new Map<string, Projector>();
   const loadErrors = new Map<string, string>();
   return {
-    async load(rt: Runtime): Promise<void> {
+    async load(tiers: ReadonlyMap<string, Tier>): Promise<void> {
       for (const p of config.projectors) {
-        const from = rt.tiers.get(p.from)!, to = rt.tiers.get(p.to)!;
+        const from = tiers.get(p.from)!, to = tiers.get(p.to)!;
         const key = `${p.from}\0${p.to}`;
         try {
           loaded.set(

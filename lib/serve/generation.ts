@@ -1,22 +1,21 @@
-// One served generation: admission through the tier's bounded queue, request deadline, prefill
-// that reuses the tier's own prefix cache or migrates a lower tier's cached prefix (escalation,
-// gated) else prefills fully, then the engine's decode loop, with metrics and a sequence that is
-// freed on every exit path (finish, error, client disconnect, timeout, shutdown).
+// One served generation: admission (slot.ts: the tier's capacity and the request deadline),
+// prefill that reuses the tier's own prefix cache or migrates a lower tier's cached prefix
+// (escalation, gated) else prefills fully, then the engine's decode loop, with metrics and a
+// sequence that is freed on every exit path (finish, error, client disconnect, timeout, shutdown).
+// Generation.tokens() is the one place a request's decode loop runs.
 import {
   decodeLoop,
   type GenerateChunk,
   type GenerateOptions,
   type GenerateResult,
-} from "../../lib/engine/mod.ts";
-import type { NativeSequence } from "../../lib/native/mod.ts";
-import { importSnapshot, type SnapshotHeader } from "../../lib/snapshot/mod.ts";
-import { StoreError } from "../../lib/store/mod.ts";
-import { prefillWithCache } from "../../lib/store/prefix_cache.ts";
-import { HttpError } from "./errors.ts";
-import { untilAborted } from "./handoff.ts";
-import { MigrationRefusedError } from "./migration.ts";
-import { QueueFullError } from "./queue.ts";
-import type { Runtime, Tier } from "./runtime.ts";
+} from "../engine/mod.ts";
+import { MigrationRefusedError } from "../migrate/mod.ts";
+import type { NativeSequence } from "../native/mod.ts";
+import { prefillWithCache, StoreError } from "../store/mod.ts";
+import { InputError, UnavailableError } from "./errors.ts";
+import { requireReady, type Runtime } from "./runtime.ts";
+import { type AbortCause, admitSlot, signalCause } from "./slot.ts";
+import type { Tier } from "./tier.ts";
 
 /** Where the prompt's KV came from. */
 export interface CacheOutcome {
@@ -51,9 +50,6 @@ export function withCacheTemperature(
   return { ...options, temperature: options.temperature * T };
 }
 
-/** Why a generation ended early. */
-export type AbortCause = "client" | "timeout" | "shutdown";
-
 /** The result of a served generation. */
 export interface ServedResult extends GenerateResult {
   /** Set when finishReason is "abort". */
@@ -75,39 +71,6 @@ export interface GenerationRequest {
   escalate?: boolean;
 }
 
-function signalCause(client: AbortSignal | undefined, rt: Runtime): AbortCause {
-  if (client?.aborted) return "client";
-  if (rt.shutdownSignal.aborted) return "shutdown";
-  return "timeout";
-}
-
-/**
- * The 503 for a request whose slot signal fired: its deadline passed, its client went away, or
- * the server is shutting down.
- * @param rt the runtime
- * @param tier the tier
- * @param client the client's signal
- * @param doing what the request was waiting on, e.g. `waiting for tier "fast"`
- * @returns the error to throw
- */
-function stoppedError(
-  rt: Runtime,
-  tier: Tier,
-  client: AbortSignal | undefined,
-  doing: string,
-): HttpError {
-  const cause = signalCause(client, rt);
-  return new HttpError(
-    503,
-    cause === "timeout" ? "timeout_error" : "unavailable_error",
-    cause === "timeout"
-      ? `timed out after ${tier.config.request_timeout_ms} ms ${doing}`
-      : cause === "client"
-      ? `client disconnected while ${doing}`
-      : "server is shutting down",
-  );
-}
-
 /**
  * Refuses a generation whose prompt plus max_tokens would exceed the tier's max_context.
  * @param tier the tier
@@ -115,7 +78,7 @@ function stoppedError(
  * @param maxTokens tokens to generate
  * @param param the prompt's field, blamed when the prompt alone reaches max_context
  * @param maxTokensParam the field maxTokens came from, blamed otherwise
- * @throws {HttpError} 400 context_length_exceeded
+ * @throws {InputError} context_length_exceeded
  */
 export function checkContext(
   tier: Tier,
@@ -126,63 +89,11 @@ export function checkContext(
 ): void {
   const limit = tier.config.max_context;
   if (promptTokens + maxTokens <= limit) return;
-  throw new HttpError(
-    400,
-    "context_length_exceeded",
+  throw new InputError(
     `prompt (${promptTokens} tokens) + ${maxTokensParam} (${maxTokens}) exceeds tier "${tier.name}"'s max_context ${limit}`,
     promptTokens >= limit ? param : maxTokensParam,
+    "context_length_exceeded",
   );
-}
-
-/** A held queue slot with the request's deadline; `release` frees the slot and the timer. */
-export interface Slot {
-  /** Fires on timeout, shutdown or client abort. */
-  signal: AbortSignal;
-  /** Fires on timeout only. */
-  timeout: AbortSignal;
-  /** Releases the slot and clears the deadline timer (idempotent). */
-  release: () => void;
-}
-
-/**
- * Waits for a generation slot on `tier` under the tier's request deadline.
- * @param rt the runtime
- * @param tier the tier
- * @param client the client's signal
- * @returns the slot
- * @throws {QueueFullError} when the queue is full (429); {@link HttpError} 503 on timeout,
- *   shutdown, or a client gone while queued
- */
-export async function admitSlot(rt: Runtime, tier: Tier, client?: AbortSignal): Promise<Slot> {
-  const tc = new AbortController();
-  const timer = setTimeout(
-    () => tc.abort(new Error(`timeout after ${tier.config.request_timeout_ms} ms`)),
-    tier.config.request_timeout_ms,
-  );
-  const parts = [tc.signal, rt.shutdownSignal];
-  if (client) parts.push(client);
-  const signal = AbortSignal.any(parts);
-  try {
-    const release = await tier.queue.acquire(signal);
-    let done = false;
-    return {
-      signal,
-      timeout: tc.signal,
-      release: () => {
-        if (done) return;
-        done = true;
-        clearTimeout(timer);
-        release();
-      },
-    };
-  } catch (e) {
-    clearTimeout(timer);
-    if (e instanceof QueueFullError) {
-      rt.metrics.rejected.inc({ tier: tier.name });
-      throw e;
-    }
-    throw stoppedError(rt, tier, client, `waiting for tier "${tier.name}"`);
-  }
 }
 
 async function ownCachedChunks(tier: Tier, keys: string[]): Promise<number> {
@@ -273,22 +184,15 @@ export class Generation {
   /**
    * Runs the whole generation.
    * @returns the result
-   * @throws {HttpError} 503 timeout_error when the deadline passed, or on shutdown
+   * @throws {UnavailableError} timeout when the deadline passed, shutting_down on shutdown
    */
   async collect(): Promise<ServedResult> {
     const it = this.tokens();
     while (true) {
       const s = await it.next();
       if (s.done) {
-        if (s.value.abortCause === "timeout") {
-          throw new HttpError(
-            503,
-            "timeout_error",
-            `request exceeded the tier's timeout of ${this.tier.config.request_timeout_ms} ms`,
-          );
-        }
-        if (s.value.abortCause === "shutdown") {
-          throw new HttpError(503, "unavailable_error", "server is shutting down");
+        if (s.value.abortCause === "timeout" || s.value.abortCause === "shutdown") {
+          throw abortError(s.value, this);
         }
         return s.value;
       }
@@ -314,39 +218,32 @@ export class Generation {
  * @param gen the generation
  * @returns the error to send as the stream's last frame
  */
-export function abortError(r: ServedResult, gen: Generation): HttpError {
+export function abortError(r: ServedResult, gen: Generation): UnavailableError {
   return r.abortCause === "timeout"
-    ? new HttpError(
-      503,
-      "timeout_error",
+    ? new UnavailableError(
+      "timeout",
       `request exceeded the tier's timeout of ${gen.tier.config.request_timeout_ms} ms`,
     )
-    : new HttpError(
-      503,
-      "unavailable_error",
-      r.abortCause === "shutdown" ? "server is shutting down" : "client disconnected",
-    );
+    : r.abortCause === "shutdown"
+    ? new UnavailableError("shutting_down", "server is shutting down")
+    : new UnavailableError("client_gone", "client disconnected");
 }
 
 /**
- * Admits and prefills a generation (errors here are HTTP errors, before any response byte).
+ * Admits and prefills a generation (errors here come before any response byte).
  * @param rt the runtime
  * @param req tier, prompt ids, options, client signal
  * @returns the admitted generation (iterate or close it)
- * @throws {HttpError} 400 context too long, 503 not ready / timeout; {@link QueueFullError}
+ * @throws {InputError} empty prompt or context too long; {@link UnavailableError} not ready,
+ *   timeout, shutdown; {@link QueueFullError}
  */
 export async function startGeneration(rt: Runtime, req: GenerationRequest): Promise<Generation> {
   const startMs = performance.now();
   const { tier, promptIds } = req;
-  if (!rt.ready) throw new HttpError(503, "unavailable_error", "server is not ready");
+  requireReady(rt);
   const maxTokens = req.options.maxTokens ?? tier.config.default_max_tokens;
   if (promptIds.length === 0) {
-    throw new HttpError(
-      400,
-      "invalid_request_error",
-      "prompt is empty: it encodes to 0 tokens",
-      "prompt",
-    );
+    throw new InputError("prompt is empty: it encodes to 0 tokens", "prompt");
   }
   checkContext(tier, promptIds.length, maxTokens);
   const slot = await admitSlot(rt, tier, req.clientSignal);
@@ -479,159 +376,5 @@ async function tryMigrate(
     throw e;
   } finally {
     src.free();
-  }
-}
-
-/**
- * Refuses a decode whose snapshot + continuation + max_tokens exceed the tier's max_context, or
- * that has no token at all.
- * @throws {HttpError} 400 naming `continuation` when it is what pushes the total over, else
- *   `max_tokens`
- */
-function checkSnapshotContext(
-  tier: Tier,
-  snapshotTokens: number,
-  continuationTokens: number,
-  maxTokens: number,
-): void {
-  const limit = tier.config.max_context;
-  if (snapshotTokens + continuationTokens === 0) {
-    throw new HttpError(
-      400,
-      "invalid_request_error",
-      "snapshot holds no tokens and no continuation was given",
-      "continuation",
-    );
-  }
-  if (snapshotTokens + continuationTokens + maxTokens <= limit) return;
-  throw new HttpError(
-    400,
-    "context_length_exceeded",
-    `snapshot (${snapshotTokens} tokens) + continuation (${continuationTokens} tokens) + max_tokens (${maxTokens}) exceeds tier "${tier.name}"'s max_context ${limit}`,
-    continuationTokens > 0 && snapshotTokens + maxTokens <= limit ? "continuation" : "max_tokens",
-  );
-}
-
-/** A generation that continues from an imported snapshot. */
-export interface SnapshotGenerationRequest {
-  /** The tier that decodes. */
-  tier: Tier;
-  /** The tier whose model made the snapshot (default `tier`); another model → migration. */
-  source?: Tier;
-  /** Snapshot bytes or stream (verified before import). */
-  input: Uint8Array | ReadableStream<Uint8Array>;
-  /** The snapshot's header as the caller peeked it (peekStream/peekHeader): the context limit
-   *  is checked against it before a slot is taken (the import checks the real one again). */
-  header: SnapshotHeader;
-  /** Token ids to append after the snapshot's tokens (continuation text). */
-  continuationIds: number[];
-  options: Omit<GenerateOptions, "signal">;
-  clientSignal?: AbortSignal;
-}
-
-/**
- * Admits a generation on `tier`, imports the snapshot (the header is checked — CRC, signature
- * when keys are configured, model fingerprint — before any KV is allocated), prefills its pending
- * tokens plus the continuation, and returns it ready to decode. When the snapshot comes from
- * another tier's model (`source`), its KV is imported there, migrated into `tier` (projector,
- * gated) and the last `repair` tokens are recomputed by `tier` itself.
- * @param rt the runtime
- * @param req tier, source tier, snapshot, continuation, options
- * @returns the admitted generation; `promptIds` are every token in the sequence
- * @throws {SnapshotError} (409 foreign model, 401 signature, 413 size, 400 malformed);
- *   {@link MigrationRefusedError} (422); {@link QueueFullError}; {@link HttpError} 400 when the
- *   result would exceed max_context
- */
-export async function startFromSnapshot(
-  rt: Runtime,
-  req: SnapshotGenerationRequest,
-): Promise<Generation> {
-  const startMs = performance.now();
-  const { tier } = req;
-  const source = req.source ?? tier;
-  const migrating = source.model.fingerprint !== tier.model.fingerprint;
-  if (!rt.ready) throw new HttpError(503, "unavailable_error", "server is not ready");
-  const gate = migrating ? rt.migrator.gate(source, tier) : null;
-  if (gate && !gate.ok) {
-    throw new MigrationRefusedError(
-      "no_projector",
-      `${source.name} → ${tier.name}: ${gate.reason}`,
-    );
-  }
-  const maxTokens = req.options.maxTokens ?? tier.config.default_max_tokens;
-  const { tokenIds, pendingTokenIds } = req.header;
-  checkSnapshotContext(
-    tier,
-    tokenIds.length + pendingTokenIds.length,
-    req.continuationIds.length,
-    maxTokens,
-  );
-  const slot = await admitSlot(rt, tier, req.clientSignal);
-  const { release } = slot;
-  rt.metrics.activeSequences.add({ tier: tier.name }, 1);
-  let seq: NativeSequence | null = null;
-  let src: NativeSequence | null = null;
-  // A streamed body is read while this request holds a slot: its deadline bounds the upload.
-  const input = req.input instanceof Uint8Array ? req.input : untilAborted(
-    req.input,
-    slot.signal,
-    () => stoppedError(rt, tier, req.clientSignal, "receiving the snapshot"),
-  );
-  try {
-    const imported = await importSnapshot(source.model, input, {
-      verify: rt.verify,
-      maxBytes: rt.config.server.max_snapshot_bytes,
-      reserve: migrating ? 0 : maxTokens + req.continuationIds.length + 1,
-      maxTokens: Math.max(source.config.max_context, tier.config.max_context) + 1,
-      prefillPending: false,
-    });
-    const ids = [...imported.tokenIds, ...req.continuationIds];
-    const kvTokens = imported.header.tokenIds.length;
-    let keep = kvTokens;
-    if (migrating) {
-      src = imported.sequence;
-      keep = Math.max(0, kvTokens - (gate as { repairTokens: number }).repairTokens);
-      seq = tier.model.native.createSequence(ids.length + maxTokens + 1);
-      if (keep > 0) await rt.migrator.projectInto(source, tier, src, keep, seq);
-      src.free();
-      src = null;
-      rt.metrics.migrations.inc({ from: source.name, to: tier.name });
-    } else seq = imported.sequence;
-    checkSnapshotContext(tier, imported.tokenIds.length, req.continuationIds.length, maxTokens);
-    let tail = ids.slice(keep);
-    if (tail.length === 0) {
-      // Everything is in the KV: recompute the last position for its logits.
-      seq.truncate(seq.length - 1);
-      tail = ids.slice(-1);
-    }
-    const logits = await seq.prefill(tail);
-    const reused = seq.length - tail.length;
-    rt.metrics.reusedTokens.inc({ tier: tier.name }, reused);
-    const cache: CacheOutcome = migrating
-      ? {
-        source: "migrated",
-        fromTier: source.name,
-        reusedTokens: reused,
-        logitTemperature: (gate as { temperature: number }).temperature,
-      }
-      : { source: "snapshot", reusedTokens: reused };
-    return new Generation(
-      rt,
-      tier,
-      ids,
-      withCacheTemperature({ ...req.options, maxTokens }, cache),
-      cache,
-      seq,
-      logits,
-      release,
-      { all: slot.signal, client: req.clientSignal },
-      startMs,
-    );
-  } catch (e) {
-    src?.free();
-    seq?.free();
-    rt.metrics.activeSequences.add({ tier: tier.name }, -1);
-    release();
-    throw e;
   }
 }

@@ -1,31 +1,19 @@
 // The process-wide state every function app is built from: the config, loaded tiers (model +
 // bounded queue + prefix cache), the snapshot store, signing keys, the router, the migrator and
 // the metrics. Built once per process (createRuntime + load) and injected into the Hono apps.
-// It loads and frees; request handling lives in generation.ts and the apps.
-import type { KvrelayConfig, TierConfig } from "../../lib/config/mod.ts";
-import { type LoadedModel, loadModel } from "../../lib/engine/mod.ts";
-import type { NativeModelOptions } from "../../lib/native/mod.ts";
-import type { KeyRing, SnapshotEncoding } from "../../lib/snapshot/mod.ts";
-import { FsStore, MemoryStore, RedisStore, type SnapshotStore } from "../../lib/store/mod.ts";
-import { PrefixCache } from "../../lib/store/prefix_cache.ts";
-import { Router } from "../../lib/router/mod.ts";
+// It loads and frees; request handling lives in generation.ts and the function apps.
+import type { KvrelayConfig } from "../config/mod.ts";
+import { loadModel } from "../engine/mod.ts";
+import type { NativeModelOptions } from "../native/mod.ts";
+import type { KeyRing } from "../snapshot/mod.ts";
+import { FsStore, MemoryStore, PrefixCache, RedisStore, type SnapshotStore } from "../store/mod.ts";
+import { Router } from "../router/mod.ts";
+import { UnavailableError } from "./errors.ts";
 import { Metrics } from "./metrics.ts";
 import { ModelQueue } from "./queue.ts";
-import { createMigrator, type Migrator } from "./migration.ts";
-
-/** One served tier. */
-export interface Tier {
-  name: string;
-  /** 0 = lowest tier. */
-  rank: number;
-  config: TierConfig;
-  model: LoadedModel;
-  queue: ModelQueue;
-  /** Null when the prefix cache is disabled. */
-  prefix: PrefixCache | null;
-  /** Snapshot encoding this tier exports with (undefined = the cache's own dtype). */
-  encoding: SnapshotEncoding | undefined;
-}
+import { createMigrator, type Migrator } from "./migrator.ts";
+import { findTier, type Tier } from "./tier.ts";
+import { autoFallbackNote, resolveTierBackends } from "./backends.ts";
 
 /** Everything the function apps need; see {@link createRuntime}. */
 export interface Runtime {
@@ -138,18 +126,24 @@ export async function createRuntime(
             );
           }
         }
+        const backends = resolveTierBackends(config, opts.native?.lib);
+        const note = autoFallbackNote(backends);
+        if (note !== null) console.error(`kvrelay: ${note}`);
         for (const [rank, name] of config.tierOrder.entries()) {
           const tc = config.tiers[name];
-          if (tc.backend === "cuda") {
-            throw new Error(
-              `tier "${name}": backend "cuda" requested, but this libkvrelay build has only the CPU backend`,
-            );
-          }
+          const be = backends.get(name)!;
           const model = await loadModel(tc.model, {
             ...opts.native,
             kvDtype: tc.kv_dtype,
             threads: tc.threads,
+            backend: be.backend,
+            device: be.device,
           });
+          metrics.backendInfo.set({
+            tier: name,
+            backend: model.native.backend,
+            device: String(model.native.device),
+          }, 1);
           const queue = new ModelQueue(name, tc.concurrency, tc.queue_depth, (_r, waiting) => {
             metrics.queueDepth.set({ tier: name }, waiting);
           });
@@ -167,7 +161,7 @@ export async function createRuntime(
             : null;
           tiers.set(name, { name, rank, config: tc, model, queue, prefix, encoding });
         }
-        await rt.migrator.load(rt);
+        await rt.migrator.load(tiers);
         ready = true;
       })();
       return loading;
@@ -192,12 +186,24 @@ export async function createRuntime(
 }
 
 /**
- * The tier named `name`.
+ * A loaded tier by name, for a request (503 before the models are loaded).
  * @param rt the runtime
- * @param name tier name
+ * @param name the tier name
+ * @param param request field that named it
  * @returns the tier
- * @throws {RangeError} tagged for a 404 by the caller when unknown
+ * @throws {UnavailableError} not_ready before load finished or while draining;
+ *   {@link NotFoundError} for an unknown name
  */
-export function tierOf(rt: Runtime, name: string): Tier | undefined {
-  return rt.tiers.get(name);
+export function requireTier(rt: Runtime, name: string, param = "tier"): Tier {
+  requireReady(rt);
+  return findTier(rt.tiers, name, param);
+}
+
+/**
+ * Refuses work before the runtime is ready (models loading) or once it drains.
+ * @param rt the runtime
+ * @throws {UnavailableError} not_ready
+ */
+export function requireReady(rt: Runtime): void {
+  if (!rt.ready) throw new UnavailableError("not_ready", "server is not ready");
 }

@@ -1,0 +1,187 @@
+// Snapshots a serving core produces: a prompt prefilled on a tier and exported (prefill), a
+// snapshot moved into another tier's model (migrate), and keeping an export in the shared store.
+// Each holds a tier slot and a native sequence until its export stream ends or is cancelled.
+// Routes, media types and peers are functions/'s.
+import { MigrationRefusedError } from "../migrate/mod.ts";
+import type { NativeSequence } from "../native/mod.ts";
+import { exportSnapshotStream, importSnapshot } from "../snapshot/mod.ts";
+import { prefillWithCache } from "../store/mod.ts";
+import { InputError } from "./errors.ts";
+import {
+  countBytes,
+  peekHeader,
+  releaser,
+  snapshotKey,
+  streamThenFree,
+  tierOfSnapshot,
+} from "./handoff.ts";
+import { requireReady, requireTier, type Runtime } from "./runtime.ts";
+import { admitSlot } from "./slot.ts";
+import type { Tier } from "./tier.ts";
+
+/**
+ * Prefills all of `ids` but the last on `tier` (reusing its prefix cache) and exports the KV as a
+ * snapshot stream whose last token rides as pending (the importer computes the next-token logits
+ * itself). The slot and sequence are released when the stream ends or is cancelled.
+ * @param rt the runtime
+ * @param tier the tier
+ * @param ids prompt token ids (≥ 1)
+ * @param param the prompt's request field, blamed when it reaches max_context
+ * @param client the client's signal
+ * @returns the snapshot stream (signed when a key is configured)
+ * @throws {InputError} context_length_exceeded; {@link QueueFullError};
+ *   {@link UnavailableError}
+ */
+export async function prefillSnapshot(
+  rt: Runtime,
+  tier: Tier,
+  ids: number[],
+  param: string,
+  client?: AbortSignal,
+): Promise<ReadableStream<Uint8Array>> {
+  if (ids.length >= tier.config.max_context) {
+    throw new InputError(
+      `prompt (${ids.length} tokens) reaches max_context ${tier.config.max_context}`,
+      param,
+      "context_length_exceeded",
+    );
+  }
+  const { release } = await admitSlot(rt, tier, client);
+  rt.metrics.activeSequences.add({ tier: tier.name }, 1);
+  let seq: NativeSequence | null = null;
+  let done = releaser(rt, tier, null, release);
+  const kv = ids.slice(0, -1);
+  try {
+    seq = tier.model.native.createSequence(Math.max(1, kv.length));
+    done = releaser(rt, tier, seq, release);
+    if (kv.length > 0) {
+      if (tier.prefix) {
+        const r = await prefillWithCache(tier.prefix, seq, kv);
+        if (r.reusedTokens > 0) {
+          rt.metrics.prefixHits.inc({ tier: tier.name });
+          rt.metrics.reusedTokens.inc({ tier: tier.name }, r.reusedTokens);
+        } else if (kv.length > tier.prefix.chunkTokens) {
+          rt.metrics.prefixMisses.inc({ tier: tier.name });
+        }
+      } else await seq.prefill(kv);
+    }
+    return streamThenFree(
+      exportSnapshotStream(tier.model, seq, {
+        tokens: kv,
+        pending: ids.slice(-1),
+        encoding: tier.encoding,
+        sign: rt.sign,
+      }),
+      done,
+    ).pipeThrough(countBytes(rt, "out"));
+  } catch (e) {
+    done();
+    throw e;
+  }
+}
+
+/** A snapshot moved into another tier's model; see {@link migrateSnapshot}. */
+export interface MigratedSnapshot {
+  /** The target snapshot's bytes (ends or is cancelled to free the slot). */
+  stream: ReadableStream<Uint8Array>;
+  /** The tier whose model made the input. */
+  source: Tier;
+  /** The tier the output is for. */
+  target: Tier;
+  /** Positions whose KV was carried over. */
+  migratedTokens: number;
+  /** Tokens the target recomputes on import (pending in the output). */
+  repairTokens: number;
+}
+
+/**
+ * Turns a snapshot of one tier's model into a snapshot of `targetName`'s model: an exact copy
+ * for the same model, else through the configured projector when its quality gate allows. The
+ * last repair tokens leave the KV and ride as pending tokens.
+ * @param rt the runtime
+ * @param bytes the input snapshot
+ * @param targetName the target tier's name
+ * @param targetParam the request field naming the target (quoted in a 404)
+ * @param client the client's signal
+ * @returns the output stream and what was carried over
+ * @throws {SnapshotError}; {@link SnapshotMismatchError}; {@link MigrationRefusedError};
+ *   {@link NotFoundError} unknown target; {@link QueueFullError}; {@link UnavailableError}
+ */
+export async function migrateSnapshot(
+  rt: Runtime,
+  bytes: Uint8Array,
+  targetName: string,
+  targetParam: string,
+  client?: AbortSignal,
+): Promise<MigratedSnapshot> {
+  requireReady(rt);
+  const target = requireTier(rt, targetName, targetParam);
+  const source = tierOfSnapshot(rt, peekHeader(bytes));
+  const gate = rt.migrator.gate(source, target);
+  if (!gate.ok) {
+    throw new MigrationRefusedError(
+      "no_projector",
+      `${source.name} → ${target.name}: ${gate.reason}`,
+    );
+  }
+  const { release } = await admitSlot(rt, target, client);
+  rt.metrics.activeSequences.add({ tier: target.name }, 1);
+  let src: NativeSequence | null = null;
+  let tgt: NativeSequence | null = null;
+  let done = releaser(rt, target, null, release);
+  try {
+    const imported = await importSnapshot(source.model, bytes, {
+      verify: rt.verify,
+      maxBytes: rt.config.server.max_snapshot_bytes,
+      reserve: 0,
+      maxTokens: source.config.max_context,
+      prefillPending: false,
+    });
+    src = imported.sequence;
+    const kvTokens = imported.header.tokenIds.length;
+    const same = source.model.fingerprint === target.model.fingerprint;
+    const keep = same ? kvTokens : Math.max(0, kvTokens - gate.repairTokens);
+    tgt = target.model.native.createSequence(Math.max(1, keep));
+    done = releaser(rt, target, tgt, release);
+    if (keep > 0) await rt.migrator.projectInto(source, target, src, keep, tgt);
+    src.free();
+    src = null;
+    if (!same) rt.metrics.migrations.inc({ from: source.name, to: target.name });
+    const ids = imported.tokenIds;
+    const stream = streamThenFree(
+      exportSnapshotStream(target.model, tgt, {
+        tokens: ids.slice(0, keep),
+        pending: ids.slice(keep),
+        encoding: target.encoding,
+        sign: rt.sign,
+      }),
+      done,
+    ).pipeThrough(countBytes(rt, "out"));
+    return { stream, source, target, migratedTokens: keep, repairTokens: ids.length - keep };
+  } catch (e) {
+    src?.free();
+    done();
+    throw e;
+  }
+}
+
+/**
+ * Reads an export stream to its end and keeps it in the shared store under a fresh id.
+ * @param rt the runtime (store, TTL)
+ * @param stream the snapshot stream
+ * @returns the id and the byte count
+ * @throws {StoreError} when the store refuses or is unreachable
+ */
+export async function storeSnapshot(
+  rt: Runtime,
+  stream: ReadableStream<Uint8Array>,
+): Promise<{ id: string; bytes: number }> {
+  const bytes = new Uint8Array(await new Response(stream).arrayBuffer());
+  const id = crypto.randomUUID();
+  await rt.store.put(
+    snapshotKey(id),
+    bytes,
+    rt.config.store.ttl_ms ? { ttlMs: rt.config.store.ttl_ms } : {},
+  );
+  return { id, bytes: bytes.length };
+}

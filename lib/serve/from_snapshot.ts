@@ -1,0 +1,161 @@
+// A generation continued from a KV snapshot (decode): admission, verified import (header,
+// signature, fingerprint before any KV is allocated), optional migration from the tier whose model
+// made it, the pending tokens plus the continuation prefilled, then the usual Generation.
+import type { GenerateOptions } from "../engine/mod.ts";
+import { MigrationRefusedError } from "../migrate/mod.ts";
+import type { NativeSequence } from "../native/mod.ts";
+import { importSnapshot, type SnapshotHeader } from "../snapshot/mod.ts";
+import { InputError } from "./errors.ts";
+import { type CacheOutcome, Generation, withCacheTemperature } from "./generation.ts";
+import { untilAborted } from "./handoff.ts";
+import { requireReady, type Runtime } from "./runtime.ts";
+import { admitSlot, stoppedError } from "./slot.ts";
+import type { Tier } from "./tier.ts";
+
+/**
+ * Refuses a decode whose snapshot + continuation + max_tokens exceed the tier's max_context, or
+ * that has no token at all.
+ * @throws {InputError} naming `continuation` when it is what pushes the total over, else
+ *   `max_tokens`
+ */
+function checkSnapshotContext(
+  tier: Tier,
+  snapshotTokens: number,
+  continuationTokens: number,
+  maxTokens: number,
+): void {
+  const limit = tier.config.max_context;
+  if (snapshotTokens + continuationTokens === 0) {
+    throw new InputError("snapshot holds no tokens and no continuation was given", "continuation");
+  }
+  if (snapshotTokens + continuationTokens + maxTokens <= limit) return;
+  throw new InputError(
+    `snapshot (${snapshotTokens} tokens) + continuation (${continuationTokens} tokens) + max_tokens (${maxTokens}) exceeds tier "${tier.name}"'s max_context ${limit}`,
+    continuationTokens > 0 && snapshotTokens + maxTokens <= limit ? "continuation" : "max_tokens",
+    "context_length_exceeded",
+  );
+}
+
+/** A generation that continues from an imported snapshot. */
+export interface SnapshotGenerationRequest {
+  /** The tier that decodes. */
+  tier: Tier;
+  /** The tier whose model made the snapshot (default `tier`); another model → migration. */
+  source?: Tier;
+  /** Snapshot bytes or stream (verified before import). */
+  input: Uint8Array | ReadableStream<Uint8Array>;
+  /** The snapshot's header as the caller peeked it (peekStream/peekHeader): the context limit
+   *  is checked against it before a slot is taken (the import checks the real one again). */
+  header: SnapshotHeader;
+  /** Token ids to append after the snapshot's tokens (continuation text). */
+  continuationIds: number[];
+  options: Omit<GenerateOptions, "signal">;
+  clientSignal?: AbortSignal;
+}
+
+/**
+ * Admits a generation on `tier`, imports the snapshot (the header is checked — CRC, signature
+ * when keys are configured, model fingerprint — before any KV is allocated), prefills its pending
+ * tokens plus the continuation, and returns it ready to decode. When the snapshot comes from
+ * another tier's model (`source`), its KV is imported there, migrated into `tier` (projector,
+ * gated) and the last `repair` tokens are recomputed by `tier` itself.
+ * @param rt the runtime
+ * @param req tier, source tier, snapshot, continuation, options
+ * @returns the admitted generation; `promptIds` are every token in the sequence
+ * @throws {SnapshotError} (foreign model, signature, size, malformed);
+ *   {@link MigrationRefusedError}; {@link QueueFullError}; {@link InputError} when the
+ *   result would exceed max_context; {@link UnavailableError} not ready, timeout, shutdown
+ */
+export async function startFromSnapshot(
+  rt: Runtime,
+  req: SnapshotGenerationRequest,
+): Promise<Generation> {
+  const startMs = performance.now();
+  const { tier } = req;
+  const source = req.source ?? tier;
+  const migrating = source.model.fingerprint !== tier.model.fingerprint;
+  requireReady(rt);
+  const gate = migrating ? rt.migrator.gate(source, tier) : null;
+  if (gate && !gate.ok) {
+    throw new MigrationRefusedError(
+      "no_projector",
+      `${source.name} → ${tier.name}: ${gate.reason}`,
+    );
+  }
+  const maxTokens = req.options.maxTokens ?? tier.config.default_max_tokens;
+  const { tokenIds, pendingTokenIds } = req.header;
+  checkSnapshotContext(
+    tier,
+    tokenIds.length + pendingTokenIds.length,
+    req.continuationIds.length,
+    maxTokens,
+  );
+  const slot = await admitSlot(rt, tier, req.clientSignal);
+  const { release } = slot;
+  rt.metrics.activeSequences.add({ tier: tier.name }, 1);
+  let seq: NativeSequence | null = null;
+  let src: NativeSequence | null = null;
+  // A streamed body is read while this request holds a slot: its deadline bounds the upload.
+  const input = req.input instanceof Uint8Array ? req.input : untilAborted(
+    req.input,
+    slot.signal,
+    () => stoppedError(rt, tier, req.clientSignal, "receiving the snapshot"),
+  );
+  try {
+    const imported = await importSnapshot(source.model, input, {
+      verify: rt.verify,
+      maxBytes: rt.config.server.max_snapshot_bytes,
+      reserve: migrating ? 0 : maxTokens + req.continuationIds.length + 1,
+      maxTokens: Math.max(source.config.max_context, tier.config.max_context) + 1,
+      prefillPending: false,
+    });
+    const ids = [...imported.tokenIds, ...req.continuationIds];
+    const kvTokens = imported.header.tokenIds.length;
+    let keep = kvTokens;
+    if (migrating) {
+      src = imported.sequence;
+      keep = Math.max(0, kvTokens - (gate as { repairTokens: number }).repairTokens);
+      seq = tier.model.native.createSequence(ids.length + maxTokens + 1);
+      if (keep > 0) await rt.migrator.projectInto(source, tier, src, keep, seq);
+      src.free();
+      src = null;
+      rt.metrics.migrations.inc({ from: source.name, to: tier.name });
+    } else seq = imported.sequence;
+    checkSnapshotContext(tier, imported.tokenIds.length, req.continuationIds.length, maxTokens);
+    let tail = ids.slice(keep);
+    if (tail.length === 0) {
+      // Everything is in the KV: recompute the last position for its logits.
+      seq.truncate(seq.length - 1);
+      tail = ids.slice(-1);
+    }
+    const logits = await seq.prefill(tail);
+    const reused = seq.length - tail.length;
+    rt.metrics.reusedTokens.inc({ tier: tier.name }, reused);
+    const cache: CacheOutcome = migrating
+      ? {
+        source: "migrated",
+        fromTier: source.name,
+        reusedTokens: reused,
+        logitTemperature: (gate as { temperature: number }).temperature,
+      }
+      : { source: "snapshot", reusedTokens: reused };
+    return new Generation(
+      rt,
+      tier,
+      ids,
+      withCacheTemperature({ ...req.options, maxTokens }, cache),
+      cache,
+      seq,
+      logits,
+      release,
+      { all: slot.signal, client: req.clientSignal },
+      startMs,
+    );
+  } catch (e) {
+    src?.free();
+    seq?.free();
+    rt.metrics.activeSequences.add({ tier: tier.name }, -1);
+    release();
+    throw e;
+  }
+}

@@ -1,0 +1,65 @@
+// Public face of lib/serve, the serving core: the runtime (loaded tiers, store, router, migrator,
+// metrics), admission to a tier's capacity under the request deadline (slot.ts: the one place a
+// request acquires engine capacity), generations (generation.ts: the one place a decode loop
+// runs), snapshot handoff and migration orchestration, and the domain errors they throw.
+// No HTTP: functions/ owns routes, request schemas and the mapping of these errors to statuses.
+
+export {
+  InputError,
+  type InputErrorCode,
+  NotFoundError,
+  SnapshotMismatchError,
+  TooLargeError,
+  UnavailableError,
+  type UnavailableReason,
+} from "./errors.ts";
+export { Counter, Gauge, Histogram, Metrics } from "./metrics.ts";
+export { ModelQueue, QueueFullError } from "./queue.ts";
+export { findTier, type Tier } from "./tier.ts";
+export { autoFallbackNote, resolveTierBackends, TierBackendError } from "./backends.ts";
+export { createMigrator, type GateResult, type Migrator } from "./migrator.ts";
+export {
+  createRuntime,
+  requireReady,
+  requireTier,
+  type Runtime,
+  type RuntimeOptions,
+} from "./runtime.ts";
+export { type AbortCause, admitSlot, type Slot } from "./slot.ts";
+export {
+  abortError,
+  type CacheOutcome,
+  checkContext,
+  Generation,
+  type GenerationRequest,
+  type ServedResult,
+  startGeneration,
+  withCacheTemperature,
+} from "./generation.ts";
+export { type SnapshotGenerationRequest, startFromSnapshot } from "./from_snapshot.ts";
+export {
+  countBytes,
+  loadStored,
+  peekHeader,
+  peekStream,
+  readBounded,
+  snapshotKey,
+  streamTimer,
+  type StreamTiming,
+  tierOfSnapshot,
+  timingHeader,
+  untilAborted,
+} from "./handoff.ts";
+export {
+  type MigratedSnapshot,
+  migrateSnapshot,
+  prefillSnapshot,
+  storeSnapshot,
+} from "./export.ts";
+export {
+  type ChatMessage,
+  chatPrompt,
+  messageText,
+  promptIds,
+  type PromptInput,
+} from "./prompt.ts";

@@ -1,0 +1,41 @@
+// One served tier at run time: its config, loaded model, admission queue, prefix cache and
+// snapshot encoding. A type plus the lookup by name; loading tiers is runtime.ts's job.
+import type { TierConfig } from "../config/mod.ts";
+import type { LoadedModel } from "../engine/mod.ts";
+import type { SnapshotEncoding } from "../snapshot/mod.ts";
+import type { PrefixCache } from "../store/mod.ts";
+import { NotFoundError } from "./errors.ts";
+import type { ModelQueue } from "./queue.ts";
+
+/** One served tier. */
+export interface Tier {
+  name: string;
+  /** 0 = lowest tier. */
+  rank: number;
+  config: TierConfig;
+  model: LoadedModel;
+  queue: ModelQueue;
+  /** Null when the prefix cache is disabled. */
+  prefix: PrefixCache | null;
+  /** Snapshot encoding this tier exports with (undefined = the cache's own dtype). */
+  encoding: SnapshotEncoding | undefined;
+}
+
+/**
+ * The tier named `name` among loaded tiers.
+ * @param tiers loaded tiers by name
+ * @param name the tier name
+ * @param param request field that named it (quoted in the error)
+ * @returns the tier
+ * @throws {NotFoundError} when no tier has that name (own keys only)
+ */
+export function findTier(tiers: ReadonlyMap<string, Tier>, name: string, param = "tier"): Tier {
+  const t = tiers.get(name);
+  if (!t) {
+    throw new NotFoundError(
+      `unknown tier "${name}"; available: ${[...tiers.keys()].join(", ")}`,
+      param,
+    );
+  }
+  return t;
+}

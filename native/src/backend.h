@@ -1,0 +1,203 @@
+// The backend seam: what a compute backend (CPU in native/src/cpu/, CUDA in native/src/cuda/)
+// implements behind the neutral model and sequence (model.h, sequence.h). The neutral layer owns
+// params, geometry, RoPE frequencies, lengths, messages and ALL argument validation; a backend
+// gets only validated calls and owns its weights, per-sequence KV cache and scratch.
+// Not a C ABI (kvrelay.h), not a plugin interface: backends are linked in.
+//
+// Errors: a backend throws kvr::BackendError{status, message} (a kvr_status; out of device or
+// host memory is KVR_ERR_OUT_OF_MEMORY) or std::bad_alloc; the neutral layer catches, records the
+// message on the sequence / thread and returns the status. Nothing else may escape.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/chunk_layout.h"
+#include "kvrelay.h"
+
+namespace kvr {
+
+// A status with its message, thrown by backends (see the file comment).
+class BackendError : public std::exception {
+ public:
+  BackendError(int32_t status, std::string message) : status(status), message(std::move(message)) {}
+  const char* what() const noexcept override { return message.c_str(); }
+  int32_t status;  // a kvr_status (< 0)
+  std::string message;
+};
+
+// Validated geometry shared by every backend (built by the neutral loader, immutable).
+struct ModelGeometry {
+  kvr_model_params params{};  // validated; n_threads resolved (>= 1)
+  int n_threads = 1;          // CPU worker threads (params.n_threads resolved)
+  size_t vocab = 0, hidden = 0, inter = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  size_t q_dim = 0, kv_dim = 0;  // heads*head_dim, kv_heads*head_dim
+  // RoPE inverse frequencies after rope_scaling (head_dim/2 of them), radians per position;
+  // angle of pair d at position p = p * inv_freq[d] computed in double (rope.h).
+  std::vector<double> inv_freq;
+  uint32_t kv_dtype() const { return params.kv_dtype; }
+};
+
+// One validated tensor-table row. `data` points into the read-only mmapped checkpoint and is
+// valid ONLY while the backend is being constructed (make_*_backend): copy or upload from it.
+struct TensorView {
+  uint32_t role = 0;   // kvr_tensor_role
+  uint32_t layer = 0;  // 0 for global roles
+  uint32_t dtype = 0;  // kvr_dtype of the stored elements
+  uint64_t rows = 0;   // shape[0]
+  uint64_t cols = 1;   // shape[1] (1 for 1-D tensors)
+  uint64_t nbytes = 0; // rows * cols * dtype size
+  const void* data = nullptr;  // little-endian elements, row-major, any alignment
+};
+
+// The validated tensor table: every required tensor present once with the shape its role needs
+// (kvrelay.h kvr_tensor_role comments), optional ones (biases, q/k norms, lm_head when untied)
+// present exactly when the params say so.
+class TensorTable {
+ public:
+  static constexpr uint32_t kRoles = 28;  // roles are < 28
+  explicit TensorTable(size_t layers) : slot_((layers + 1) * kRoles, -1) {}
+  // The row for (role, layer), or nullptr when absent (global roles: layer 0).
+  const TensorView* find(uint32_t role, size_t layer = 0) const {
+    const long i = slot_[index(role, layer)];
+    return i < 0 ? nullptr : &rows_[static_cast<size_t>(i)];
+  }
+  // Loader side: adds a row (the caller has checked it and that the slot is free).
+  void add(const TensorView& t) {
+    slot_[index(t.role, t.layer)] = static_cast<long>(rows_.size());
+    rows_.push_back(t);
+  }
+  const std::vector<TensorView>& rows() const { return rows_; }
+
+ private:
+  static bool global(uint32_t role) { return role < 10; }
+  size_t index(uint32_t role, size_t layer) const { return (global(role) ? 0 : layer + 1) * kRoles + role; }
+  std::vector<long> slot_;
+  std::vector<TensorView> rows_;
+};
+
+// Per-sequence backend state: the KV cache of `capacity` positions for every layer plus scratch.
+// Opaque to the neutral layer (which keeps the length); destroyed before its Backend.
+class SeqState {
+ public:
+  virtual ~SeqState() = default;
+};
+
+// One snapshot chunk of a sequence (kvr_seq_export_chunk / kvr_seq_import_chunk), validated by the
+// neutral layer: layout.encoding a kvr_kv_encoding, layout.group the q4 group (0 otherwise),
+// layout.tokens >= 1, the model's layers/heads/dim; frame_len = layout.frame_bytes().
+struct ChunkSpec {
+  chunk::Layout layout;
+  uint32_t index = 0;  // stored in the frame
+  uint32_t start = 0;  // cache position of the chunk's first token
+};
+
+// A paged KV pool of one backend (continuous batching, docs/batching.md): a fixed arena of
+// blocks of block_tokens positions, each holding every layer's K and V for its positions.
+// Paged SeqStates hold block tables into it. Thread-safe counts; owned by shared_ptr (the
+// kvr_kv_pool handle and every paged sequence of it).
+class PoolState {
+ public:
+  virtual ~PoolState() = default;
+  virtual uint32_t blocks_total() const = 0;
+  virtual uint32_t blocks_free() const = 0;
+  virtual uint32_t block_tokens() const = 0;
+  virtual uint64_t block_bytes() const = 0;
+};
+
+// One sequence's part of a batched step (Backend::forward_batch): tokens[0..n) at positions
+// pos0.. (storage for them already reserved); logits: host (vocab) for its last row, or null;
+// spare: host (vocab) floats a backend may overwrite (for forward(), which always writes logits).
+struct BatchEntry {
+  SeqState* s = nullptr;
+  const int32_t* tokens = nullptr;
+  size_t n = 0, pos0 = 0;
+  float* logits = nullptr;
+  float* spare = nullptr;
+};
+
+// A model's weights on one device. Immutable after construction: every method is const and may
+// run concurrently on different SeqStates (one call at a time per SeqState). Arguments are
+// already validated by the neutral layer (ranges, sizes, token ids, capacity).
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  // kvr_backend of this backend (KVR_BACKEND_CPU, KVR_BACKEND_CUDA).
+  virtual uint32_t kind() const = 0;
+  // One line naming the device this model runs on (e.g. "cpu: <model name>, 8 cores, avx2-fma").
+  virtual std::string device_description() const = 0;
+  // Resident bytes of the weights in compute layout (kvr_model_weight_bytes).
+  virtual uint64_t weight_bytes() const = 0;
+  // A sequence's state with a zeroed KV cache of `capacity` (>= 1) positions per layer, logical
+  // layout per layer: K and V each (kv_heads, capacity, head_dim) in geometry.kv_dtype().
+  virtual std::unique_ptr<SeqState> create_seq(uint32_t capacity) const = 0;
+  // Appends tokens[0..n) (n >= 1, ids < vocab, host memory) at positions pos0..pos0+n-1
+  // (pos0 + n <= capacity) and writes host f32 logits: all_positions ? (n, vocab) row-major :
+  // the last position's (vocab). Positions < pos0 hold valid KV. May leave KV at positions
+  // >= pos0 written on failure (the neutral length is unchanged then).
+  virtual void forward(SeqState& s, const int32_t* tokens, size_t n, size_t pos0, bool all_positions,
+                       float* logits) const = 0;
+  // Copies positions [start, start+count) of one layer's K and V out to host buffers, each
+  // (kv_heads, count, head_dim) row-major in `dtype` (a kvr_dtype): bit-exact when dtype equals
+  // kv_dtype, else converted f32 → dtype rounding to nearest even. start+count <= capacity.
+  virtual void kv_read(const SeqState& s, uint32_t layer, uint32_t start, uint32_t count, uint32_t dtype,
+                       void* k_out, void* v_out) const = 0;
+  // The inverse copy (host → cache), same layout and conversion rules; start+count <= capacity.
+  virtual void kv_write(SeqState& s, uint32_t layer, uint32_t start, uint32_t count, uint32_t dtype,
+                        const void* k_in, const void* v_in) const = 0;
+  // Encodes chunk c (positions [start, start+tokens) < length, every layer) into the host buffer
+  // frame (frame_len bytes, the unsigned frame incl. its CRC32C). Throws BackendError
+  // KVR_ERR_INVALID_ARGUMENT for non-finite KV under q8/q4. The default (chunk_codec.cpp) goes
+  // through kv_read and the CPU quantizers; a device backend overrides it to encode in place.
+  virtual void export_chunk(const SeqState& s, const ChunkSpec& c, uint8_t* frame, size_t frame_len) const;
+  // Checks (CRC32C: KVR_ERR_CHECKSUM; stored index/tokens, scales, mins: KVR_ERR_CORRUPT) and then
+  // writes chunk c from the host frame into positions [start, start+tokens) of every layer
+  // (start+tokens <= capacity); writes nothing when a check fails. The neutral layer sets length.
+  virtual void import_chunk(SeqState& s, const ChunkSpec& c, const uint8_t* frame, size_t frame_len) const;
+  // ---- Paged KV and batched steps (continuous batching, docs/batching.md) ----
+  // For a backend without them (the defaults): pools are KVR_ERR_UNSUPPORTED, reserve/shrink are
+  // no-ops (contiguous caches) and forward_batch runs forward() per entry.
+  // A pool of n_blocks (>= 1) blocks of block_tokens (power of two in [8, 1024]) positions.
+  virtual std::shared_ptr<PoolState> create_pool(uint32_t n_blocks, uint32_t block_tokens) const;
+  // A sequence state holding no block yet, growing in `pool` (created by this backend) up to
+  // `capacity` positions.
+  virtual std::unique_ptr<SeqState> create_paged_seq(const std::shared_ptr<PoolState>& pool,
+                                                     uint32_t capacity) const;
+  // Makes positions [0, tokens) (tokens <= capacity) addressable: a paged state takes the missing
+  // blocks from its pool all or none, else throws BackendError KVR_ERR_POOL_EXHAUSTED (nothing
+  // changes then). Contiguous states: no-op. Called by the neutral layer before every write.
+  virtual void reserve(SeqState& /*s*/, size_t /*tokens*/) const {}
+  // Gives back the blocks holding no position < tokens (truncate, set_length). Contiguous: no-op.
+  virtual void shrink(SeqState& /*s*/, size_t /*tokens*/) const {}
+  // Blocks a paged state holds (0 for a contiguous one).
+  virtual uint32_t blocks_held(const SeqState& /*s*/) const { return 0; }
+  // One forward step over `count` distinct sequences (validated, storage reserved): projections
+  // batched over all rows, attention per sequence. Each entry's logits equal forward() of its
+  // tokens up to summation order. The default (batch.cpp) calls forward() per entry.
+  virtual void forward_batch(const BatchEntry* entries, size_t count) const;
+
+  // Empty while the backend is usable, else why not: a device fault (a CUDA kernel error leaves the
+  // context unusable) fails every later call, and the model must be reloaded. Any thread
+  // (kvr_model_health; /readyz answers 503 then).
+  virtual std::string failure() const { return {}; }
+};
+
+// The CPU backend (native/src/cpu/cpu_backend.cpp): packs the weights from the table.
+std::unique_ptr<Backend> make_cpu_backend(const ModelGeometry& g, const TensorTable& t);
+// The CUDA backend on `device` (a CUDA ordinal), uploading the weights from the table. A build
+// without CUDA links native/src/stub/cuda_stub.cpp, which throws KVR_ERR_UNSUPPORTED.
+std::unique_ptr<Backend> make_cuda_backend(const ModelGeometry& g, const TensorTable& t, int32_t device);
+// Probes CUDA device `device` (>= 0): KVR_OK with a one-line description in info (e.g.
+// "cuda:0 NVIDIA H200, sm_90, 132 SMs, 139.8 GiB, cuBLASLt 13.0"), or a kvr_status with the
+// reason in info. Convention the TypeScript tests rely on: no usable device (no driver, no GPU,
+// ordinal out of range) is KVR_ERR_UNSUPPORTED with info "no CUDA device: <cuda error name>
+// (<code>) <detail>"; the stub answers KVR_ERR_UNSUPPORTED "built without CUDA support (nvcc not
+// found at build time)". Never throws. make_cuda_backend on such a machine throws
+// BackendError with the same status and message.
+int32_t cuda_probe(int32_t device, std::string& info);
+
+}  // namespace kvr

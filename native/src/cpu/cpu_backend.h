@@ -1,0 +1,27 @@
+// The CPU backend's per-sequence state (KV cache + forward scratch) and the accessor other CPU
+// code uses for fast paths that work on a cache in place (the projector's sequence → sequence
+// projection). The backend class itself is private to cpu_backend.cpp (make_cpu_backend).
+#pragma once
+
+#include "backend.h"
+#include "cpu/forward.h"
+#include "kv_cache.h"
+
+namespace kvr::cpu {
+
+struct CpuSeq final : SeqState {
+  KvCache kv;
+  Scratch scratch;
+};
+
+// The CPU cache of a sequence state, or nullptr when the state belongs to another backend.
+inline const KvCache* cpu_cache(const SeqState* s) {
+  const auto* c = dynamic_cast<const CpuSeq*>(s);
+  return c ? &c->kv : nullptr;
+}
+inline KvCache* cpu_cache(SeqState* s) {
+  auto* c = dynamic_cast<CpuSeq*>(s);
+  return c ? &c->kv : nullptr;
+}
+
+}  // namespace kvr::cpu

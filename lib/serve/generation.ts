@@ -10,8 +10,8 @@ import {
   type GenerateResult,
 } from "../engine/mod.ts";
 import { MigrationRefusedError } from "../migrate/mod.ts";
-import type { NativeSequence } from "../native/mod.ts";
 import { prefillWithCache, StoreError } from "../store/mod.ts";
+import { Lane } from "./lane.ts";
 import { InputError, UnavailableError } from "./errors.ts";
 import { requireReady, type Runtime } from "./runtime.ts";
 import { type AbortCause, admitSlot, signalCause } from "./slot.ts";
@@ -107,7 +107,7 @@ async function ownCachedChunks(tier: Tier, keys: string[]): Promise<number> {
 
 /** A generation admitted and prefilled; iterate {@link Generation.tokens} once, or close it. */
 export class Generation {
-  #seq: NativeSequence | null;
+  #lane: Lane | null;
   #release: (() => void) | null;
   #closed = false;
   readonly #rt: Runtime;
@@ -123,14 +123,14 @@ export class Generation {
     readonly promptIds: number[],
     readonly options: Omit<GenerateOptions, "signal">,
     readonly cache: CacheOutcome,
-    seq: NativeSequence,
+    lane: Lane,
     logits: Float32Array,
     release: () => void,
     signals: { all: AbortSignal; client?: AbortSignal },
     startMs: number,
   ) {
     this.#rt = rt;
-    this.#seq = seq;
+    this.#lane = lane;
     this.#logits = logits;
     this.#release = release;
     this.#signal = signals.all;
@@ -144,12 +144,12 @@ export class Generation {
    * @returns the result (finishReason "abort" with abortCause when stopped early)
    */
   async *tokens(): AsyncGenerator<GenerateChunk, ServedResult> {
-    if (this.#closed || !this.#seq) throw new Error("generation already consumed or closed");
+    if (this.#closed || !this.#lane) throw new Error("generation already consumed or closed");
     const m = this.#rt.metrics;
     const labels = { tier: this.tier.name };
     let firstAt: number | undefined;
     try {
-      const loop = decodeLoop(this.#seq, this.#logits, {
+      const loop = decodeLoop(this.#lane.target, this.#logits, {
         tokenizer: this.tier.model.tokenizer,
         eosTokenIds: this.tier.model.eosTokenIds,
         contextIds: this.promptIds.slice(-8),
@@ -203,8 +203,8 @@ export class Generation {
   close(): void {
     if (this.#closed) return;
     this.#closed = true;
-    this.#seq?.free();
-    this.#seq = null;
+    this.#lane?.free();
+    this.#lane = null;
     this.#rt.metrics.activeSequences.add({ tier: this.tier.name }, -1);
     this.#release?.();
     this.#release = null;
@@ -249,17 +249,17 @@ export async function startGeneration(rt: Runtime, req: GenerationRequest): Prom
   const slot = await admitSlot(rt, tier, req.clientSignal);
   const { release } = slot;
   rt.metrics.activeSequences.add({ tier: tier.name }, 1);
-  let seq: NativeSequence | null = null;
+  let lane: Lane | null = null;
   try {
-    seq = tier.model.native.createSequence(promptIds.length + maxTokens);
-    const { logits, cache } = await prefill(rt, tier, seq, promptIds, req.escalate ?? true);
+    lane = Lane.create(tier, promptIds.length + maxTokens);
+    const { logits, cache } = await prefill(rt, tier, lane, promptIds, req.escalate ?? true);
     const options = withCacheTemperature({ ...req.options, maxTokens }, cache);
-    return new Generation(rt, tier, promptIds, options, cache, seq, logits, release, {
+    return new Generation(rt, tier, promptIds, options, cache, lane, logits, release, {
       all: slot.signal,
       client: req.clientSignal,
     }, startMs);
   } catch (e) {
-    seq?.free();
+    lane?.free();
     rt.metrics.activeSequences.add({ tier: tier.name }, -1);
     release();
     throw e;
@@ -269,14 +269,14 @@ export async function startGeneration(rt: Runtime, req: GenerationRequest): Prom
 async function prefill(
   rt: Runtime,
   tier: Tier,
-  seq: NativeSequence,
+  lane: Lane,
   ids: number[],
   escalate: boolean,
 ): Promise<{ logits: Float32Array; cache: CacheOutcome }> {
   const m = rt.metrics;
   const labels = { tier: tier.name };
   if (!tier.prefix) {
-    return { logits: await seq.prefill(ids), cache: { source: "none", reusedTokens: 0 } };
+    return { logits: await lane.prefill([], ids), cache: { source: "none", reusedTokens: 0 } };
   }
   try {
     const C = tier.prefix.chunkTokens;
@@ -292,7 +292,7 @@ async function prefill(
         if (n > own && n > (best?.chunks ?? 0)) best = { tier: lower, chunks: n };
       }
       if (best) {
-        const migrated = await tryMigrate(rt, best.tier, tier, seq, ids, best.chunks * C);
+        const migrated = await tryMigrate(rt, best.tier, tier, lane, ids, best.chunks * C);
         if (migrated.ok) return { logits: migrated.logits, cache: migrated.cache };
         fallback = {
           source: "fallback",
@@ -303,7 +303,12 @@ async function prefill(
         m.fallbacks.inc({ from: best.tier.name, to: tier.name });
       }
     }
-    const r = await prefillWithCache(tier.prefix, seq, ids);
+    const r = await prefillWithCache(
+      tier.prefix,
+      lane.seq,
+      ids,
+      (reused) => lane.prefill(ids.slice(0, reused), ids.slice(reused)),
+    );
     if (r.reusedTokens > 0) {
       m.prefixHits.inc(labels);
       m.reusedTokens.inc(labels, r.reusedTokens);
@@ -319,8 +324,8 @@ async function prefill(
     if (!(e instanceof StoreError)) throw e;
     // The cache is an optimisation: a store failure degrades to a full prefill.
     m.errors.inc({ type: "store_degraded" });
-    if (seq.length > 0) seq.truncate(0);
-    return { logits: await seq.prefill(ids), cache: { source: "none", reusedTokens: 0 } };
+    lane.reset();
+    return { logits: await lane.prefill([], ids), cache: { source: "none", reusedTokens: 0 } };
   }
 }
 
@@ -332,7 +337,7 @@ async function tryMigrate(
   rt: Runtime,
   from: Tier,
   to: Tier,
-  target: NativeSequence,
+  lane: Lane,
   ids: number[],
   cachedTokens: number,
 ): Promise<MigrateAttempt> {
@@ -356,8 +361,8 @@ async function tryMigrate(
       }
     }
     // Projected KV for [0, keep), then repair: the target prefills the rest itself.
-    await rt.migrator.projectInto(from, to, src, keep, target);
-    const logits = await target.prefill(ids.slice(keep));
+    await rt.migrator.projectInto(from, to, src, keep, lane.seq);
+    const logits = await lane.prefill(ids.slice(0, keep), ids.slice(keep));
     rt.metrics.migrations.inc({ from: from.name, to: to.name });
     rt.metrics.reusedTokens.inc({ tier: to.name }, keep);
     return {
@@ -371,7 +376,7 @@ async function tryMigrate(
       },
     };
   } catch (e) {
-    if (target.length > 0) target.truncate(0);
+    lane.reset();
     if (e instanceof MigrationRefusedError) return { ok: false, reason: e.message };
     throw e;
   } finally {

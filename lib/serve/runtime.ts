@@ -14,6 +14,7 @@ import { ModelQueue } from "./queue.ts";
 import { createMigrator, type Migrator } from "./migrator.ts";
 import { findTier, type Tier } from "./tier.ts";
 import { autoFallbackNote, resolveTierBackends } from "./backends.ts";
+import { createBatching } from "./batching.ts";
 
 /** Everything the function apps need; see {@link createRuntime}. */
 export interface Runtime {
@@ -159,7 +160,8 @@ export async function createRuntime(
               ttlMs: config.prefix_cache.ttl_ms,
             })
             : null;
-          tiers.set(name, { name, rank, config: tc, model, queue, prefix, encoding });
+          const batch = tc.batching ? createBatching(name, tc, model.native, metrics) : null;
+          tiers.set(name, { name, rank, config: tc, model, queue, prefix, encoding, batch });
         }
         await rt.migrator.load(tiers);
         ready = true;
@@ -177,7 +179,10 @@ export async function createRuntime(
       draining = true;
       shutdown.abort(new Error("server shutting down"));
       await rt.migrator.close();
-      for (const t of tiers.values()) t.model.native.free();
+      for (const t of tiers.values()) {
+        t.batch?.scheduler.close();
+        t.model.native.free();
+      }
       tiers.clear();
       await store.close();
     },

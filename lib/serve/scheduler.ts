@@ -88,8 +88,6 @@ interface Entry<S> {
   seq: S;
   /** tokens in the cache (for recompute after a preemption) */
   history: number[];
-  /** tokens to recompute before the next work (set by a preemption) */
-  recompute: number[] | null;
   work: Work | null;
   detached: boolean;
 }
@@ -110,9 +108,9 @@ export class ScheduledSequence<S> {
     return this.#entry.seq;
   }
 
-  /** Tokens in the cache as far as the scheduler knows (history), recompute included. */
+  /** Tokens the sequence holds as far as the scheduler knows (what a preemption recomputes). */
   get tokens(): number {
-    return this.#entry.history.length + (this.#entry.recompute?.length ?? 0);
+    return this.#entry.history.length;
   }
 
   /**
@@ -207,7 +205,6 @@ export class Scheduler<S> {
       id: this.#nextId++,
       seq,
       history: Array.from(history),
-      recompute: null,
       work: null,
       detached: false,
     };
@@ -226,7 +223,7 @@ export class Scheduler<S> {
         new Error("a prefill/decode is still pending on this sequence; await it first"),
       );
     }
-    const total = entry.history.length + (entry.recompute?.length ?? 0) + tokens.length;
+    const total = entry.history.length + tokens.length;
     if (Math.ceil(total / this.#engine.blockTokens) > this.#engine.blocksTotal) {
       return Promise.reject(
         new RangeError(
@@ -235,12 +232,7 @@ export class Scheduler<S> {
       );
     }
     return new Promise<Float32Array>((resolve, reject) => {
-      const all = entry.recompute ? [...entry.recompute, ...tokens] : tokens;
-      if (entry.recompute) {
-        entry.history = [];
-        entry.recompute = null;
-      }
-      entry.work = { tokens: all, fed: 0, resolve, reject };
+      entry.work = { tokens, fed: 0, resolve, reject };
       this.#expected.delete(entry);
       this.#kick();
     });
@@ -337,26 +329,24 @@ export class Scheduler<S> {
     return (this.#engine.blocksHeld(e.seq) + blocks) * bt - this.#engine.length(e.seq);
   }
 
-  /** Drops the youngest block-holding sequence younger than `requester` and not in `keep`
-   *  (its next work recomputes its tokens); null when there is none. */
+  /** Drops the youngest block-holding sequence younger than `requester`, not in `keep` and
+   *  waiting on the scheduler (a sequence between works may be in use by its request: export,
+   *  streaming) — its pending work then starts by recomputing its tokens; null when none. */
   #preempt(keep: Set<Entry<S>>, requester: Entry<S>): Entry<S> | null {
     let victim: Entry<S> | null = null;
     for (const e of this.#entries.values()) {
-      if (e.id <= requester.id || keep.has(e) || this.#engine.blocksHeld(e.seq) === 0) continue;
+      if (e.id <= requester.id || keep.has(e) || !e.work || this.#engine.blocksHeld(e.seq) === 0) {
+        continue;
+      }
       if (!victim || e.id > victim.id) victim = e;
     }
     if (!victim) return null;
     this.#engine.reset(victim.seq);
-    const w = victim.work;
-    if (w) {
-      // Its pending work now starts with everything the cache held.
-      w.tokens = [...victim.history, ...w.tokens.slice(w.fed)];
-      w.fed = 0;
-      victim.history = [];
-    } else {
-      victim.recompute = victim.history;
-      victim.history = [];
-    }
+    // Its pending work now starts with everything the cache held.
+    const w = victim.work!;
+    w.tokens = [...victim.history, ...w.tokens.slice(w.fed)];
+    w.fed = 0;
+    victim.history = [];
     this.counters.preemptions++;
     this.#hooks.onPreempt?.();
     return victim;

@@ -279,7 +279,9 @@ export async function importSnapshot(
           );
         }
         const capacity = Math.max(1, need);
-        seq = opts.createSequence ? opts.createSequence(capacity) : model.native.createSequence(capacity);
+        seq = opts.createSequence
+          ? opts.createSequence(capacity)
+          : model.native.createSequence(capacity);
         return nativeSink(seq);
       },
     }, { verify: opts.verify, maxBytes: opts.maxBytes, codec: defaultKvCodec() });

@@ -4,6 +4,7 @@ import { benchEngine, formatEngineTable } from "./engine.ts";
 import { benchSnapshots, formatSnapshotTable } from "./snapshot.ts";
 import { benchHttp, formatHttpTable } from "./http.ts";
 import { benchMigration, formatMigrationTable } from "./migration.ts";
+import { benchBatch, formatBatchTable } from "./batch.ts";
 import { machineInfo } from "./machine.ts";
 
 const root = new URL("../", import.meta.url).pathname;
@@ -19,6 +20,7 @@ const sections: Record<string, Section> = {
   snapshot: { run: benchSnapshots, format: formatSnapshotTable },
   migration: { run: benchMigration, format: formatMigrationTable },
   http: { run: benchHttp, format: formatHttpTable },
+  batch: { run: benchBatch, format: formatBatchTable },
 };
 
 const wanted = Deno.args.length ? Deno.args : Object.keys(sections);

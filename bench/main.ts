@@ -5,6 +5,7 @@ import { benchSnapshots, formatSnapshotTable } from "./snapshot.ts";
 import { benchHttp, formatHttpTable } from "./http.ts";
 import { benchMigration, formatMigrationTable } from "./migration.ts";
 import { benchBatch, formatBatchTable } from "./batch.ts";
+import { benchColdStart, formatColdStartTable } from "./coldstart.ts";
 import { machineInfo } from "./machine.ts";
 
 const root = new URL("../", import.meta.url).pathname;
@@ -21,6 +22,7 @@ const sections: Record<string, Section> = {
   migration: { run: benchMigration, format: formatMigrationTable },
   http: { run: benchHttp, format: formatHttpTable },
   batch: { run: benchBatch, format: formatBatchTable },
+  coldstart: { run: benchColdStart, format: formatColdStartTable },
 };
 
 const wanted = Deno.args.length ? Deno.args : Object.keys(sections);

@@ -90,6 +90,37 @@ export class NativeModel {
    *   backend this build or machine cannot run)
    */
   static load(checkpoint: Checkpoint, opts: NativeModelOptions = {}): NativeModel {
+    const call = NativeModel.#prepare(checkpoint, opts);
+    const status = call.lib.symbols.kvr_model_load(...call.args);
+    return NativeModel.#finish(call, status);
+  }
+
+  /**
+   * Like {@link NativeModel.load}, but the native load (mmap, conversion, packing) runs on a
+   * worker thread, so the JS thread keeps serving (health probes answer while a model loads).
+   * Keep the checkpoint alive until the promise settles (its buffers are referenced meanwhile).
+   * @param checkpoint from lib/model loadCheckpoint
+   * @param opts kvDtype, threads, backend, device, lib
+   * @returns the model
+   * @throws the same errors as {@link NativeModel.load}
+   */
+  static async loadAsync(
+    checkpoint: Checkpoint,
+    opts: NativeModelOptions = {},
+  ): Promise<NativeModel> {
+    const call = NativeModel.#prepare(checkpoint, opts);
+    const status = await call.lib.symbols.kvr_model_load_nonblocking(...call.args);
+    if (status !== 0) {
+      // The message is thread-local to the worker that ran the load. Failures are found before
+      // or while reading (bad params, files, out of memory), so repeating the load on this
+      // thread is cheap and reports the same failure with its message (or, if it was
+      // transient, loads the model).
+      return NativeModel.#finish(call, call.lib.symbols.kvr_model_load(...call.args));
+    }
+    return NativeModel.#finish(call, status);
+  }
+
+  static #prepare(checkpoint: Checkpoint, opts: NativeModelOptions) {
     const kvDtype = opts.kvDtype ?? "f32";
     assertKvDtype(kvDtype, "kvDtype");
     const threads = checkInt("threads", opts.threads ?? 0, 0, 4096);
@@ -115,7 +146,7 @@ export class NativeModel {
     const paths = encodePaths(checkpoint.files);
     const table = encodeTensorTable(entries, checkpoint.files);
     const out = new BigUint64Array(1);
-    const status = lib.symbols.kvr_model_load(
+    const args = [
       params,
       paths,
       BigInt(paths.length),
@@ -123,11 +154,18 @@ export class NativeModel {
       table,
       BigInt(entries.length),
       out,
-    );
-    lib.check(status, "kvr_model_load");
-    const ptr = Deno.UnsafePointer.create(out[0]);
+    ] as const;
+    return { lib, args, out, config: checkpoint.config, kvDtype };
+  }
+
+  static #finish(
+    call: { lib: NativeLibrary; out: BigUint64Array; config: ModelConfig; kvDtype: KvDtype },
+    status: number,
+  ): NativeModel {
+    call.lib.check(status, "kvr_model_load");
+    const ptr = Deno.UnsafePointer.create(call.out[0]);
     if (ptr === null) throw new Error("kvr_model_load returned OK but no model");
-    return new NativeModel(lib, ptr, checkpoint.config, kvDtype);
+    return new NativeModel(call.lib, ptr, call.config, call.kvDtype);
   }
 
   /**

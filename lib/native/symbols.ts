@@ -12,6 +12,14 @@ export const coreSymbols = {
     parameters: ["buffer", "buffer", "usize", "u32", "buffer", "usize", "buffer"],
     result: "i32",
   },
+  // The same function on a worker thread (model loads can take seconds: weights are read and
+  // packed). Its kvr_last_error() stays on that thread; see NativeModel.loadAsync.
+  kvr_model_load_nonblocking: {
+    name: "kvr_model_load",
+    parameters: ["buffer", "buffer", "usize", "u32", "buffer", "usize", "buffer"],
+    result: "i32",
+    nonblocking: true,
+  },
   kvr_model_free: { parameters: ["pointer"], result: "void" },
   kvr_model_threads: { parameters: ["pointer"], result: "u32" },
   kvr_model_weight_bytes: { parameters: ["pointer"], result: "u64" },

@@ -24,6 +24,8 @@ export {
   requireTier,
   type Runtime,
   type RuntimeOptions,
+  type StartupReport,
+  type TierLoadState,
 } from "./runtime.ts";
 export { type AbortCause, admitSlot, type Slot } from "./slot.ts";
 export {

@@ -76,6 +76,7 @@ def open_library(path):
         "kvr_model_free": (None, [P]),
         "kvr_model_weight_bytes": (ctypes.c_uint64, [P]),
         "kvr_model_backend": (I32, [P, P, P, ctypes.c_char_p, SZ]),
+        "kvr_model_health": (I32, [P, ctypes.c_char_p, SZ]),
         "kvr_seq_create": (I32, [P, U32, P]),
         "kvr_seq_free": (None, [P]),
         "kvr_seq_length": (U32, [P]),

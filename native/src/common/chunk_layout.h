@@ -101,4 +101,20 @@ KVR_LAYOUT_HD uint32_t crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t l
   return crc32c_mulmod(crc32c_x8n(len_b), crc_a) ^ crc_b;
 }
 
+// The "raw" CRC register (start 0, no final inversion) is linear: raw(A‖B) = raw(A)·x^(8|B|) ^
+// raw(B), so pieces can be checksummed independently (a GPU thread per piece) and combined.
+KVR_LAYOUT_HD uint32_t crc32c_raw_byte(uint32_t c, uint8_t b) {
+  c ^= b;
+  for (int k = 0; k < 8; ++k) c = (c & 1u) ? (c >> 1) ^ 0x82f63b78u : c >> 1;
+  return c;
+}
+KVR_LAYOUT_HD uint32_t crc32c_raw_combine(uint32_t raw_a, uint32_t raw_b, uint64_t len_b) {
+  return crc32c_mulmod(crc32c_x8n(len_b), raw_a) ^ raw_b;
+}
+// The standard CRC32C of a message of `len` bytes from its raw register: the initial all-ones
+// register contributes ~0·x^(8·len); then the final inversion.
+KVR_LAYOUT_HD uint32_t crc32c_from_raw(uint32_t raw, uint64_t len) {
+  return ~(raw ^ crc32c_mulmod(crc32c_x8n(len), 0xffffffffu));
+}
+
 }  // namespace kvr::chunk

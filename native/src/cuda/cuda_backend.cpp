@@ -16,6 +16,7 @@
 
 #include "backend.h"
 #include "common/device_math.h"
+#include "cuda/codec_host.h"
 #include "cuda/cublaslt.h"
 #include "cuda/kernels.h"
 #include "cuda/status.h"
@@ -83,6 +84,7 @@ struct CudaSeq final : SeqState {
   PinnedBuf kv_host;  // kv_read/kv_write staging, grown on demand
   uint32_t decode_splits = 1;
   cudaGraphExec_t graph = nullptr;
+  std::unique_ptr<CodecStaging> codec;  // snapshot chunk codec staging (codec_host.cpp), on demand
   ~CudaSeq() override {
     cudaSetDevice(device);
     if (graph) cudaGraphExecDestroy(graph);
@@ -96,7 +98,7 @@ struct CudaSeq final : SeqState {
 class CudaBackend final : public Backend {
  public:
   CudaBackend(const ModelGeometry& g, const TensorTable& t, int32_t device);
-  ~CudaBackend() override = default;
+  ~CudaBackend() override { cudaSetDevice(device_); }  // bufs_ are freed on this device
 
   uint32_t kind() const override { return KVR_BACKEND_CUDA; }
   std::string device_description() const override { return desc_; }
@@ -108,6 +110,9 @@ class CudaBackend final : public Backend {
                void* v_out) const override;
   void kv_write(SeqState& s, uint32_t layer, uint32_t start, uint32_t count, uint32_t dtype, const void* k_in,
                 const void* v_in) const override;
+  // The snapshot codec on the device (codec.cu, codec_host.cpp): same bytes as the host codec.
+  void export_chunk(const SeqState& s, const ChunkSpec& c, uint8_t* frame, size_t frame_len) const override;
+  void import_chunk(SeqState& s, const ChunkSpec& c, const uint8_t* frame, size_t frame_len) const override;
   std::string failure() const override {
     if (!failed_.load()) return {};
     std::lock_guard<std::mutex> lock(fail_mu_);
@@ -115,6 +120,12 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // Per-sequence activation scratch for n tokens, every buffer 256-byte aligned.
+  struct Scratch {
+    float *x, *h, *qkv, *att, *gu;
+    uint16_t *split_hi, *split_lo;
+    size_t floats;
+  };
   // Throws BackendError for e != cudaSuccess; a sticky error marks the backend failed first.
   void ck(cudaError_t e, const char* what) const;
   void ensure_healthy() const;
@@ -123,14 +134,14 @@ class CudaBackend final : public Backend {
   const float* upload_f32(const TensorView* t, const char* what);
   DevMatrix upload_matrix(std::initializer_list<const TensorView*> parts, const char* what);
   const float* upload_bias(std::initializer_list<const TensorView*> parts, const char* what);
-  void project(CudaSeq& s, const float* a, size_t lda, uint32_t m, const DevMatrix& w, const float* bias, float* c,
-               size_t ldc, bool accumulate, float* split_scratch) const;
+  void project(CudaSeq& s, const Scratch& sc, const float* a, size_t lda, uint32_t m, const DevMatrix& w,
+               const float* bias, float* c, size_t ldc, bool accumulate) const;
   void run_layers(CudaSeq& s, uint32_t n, uint32_t fixed_splits) const;
   void run_chunk(CudaSeq& s, const int32_t* tokens, size_t n, size_t pos0, size_t logit_row0, size_t logit_rows,
                  float* logits_out) const;
   void decode_graph(CudaSeq& s, int32_t token, size_t pos0, float* logits_out) const;
   uint8_t* kv_layer(const CudaSeq& s, size_t layer, bool v) const;
-  size_t scratch_floats(size_t n) const;
+  Scratch scratch_layout(void* base, size_t n) const;
 
   ModelGeometry g_;
   int32_t device_ = 0;
@@ -285,12 +296,29 @@ CudaBackend::CudaBackend(const ModelGeometry& g, const TensorTable& t, int32_t d
   inv_freq_ = static_cast<const double*>(upload(g.inv_freq.data(), g.inv_freq.size() * sizeof(double), "uploading RoPE"));
 }
 
-size_t CudaBackend::scratch_floats(size_t n) const {
+// Floats rounded up to 256 bytes: every scratch buffer starts 256-byte aligned (cuBLASLt's
+// default alignment assumption; 16-byte vector loads).
+inline size_t align_floats(size_t n) { return (n + 63) / 64 * 64; }
+
+CudaBackend::Scratch CudaBackend::scratch_layout(void* base, size_t n) const {
   const size_t ldqkv = g_.q_dim + 2 * g_.kv_dim;
-  // x, h (n, H); qkv (n, ldqkv); att (n, q_dim); gu (n, 2I); split hi/lo for cuBLASLt: 2 bf16
-  // arrays of (n, max K) = one f32 array of (n, max K).
   const size_t max_k = std::max({g_.hidden, g_.q_dim, g_.inter});
-  return n * (2 * g_.hidden + ldqkv + g_.q_dim + 2 * g_.inter + max_k);
+  Scratch sc;
+  float* p = static_cast<float*>(base);
+  auto take = [&](size_t floats) {
+    float* r = p;
+    p += align_floats(floats);
+    return r;
+  };
+  sc.x = take(n * g_.hidden);                  // (n, H) residual stream
+  sc.h = take(n * g_.hidden);                  // (n, H) normed
+  sc.qkv = take(n * ldqkv);                    // (n, q_dim + 2 kv_dim)
+  sc.att = take(n * g_.q_dim);                 // (n, q_dim)
+  sc.gu = take(n * 2 * g_.inter);              // (n, 2I) [gate | up]
+  sc.split_hi = reinterpret_cast<uint16_t*>(take((n * max_k + 1) / 2));  // (m, K) bf16 for cuBLASLt
+  sc.split_lo = reinterpret_cast<uint16_t*>(take((n * max_k + 1) / 2));
+  sc.floats = static_cast<size_t>(p - static_cast<float*>(base));
+  return sc;
 }
 
 std::unique_ptr<SeqState> CudaBackend::create_seq(uint32_t capacity) const {
@@ -309,7 +337,7 @@ std::unique_ptr<SeqState> CudaBackend::create_seq(uint32_t capacity) const {
   };
   alloc(s->kv, kv_bytes, "allocating the KV cache");
   ck(cudaMemsetAsync(s->kv.p, 0, kv_bytes, s->stream), "zeroing the KV cache");
-  alloc(s->scratch, scratch_floats(kChunk) * sizeof(float), "allocating scratch");
+  alloc(s->scratch, scratch_layout(nullptr, kChunk).floats * sizeof(float), "allocating scratch");
   // Attention partials: any plan chosen from the context stays under dm::attn_partial_bound;
   // the decode graph's split count (fixed at capture, from the capacity) is such a plan.
   const uint32_t hd = static_cast<uint32_t>(g_.head_dim);
@@ -329,6 +357,24 @@ std::unique_ptr<SeqState> CudaBackend::create_seq(uint32_t capacity) const {
   return s;
 }
 
+void CudaBackend::export_chunk(const SeqState& ss, const ChunkSpec& c, uint8_t* frame, size_t frame_len) const {
+  ensure_healthy();
+  use_device();
+  CudaSeq& s = const_cast<CudaSeq&>(static_cast<const CudaSeq&>(ss));  // staging only; the cache is read
+  if (!s.codec) s.codec = std::make_unique<CodecStaging>();
+  const DevKv kv{static_cast<uint8_t*>(s.kv.p), s.capacity, g_.kv_dtype(), g_.layers, g_.kv_heads, g_.head_dim};
+  s.codec->export_chunk(kv, c, frame, frame_len, s.stream, [this](cudaError_t e, const char* w) { ck(e, w); });
+}
+
+void CudaBackend::import_chunk(SeqState& ss, const ChunkSpec& c, const uint8_t* frame, size_t frame_len) const {
+  ensure_healthy();
+  use_device();
+  CudaSeq& s = static_cast<CudaSeq&>(ss);
+  if (!s.codec) s.codec = std::make_unique<CodecStaging>();
+  const DevKv kv{static_cast<uint8_t*>(s.kv.p), s.capacity, g_.kv_dtype(), g_.layers, g_.kv_heads, g_.head_dim};
+  s.codec->import_chunk(kv, c, frame, frame_len, s.stream, [this](cudaError_t e, const char* w) { ck(e, w); });
+}
+
 uint8_t* CudaBackend::kv_layer(const CudaSeq& s, size_t layer, bool v) const {
   const size_t plane = g_.kv_heads * static_cast<size_t>(s.capacity) * g_.head_dim * dtype_size(g_.kv_dtype());
   return static_cast<uint8_t*>(s.kv.p) + (2 * layer + (v ? 1 : 0)) * plane;
@@ -336,15 +382,15 @@ uint8_t* CudaBackend::kv_layer(const CudaSeq& s, size_t layer, bool v) const {
 
 // C (m, w.rows) [+]= A (m, w.cols) · Wᵀ + bias: GEMV for one row, cuBLASLt (bf16 hi/lo split,
 // two products) when loaded and W is bf16, else the mma.sync GEMM.
-void CudaBackend::project(CudaSeq& s, const float* a, size_t lda, uint32_t m, const DevMatrix& w, const float* bias,
-                          float* c, size_t ldc, bool accumulate, float* split_scratch) const {
+void CudaBackend::project(CudaSeq& s, const Scratch& sc, const float* a, size_t lda, uint32_t m, const DevMatrix& w,
+                          const float* bias, float* c, size_t ldc, bool accumulate) const {
   if (m == 1) {
     ck(launch_gemv(w, a, bias, c, accumulate, s.stream), "gemv launch");
     return;
   }
   if (lt_ && w.bf16) {
-    uint16_t* hi = reinterpret_cast<uint16_t*>(split_scratch);
-    uint16_t* lo = hi + static_cast<size_t>(m) * w.cols;
+    uint16_t* hi = sc.split_hi;
+    uint16_t* lo = sc.split_lo;
     ck(launch_split_bf16(a, lda, hi, lo, m, w.cols, s.stream), "split launch");
     const uint16_t* wd = static_cast<const uint16_t*>(w.data);
     int st = lt_->matmul_bf16(lo, w.cols, m, wd, w.rows, w.cols, c, ldc, accumulate, s.workspace.p,
@@ -364,12 +410,8 @@ void CudaBackend::project(CudaSeq& s, const float* a, size_t lda, uint32_t m, co
 void CudaBackend::run_layers(CudaSeq& s, uint32_t n, uint32_t fixed_splits) const {
   const size_t H = g_.hidden, I = g_.inter, qd = g_.q_dim, kvd = g_.kv_dim, ldqkv = qd + 2 * kvd;
   const float eps = g_.params.rms_norm_eps;
-  float* x = static_cast<float*>(s.scratch.p);
-  float* h = x + n * H;
-  float* qkv = h + n * H;
-  float* att = qkv + n * ldqkv;
-  float* gu = att + n * qd;
-  float* split = gu + n * 2 * I;
+  const Scratch sc = scratch_layout(s.scratch.p, n);
+  float *x = sc.x, *h = sc.h, *qkv = sc.qkv, *att = sc.att, *gu = sc.gu;
   const uint32_t* d_pos = static_cast<const uint32_t*>(s.io.p);
   const int32_t* d_tok = static_cast<const int32_t*>(s.io.p) + 1;
   cudaStream_t st = s.stream;
@@ -378,7 +420,7 @@ void CudaBackend::run_layers(CudaSeq& s, uint32_t n, uint32_t fixed_splits) cons
   for (size_t l = 0; l < g_.layers; ++l) {
     const DevLayer& L = layers_[l];
     ck(launch_rmsnorm(x, H, h, H, L.attn_norm, n, static_cast<uint32_t>(H), eps, st), "rmsnorm launch");
-    project(s, h, H, n, L.qkv, nullptr, qkv, ldqkv, false, split);
+    project(s, sc, h, H, n, L.qkv, nullptr, qkv, ldqkv, false);
     QkvPostArgs q;
     q.qkv = qkv;
     q.ldqkv = static_cast<uint32_t>(ldqkv);
@@ -415,11 +457,11 @@ void CudaBackend::run_layers(CudaSeq& s, uint32_t n, uint32_t fixed_splits) cons
     // ctx hint: the capacity bounds the plan when the split count is fixed (graph), else the
     // caller passes the real context through fixed_splits = 0 and ctx below.
     ck(launch_attention(a, s.capacity, sm_count_, fixed_splits, st), "attention launch");
-    project(s, att, qd, n, L.o, L.o_bias, x, H, true, split);
+    project(s, sc, att, qd, n, L.o, L.o_bias, x, H, true);
     ck(launch_rmsnorm(x, H, h, H, L.mlp_norm, n, static_cast<uint32_t>(H), eps, st), "rmsnorm launch");
-    project(s, h, H, n, L.gate_up, L.gate_up_bias, gu, 2 * I, false, split);
+    project(s, sc, h, H, n, L.gate_up, L.gate_up_bias, gu, 2 * I, false);
     ck(launch_swiglu(gu, n, static_cast<uint32_t>(I), st), "swiglu launch");
-    project(s, gu, 2 * I, n, L.down, L.down_bias, x, H, true, split);
+    project(s, sc, gu, 2 * I, n, L.down, L.down_bias, x, H, true);
   }
 }
 
@@ -438,16 +480,15 @@ void CudaBackend::run_chunk(CudaSeq& s, const int32_t* tokens, size_t n, size_t 
           .splits;
   run_layers(s, static_cast<uint32_t>(n), splits);
   const size_t H = g_.hidden, V = g_.vocab;
-  float* x = static_cast<float*>(s.scratch.p);
-  float* h = x + n * H;
-  float* split = h + n * H + n * (g_.q_dim + 2 * g_.kv_dim) + n * g_.q_dim + n * 2 * g_.inter;
+  const Scratch sc = scratch_layout(s.scratch.p, n);
+  float *x = sc.x, *h = sc.h;
   for (size_t r0 = 0; r0 < logit_rows; r0 += s.logit_rows) {
     const size_t rows = std::min(s.logit_rows, logit_rows - r0);
     ck(launch_rmsnorm(x + (logit_row0 + r0) * H, H, h, H, final_norm_, static_cast<uint32_t>(rows),
                       static_cast<uint32_t>(H), g_.params.rms_norm_eps, s.stream),
        "rmsnorm launch");
     float* dl = static_cast<float*>(s.logits.p);
-    project(s, h, H, static_cast<uint32_t>(rows), lm_head_, nullptr, dl, V, false, split);
+    project(s, sc, h, H, static_cast<uint32_t>(rows), lm_head_, nullptr, dl, V, false);
     ck(cudaMemcpyAsync(s.logits_host.p, dl, rows * V * sizeof(float), cudaMemcpyDeviceToHost, s.stream),
        "copying logits");
     ck(cudaStreamSynchronize(s.stream), "forward");
@@ -470,11 +511,10 @@ void CudaBackend::decode_graph(CudaSeq& s, int32_t token, size_t pos0, float* lo
     try {
       run_layers(s, 1, s.decode_splits);
       const size_t H = g_.hidden;
-      float* x = static_cast<float*>(s.scratch.p);
-      float* h = x + H;
-      ck(launch_rmsnorm(x, H, h, H, final_norm_, 1, static_cast<uint32_t>(H), g_.params.rms_norm_eps, s.stream),
+      const Scratch sc = scratch_layout(s.scratch.p, 1);
+      ck(launch_rmsnorm(sc.x, H, sc.h, H, final_norm_, 1, static_cast<uint32_t>(H), g_.params.rms_norm_eps, s.stream),
          "rmsnorm launch");
-      ck(launch_gemv(lm_head_, h, nullptr, static_cast<float*>(s.logits.p), false, s.stream), "gemv launch");
+      ck(launch_gemv(lm_head_, sc.h, nullptr, static_cast<float*>(s.logits.p), false, s.stream), "gemv launch");
     } catch (...) {
       cudaStreamEndCapture(s.stream, &graph);
       if (graph) cudaGraphDestroy(graph);
@@ -513,6 +553,7 @@ void CudaBackend::kv_read(const SeqState& ss, uint32_t layer, uint32_t start, ui
                           void* k_out, void* v_out) const {
   ensure_healthy();
   use_device();
+  if (count == 0) return;
   const CudaSeq& cs = static_cast<const CudaSeq&>(ss);
   CudaSeq& s = const_cast<CudaSeq&>(cs);  // staging buffers only; the cache is not changed
   const uint32_t kd = g_.kv_dtype();
@@ -557,6 +598,7 @@ void CudaBackend::kv_write(SeqState& ss, uint32_t layer, uint32_t start, uint32_
                            const void* k_in, const void* v_in) const {
   ensure_healthy();
   use_device();
+  if (count == 0) return;
   CudaSeq& s = static_cast<CudaSeq&>(ss);
   const uint32_t kd = g_.kv_dtype();
   const size_t es = dtype_size(kd), hd = g_.head_dim, kvh = g_.kv_heads;

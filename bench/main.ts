@@ -7,6 +7,7 @@ import { benchMigration, formatMigrationTable } from "./migration.ts";
 import { benchBatch, formatBatchTable } from "./batch.ts";
 import { benchColdStart, formatColdStartTable } from "./coldstart.ts";
 import { machineInfo } from "./machine.ts";
+import { benchMultihost, formatMultihostTable } from "./multihost.ts";
 
 const root = new URL("../", import.meta.url).pathname;
 const demoModels = ["tiny-fast", "tiny-balanced", "tiny-powerful"].map((m) => `${root}models/${m}`);
@@ -23,6 +24,7 @@ const sections: Record<string, Section> = {
   http: { run: benchHttp, format: formatHttpTable },
   batch: { run: benchBatch, format: formatBatchTable },
   coldstart: { run: benchColdStart, format: formatColdStartTable },
+  multihost: { run: benchMultihost, format: formatMultihostTable },
 };
 
 const wanted = Deno.args.length ? Deno.args : Object.keys(sections);

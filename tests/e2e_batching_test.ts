@@ -72,10 +72,14 @@ Deno.test("64 concurrent streams on one tier with a small KV pool: no 5xx, each 
     const m = await (await fetch(`${server.base}/metrics`)).text();
     const steps = metric(m, 'kvrelay_batch_size_count{tier="fast"}');
     const single = metric(m, 'kvrelay_batch_size_bucket{tier="fast",le="1"}');
+    const upTo16 = metric(m, 'kvrelay_batch_size_bucket{tier="fast",le="16"}');
     const decodes = metric(m, 'kvrelay_batch_step_tokens_total{kind="decode",tier="fast"}');
+    // Timing decides how many streams make each step (the machine is shared), not whether they
+    // batch: 64 × 40 tokens one at a time would be 2,560 steps.
+    assert.ok(steps > 0 && steps < 640, `${steps} steps for 64 × 40 tokens`);
     assert.ok(
-      steps > 0 && single < steps / 4,
-      `batched steps: ${steps} steps, ${single} of one sequence`,
+      upTo16 < steps,
+      `some step carried more than 16 sequences (${upTo16} of ${steps} ≤ 16)`,
     );
     assert.ok(decodes / steps > 8, `decode rows per step ${decodes} / ${steps}`);
     const alone: Record<string, string> = {};

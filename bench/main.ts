@@ -10,6 +10,7 @@ import { benchSnapshots, formatSnapshotTable } from "./snapshot.ts";
 import { benchHttp, formatHttpTable } from "./http.ts";
 import { benchMigration, formatMigrationTable } from "./migration.ts";
 import { benchPeers, formatPeersTable } from "./peers.ts";
+import { benchColdStart, formatColdStartTable } from "./coldstart.ts";
 import { machineInfo } from "./machine.ts";
 import { ensureShapeCheckpoint } from "../scripts/make_checkpoint.ts";
 import { REAL_SHAPES } from "../tests/fixtures/real_shapes.ts";
@@ -81,6 +82,7 @@ const sections: Record<string, Section> = {
   snapshot: { run: benchSnapshots, format: formatSnapshotTable },
   migration: { run: benchMigration, format: formatMigrationTable },
   http: { run: benchHttp, format: formatHttpTable },
+  coldstart: { run: benchColdStart, format: formatColdStartTable },
   peers: {
     run: async () =>
       benchPeers({

@@ -18,8 +18,11 @@ import {
   type Runtime,
   type ServedResult,
   startFromSnapshot,
+  streamTimer,
+  type StreamTiming,
   type Tier,
   tierOfSnapshot,
+  timingHeader,
 } from "../../lib/serve/mod.ts";
 import {
   blameSnapshot,
@@ -85,6 +88,7 @@ async function respond(
   input: Uint8Array | ReadableStream<Uint8Array>,
   header: SnapshotHeader,
   p: z.infer<typeof decodeJsonSchema> | z.infer<typeof decodeQuerySchema>,
+  importTiming?: StreamTiming,
 ): Promise<Response> {
   const options = generationOptions(tier, p);
   const continuationIds = p.continuation ? tier.model.tokenizer.encode(p.continuation) : [];
@@ -99,6 +103,9 @@ async function respond(
     options,
     clientSignal: signal,
   });
+  // When a streamed snapshot's bytes were read by the import (the import has finished here).
+  const imported = importTiming ? timingHeader(importTiming) : null;
+  if (imported !== null) c.header("x-kvrelay-import-ms", imported);
   const base = {
     tier: tier.name,
     snapshot_tokens: gen.promptIds.length - continuationIds.length,
@@ -120,7 +127,7 @@ async function respond(
       },
     });
   }
-  return sseResponse(
+  const sse = sseResponse(
     async (send) => {
       const it = gen.tokens();
       let step = await it.next();
@@ -151,6 +158,8 @@ async function respond(
       };
     },
   );
+  if (imported !== null) sse.headers.set("x-kvrelay-import-ms", imported);
+  return sse;
 }
 
 /**
@@ -170,9 +179,12 @@ export function registerDecode(app: Hono, rt: Runtime): void {
     try {
       // Streamed into the import: only the header is read first (to find the model that made
       // it); it is verified again, with the signature, before any KV is allocated.
-      const { header, stream } = await peekStream(body.pipeThrough(countBytes(rt, "in")));
+      const timer = streamTimer();
+      const { header, stream } = await peekStream(
+        body.pipeThrough(countBytes(rt, "in")).pipeThrough(timer.transform),
+      );
       const source = tierOfSnapshot(rt, header, target);
-      return await respond(c, rt, target ?? source, source, stream, header, q);
+      return await respond(c, rt, target ?? source, source, stream, header, q, timer.timing);
     } catch (e) {
       throw blameSnapshot(e, { snapshot: "body", tier: "tier" });
     }

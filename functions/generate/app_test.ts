@@ -13,13 +13,22 @@ Deno.test("GET /healthz, /readyz, /metrics answer; /readyz is 503 before models 
     assert.deepEqual(await (await app.request("/healthz")).json(), { status: "ok" });
     const notReady = await app.request("/readyz");
     assert.equal(notReady.status, 503);
-    assert.equal((await notReady.json()).error.type, "unavailable_error");
+    const notReadyBody = await notReady.json();
+    assert.equal(notReadyBody.error.type, "unavailable_error");
+    assert.deepEqual(notReadyBody.tiers, { fast: { state: "loading" } });
     const gen = await app.request("/v1/generate", post({ prompt: "hi", user_id: "u" }));
     assert.equal(gen.status, 503);
     await cold.load();
     const ready = await app.request("/readyz");
     assert.equal(ready.status, 200);
-    assert.deepEqual((await ready.json()).tiers, ["fast"]);
+    const readyBody = await ready.json();
+    assert.deepEqual(readyBody.tiers, ["fast"]);
+    // Where the start went: each phase of the tier's load, measured.
+    assert.equal(readyBody.startup.tiers.fast.state, "ready");
+    for (const phase of ["checkpoint", "tokenizer", "weights"]) {
+      assert.ok(readyBody.startup.tiers.fast.loadMs[phase] > 0, phase);
+    }
+    assert.ok(readyBody.startup.readyMs >= readyBody.startup.loadStartedMs);
     const metrics = await app.request("/metrics");
     assert.match(metrics.headers.get("content-type")!, /^text\/plain; version=0\.0\.4/);
     const text = await metrics.text();

@@ -12,6 +12,8 @@ import {
   requireTier,
   type Runtime,
   storeSnapshot,
+  streamTimer,
+  timingHeader,
 } from "../../lib/serve/mod.ts";
 import {
   clientSignal,
@@ -78,6 +80,7 @@ function decodeQuery(tier: string, p: z.infer<typeof decodeParams>): string {
  */
 export function registerPrefill(app: Hono, rt: Runtime): void {
   app.post("/v1/prefill", jsonBodyLimit(rt.config.server.max_body_bytes), async (c) => {
+    const started = performance.now();
     const body = prefillSchema.parse(await readJsonBody(c));
     const tier = requireTier(rt, body.tier);
     let peer: string | undefined;
@@ -108,6 +111,11 @@ export function registerPrefill(app: Hono, rt: Runtime): void {
       return c.json({ snapshot_id: id, tier: tier.name, tokens: ids.length, bytes });
     }
     if (peer !== undefined) {
+      // The peer call is bounded by this tier's request deadline too: a peer host that vanishes
+      // (no RST, no answer) must not hold the client, the sequence and the slot until TCP gives up.
+      const left = tier.config.request_timeout_ms - (performance.now() - started);
+      const deadline = AbortSignal.timeout(Math.max(1, Math.round(left)));
+      const timer = streamTimer();
       let res: Response;
       try {
         res = await fetch(
@@ -115,22 +123,30 @@ export function registerPrefill(app: Hono, rt: Runtime): void {
           {
             method: "POST",
             headers: { "content-type": SNAPSHOT_TYPE, ...peerHeaders(rt) },
-            body: stream,
-            signal: clientSignal(c),
+            body: stream.pipeThrough(timer.transform),
+            signal: AbortSignal.any([clientSignal(c), deadline]),
           },
         );
       } catch (e) {
         await stream.cancel().catch(() => {});
+        const why = deadline.aborted
+          ? `no answer within the request deadline (${tier.config.request_timeout_ms} ms)`
+          : `is unreachable: ${(e as Error).message}`;
         throw new HttpError(
           503,
           "peer_unavailable_error",
-          `peer "${body.forward_to}" at ${peer} is unreachable: ${(e as Error).message}`,
+          `peer "${body.forward_to}" at ${peer} ${why}`,
         );
       }
       const headers = new Headers({
         "content-type": res.headers.get("content-type") ?? "application/json",
       });
       headers.set("x-kvrelay-handoff", `${tier.name}->${body.forward_to}`);
+      // Streaming evidence: when this side encoded the snapshot and when the peer imported it.
+      const exported = timingHeader(timer.timing);
+      if (exported !== null) headers.set("x-kvrelay-export-ms", exported);
+      const imported = res.headers.get("x-kvrelay-import-ms");
+      if (imported !== null) headers.set("x-kvrelay-import-ms", imported);
       return new Response(res.body, { status: res.status, headers });
     }
     return new Response(stream, {

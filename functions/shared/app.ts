@@ -118,12 +118,34 @@ export function createBaseApp(rt: Runtime, fn: string): Hono {
   app.use("/v1/*", authMiddleware(rt));
   app.get("/healthz", (c) => c.json({ status: "ok" }));
   app.get("/readyz", (c) => {
+    if (rt.draining) throw new UnavailableError("shutting_down", "server is shutting down");
     if (!rt.ready) {
-      throw rt.draining
-        ? new UnavailableError("shutting_down", "server is shutting down")
-        : new UnavailableError("not_ready", "models are still loading");
+      // Which tiers are loaded so far, beside the usual error body.
+      const loading = Object.entries(rt.startup.tiers).filter(([, t]) => t.state !== "ready");
+      return c.json({
+        error: {
+          type: "unavailable_error",
+          message: `models are still loading (${
+            loading.map(([n, t]) => `${n}: ${t.state}`).join(", ")
+          })`,
+          param: null,
+        },
+        tiers: rt.startup.tiers,
+      }, 503);
     }
-    return c.json({ status: "ready", tiers: [...rt.tiers.keys()] });
+    const backends = Object.fromEntries(
+      [...rt.tiers].map(([name, t]) => [name, {
+        backend: t.model.native.backend,
+        device: t.model.native.device,
+        info: t.model.native.deviceInfo,
+      }]),
+    );
+    return c.json({
+      status: "ready",
+      tiers: [...rt.tiers.keys()],
+      backends,
+      startup: rt.startup,
+    });
   });
   app.get("/metrics", (c) => {
     c.header("content-type", "text/plain; version=0.0.4; charset=utf-8");

@@ -4,7 +4,12 @@
 // stop accepting, let in-flight requests finish within the grace period, then stop them.
 import type { Hono } from "hono";
 import { ConfigError, loadConfig } from "../../lib/config/mod.ts";
-import { createRuntime, type Runtime } from "../../lib/serve/mod.ts";
+import {
+  createRuntime,
+  resolveTierBackends,
+  type Runtime,
+  TierBackendError,
+} from "../../lib/serve/mod.ts";
 import { createBaseApp } from "./app.ts";
 
 /** Adds one function's routes to an app. */
@@ -17,6 +22,8 @@ export type Register = (app: Hono, rt: Runtime) => void;
  * @returns when the server has shut down
  */
 export async function serveFunctions(name: string, registers: Register[]): Promise<void> {
+  // Every module has been evaluated by now (the entry point's static imports).
+  const modulesMs = performance.now();
   let config;
   try {
     config = await loadConfig();
@@ -27,14 +34,27 @@ export async function serveFunctions(name: string, registers: Register[]): Promi
     }
     throw e;
   }
+  try {
+    resolveTierBackends(config); // `backend: cuda` without a usable device: refuse, exit 2
+  } catch (e) {
+    if (e instanceof TierBackendError) {
+      console.error(`kvrelay ${name}: refusing to start: ${e.message}`);
+      Deno.exit(2);
+    }
+    throw e;
+  }
   const rt = await createRuntime(config);
+  rt.startup.modulesMs = modulesMs;
   const app = createBaseApp(rt, name);
   for (const r of registers) r(app, rt);
   const { port, host } = config.server;
   const server = Deno.serve({
     port,
     hostname: host,
-    onListen: ({ port }) => console.error(`kvrelay ${name} listening on http://${host}:${port}`),
+    onListen: ({ port }) => {
+      rt.startup.listeningMs = performance.now();
+      console.error(`kvrelay ${name} listening on http://${host}:${port}`);
+    },
   }, app.fetch);
   let stopping = false;
   const stop = async () => {
@@ -62,7 +82,13 @@ export async function serveFunctions(name: string, registers: Register[]): Promi
   Deno.addSignalListener("SIGINT", stop);
   try {
     await rt.load();
-    console.error(`kvrelay ${name}: ready (tiers: ${[...rt.tiers.keys()].join(", ")})`);
+    const s = rt.startup;
+    const ms = (v: number | null) => v === null ? "?" : v.toFixed(0);
+    console.error(
+      `kvrelay ${name}: ready (tiers: ${[...rt.tiers.keys()].join(", ")}) at ${ms(s.readyMs)} ms ` +
+        `after start (modules ${ms(s.modulesMs)}, listening ${ms(s.listeningMs)}, ` +
+        `projectors ${ms(s.projectorsMs)} ms)`,
+    );
   } catch (e) {
     console.error(`kvrelay ${name}: failed to load models: ${(e as Error).message}`);
     await server.shutdown();

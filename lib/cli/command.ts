@@ -3,7 +3,12 @@
 // Flags only one command takes stay in that command's file. No model loading here (model_pair.ts).
 
 import { parseArgs, type ParseArgsConfig } from "node:util";
-import type { KvDtype, NativeModelOptions } from "../native/mod.ts";
+import {
+  BACKEND_CHOICES,
+  type BackendChoice,
+  type KvDtype,
+  type NativeModelOptions,
+} from "../native/mod.ts";
 import { MAX_SEQUENCE_TOKENS } from "../engine/mod.ts";
 
 /** One `deno task cli <name>` command. */
@@ -33,11 +38,19 @@ export class UsageError extends Error {
 
 // ---- option groups (spread into a command's parseOptions table) ----
 
-/** --threads N (CPU threads, 0 = all cores) and --kv-dtype D; parsed by parseModelLoadOptions. */
+/** --threads N (CPU threads, 0 = all cores), --kv-dtype D, --backend B (auto|cpu|cuda) and
+ *  --device N (CUDA ordinal); parsed by parseModelLoadOptions. */
 export const modelLoadOptions = {
   threads: { type: "string" },
   "kv-dtype": { type: "string" },
+  backend: { type: "string" },
+  device: { type: "string" },
 } as const satisfies ParseArgsConfig["options"];
+
+/** Usage lines of modelLoadOptions' backend flags, for each command's usage text. */
+export const BACKEND_USAGE =
+  `  --backend B          auto | cpu | cuda (default auto: CUDA when a device answers, else CPU)
+  --device N           CUDA device ordinal (default 0)`;
 
 /** Commands that load one model: --model DIR (read with requireString) + modelLoadOptions. */
 export const modelOptions = {
@@ -189,14 +202,15 @@ export function parseRepairList(text: string, flag: string): number[] {
 }
 
 /**
- * Native options from modelLoadOptions (--threads, --kv-dtype).
+ * Native options from modelLoadOptions (--threads, --kv-dtype, --backend, --device).
  *
- * @param values parsed values holding `threads` and `kv-dtype`
- * @returns NativeModelOptions (threads 0 = all cores; kvDtype default f32)
- * @throws {UsageError} for a bad thread count or an unknown dtype
+ * @param values parsed values holding `threads`, `kv-dtype`, `backend` and `device`
+ * @returns NativeModelOptions (threads 0 = all cores; kvDtype default f32; backend default auto,
+ *   whose CPU fallback is logged only when --backend auto was given)
+ * @throws {UsageError} for a bad thread count, an unknown dtype or backend, or a bad device
  */
 export function parseModelLoadOptions(
-  values: { threads?: unknown; "kv-dtype"?: unknown },
+  values: { threads?: unknown; "kv-dtype"?: unknown; backend?: unknown; device?: unknown },
 ): NativeModelOptions {
   const threads = parseNumber(values.threads, "threads", "int");
   if (threads !== undefined && threads < 0) {
@@ -206,7 +220,19 @@ export function parseModelLoadOptions(
   if (kv !== undefined && kv !== "f32" && kv !== "f16" && kv !== "bf16") {
     throw new UsageError(`--kv-dtype must be f32, f16 or bf16, got ${JSON.stringify(kv)}`);
   }
-  return { threads, kvDtype: kv as KvDtype | undefined };
+  const backend = values.backend ?? "auto";
+  if (typeof backend !== "string" || !(BACKEND_CHOICES as readonly string[]).includes(backend)) {
+    throw new UsageError(`--backend must be auto, cpu or cuda, got ${JSON.stringify(backend)}`);
+  }
+  const device = parseNumber(values.device, "device", "int", { min: 0, max: 0x7fffffff });
+  return {
+    threads,
+    kvDtype: kv as KvDtype | undefined,
+    backend: backend as BackendChoice,
+    device,
+    // the implicit default says nothing when it lands on the CPU; an explicit --backend auto does
+    logAutoFallback: values.backend !== undefined,
+  };
 }
 
 /** Checkpoint and projector directories from pairOptions / migrationOptions. */

@@ -82,13 +82,36 @@ Deno.test("`parseSamplingOptions()` throws a UsageError naming the flag and quot
 
 Deno.test("`parseModelLoadOptions()` reads --threads and --kv-dtype and rejects bad values with the flag and value", () => {
   const load = (...argv: string[]) => parseModelLoadOptions(parseOptions(argv, modelOptions));
-  assert.deepEqual(load(), { threads: undefined, kvDtype: undefined });
-  assert.deepEqual(load("--threads", "0", "--kv-dtype", "bf16"), { threads: 0, kvDtype: "bf16" });
-  assert.deepEqual(load("--threads", "3", "--kv-dtype", "f16"), { threads: 3, kvDtype: "f16" });
+  const none = { backend: "auto", device: undefined, logAutoFallback: false };
+  assert.deepEqual(load(), { threads: undefined, kvDtype: undefined, ...none });
+  assert.deepEqual(load("--threads", "0", "--kv-dtype", "bf16"), {
+    threads: 0,
+    kvDtype: "bf16",
+    ...none,
+  });
+  assert.deepEqual(load("--threads", "3", "--kv-dtype", "f16"), {
+    threads: 3,
+    kvDtype: "f16",
+    ...none,
+  });
   throwsUsage(() => load("--threads", "two"), '--threads must be an integer, got "two"');
   throwsUsage(() => load("--threads=-1"), "--threads must be >= 0, got -1");
   throwsUsage(() => load("--kv-dtype", "fp8"), '--kv-dtype must be f32, f16 or bf16, got "fp8"');
   throwsUsage(() => load("--kv-dtype", "F32"), '--kv-dtype must be f32, f16 or bf16, got "F32"');
+});
+
+Deno.test("`parseModelLoadOptions()` reads --backend and --device and rejects bad values with the flag and value", () => {
+  const load = (...argv: string[]) => parseModelLoadOptions(parseOptions(argv, modelOptions));
+  for (const b of ["auto", "cpu", "cuda"]) {
+    assert.equal(load("--backend", b).backend, b);
+    assert.equal(load("--backend", b).logAutoFallback, true);
+  }
+  assert.equal(load("--device", "3").device, 3);
+  assert.equal(load("--backend=cuda", "--device=1").device, 1);
+  throwsUsage(() => load("--backend", "gpu"), '--backend must be auto, cpu or cuda, got "gpu"');
+  throwsUsage(() => load("--backend", "CUDA"), '--backend must be auto, cpu or cuda, got "CUDA"');
+  throwsUsage(() => load("--device", "x"), '--device must be an integer, got "x"');
+  throwsUsage(() => load("--device=-1"), '--device must be in [0, 2147483647], got "-1"');
 });
 
 Deno.test("`parsePairOptions()` requires --source and --target and passes --projector through", () => {

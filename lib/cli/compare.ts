@@ -35,7 +35,7 @@ with the projector's fitted temperature applied to its logits.
   --max-tokens N    tokens to generate (default 64)
   --seed S          sampling seed (default 0)
   --temperature T   sampling temperature, 0 = greedy (default 0.8)
-  --threads N  --kv-dtype D`;
+  --threads N  --kv-dtype D  --backend B  --device N`;
 
 async function collect(stream: AsyncGenerator<unknown, GenerateResult>): Promise<GenerateResult> {
   while (true) {

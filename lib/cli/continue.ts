@@ -5,6 +5,7 @@
 import { continueFrom, loadModel } from "../engine/mod.ts";
 import { decodeHeader, importSnapshot, LIMITS, type SnapshotHeader } from "../snapshot/mod.ts";
 import {
+  BACKEND_USAGE,
   type CliCommand,
   keyOptions,
   modelOptions,
@@ -37,7 +38,8 @@ matches \`generate\` for the same prompt and KV type).
   --key-file F         file holding the raw HMAC key
   --max-bytes N        largest snapshot accepted (default 2 GiB)
   --threads N          CPU threads (default all cores)
-  --kv-dtype D         KV cache type (default: the type the snapshot was taken from)`;
+  --kv-dtype D         KV cache type (default: the type the snapshot was taken from)
+${BACKEND_USAGE}`;
 
 // Reads the prefix+header only, to learn the cache dtype before loading the model.
 async function peekHeader(file: string, maxBytes: number | undefined): Promise<SnapshotHeader> {

@@ -44,7 +44,7 @@ temperature are reported under "temperature". The last line printed is one JSON 
   --max-windows N     evaluate at most N windows
   --json              print only the JSON line
   --store             also store the result as the projector's measured quality (projector.json)
-  --threads N  --kv-dtype D`;
+  --threads N  --kv-dtype D  --backend B  --device N`;
 
 /** The `eval-migration` command. */
 export const evalMigrationCommand: CliCommand = {

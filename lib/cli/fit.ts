@@ -12,6 +12,7 @@ import {
 } from "../migrate/mod.ts";
 import { readCorpusTokens } from "../migrate/corpus.ts";
 import {
+  BACKEND_USAGE,
   type CliCommand,
   pairOptions,
   parseModelLoadOptions,
@@ -50,7 +51,8 @@ temperature on held-out windows and writes OUT/projector.json + OUT/weights.safe
   --eval-repair R,...    repair lengths measured (default 1,8,32)
   --eval-windows N       at most N evaluation windows (default all)
   --threads N            CPU threads (default all cores)
-  --kv-dtype D           KV cache type f32 | f16 | bf16 (default f32)`;
+  --kv-dtype D           KV cache type f32 | f16 | bf16 (default f32)
+${BACKEND_USAGE}`;
 
 /** `--corpus a b --x` → `--corpus a --corpus b --x` (FILE... after one flag). */
 function expandCorpus(args: string[]): string[] {

@@ -3,6 +3,7 @@
 
 import { generateStream, loadModel } from "../engine/mod.ts";
 import {
+  BACKEND_USAGE,
   type CliCommand,
   modelOptions,
   parseModelLoadOptions,
@@ -30,7 +31,8 @@ Prints the completion text only (no trailing newline added) to stdout.
   --seed S             sampling seed (default random)
   --stop TEXT          stop string (repeatable); the text ends before it
   --threads N          CPU threads (default all cores)
-  --kv-dtype D         KV cache type f32 | f16 | bf16 (default f32)`;
+  --kv-dtype D         KV cache type f32 | f16 | bf16 (default f32)
+${BACKEND_USAGE}`;
 
 /** The `generate` command. */
 export const generateCommand: CliCommand = {

@@ -175,3 +175,25 @@ Deno.test("`cli` prints one error line and exits non-zero for bad usage or a mis
   assertEquals(help.code, 0);
   assert(help.stdout.includes("--max-tokens"));
 });
+
+Deno.test("`cli generate --backend cuda` fails with the CUDA probe's reason; --backend auto runs on the CPU and says why once (the implicit default quietly)", async () => {
+  const { probeBackend } = await import("../native/mod.ts");
+  const reason = probeBackend("cuda").info;
+  const args = ["generate", "--model", MODEL, "--prompt", "Hello", "--max-tokens", "2"];
+  const cuda = await cli(...args, "--threads", "1", "--backend", "cuda");
+  assertEquals(cuda.code, 1, cuda.stderr);
+  assertEquals(cuda.stdout, "");
+  assertEquals(cuda.stderr.includes(`UNSUPPORTED, -5): ${reason}`), true, cuda.stderr);
+  const auto = await cli(...args, "--threads", "1", "--backend", "auto");
+  assertEquals(auto.code, 0, auto.stderr);
+  const cpu = await cli(...args, "--threads", "1", "--backend", "cpu");
+  assertEquals(auto.stdout, cpu.stdout);
+  assertEquals(
+    auto.stderr.split("\n").filter((l) => l.includes("backend auto")),
+    [`kvrelay: backend auto → cpu (CUDA unavailable: ${reason})`],
+  );
+  assertEquals(cpu.stderr.includes("backend auto"), false);
+  const implicit = await cli(...args, "--threads", "1"); // default auto: quiet on the CPU
+  assertEquals(implicit.stdout, cpu.stdout);
+  assertEquals(implicit.stderr.includes("backend auto"), false, implicit.stderr);
+});

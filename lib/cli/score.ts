@@ -3,6 +3,7 @@
 
 import { DEFAULT_SCORE_CONTEXT, loadModel, scoreTokens } from "../engine/mod.ts";
 import {
+  BACKEND_USAGE,
   type CliCommand,
   modelOptions,
   parseModelLoadOptions,
@@ -25,7 +26,8 @@ predicts its tokens 1..n-1 from the tokens before them within the window.
   --context N      window length in tokens, >= 2 (default ${DEFAULT_SCORE_CONTEXT})
   --json           print {"tokens": <predicted positions>, "mean_nll": <nats>, "ppl": <exp(mean_nll)>}
   --threads N      CPU threads (default all cores)
-  --kv-dtype D     KV cache type f32 | f16 | bf16 (default f32)`;
+  --kv-dtype D     KV cache type f32 | f16 | bf16 (default f32)
+${BACKEND_USAGE}`;
 
 /** The `score` command. */
 export const scoreCommand: CliCommand = {

@@ -5,6 +5,7 @@
 import { loadModel } from "../engine/mod.ts";
 import { type SnapshotEncoding, SnapshotError, snapshotPrompt } from "../snapshot/mod.ts";
 import {
+  BACKEND_USAGE,
   type CliCommand,
   keyOptions,
   modelOptions,
@@ -32,7 +33,8 @@ token: \`continue\` prefills it itself to get the next-token logits).
   --key-id ID          sign with HMAC-SHA256 under this key id (needs --key-file)
   --key-file F         file holding the raw HMAC key (>= 16 bytes)
   --threads N          CPU threads (default all cores)
-  --kv-dtype D         KV cache type f32 | f16 | bf16 (default f32)`;
+  --kv-dtype D         KV cache type f32 | f16 | bf16 (default f32)
+${BACKEND_USAGE}`;
 
 const ENCODINGS = ["f32", "f16", "bf16", "q8", "q4"];
 

@@ -74,6 +74,9 @@ function crossChecks(cfg: ConfigFile): string[] {
       );
     }
   }
+  if (cfg.deploy !== undefined && !has(cfg.deploy.tier)) {
+    problems.push(`deploy.tier: unknown tier "${cfg.deploy.tier}" (tiers: ${tiers.join(", ")})`);
+  }
   cfg.projectors.forEach((p, i) => {
     if (!has(p.from)) problems.push(`projectors.${i}.from: unknown tier "${p.from}"`);
     if (!has(p.to)) problems.push(`projectors.${i}.to: unknown tier "${p.to}"`);

@@ -147,8 +147,9 @@ Deno.test("loadConfig() accepts every deployment config in deploy/configs (with 
     if (!e.name.endsWith(".json")) continue;
     const cfg = await loadConfig(`${dir}${e.name}`, (k) => env[k]);
     assert.equal(cfg.store.kind, "redis");
-    assert.ok(cfg.tierOrder.includes(e.name.replace(".json", "")), e.name);
+    assert.ok(cfg.deploy !== undefined && cfg.tierOrder.includes(cfg.deploy.tier), e.name);
+    assert.equal(e.name.split(".")[0], cfg.deploy.tier, e.name);
     n++;
   }
-  assert.equal(n, 3);
+  assert.equal(n, 6); // three tiers, each a CPU config and its rendered CUDA variant
 });

@@ -3,6 +3,8 @@
 export {
   type ConfigFile,
   configSchema,
+  type DeployConfig,
+  deploySchema,
   type ProjectorConfig,
   projectorSchema,
   type RouteRule,

@@ -18,8 +18,11 @@ export const samplingSchema = z.strictObject({
 export const tierSchema = z.strictObject({
   /** Checkpoint directory; relative paths resolve against the config file's directory. */
   model: z.string().min(1),
-  /** Compute backend: `auto` picks CUDA when the library has it, else CPU. */
+  /** Compute backend: `auto` picks CUDA when its probe finds a usable device, else CPU (the
+   *  reason is logged once); `cuda` without one refuses to start (exit 2). */
   backend: z.enum(["auto", "cpu", "cuda"]).default("auto"),
+  /** CUDA device ordinal for `cuda`/`auto` (the CPU ignores it). */
+  device: z.number().int().min(0).max(2147483647).default(0),
   /** Kernel worker threads (0 = all cores). */
   threads: z.number().int().min(0).max(1024).default(0),
   /** KV cache element type in memory. */
@@ -89,6 +92,35 @@ export const routeRuleSchema = z.strictObject({
   keywords: z.array(z.string().min(1)).min(1).optional(),
 });
 
+/** How one deployment of this config runs on a serverless platform (read by `deno task deploy
+ *  render`; the server itself ignores it). The served tier's concurrency, timeout and backend
+ *  come from `tiers`, so manifests and server cannot disagree. */
+export const deploySchema = z.strictObject({
+  /** Service name on the platform (DNS label). */
+  name: z.string().regex(/^[a-z]([-a-z0-9]{0,47}[a-z0-9])?$/),
+  /** Entry point: functions/<function>/main.ts ("all" = functions/main.ts). */
+  function: z.enum(["generate", "prefill", "migrate", "decode", "all"]),
+  /** The tier this deployment serves (autoscaling target, request timeout). */
+  tier: z.string().min(1),
+  /** Image repository; tags `:cpu` and `:cuda` select the variant. */
+  image: z.string().min(1).default("ghcr.io/kvrelay/kvrelay"),
+  /** Fewest instances; 0 allows scale to zero. */
+  min_scale: z.number().int().min(0).default(0),
+  max_scale: z.number().int().min(1).max(1000).default(10),
+  /** Seconds an idle instance is kept before scaling to zero. */
+  scale_down_delay_s: z.number().int().min(0).max(3600).default(300),
+  /** Platform secret holding the env variables the config names (auth, store, salt). */
+  secret: z.string().regex(/^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$/).default("kvrelay"),
+  /** CPU variant resources. */
+  cpu: z.number().gt(0).max(64).default(2),
+  memory_mib: z.number().int().min(256).default(2048),
+  /** GPU variant resources (one GPU; every tier of the config runs `backend: cuda`). */
+  gpu: z.strictObject({
+    cpu: z.number().gt(0).max(64).default(4),
+    memory_mib: z.number().int().min(1024).default(16384),
+  }).default({ cpu: 4, memory_mib: 16384 }),
+});
+
 export const configSchema = z.strictObject({
   server: z.strictObject({
     port: z.number().int().min(0).max(65535).default(8080),
@@ -129,6 +161,8 @@ export const configSchema = z.strictObject({
     /** A user's conversation never moves to a lower tier than its last one (escalation only). */
     sticky_escalation: z.boolean().default(true),
   }).default({ sticky_escalation: true }),
+  /** Platform deployment settings (deploy/render); absent for local configs. */
+  deploy: deploySchema.optional(),
   /** Peer name → base URL of another function (remote handoff). */
   peers: z.record(z.string().min(1), z.url()).default({}),
   auth: z.strictObject({
@@ -155,5 +189,7 @@ export type TierConfig = z.infer<typeof tierSchema>;
 export type ProjectorConfig = z.infer<typeof projectorSchema>;
 /** The store section. */
 export type StoreConfig = z.infer<typeof storeSchema>;
+/** The deploy section. */
+export type DeployConfig = z.infer<typeof deploySchema>;
 /** One routing rule. */
 export type RouteRule = z.infer<typeof routeRuleSchema>;

@@ -2,7 +2,12 @@
 // check stops → decode, one token at a time, streaming text deltas. It owns the sequences it
 // creates and frees them on every exit path; it does not schedule or batch several requests.
 
-import type { NativeSequence } from "../native/mod.ts";
+import type {
+  NativeSampler,
+  NativeSamplingOptions,
+  NativeSequence,
+  SampleResult,
+} from "../native/mod.ts";
 import type { LoadedModel } from "./load.ts";
 import { Sampler, type SamplingOptions, validateSampling } from "./sampler.ts";
 import { StopStringMatcher } from "./stop_strings.ts";
@@ -26,6 +31,10 @@ export interface GenerateOptions extends SamplingOptions {
   signal?: AbortSignal;
   /** Leave special tokens out of the text; default true (they stay in tokenIds). */
   skipSpecialTokens?: boolean;
+  /** Sample in native code when the sequence supports it (default true): each decode step then
+   *  returns a token id instead of the vocabulary's logits. Same tokens either way (the native
+   *  sampler replicates {@link Sampler} exactly); false keeps the TypeScript sampler. */
+  nativeSampling?: boolean;
 }
 
 /** Options of {@link continueFrom}: as {@link GenerateOptions}, plus the text context. */
@@ -57,6 +66,11 @@ export interface GenerateChunk {
 /** The part of a sequence the decode loop needs (NativeSequence satisfies it). */
 export interface DecodeTarget {
   decode(token: number): Promise<Float32Array>;
+  /** Native sampling (both or neither): a sampler for these options, and a decode step that
+   *  samples the next token from its own logits. Targets that transform logits in JavaScript
+   *  leave these out, so the loop samples their logits in TypeScript. */
+  createSampler?(opts: NativeSamplingOptions): NativeSampler;
+  decodeSample?(token: number, sampler: NativeSampler, width?: number): Promise<SampleResult>;
 }
 
 /** Everything the decode loop needs besides the sequence. */
@@ -153,34 +167,49 @@ export async function* decodeLoop(
   let ttftMs: number | undefined;
   let finishReason: GenerateResult["finishReason"] | undefined;
   let logits = firstLogits;
-  while (finishReason === undefined) {
-    if (opts.signal?.aborted) {
-      finishReason = "abort";
-      break;
-    }
-    const id = sampler.sample(logits.subarray(0, sampleWidth));
-    ttftMs ??= performance.now() - ctx.startMs;
-    tokenIds.push(id);
-    let delta: string;
-    if (stopIds.has(id)) {
-      // The stop token's own text is not output; release what was withheld before it.
-      const step = stopper.push(detok.flush());
-      delta = step.emit + stopper.flush();
-      finishReason = "stop";
-    } else {
-      const step = stopper.push(detok.push(id));
-      delta = step.emit;
-      if (step.stopped) {
+  // Native sampling: the same stream (seed resolved by `sampler`), drawn next to the logits.
+  const native = opts.nativeSampling !== false && target.createSampler && target.decodeSample
+    ? target.createSampler(sampler.options)
+    : null;
+  let next: number | undefined; // the token the last native decode step sampled
+  try {
+    while (finishReason === undefined) {
+      if (opts.signal?.aborted) {
+        finishReason = "abort";
+        break;
+      }
+      const id = next ??
+        (native
+          ? native.sample(logits, sampleWidth).token
+          : sampler.sample(logits.subarray(0, sampleWidth)));
+      ttftMs ??= performance.now() - ctx.startMs;
+      tokenIds.push(id);
+      let delta: string;
+      if (stopIds.has(id)) {
+        // The stop token's own text is not output; release what was withheld before it.
+        const step = stopper.push(detok.flush());
+        delta = step.emit + stopper.flush();
         finishReason = "stop";
-      } else if (tokenIds.length >= maxTokens) {
-        const last = stopper.push(detok.flush());
-        delta += last.emit + stopper.flush();
-        finishReason = last.stopped ? "stop" : "length";
+      } else {
+        const step = stopper.push(detok.push(id));
+        delta = step.emit;
+        if (step.stopped) {
+          finishReason = "stop";
+        } else if (tokenIds.length >= maxTokens) {
+          const last = stopper.push(detok.flush());
+          delta += last.emit + stopper.flush();
+          finishReason = last.stopped ? "stop" : "length";
+        }
+      }
+      text += delta;
+      yield { text: delta, tokenId: id };
+      if (finishReason === undefined) {
+        if (native) next = (await target.decodeSample!(id, native, sampleWidth)).token;
+        else logits = await target.decode(id);
       }
     }
-    text += delta;
-    yield { text: delta, tokenId: id };
-    if (finishReason === undefined) logits = await target.decode(id);
+  } finally {
+    native?.free();
   }
   return {
     text,

@@ -359,3 +359,51 @@ Deno.test("`generate()` gives the same tokens when two generations run concurren
   const together = await Promise.all([generate(m, PROMPT, opts), generate(m, "Moby Dick", opts)]);
   assertEquals(together.map((r) => r.tokenIds), alone.map((r) => r.tokenIds));
 });
+
+Deno.test("`generate()` samples natively with the same tokens as the TypeScript sampler, many settings", async () => {
+  const m = await model();
+  const settings = [
+    { temperature: 0 },
+    { temperature: 1 },
+    { temperature: 0.8, topK: 20 },
+    { temperature: 1.1, topP: 0.9 },
+    { temperature: 0.9, minP: 0.05 },
+    { temperature: 0.7, topK: 50, topP: 0.95, minP: 0.02 },
+  ];
+  for (const s of settings) {
+    for (const seed of [1, 99, 123456789]) {
+      const opts = { ...s, seed, maxTokens: 24, stopTokenIds: [] };
+      const native = await generate(m, PROMPT, opts);
+      const ts = await generate(m, PROMPT, { ...opts, nativeSampling: false });
+      assertEquals(native.tokenIds, ts.tokenIds, JSON.stringify(opts));
+      assertEquals(native.text, ts.text);
+    }
+  }
+});
+
+Deno.test("`decodeLoop()` samples logits in TypeScript when the target has no native sampling", async () => {
+  // A target that scales logits in JavaScript (as `compare` does) must not be bypassed.
+  const m = await model();
+  const seq = m.native.createSequence(64);
+  try {
+    const first = await seq.prefill(tok.encode(PROMPT));
+    let steps = 0;
+    const target = {
+      decode: async (t: number) => {
+        steps++;
+        return (await seq.decode(t)).map((x) => x * 0.5);
+      },
+    };
+    const loop = decodeLoop(target, first.map((x) => x * 0.5), {
+      tokenizer: tok,
+      eosTokenIds: [EOS],
+      contextIds: [],
+      promptTokens: 7,
+      startMs: performance.now(),
+    }, { temperature: 0, maxTokens: 5, stopTokenIds: [] });
+    while (!(await loop.next()).done);
+    assertEquals(steps, 4);
+  } finally {
+    seq.free();
+  }
+});

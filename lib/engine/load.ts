@@ -18,6 +18,18 @@ export interface LoadedModel {
   eosTokenIds: number[];
   /** The model fingerprint (lib/model), hex SHA-256. */
   fingerprint: string;
+  /** Where the load's time went (ms). */
+  loadMs: LoadTimings;
+}
+
+/** Wall time of each loading phase, ms. */
+export interface LoadTimings {
+  /** config.json + safetensors headers + fingerprint (lib/model). */
+  checkpoint: number;
+  /** tokenizer.json + tokenizer_config.json. */
+  tokenizer: number;
+  /** Native load: mmap, conversion to the compute layout, packing (off the JS thread). */
+  weights: number;
 }
 
 /**
@@ -33,15 +45,20 @@ export interface LoadedModel {
  * @throws {EngineError} when the native load fails
  */
 export async function loadModel(dir: string, opts: NativeModelOptions = {}): Promise<LoadedModel> {
+  const t0 = performance.now();
   const checkpoint = await loadCheckpoint(dir);
+  const t1 = performance.now();
   const tokenizer = await Tokenizer.load(checkpoint.dir);
+  const t2 = performance.now();
   if (tokenizer.vocabSize > checkpoint.config.vocabSize) {
     throw new TokenizerError(
       `tokenizer has ${tokenizer.vocabSize} ids but the model's vocab_size is ${checkpoint.config.vocabSize}`,
       `${checkpoint.dir}/tokenizer.json`,
     );
   }
-  const native = NativeModel.load(checkpoint, opts);
+  // Off the JS thread: a server answers its health probes while weights are read and packed.
+  const native = await NativeModel.loadAsync(checkpoint, opts);
+  const t3 = performance.now();
   return {
     name: checkpoint.dir.split("/").filter((p) => p.length > 0).pop() ?? checkpoint.dir,
     dir: checkpoint.dir,
@@ -50,5 +67,6 @@ export async function loadModel(dir: string, opts: NativeModelOptions = {}): Pro
     tokenizer,
     eosTokenIds: [...checkpoint.config.eosTokenIds],
     fingerprint: checkpoint.fingerprint,
+    loadMs: { checkpoint: t1 - t0, tokenizer: t2 - t1, weights: t3 - t2 },
   };
 }

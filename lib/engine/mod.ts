@@ -1,7 +1,7 @@
 // Public face of lib/engine: model loading, sampling, and the generation loop (whole, streamed,
 // or continued from an existing sequence). No HTTP, no snapshots, no scheduling across requests.
 
-export { type LoadedModel, loadModel } from "./load.ts";
+export { type LoadedModel, loadModel, type LoadTimings } from "./load.ts";
 export {
   argmax,
   Sampler,

@@ -1,11 +1,11 @@
 // Numeric constants of the C ABI (native/include/kvrelay.h): status codes, dtypes,
-// architectures, RoPE scaling kinds and tensor roles. Must change together with the header
+// architectures, backends, RoPE scaling kinds and tensor roles. Must change together with the header
 // (KVR_ABI_VERSION). No logic beyond name lookups.
 
 import type { WeightRole } from "../model/mod.ts";
 
 /** KVR_ABI_VERSION this binding was written against. */
-export const ABI_VERSION = 1;
+export const ABI_VERSION = 2;
 
 /** kvr_status code → name (without the KVR_ERR_ prefix). */
 export const STATUS_NAMES: Readonly<Record<number, string>> = {
@@ -18,13 +18,23 @@ export const STATUS_NAMES: Readonly<Record<number, string>> = {
   [-6]: "OUT_OF_MEMORY",
   [-7]: "CORRUPT",
   [-8]: "INTERNAL",
+  [-9]: "CHECKSUM",
 };
+
+/** kvr_kv_encoding codes (snapshot chunk encodings; 0–2 coincide with kvr_dtype). */
+export const ENCODING_CODE = { f32: 0, f16: 1, bf16: 2, q8: 3, q4: 4 } as const;
+
+/** A snapshot chunk encoding (kvr_kv_encoding). */
+export type KvEncoding = keyof typeof ENCODING_CODE;
 
 /** kvr_dtype codes by safetensors / KV dtype name. */
 export const DTYPE_CODE = { F32: 0, F16: 1, BF16: 2, f32: 0, f16: 1, bf16: 2 } as const;
 
 /** kvr_arch codes by ModelConfig.family. */
 export const ARCH_CODE = { llama: 1, qwen2: 2, qwen3: 3 } as const;
+
+/** kvr_backend codes ("auto" is resolved in TypeScript: lib/native/backend.ts). */
+export const BACKEND_CODE = { cpu: 0, cuda: 1 } as const;
 
 /** kvr_rope_scaling codes. */
 export const ROPE_CODE = { none: 0, linear: 1, llama3: 2 } as const;
@@ -55,5 +65,5 @@ export const ROLE_CODE: Readonly<Record<WeightRole, number>> = {
 };
 
 /** sizeof(kvr_model_params) and sizeof(kvr_tensor_desc) in bytes. */
-export const MODEL_PARAMS_BYTES = 80;
+export const MODEL_PARAMS_BYTES = 88;
 export const TENSOR_DESC_BYTES = 64;

@@ -1,10 +1,11 @@
-// Byte layouts of the C structs kvr_model_params (80 bytes) and kvr_tensor_desc (64 bytes per
+// Byte layouts of the C structs kvr_model_params (88 bytes) and kvr_tensor_desc (64 bytes per
 // row), and the NUL-separated path list, written with DataView at the offsets documented in
 // native/include/kvrelay.h (little-endian). No FFI calls here.
 
 import type { ModelConfig, WeightEntry } from "../model/mod.ts";
 import {
   ARCH_CODE,
+  BACKEND_CODE,
   DTYPE_CODE,
   MODEL_PARAMS_BYTES,
   ROLE_CODE,
@@ -13,17 +14,24 @@ import {
 } from "./abi.ts";
 import type { KvDtype } from "./dtype.ts";
 
+/** A compute backend of libkvrelay (kvr_backend). */
+export type NativeBackend = keyof typeof BACKEND_CODE;
+
 /**
  * Lays out kvr_model_params for a config.
  * @param config model geometry (lib/model)
  * @param kvDtype KV cache element type
  * @param threads worker threads (0 = all cores)
- * @returns 80 bytes
+ * @param backend compute backend (default "cpu")
+ * @param device CUDA device ordinal (0 for the CPU)
+ * @returns 88 bytes
  */
 export function encodeModelParams(
   config: ModelConfig,
   kvDtype: KvDtype,
   threads: number,
+  backend: NativeBackend = "cpu",
+  device = 0,
 ): Uint8Array {
   const buf = new Uint8Array(MODEL_PARAMS_BYTES);
   const v = new DataView(buf.buffer);
@@ -50,6 +58,8 @@ export function encodeModelParams(
   u32(68, config.mlpBias ? 1 : 0);
   u32(72, DTYPE_CODE[kvDtype]);
   u32(76, threads);
+  u32(80, BACKEND_CODE[backend]);
+  u32(84, device);
   return buf;
 }
 

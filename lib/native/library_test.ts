@@ -8,9 +8,9 @@ import { EngineError } from "./errors.ts";
 import { dtypeByteSize, type KvDtype } from "./dtype.ts";
 import { cpuKernelName } from "./gemm.ts";
 
-Deno.test("`openNativeLibrary()` opens the library once per path and checks ABI version 1", () => {
+Deno.test("`openNativeLibrary()` opens the library once per path and checks ABI version 2", () => {
   const lib = openNativeLibrary();
-  assert.equal(lib.abiVersion, 1);
+  assert.equal(lib.abiVersion, 2);
   assert.equal(openNativeLibrary(), lib);
   assert.equal(openNativeLibrary(lib.path), lib);
   assert.match(cpuKernelName(lib), /^(avx2-fma|generic)$/);

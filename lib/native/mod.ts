@@ -1,11 +1,28 @@
 // lib/native: the TypeScript face of libkvrelay (the project's only Deno.dlopen) — open the
 // library, load a model from a lib/model Checkpoint, run sequences (prefill/decode/KV access),
-// GEMM entry points. No tokenization, sampling or scheduling (lib/engine).
+// GEMM entry points, and the native twin of lib/engine's sampler (NativeSampler). No
+// tokenization, sampling policy or scheduling (lib/engine).
 
 export { EngineError } from "./errors.ts";
 export { assertKvDtype, dtypeByteSize, type KvDtype } from "./dtype.ts";
+export { ENCODING_CODE, type KvEncoding } from "./abi.ts";
 export { NativeLibrary, openNativeLibrary } from "./library.ts";
 export { NativeModel, type NativeModelOptions } from "./model.ts";
 export { NativeSequence } from "./sequence.ts";
+export {
+  type LogprobRequest,
+  NativeSampler,
+  type NativeSamplingOptions,
+  type SampleResult,
+} from "./sampler.ts";
 export { cpuKernelName, gemmBench, gemmF32 } from "./gemm.ts";
-export { encodeModelParams, encodePaths, encodeTensorTable } from "./layout.ts";
+export { encodeModelParams, encodePaths, encodeTensorTable, type NativeBackend } from "./layout.ts";
+export {
+  BACKEND_CHOICES,
+  type BackendChoice,
+  type BackendProbe,
+  BackendUnavailableError,
+  probeBackend,
+  resolveBackend,
+  type ResolvedBackend,
+} from "./backend.ts";

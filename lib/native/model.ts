@@ -5,7 +5,9 @@
 import { type Checkpoint, mapWeights, type ModelConfig } from "../model/mod.ts";
 import { checkInt, quoteValue, U32_MAX } from "./check.ts";
 import { assertKvDtype, type KvDtype } from "./dtype.ts";
-import { encodeModelParams, encodePaths, encodeTensorTable } from "./layout.ts";
+import { BACKEND_CODE } from "./abi.ts";
+import { type BackendChoice, cString, noteAutoFallback, resolveBackend } from "./backend.ts";
+import { encodeModelParams, encodePaths, encodeTensorTable, type NativeBackend } from "./layout.ts";
 import { type NativeLibrary, openNativeLibrary } from "./library.ts";
 import { NativeSequence } from "./sequence.ts";
 
@@ -15,6 +17,14 @@ export interface NativeModelOptions {
   kvDtype?: KvDtype;
   /** worker threads; 0 or undefined = all available cores */
   threads?: number;
+  /** compute backend (default "cpu"); "auto" = CUDA when its probe succeeds, else the CPU (the
+   *  probe's reason is logged once per process, see noteAutoFallback) */
+  backend?: BackendChoice;
+  /** log auto's CPU fallback (once per process; default true). The CLI's implicit default
+   *  backend sets false: there the CPU on a machine without a GPU is no news. */
+  logAutoFallback?: boolean;
+  /** device ordinal for the backend (CUDA; default 0) */
+  device?: number;
   /** library to use (default openNativeLibrary()) */
   lib?: NativeLibrary;
 }
@@ -29,6 +39,12 @@ export class NativeModel {
   readonly threads: number;
   /** resident bytes of the weights in compute layout (BF16 checkpoint weights stay 2 bytes) */
   readonly weightBytes: number;
+  /** the backend the model runs on (kvr_model_backend) */
+  readonly backend: NativeBackend;
+  /** its device ordinal */
+  readonly device: number;
+  /** one-line description of the device */
+  readonly deviceInfo: string;
   readonly #lib: NativeLibrary;
   #ptr: Deno.PointerObject | null;
   #freeRequested = false;
@@ -46,28 +62,88 @@ export class NativeModel {
     this.kvDtype = kvDtype;
     this.threads = lib.symbols.kvr_model_threads(ptr);
     this.weightBytes = Number(lib.symbols.kvr_model_weight_bytes(ptr));
+    const kind = new Uint32Array(1), dev = new Uint32Array(1), info = new Uint8Array(512);
+    lib.check(
+      lib.symbols.kvr_model_backend(ptr, kind, dev, info, BigInt(info.length)),
+      "kvr_model_backend",
+    );
+    const name = (Object.keys(BACKEND_CODE) as NativeBackend[]).find((k) =>
+      BACKEND_CODE[k] === kind[0]
+    );
+    if (name === undefined) throw new Error(`kvr_model_backend: unknown backend ${kind[0]}`);
+    this.backend = name;
+    this.device = dev[0];
+    this.deviceInfo = cString(info);
   }
 
   /**
    * Loads a checkpoint's weights into native memory (mmap + convert to the compute layout: BF16
    * weights stay bf16, others become f32; synchronous).
    * @param checkpoint from lib/model loadCheckpoint
-   * @param opts kvDtype, threads, lib
+   * @param opts kvDtype, threads, backend, device, lib
    * @returns the model
    * @throws TypeError/RangeError for bad options; ModelFormatError when the checkpoint's tensors
-   *   do not match its config; EngineError when the native load fails
+   *   do not match its config; EngineError when the native load fails (UNSUPPORTED for a
+   *   backend this build or machine cannot run)
    */
   static load(checkpoint: Checkpoint, opts: NativeModelOptions = {}): NativeModel {
+    const call = NativeModel.#prepare(checkpoint, opts);
+    const status = call.lib.symbols.kvr_model_load(...call.args);
+    return NativeModel.#finish(call, status);
+  }
+
+  /**
+   * Like {@link NativeModel.load}, but the native load (mmap, conversion, packing) runs on a
+   * worker thread, so the JS thread keeps serving (health probes answer while a model loads).
+   * Keep the checkpoint alive until the promise settles (its buffers are referenced meanwhile).
+   * @param checkpoint from lib/model loadCheckpoint
+   * @param opts kvDtype, threads, backend, device, lib
+   * @returns the model
+   * @throws the same errors as {@link NativeModel.load}
+   */
+  static async loadAsync(
+    checkpoint: Checkpoint,
+    opts: NativeModelOptions = {},
+  ): Promise<NativeModel> {
+    const call = NativeModel.#prepare(checkpoint, opts);
+    const status = await call.lib.symbols.kvr_model_load_nonblocking(...call.args);
+    if (status !== 0) {
+      // The message is thread-local to the worker that ran the load. Failures are found before
+      // or while reading (bad params, files, out of memory), so repeating the load on this
+      // thread is cheap and reports the same failure with its message (or, if it was
+      // transient, loads the model).
+      return NativeModel.#finish(call, call.lib.symbols.kvr_model_load(...call.args));
+    }
+    return NativeModel.#finish(call, status);
+  }
+
+  static #prepare(checkpoint: Checkpoint, opts: NativeModelOptions) {
     const kvDtype = opts.kvDtype ?? "f32";
     assertKvDtype(kvDtype, "kvDtype");
     const threads = checkInt("threads", opts.threads ?? 0, 0, 4096);
+    const choice = opts.backend ?? "cpu";
+    if (!(choice in BACKEND_CODE) && choice !== "auto") {
+      throw new TypeError(`backend must be "auto", "cpu" or "cuda", got ${quoteValue(choice)}`);
+    }
+    let device = checkInt("device", opts.device ?? 0, 0, 0x7fffffff);
     const lib = opts.lib ?? openNativeLibrary();
+    let backend: NativeBackend;
+    if (choice === "auto") {
+      const r = resolveBackend("auto", device, lib);
+      if (r.fallbackReason !== undefined && opts.logAutoFallback !== false) {
+        noteAutoFallback(r.fallbackReason);
+      }
+      backend = r.backend;
+      device = r.device;
+    } else {
+      backend = choice;
+    }
     const entries = mapWeights(checkpoint.config, checkpoint.tensors, checkpoint.dir);
-    const params = encodeModelParams(checkpoint.config, kvDtype, threads);
+    const params = encodeModelParams(checkpoint.config, kvDtype, threads, backend, device);
     const paths = encodePaths(checkpoint.files);
     const table = encodeTensorTable(entries, checkpoint.files);
     const out = new BigUint64Array(1);
-    const status = lib.symbols.kvr_model_load(
+    const args = [
       params,
       paths,
       BigInt(paths.length),
@@ -75,11 +151,18 @@ export class NativeModel {
       table,
       BigInt(entries.length),
       out,
-    );
-    lib.check(status, "kvr_model_load");
-    const ptr = Deno.UnsafePointer.create(out[0]);
+    ] as const;
+    return { lib, args, out, config: checkpoint.config, kvDtype };
+  }
+
+  static #finish(
+    call: { lib: NativeLibrary; out: BigUint64Array; config: ModelConfig; kvDtype: KvDtype },
+    status: number,
+  ): NativeModel {
+    call.lib.check(status, "kvr_model_load");
+    const ptr = Deno.UnsafePointer.create(call.out[0]);
     if (ptr === null) throw new Error("kvr_model_load returned OK but no model");
-    return new NativeModel(lib, ptr, checkpoint.config, kvDtype);
+    return new NativeModel(call.lib, ptr, call.config, call.kvDtype);
   }
 
   /**

@@ -4,11 +4,18 @@
 // sequence's own message (kvr_seq_last_error, valid across threads). Created by NativeModel.
 
 import { EngineError } from "./errors.ts";
-import { DTYPE_CODE } from "./abi.ts";
+import { DTYPE_CODE, ENCODING_CODE, type KvEncoding } from "./abi.ts";
 import { checkInt, quoteValue } from "./check.ts";
 import { assertKvDtype, dtypeByteSize, type KvDtype } from "./dtype.ts";
 import { cString, type NativeLibrary } from "./library.ts";
 import type { NativeModel } from "./model.ts";
+import {
+  type LogprobRequest,
+  NativeSampler,
+  type NativeSamplingOptions,
+  SampleBuffers,
+  type SampleResult,
+} from "./sampler.ts";
 
 /** Largest logits buffer a prefill may request, in f32 elements (4 GiB of memory). */
 const MAX_LOGITS = 2 ** 30;
@@ -30,6 +37,23 @@ export function sequenceError(
 ): EngineError {
   const msg = seq ? cString(lib.symbols.kvr_seq_last_error(seq)) : "";
   return new EngineError(status, msg || lib.lastError(), call);
+}
+
+function encodingCode(encoding: KvEncoding, fn: string): number {
+  if (typeof encoding !== "string" || !Object.hasOwn(ENCODING_CODE, encoding)) {
+    throw new TypeError(
+      `${fn}: encoding must be one of ${Object.keys(ENCODING_CODE).join(", ")}, got ${
+        quoteValue(encoding)
+      }`,
+    );
+  }
+  return ENCODING_CODE[encoding];
+}
+
+function checkFrame(fn: string, frame: Uint8Array): void {
+  if (!(frame instanceof Uint8Array)) {
+    throw new TypeError(`${fn}: frame must be a Uint8Array, got ${quoteValue(frame)}`);
+  }
 }
 
 /** A sequence with a KV cache of fixed capacity (tokens) for every layer. */
@@ -197,6 +221,72 @@ export class NativeSequence {
   }
 
   /**
+   * A native sampler from this sequence's library, for {@link decodeSample}.
+   * @param opts resolved sampling options (lib/engine validateSampling plus a seed)
+   * @returns the sampler (the caller frees it)
+   * @throws EngineError when an option is rejected
+   */
+  createSampler(opts: NativeSamplingOptions): NativeSampler {
+    return NativeSampler.create(opts, this.#lib);
+  }
+
+  /**
+   * Appends one token and samples the next one natively from its logits (which never reach
+   * JavaScript): same token as `sampler.sample(await decode(token), width, req)`.
+   * @param token token id in [0, vocabSize)
+   * @param sampler the generation's sampler (busy until the promise settles)
+   * @param width ids below width are candidates, 1..vocabSize (default vocabSize)
+   * @param req logprobs to return (chosen token, top-n up to 64)
+   * @returns the sampled token and the requested logprobs
+   * @throws TypeError/RangeError before FFI for a bad id, width or request, or a full cache;
+   *   EngineError when the native call fails; Error when freed, busy, or the sampler is busy/freed
+   */
+  async decodeSample(
+    token: number,
+    sampler: NativeSampler,
+    width?: number,
+    req: LogprobRequest = {},
+  ): Promise<SampleResult> {
+    const ptr = this.#handle("decodeSample");
+    const vocab = this.model.config.vocabSize;
+    checkInt("decodeSample(): token", token, 0, vocab - 1);
+    const w = checkInt("decodeSample(): width", width ?? vocab, 1, vocab);
+    const out = new SampleBuffers();
+    const top = out.prepare(req);
+    const length = this.#lib.symbols.kvr_seq_length(ptr);
+    const capacity = this.#lib.symbols.kvr_seq_capacity(ptr);
+    if (length + 1 > capacity) {
+      throw new RangeError(
+        `decodeSample(): capacity exceeded: length ${length} + 1 token > capacity ${capacity}`,
+      );
+    }
+    const sp = sampler.acquire();
+    try {
+      await this.#run(
+        () =>
+          this.#lib.symbols.kvr_seq_decode_sample(
+            ptr,
+            token,
+            sp,
+            w,
+            out.token,
+            req.logprob ? out.logprob : null,
+            top > 0 ? out.topIds : null,
+            top > 0 ? out.topLogprobs : null,
+            top,
+            out.topCount,
+          ),
+        "kvr_seq_decode_sample",
+        [out.token, out.logprob, out.topIds, out.topLogprobs, out.topCount],
+      );
+    } finally {
+      sampler.release();
+      this.#settle();
+    }
+    return out.result(req, top);
+  }
+
+  /**
    * Rewinds the cache to its first nTokens tokens.
    * @param nTokens new length, 0..length
    * @throws RangeError when nTokens > length; EngineError on native failure
@@ -319,6 +409,110 @@ export class NativeSequence {
       BigInt(bytes),
     );
     if (status !== 0) this.#fail(status, "kvr_seq_kv_write");
+  }
+
+  /**
+   * Bytes of one unsigned snapshot chunk frame of `tokens` tokens (docs/snapshot-format.md §1.3).
+   * @param encoding chunk encoding
+   * @param groupSize q4 group (1..1024), 0 for every other encoding
+   * @param tokens tokens in the chunk, >= 1
+   * @returns the frame length in bytes (index, tokens, payload, CRC32C; no HMAC tag)
+   * @throws TypeError/RangeError for bad arguments; EngineError on native failure
+   */
+  chunkBytes(encoding: KvEncoding, groupSize: number, tokens: number): number {
+    const ptr = this.#handle("chunkBytes");
+    const code = encodingCode(encoding, "chunkBytes()");
+    checkInt("chunkBytes(): tokens", tokens, 1, 0xffffffff);
+    checkInt("chunkBytes(): groupSize", groupSize, 0, 1024);
+    const out = new BigUint64Array(1);
+    const status = this.#lib.symbols.kvr_seq_chunk_bytes(ptr, code, groupSize, tokens, out);
+    if (status !== 0) this.#fail(status, "kvr_seq_chunk_bytes");
+    return Number(out[0]);
+  }
+
+  /**
+   * Encodes positions [start, start+tokens) of every layer as snapshot chunk `index` into
+   * `frame`, natively (the backend reads its own cache: no KV crosses into JavaScript). Same
+   * bytes as lib/snapshot encodeChunk over readKv.
+   * @param encoding chunk encoding
+   * @param groupSize q4 group (1..1024), 0 for every other encoding
+   * @param index chunk index stored in the frame
+   * @param start first position (start+tokens <= length)
+   * @param tokens tokens in the chunk, >= 1
+   * @param frame exactly chunkBytes(encoding, groupSize, tokens) bytes, written
+   * @throws TypeError/RangeError for bad arguments; EngineError on native failure (INVALID_ARGUMENT
+   *   for non-finite KV under q8/q4)
+   */
+  exportChunkFrame(
+    encoding: KvEncoding,
+    groupSize: number,
+    index: number,
+    start: number,
+    tokens: number,
+    frame: Uint8Array,
+  ): void {
+    const ptr = this.#handle("exportChunkFrame");
+    const code = encodingCode(encoding, "exportChunkFrame()");
+    checkInt("exportChunkFrame(): index", index, 0, 0xffffffff);
+    const length = this.#lib.symbols.kvr_seq_length(ptr);
+    checkInt("exportChunkFrame(): start", start, 0, length);
+    checkInt("exportChunkFrame(): tokens", tokens, 1, length - start);
+    checkFrame("exportChunkFrame()", frame);
+    const status = this.#lib.symbols.kvr_seq_export_chunk(
+      ptr,
+      code,
+      groupSize,
+      index,
+      start,
+      tokens,
+      frame,
+      BigInt(frame.length),
+    );
+    if (status !== 0) this.#fail(status, "kvr_seq_export_chunk");
+  }
+
+  /**
+   * Checks and imports snapshot chunk frame `index` into positions [start, start+tokens) of every
+   * layer, natively, then sets the length to start+tokens. Nothing is written when a check fails.
+   * @param encoding chunk encoding
+   * @param groupSize q4 group (1..1024), 0 for every other encoding
+   * @param index the chunk index the frame must carry
+   * @param start first position (<= length; start+tokens <= capacity)
+   * @param tokens tokens in the chunk, >= 1 (the frame must carry it)
+   * @param frame the unsigned frame (no HMAC tag), chunkBytes(...) bytes
+   * @throws TypeError/RangeError for bad arguments; EngineError CHECKSUM (CRC32C mismatch),
+   *   CORRUPT (stored index/tokens, scales or mins), INVALID_ARGUMENT (frame length)
+   */
+  importChunkFrame(
+    encoding: KvEncoding,
+    groupSize: number,
+    index: number,
+    start: number,
+    tokens: number,
+    frame: Uint8Array,
+  ): void {
+    const ptr = this.#handle("importChunkFrame");
+    const code = encodingCode(encoding, "importChunkFrame()");
+    checkInt("importChunkFrame(): index", index, 0, 0xffffffff);
+    const length = this.#lib.symbols.kvr_seq_length(ptr);
+    const capacity = this.#lib.symbols.kvr_seq_capacity(ptr);
+    checkInt("importChunkFrame(): start", start, 0, length);
+    checkInt("importChunkFrame(): tokens", tokens, 1, capacity - start);
+    checkFrame("importChunkFrame()", frame);
+    const plain = frame.buffer instanceof ArrayBuffer && !frame.buffer.resizable
+      ? frame
+      : new Uint8Array(frame);
+    const status = this.#lib.symbols.kvr_seq_import_chunk(
+      ptr,
+      code,
+      groupSize,
+      index,
+      start,
+      tokens,
+      plain,
+      BigInt(plain.length),
+    );
+    if (status !== 0) this.#fail(status, "kvr_seq_import_chunk");
   }
 
   /**

@@ -12,9 +12,24 @@ export const coreSymbols = {
     parameters: ["buffer", "buffer", "usize", "u32", "buffer", "usize", "buffer"],
     result: "i32",
   },
+  // The same function on a worker thread (model loads can take seconds: weights are read and
+  // packed). Its kvr_last_error() stays on that thread; see NativeModel.loadAsync.
+  kvr_model_load_nonblocking: {
+    name: "kvr_model_load",
+    parameters: ["buffer", "buffer", "usize", "u32", "buffer", "usize", "buffer"],
+    result: "i32",
+    nonblocking: true,
+  },
   kvr_model_free: { parameters: ["pointer"], result: "void" },
   kvr_model_threads: { parameters: ["pointer"], result: "u32" },
   kvr_model_weight_bytes: { parameters: ["pointer"], result: "u64" },
+  // (backend, device, info char*, info_len)
+  kvr_backend_probe: { parameters: ["u32", "i32", "buffer", "usize"], result: "i32" },
+  // (model, out_backend u32*, out_device u32*, info char*, info_len)
+  kvr_model_backend: {
+    parameters: ["pointer", "buffer", "buffer", "buffer", "usize"],
+    result: "i32",
+  },
   kvr_seq_create: { parameters: ["pointer", "u32", "buffer"], result: "i32" },
   kvr_seq_free: { parameters: ["pointer"], result: "void" },
   kvr_seq_length: { parameters: ["pointer"], result: "u32" },
@@ -71,6 +86,18 @@ export const coreSymbols = {
 export const codecSymbols = {
   // (data u8*, len, crc, out u32*)
   kvr_crc32c: { parameters: ["buffer", "usize", "u32", "buffer"], result: "i32" },
+  // (seq, encoding, group_size, tokens, out u64*)
+  kvr_seq_chunk_bytes: { parameters: ["pointer", "u32", "u32", "u32", "buffer"], result: "i32" },
+  // (seq, encoding, group_size, index, start, tokens, frame u8*, frame_len)
+  kvr_seq_export_chunk: {
+    parameters: ["pointer", "u32", "u32", "u32", "u32", "u32", "buffer", "usize"],
+    result: "i32",
+  },
+  // (seq, encoding, group_size, index, start, tokens, frame u8*, frame_len)
+  kvr_seq_import_chunk: {
+    parameters: ["pointer", "u32", "u32", "u32", "u32", "u32", "buffer", "usize"],
+    result: "i32",
+  },
   // (x f32*, x_len, heads, tokens, head_dim, axis, codes i8*, codes_len, scales f32*, scales_len)
   kvr_kv_quantize_q8: {
     parameters: [
@@ -277,8 +304,57 @@ export const migrateSymbols = {
   },
 } as const satisfies Deno.ForeignLibraryInterface;
 
+/** Native sampling (issues 9/13): kvr_sampler_* — a logits row to a token id (+ logprobs). */
+export const samplingSymbols = {
+  kvr_sampling_default_params: { parameters: ["buffer"], result: "void" },
+  // (params*, out_sampler**)
+  kvr_sampler_create: { parameters: ["buffer", "buffer"], result: "i32" },
+  kvr_sampler_free: { parameters: ["pointer"], result: "void" },
+  kvr_sampler_last_error: { parameters: ["pointer"], result: "pointer" },
+  // (sampler, logits f32*, logits_len, width, token_out i32*, logprob_out f64* | NULL,
+  //  top_ids i32* | NULL, top_logprobs f64* | NULL, top_len, top_count_out u32* | NULL)
+  kvr_sampler_sample: {
+    parameters: [
+      "pointer",
+      "buffer",
+      "usize",
+      "u32",
+      "buffer",
+      "buffer",
+      "buffer",
+      "buffer",
+      "u32",
+      "buffer",
+    ],
+    result: "i32",
+  },
+  // (seq, token, sampler, width, token_out i32*, logprob_out f64* | NULL, top_ids | NULL,
+  //  top_logprobs | NULL, top_len, top_count_out u32* | NULL) — worker thread
+  kvr_seq_decode_sample: {
+    parameters: [
+      "pointer",
+      "i32",
+      "pointer",
+      "u32",
+      "buffer",
+      "buffer",
+      "buffer",
+      "buffer",
+      "u32",
+      "buffer",
+    ],
+    result: "i32",
+    nonblocking: true,
+  },
+} as const satisfies Deno.ForeignLibraryInterface;
+
 /** Every symbol opened by openNativeLibrary. */
-export const symbols = { ...coreSymbols, ...codecSymbols, ...migrateSymbols } as const;
+export const symbols = {
+  ...coreSymbols,
+  ...codecSymbols,
+  ...migrateSymbols,
+  ...samplingSymbols,
+} as const;
 
 /** The dlopen'ed symbol functions. */
 export type KvrSymbols = Deno.DynamicLibrary<typeof symbols>["symbols"];

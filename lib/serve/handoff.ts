@@ -286,3 +286,44 @@ export function untilAborted(
     },
   });
 }
+
+/** When the first and the last chunk of a stream passed (epoch ms; null until they did). */
+export interface StreamTiming {
+  firstMs: number | null;
+  lastMs: number | null;
+}
+
+/**
+ * A pass-through that records when its first and last chunks pass. On the exporting side that is
+ * when encoding started and finished (exports are encoded as they are pulled); on the importing
+ * side when the import read its first and last bytes (imports write each chunk as it is read).
+ * Both use the wall clock, so hosts with synchronized clocks can compare them.
+ * @returns the transform and its (live) timing
+ */
+export function streamTimer(): {
+  transform: TransformStream<Uint8Array, Uint8Array>;
+  timing: StreamTiming;
+} {
+  const timing: StreamTiming = { firstMs: null, lastMs: null };
+  const now = () => Math.round((performance.timeOrigin + performance.now()) * 10) / 10;
+  return {
+    timing,
+    transform: new TransformStream({
+      transform(chunk, ctl) {
+        const t = now();
+        timing.firstMs ??= t;
+        timing.lastMs = t;
+        ctl.enqueue(chunk);
+      },
+    }),
+  };
+}
+
+/**
+ * The `x-kvrelay-*-ms` header value of a stream timing: "first,last" epoch ms.
+ * @param t the timing
+ * @returns the value, or null when nothing passed
+ */
+export function timingHeader(t: StreamTiming): string | null {
+  return t.firstMs === null ? null : `${t.firstMs},${t.lastMs}`;
+}

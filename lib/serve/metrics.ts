@@ -114,6 +114,10 @@ export class Metrics {
   readonly activeSequences = this.#add(
     new Gauge("kvrelay_active_sequences", "Native sequences alive per tier"),
   );
+  /** 1 per tier, labelled with the backend and device its model runs on (an info metric). */
+  readonly backendInfo = this.#add(
+    new Gauge("kvrelay_tier_backend_info", "Compute backend and device of each tier's model"),
+  );
   /** Requests refused because the queue was full. */
   readonly rejected = this.#add(
     new Counter("kvrelay_queue_rejected_total", "Requests refused: queue full"),

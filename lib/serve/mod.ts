@@ -16,6 +16,7 @@ export {
 export { Counter, Gauge, Histogram, Metrics } from "./metrics.ts";
 export { ModelQueue, QueueFullError } from "./queue.ts";
 export { findTier, type Tier } from "./tier.ts";
+export { autoFallbackNote, resolveTierBackends, TierBackendError } from "./backends.ts";
 export { createMigrator, type GateResult, type Migrator } from "./migrator.ts";
 export {
   createRuntime,
@@ -23,6 +24,8 @@ export {
   requireTier,
   type Runtime,
   type RuntimeOptions,
+  type StartupReport,
+  type TierLoadState,
 } from "./runtime.ts";
 export { type AbortCause, admitSlot, type Slot } from "./slot.ts";
 export {
@@ -43,7 +46,10 @@ export {
   peekStream,
   readBounded,
   snapshotKey,
+  streamTimer,
+  type StreamTiming,
   tierOfSnapshot,
+  timingHeader,
   untilAborted,
 } from "./handoff.ts";
 export {

@@ -3,16 +3,51 @@
 // the metrics. Built once per process (createRuntime + load) and injected into the Hono apps.
 // It loads and frees; request handling lives in generation.ts and the function apps.
 import type { KvrelayConfig } from "../config/mod.ts";
-import { loadModel } from "../engine/mod.ts";
+import { type LoadedModel, loadModel, type LoadTimings } from "../engine/mod.ts";
 import type { NativeModelOptions } from "../native/mod.ts";
 import type { KeyRing } from "../snapshot/mod.ts";
-import { FsStore, MemoryStore, PrefixCache, RedisStore, type SnapshotStore } from "../store/mod.ts";
+import {
+  createRedisStore,
+  FsStore,
+  MemoryStore,
+  PrefixCache,
+  type SnapshotStore,
+} from "../store/mod.ts";
 import { Router } from "../router/mod.ts";
 import { UnavailableError } from "./errors.ts";
 import { Metrics } from "./metrics.ts";
 import { ModelQueue } from "./queue.ts";
 import { createMigrator, type Migrator } from "./migrator.ts";
 import { findTier, type Tier } from "./tier.ts";
+import { autoFallbackNote, resolveTierBackends } from "./backends.ts";
+
+/** Load state of one tier. */
+export interface TierLoadState {
+  state: "loading" | "ready" | "failed";
+  /** Where its load's time went (once loaded). */
+  loadMs?: LoadTimings;
+}
+
+/**
+ * Where a process's start went. Times are ms since the runtime's time origin (process start,
+ * `performance.now()`); the serving process fills in `modulesMs` and `listeningMs`.
+ */
+export interface StartupReport {
+  /** The time origin as wall-clock epoch ms (to compare with when the process was spawned). */
+  timeOriginEpochMs: number;
+  /** Every module evaluated: the entry point started running. */
+  modulesMs: number | null;
+  /** The HTTP server listens (/healthz answers). */
+  listeningMs: number | null;
+  /** Tier loads started. */
+  loadStartedMs: number | null;
+  /** Per tier, in config order. */
+  tiers: Record<string, TierLoadState>;
+  /** Time spent loading the projectors (after the tiers). */
+  projectorsMs: number | null;
+  /** Every tier and projector loaded. */
+  readyMs: number | null;
+}
 
 /** Everything the function apps need; see {@link createRuntime}. */
 export interface Runtime {
@@ -31,6 +66,8 @@ export interface Runtime {
   readonly ready: boolean;
   /** True once shutdown started. */
   readonly draining: boolean;
+  /** Where the start's time went, and which tiers are loaded (for /readyz). */
+  readonly startup: StartupReport;
   /** Aborted when the shutdown grace period ends: in-flight generations stop. */
   readonly shutdownSignal: AbortSignal;
   /** Loads every tier's model (idempotent). @throws Error when a model fails to load */
@@ -59,7 +96,7 @@ async function openStore(config: KvrelayConfig): Promise<SnapshotStore> {
   if (s.kind === "fs") {
     return await FsStore.open(s.dir, { maxBytes: s.max_bytes, defaultTtlMs: s.ttl_ms });
   }
-  return new RedisStore({
+  return await createRedisStore({
     url: config.secrets.redisUrl ?? undefined,
     keyPrefix: s.key_prefix,
     defaultTtlMs: s.ttl_ms,
@@ -93,6 +130,15 @@ export async function createRuntime(
   let ready = false;
   let draining = false;
   let loading: Promise<void> | null = null;
+  const startup: StartupReport = {
+    timeOriginEpochMs: performance.timeOrigin,
+    modulesMs: null,
+    listeningMs: null,
+    loadStartedMs: null,
+    tiers: Object.fromEntries(config.tierOrder.map((n) => [n, { state: "loading" }])),
+    projectorsMs: null,
+    readyMs: null,
+  };
   const rt: Runtime = {
     config,
     tiers,
@@ -114,6 +160,7 @@ export async function createRuntime(
       return draining;
     },
     shutdownSignal: shutdown.signal,
+    startup,
     load() {
       loading ??= (async () => {
         let salt = config.secrets.tenantSalt;
@@ -125,18 +172,44 @@ export async function createRuntime(
             );
           }
         }
+        const backends = resolveTierBackends(config, opts.native?.lib);
+        const note = autoFallbackNote(backends);
+        if (note !== null) console.error(`kvrelay: ${note}`);
+        startup.loadStartedMs = performance.now();
+        // Tiers load concurrently: each native load runs on a worker thread (loadModel), so one
+        // tier's weights are packed while the next tier's checkpoint and tokenizer are read.
+        const loads = await Promise.allSettled(config.tierOrder.map(async (name) => {
+          const tc = config.tiers[name];
+          const be = backends.get(name)!;
+          try {
+            const model = await loadModel(tc.model, {
+              ...opts.native,
+              kvDtype: tc.kv_dtype,
+              threads: tc.threads,
+              backend: be.backend,
+              device: be.device,
+            });
+            startup.tiers[name] = { state: "ready", loadMs: model.loadMs };
+            return model;
+          } catch (e) {
+            startup.tiers[name] = { state: "failed" };
+            throw e;
+          }
+        }));
+        const failed = loads.find((l) => l.status === "rejected");
+        if (failed) {
+          for (const l of loads) if (l.status === "fulfilled") l.value.native.free();
+          throw failed.reason;
+        }
+        const models = loads.map((l) => (l as PromiseFulfilledResult<LoadedModel>).value);
         for (const [rank, name] of config.tierOrder.entries()) {
           const tc = config.tiers[name];
-          if (tc.backend === "cuda") {
-            throw new Error(
-              `tier "${name}": backend "cuda" requested, but this libkvrelay build has only the CPU backend`,
-            );
-          }
-          const model = await loadModel(tc.model, {
-            ...opts.native,
-            kvDtype: tc.kv_dtype,
-            threads: tc.threads,
-          });
+          const model = models[rank];
+          metrics.backendInfo.set({
+            tier: name,
+            backend: model.native.backend,
+            device: String(model.native.device),
+          }, 1);
           const queue = new ModelQueue(name, tc.concurrency, tc.queue_depth, (_r, waiting) => {
             metrics.queueDepth.set({ tier: name }, waiting);
           });
@@ -154,7 +227,10 @@ export async function createRuntime(
             : null;
           tiers.set(name, { name, rank, config: tc, model, queue, prefix, encoding });
         }
+        const p0 = performance.now();
         await rt.migrator.load(tiers);
+        startup.projectorsMs = performance.now() - p0;
+        startup.readyMs = performance.now();
         ready = true;
       })();
       return loading;

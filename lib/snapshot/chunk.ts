@@ -1,6 +1,8 @@
 // Chunk frame codec: one chunk = every layer's K and V for a token range, in one encoding, with
 // its own scales, framed as (index, tokens, payload, CRC32C[, HMAC tag]). Independently
-// decodable. Quantization itself is delegated to a KvQuantCodec (native, see native_codec.ts).
+// decodable. Quantization itself is delegated to a KvQuantCodec (native, see native_codec.ts); a
+// source or sink with its own native chunk codec (NativeSequence: exportChunk / importChunk, the
+// backend encodes from and decodes into its cache) is used instead when present.
 
 import { crc32c } from "./crc32c.ts";
 import { SnapshotError } from "./errors.ts";
@@ -64,6 +66,18 @@ export interface KvSource {
     count: number,
     dtype?: CacheDtype,
   ): { k: Uint8Array; v: Uint8Array };
+  /**
+   * Optional native chunk encoder: writes the unsigned frame (index, tokens, payload, CRC32C) of
+   * positions [start, start+tokens) into `frame`, byte-identical to encodeChunk over readKv.
+   */
+  exportChunk?(
+    encoding: SnapshotEncoding,
+    groupSize: number,
+    index: number,
+    start: number,
+    tokens: number,
+    frame: Uint8Array,
+  ): void;
 }
 
 /** Where decoded K/V go: the engine's NativeSequence satisfies this. */
@@ -78,6 +92,20 @@ export interface KvSink {
   ): void;
   /** Called after every layer of a chunk was written: positions < nTokens now hold K/V. */
   setLength?(nTokens: number): void;
+  /**
+   * Optional native chunk decoder: checks the unsigned frame (CRC32C, index, tokens, scales),
+   * writes every layer of positions [start, start+tokens) and sets the length to start+tokens;
+   * writes nothing when a check fails. Throws SnapshotError checksum/format as checkChunkFrame
+   * and decodeChunkPayload would.
+   */
+  importChunk?(
+    encoding: SnapshotEncoding,
+    groupSize: number,
+    index: number,
+    start: number,
+    tokens: number,
+    frame: Uint8Array,
+  ): void;
 }
 
 /** Shape parameters a chunk codec needs. */
@@ -132,6 +160,11 @@ export function encodeChunk(
   const { encoding, numLayers: L, numKvHeads: H, headDim: D, groupSize } = shape;
   const layerBytes = layerPayloadBytes(encoding, H, D, tokens, groupSize);
   const frame = new Uint8Array(CHUNK_FRAME_BYTES + L * layerBytes + (signed ? TAG_BYTES : 0));
+  if (source.exportChunk) {
+    const end = frame.length - (signed ? TAG_BYTES : 0);
+    source.exportChunk(encoding, groupSize, index, start, tokens, frame.subarray(0, end));
+    return frame;
+  }
   const dv = new DataView(frame.buffer);
   dv.setUint32(0, index, true);
   dv.setUint32(4, tokens, true);

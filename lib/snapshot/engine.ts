@@ -10,6 +10,7 @@ import type { NativeSequence } from "../native/mod.ts";
 import { SnapshotError } from "./errors.ts";
 import type { SnapshotGeometry, SnapshotHeader } from "./format.ts";
 import type { HmacKey, KeyRing } from "./hmac.ts";
+import { nativeSink, nativeSource } from "./native_chunk.ts";
 import { NativeKvCodec } from "./native_codec.ts";
 import {
   decodeSnapshot,
@@ -133,7 +134,7 @@ export function exportSnapshotStream(
   opts: ExportOptions,
 ): ReadableStream<Uint8Array> {
   const [meta, enc] = exportArgs(model, seq, opts);
-  return encodeSnapshotStream(seq, meta, enc);
+  return encodeSnapshotStream(nativeSource(seq), meta, enc);
 }
 
 /**
@@ -147,7 +148,7 @@ export function exportSnapshot(
   opts: ExportOptions,
 ): Promise<Uint8Array> {
   const [meta, enc] = exportArgs(model, seq, opts);
-  return encodeSnapshot(seq, meta, enc);
+  return encodeSnapshot(nativeSource(seq), meta, enc);
 }
 
 /** Options of importSnapshot. */
@@ -275,7 +276,7 @@ export async function importSnapshot(
           );
         }
         seq = model.native.createSequence(Math.max(1, need));
-        return seq;
+        return nativeSink(seq);
       },
     }, { verify: opts.verify, maxBytes: opts.maxBytes, codec: defaultKvCodec() });
     const s = seq as unknown as NativeSequence;

@@ -34,6 +34,7 @@ export {
   type SnapshotMeta,
 } from "./stream.ts";
 export { NativeKvCodec } from "./native_codec.ts";
+export { nativeSink, nativeSource, readKvSource, writeKvSink } from "./native_chunk.ts";
 export {
   checkCompatible,
   defaultKvCodec,

@@ -138,7 +138,9 @@ export function encodeSnapshotStream(
   const headerBytes = encodeHeader(header); // validates before the stream exists
   const signed = opts.sign !== undefined;
   if (header.encoding === "q8" || header.encoding === "q4") {
-    if (!opts.codec) throw new TypeError(`encoding ${header.encoding} needs opts.codec`);
+    if (!opts.codec && !source.exportChunk) {
+      throw new TypeError(`encoding ${header.encoding} needs opts.codec`);
+    }
   }
   let key: CryptoKey | null = null;
   let headerTag: Uint8Array = new Uint8Array(0);
@@ -384,16 +386,21 @@ export async function decodeSnapshot(
       headDim: g.headDim,
       groupSize: header.groupSize,
     };
-    if ((header.encoding === "q8" || header.encoding === "q4") && !opts.codec) {
+    if (
+      (header.encoding === "q8" || header.encoding === "q4") && !opts.codec && !sink.importChunk
+    ) {
       throw new TypeError(`encoding ${header.encoding} needs opts.codec to decode`);
     }
     let done = 0;
     for (let i = 0; i < header.chunks.length; i++) {
       const row = header.chunks[i];
       const frame = await reader.read(row.length, `chunk ${i}`);
-      checkChunkFrame(frame, i, row.tokens, signed, opts.codec);
+      const start = header.positionOffset + i * header.chunkTokens;
+      const end = frame.length - (signed ? TAG_BYTES : 0);
+      // With a native importer the CRC is checked natively, unless a tag must be verified: then
+      // the CRC comes first here so that a damaged chunk still reads as `checksum`.
+      if (!sink.importChunk || key) checkChunkFrame(frame, i, row.tokens, signed, opts.codec);
       if (key) {
-        const end = frame.length - TAG_BYTES;
         await verifyTag(
           key,
           [CHUNK_DOMAIN, headerTag, frame.subarray(0, end)],
@@ -401,12 +408,22 @@ export async function decodeSnapshot(
           `chunk ${i}`,
         );
       }
-      const layers = decodeChunkPayload(shape, frame, row.tokens, opts.codec);
-      const start = header.positionOffset + i * header.chunkTokens;
-      for (let l = 0; l < layers.length; l++) {
-        sink.writeKv(l, start, row.tokens, layers[l].k, layers[l].v, layers[l].dtype);
+      if (sink.importChunk) {
+        sink.importChunk(
+          header.encoding,
+          header.groupSize,
+          i,
+          start,
+          row.tokens,
+          frame.subarray(0, end),
+        );
+      } else {
+        const layers = decodeChunkPayload(shape, frame, row.tokens, opts.codec);
+        for (let l = 0; l < layers.length; l++) {
+          sink.writeKv(l, start, row.tokens, layers[l].k, layers[l].v, layers[l].dtype);
+        }
+        sink.setLength?.(start + row.tokens);
       }
-      sink.setLength?.(start + row.tokens);
       done += row.tokens;
       await handler.onChunk?.(i, done);
     }

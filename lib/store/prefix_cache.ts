@@ -10,6 +10,7 @@ import {
   decodeSnapshot,
   defaultKvCodec,
   exportSnapshot,
+  nativeSink,
   type SnapshotEncoding,
   SnapshotError,
 } from "../snapshot/mod.ts";
@@ -180,7 +181,7 @@ export class PrefixCache {
               `prefix chunk ${index} holds other tokens, positions or encoding`,
             );
           }
-          return seq;
+          return nativeSink(seq);
         },
       }, { maxBytes: 1 << 30, codec: defaultKvCodec() });
       return true;

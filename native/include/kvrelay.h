@@ -29,7 +29,7 @@ extern "C" {
 #endif
 
 /* Bumped on any change of a signature or struct layout; TypeScript refuses a mismatch. */
-#define KVR_ABI_VERSION 1
+#define KVR_ABI_VERSION 2
 
 typedef enum kvr_status {
   KVR_OK = 0,
@@ -40,7 +40,8 @@ typedef enum kvr_status {
   KVR_ERR_UNSUPPORTED = -5,      /* architecture, dtype or feature not implemented */
   KVR_ERR_OUT_OF_MEMORY = -6,
   KVR_ERR_CORRUPT = -7,          /* file contents inconsistent with the tensor table */
-  KVR_ERR_INTERNAL = -8
+  KVR_ERR_INTERNAL = -8,
+  KVR_ERR_CHECKSUM = -9          /* a stored CRC32C does not match the bytes (snapshot chunk) */
 } kvr_status;
 
 /* Element types, shared by weights, KV cache and KV read/write buffers. */
@@ -69,7 +70,7 @@ typedef enum kvr_rope_scaling {
 } kvr_rope_scaling;
 
 /*
- * Model geometry and options. 80 bytes, all fields 4-byte, in this order:
+ * Model geometry and options. 88 bytes, all fields 4-byte, in this order:
  *   off  0 arch (u32, kvr_arch)          off  4 vocab_size (u32)
  *   off  8 hidden_size (u32)             off 12 intermediate_size (u32)
  *   off 16 num_layers (u32)              off 20 num_heads (u32)
@@ -80,7 +81,8 @@ typedef enum kvr_rope_scaling {
  *   off 56 rope_original_max_position (u32)
  *   off 60 tie_word_embeddings (u32 0/1) off 64 attention_bias (u32 0/1: q/k/v/o bias tensors)
  *   off 68 mlp_bias (u32 0/1)            off 72 kv_dtype (u32, kvr_dtype)
- *   off 76 n_threads (u32, 0 = all available cores)
+ *   off 76 n_threads (u32, 0 = all available cores; CPU backend threads)
+ *   off 80 backend (u32, kvr_backend)    off 84 device (u32: CUDA device ordinal, < 2^31; 0 for CPU)
  * attention_bias=1 means every bias tensor the table lists for q/k/v/o is used (Qwen2 lists
  * q/k/v only; Llama with attention_bias lists all four); a listed bias with attention_bias=0 is
  * an error.
@@ -106,6 +108,8 @@ typedef struct kvr_model_params {
   uint32_t mlp_bias;
   uint32_t kv_dtype;
   uint32_t n_threads;
+  uint32_t backend;
+  uint32_t device;
 } kvr_model_params;
 
 /* Which weight a tensor-table row is. Per-layer roles carry the layer index. */
@@ -164,13 +168,28 @@ KVR_API uint32_t kvr_abi_version(void);
 /* Message of the last failed call on this thread ("" if none). Valid until the next call. */
 KVR_API const char* kvr_last_error(void);
 /* Fills params with defaults: zeros, rms_norm_eps 1e-6, rope_theta 10000, rope_factor 1,
- * kv_dtype F32 (exact; BF16 halves cache memory), n_threads 0 (all available cores). */
+ * kv_dtype F32 (exact; BF16 halves cache memory), n_threads 0 (all available cores),
+ * backend CPU, device 0. */
 KVR_API void kvr_model_default_params(kvr_model_params* params);
 
 /*
+ * Whether `backend` (kvr_backend) can run models on `device` (CUDA ordinal; must be 0 for CPU).
+ * KVR_OK with a one-line description of the device in info, e.g.
+ *   "cpu: Intel(R) Xeon(R) ..., 8 cores, avx2-fma-f16c kernels"
+ *   "cuda:0 NVIDIA H200, sm_90, 132 SMs, 139.8 GiB, cuBLASLt 13.0"
+ * or a kvr_status with the reason in info (KVR_ERR_UNSUPPORTED: "built without CUDA support
+ * (nvcc not found at build time)", no device, no driver; KVR_ERR_INVALID_ARGUMENT: bad
+ * backend/device). info (info_len bytes, NULL only when info_len = 0) is always NUL-terminated,
+ * truncated to info_len - 1 bytes; kvr_last_error holds the same reason on failure.
+ */
+KVR_API int32_t kvr_backend_probe(uint32_t backend, int32_t device, char* info, size_t info_len);
+
+/*
  * Loads weights. paths: file paths, each NUL-terminated, back to back in one buffer of
- * paths_len bytes; n_paths of them. The files are mmapped read-only and converted to f32 compute
- * layout at load; the mapping is released before return.
+ * paths_len bytes; n_paths of them. The files are mmapped read-only and handed to the backend
+ * params.backend on params.device, which converts them to its compute layout (CPU: packed
+ * panels, BF16 kept bf16) or uploads them; the mapping is released before return. A backend that
+ * cannot run (a build without CUDA, no device) fails with its probe's status and reason.
  */
 KVR_API int32_t kvr_model_load(const kvr_model_params* params, const char* paths, size_t paths_len,
                                uint32_t n_paths, const kvr_tensor_desc* tensors,
@@ -181,6 +200,18 @@ KVR_API uint32_t kvr_model_threads(const kvr_model* model);
 /* Resident bytes of the model's weights in compute layout (packed panels, tables, norms, biases):
  * BF16 checkpoint weights stay bf16 (2 bytes), others are f32. 0 for NULL. */
 KVR_API uint64_t kvr_model_weight_bytes(const kvr_model* model);
+
+/* Which backend and device a loaded model runs on: *out_backend (kvr_backend) and *out_device
+ * (either may be NULL) and the device's one-line description in info (as kvr_backend_probe;
+ * NUL-terminated, truncated to info_len - 1; info may be NULL when info_len = 0). */
+KVR_API int32_t kvr_model_backend(const kvr_model* model, uint32_t* out_backend, uint32_t* out_device,
+                                  char* info, size_t info_len);
+
+/* Whether the model's device is still usable: KVR_OK (info "") or KVR_ERR_INTERNAL with the reason
+ * in info (a CUDA kernel fault leaves the device context unusable; every later call on the model
+ * fails and it must be reloaded; readiness probes answer 503). The CPU backend is always OK. info
+ * as kvr_model_backend. */
+KVR_API int32_t kvr_model_health(const kvr_model* model, char* info, size_t info_len);
 
 /* A sequence owns a KV cache of `capacity` tokens for every layer. */
 KVR_API int32_t kvr_seq_create(kvr_model* model, uint32_t capacity, kvr_seq** out_seq);
@@ -291,6 +322,49 @@ KVR_API int32_t kvr_kv_dequantize_q4(const uint8_t* codes, size_t codes_len, con
  * has them, else a table. data may be NULL only when len = 0.
  */
 KVR_API int32_t kvr_crc32c(const uint8_t* data, size_t len, uint32_t crc, uint32_t* out);
+
+/*
+ * Snapshot chunk frames straight from / into a sequence's KV cache (docs/snapshot-format.md §1.3,
+ * §2; design in docs/gpu-handoff.md): the backend encodes or decodes every layer of the token
+ * range itself (CPU: from the host cache; CUDA: on the device), so raw KV never crosses into the
+ * caller. The bytes equal what lib/snapshot/chunk.ts encodeChunk writes from kvr_seq_kv_read.
+ * A frame here is the unsigned frame: index (u32), tokens (u32), payload, CRC32C (u32) — an
+ * HMAC tag, when signed, is the caller's and is not part of frame/frame_len.
+ * encoding: kvr_kv_encoding; group_size: the q4 group (1..1024), must be 0 for every other
+ * encoding. tokens >= 1.
+ */
+typedef enum kvr_kv_encoding {
+  KVR_ENC_F32 = 0, /* codes 0..2 coincide with kvr_dtype */
+  KVR_ENC_F16 = 1,
+  KVR_ENC_BF16 = 2,
+  KVR_ENC_Q8 = 3,
+  KVR_ENC_Q4 = 4
+} kvr_kv_encoding;
+
+/* Bytes of one unsigned chunk frame of `tokens` tokens of this sequence's model, into *out. */
+KVR_API int32_t kvr_seq_chunk_bytes(const kvr_seq* seq, uint32_t encoding, uint32_t group_size,
+                                    uint32_t tokens, uint64_t* out);
+/*
+ * Encodes positions [start, start+tokens) (start+tokens <= length) as chunk `index` into frame
+ * (frame_len must equal kvr_seq_chunk_bytes). q8/q4 refuse non-finite KV
+ * (KVR_ERR_INVALID_ARGUMENT). Lossless encodings read the cache in the encoding's type (exact
+ * when it is the cache's type, else rounded to nearest even).
+ */
+KVR_API int32_t kvr_seq_export_chunk(const kvr_seq* seq, uint32_t encoding, uint32_t group_size,
+                                     uint32_t index, uint32_t start, uint32_t tokens,
+                                     uint8_t* frame, size_t frame_len);
+/*
+ * Checks and imports chunk frame `index` holding positions [start, start+tokens): start <=
+ * length, start+tokens <= capacity (KVR_ERR_OUT_OF_RANGE / KVR_ERR_CAPACITY), frame_len equal to
+ * kvr_seq_chunk_bytes (KVR_ERR_INVALID_ARGUMENT). Then, before writing anything: the CRC32C
+ * (KVR_ERR_CHECKSUM "chunk I checksum mismatch: stored crc32c 0x…, computed 0x…"), the stored
+ * index and token count (KVR_ERR_CORRUPT), every q8/q4 scale and min (KVR_ERR_CORRUPT). Then
+ * writes every layer (converted to the cache type, nearest even) and sets the length to
+ * start+tokens. On failure nothing is written and the length is unchanged.
+ */
+KVR_API int32_t kvr_seq_import_chunk(kvr_seq* seq, uint32_t encoding, uint32_t group_size,
+                                     uint32_t index, uint32_t start, uint32_t tokens,
+                                     const uint8_t* frame, size_t frame_len);
 
 /* ---- end KV snapshot codec ---- */
 
@@ -412,6 +486,67 @@ KVR_API int32_t kvr_projector_apply_seq(const kvr_projector* projector, const kv
                                         kvr_seq* dst, uint32_t n_tokens, uint32_t n_threads);
 
 /* ---- end cross-model KV projection ---- */
+
+/* ---- Native sampling (issues 9/13: a decode step returns a token, not logits) ---- */
+
+/*
+ * Sampling settings, 40 bytes, by pointer (kvr_sampling_default_params fills the defaults):
+ *   off  0 temperature (f64, finite >= 0; 0 = greedy argmax, lowest id on ties; default 1)
+ *   off  8 top_p (f64, (0, 1]; 1 = off)   off 16 min_p (f64, [0, 1]; 0 = off)
+ *   off 24 seed (i64, |seed| < 2^53)       off 32 top_k (u32; 0 = off)
+ *   off 36 reserved (u32, must be 0)
+ * The draw is lib/engine/sampler.ts exactly: softmax(logits/T) → top_k → top_p → min_p →
+ * renormalise, from the xoshiro128** stream of lib/engine/prng.ts seeded with `seed`, in float64
+ * with the same summation order (and JavaScript's exp), so the same logits and seed give the same
+ * tokens. NaN logits count as -inf; -inf logits are never drawn.
+ */
+typedef struct kvr_sampling_params {
+  double temperature;
+  double top_p;
+  double min_p;
+  int64_t seed;
+  uint32_t top_k;
+  uint32_t reserved;
+} kvr_sampling_params;
+
+/* Most top-n logprobs one sample call returns. */
+#define KVR_SAMPLER_MAX_TOP 64
+
+KVR_API void kvr_sampling_default_params(kvr_sampling_params* params);
+
+/* A sampler: the settings plus its PRNG stream (advanced by every non-greedy draw). One sampler
+ * per generation; calls on one sampler must not overlap. */
+typedef struct kvr_sampler kvr_sampler;
+KVR_API int32_t kvr_sampler_create(const kvr_sampling_params* params, kvr_sampler** out_sampler);
+KVR_API void kvr_sampler_free(kvr_sampler* sampler);
+/* Message of the last failed call on this sampler ("" if none), readable from any thread. */
+KVR_API const char* kvr_sampler_last_error(const kvr_sampler* sampler);
+/*
+ * Picks one token from logits[0..width) (1 <= width <= logits_len; ids >= width are never
+ * drawn) into *token_out. Optional outputs, log-softmax of the raw logits over [0, width)
+ * (temperature 1, no filters, float64): *logprob_out (the chosen token; NULL = not computed);
+ * the top_len (<= KVR_SAMPLER_MAX_TOP) most likely ids by logit (ties: lower id) into top_ids and
+ * their logprobs into top_logprobs, the count written (fewer when fewer logits are finite) into
+ * *top_count_out (may be NULL). A row without a finite logit is KVR_ERR_INVALID_ARGUMENT.
+ */
+KVR_API int32_t kvr_sampler_sample(kvr_sampler* sampler, const float* logits, size_t logits_len,
+                                   uint32_t width, int32_t* token_out, double* logprob_out,
+                                   int32_t* top_ids, double* top_logprobs, uint32_t top_len,
+                                   uint32_t* top_count_out);
+
+/*
+ * A decode step that returns a token instead of logits: kvr_seq_decode(seq, token) into a buffer
+ * the library owns, then kvr_sampler_sample(sampler, those logits, vocab, width, ...). Everything
+ * is checked before the decode (sampler, 1 <= width <= vocab, output buffers, then as
+ * kvr_seq_decode). Only a row without a finite logit fails after it (KVR_ERR_INVALID_ARGUMENT,
+ * the token is appended then). Messages go to the sequence (and the sampler for sampling ones).
+ */
+KVR_API int32_t kvr_seq_decode_sample(kvr_seq* seq, int32_t token, kvr_sampler* sampler,
+                                      uint32_t width, int32_t* token_out, double* logprob_out,
+                                      int32_t* top_ids, double* top_logprobs, uint32_t top_len,
+                                      uint32_t* top_count_out);
+
+/* ---- end native sampling ---- */
 
 #ifdef __cplusplus
 }

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "common/chunk_layout.h"
 #include "kvrelay.h"
 
 namespace kvr {
@@ -86,6 +87,15 @@ class SeqState {
   virtual ~SeqState() = default;
 };
 
+// One snapshot chunk of a sequence (kvr_seq_export_chunk / kvr_seq_import_chunk), validated by the
+// neutral layer: layout.encoding a kvr_kv_encoding, layout.group the q4 group (0 otherwise),
+// layout.tokens >= 1, the model's layers/heads/dim; frame_len = layout.frame_bytes().
+struct ChunkSpec {
+  chunk::Layout layout;
+  uint32_t index = 0;  // stored in the frame
+  uint32_t start = 0;  // cache position of the chunk's first token
+};
+
 // A model's weights on one device. Immutable after construction: every method is const and may
 // run concurrently on different SeqStates (one call at a time per SeqState). Arguments are
 // already validated by the neutral layer (ranges, sizes, token ids, capacity).
@@ -115,6 +125,19 @@ class Backend {
   // The inverse copy (host → cache), same layout and conversion rules; start+count <= capacity.
   virtual void kv_write(SeqState& s, uint32_t layer, uint32_t start, uint32_t count, uint32_t dtype,
                         const void* k_in, const void* v_in) const = 0;
+  // Encodes chunk c (positions [start, start+tokens) < length, every layer) into the host buffer
+  // frame (frame_len bytes, the unsigned frame incl. its CRC32C). Throws BackendError
+  // KVR_ERR_INVALID_ARGUMENT for non-finite KV under q8/q4. The default (chunk_codec.cpp) goes
+  // through kv_read and the CPU quantizers; a device backend overrides it to encode in place.
+  virtual void export_chunk(const SeqState& s, const ChunkSpec& c, uint8_t* frame, size_t frame_len) const;
+  // Checks (CRC32C: KVR_ERR_CHECKSUM; stored index/tokens, scales, mins: KVR_ERR_CORRUPT) and then
+  // writes chunk c from the host frame into positions [start, start+tokens) of every layer
+  // (start+tokens <= capacity); writes nothing when a check fails. The neutral layer sets length.
+  virtual void import_chunk(SeqState& s, const ChunkSpec& c, const uint8_t* frame, size_t frame_len) const;
+  // Empty while the backend is usable, else why not: a device fault (a CUDA kernel error leaves the
+  // context unusable) fails every later call, and the model must be reloaded. Any thread
+  // (kvr_model_health; /readyz answers 503 then).
+  virtual std::string failure() const { return {}; }
 };
 
 // The CPU backend (native/src/cpu/cpu_backend.cpp): packs the weights from the table.
@@ -122,8 +145,13 @@ std::unique_ptr<Backend> make_cpu_backend(const ModelGeometry& g, const TensorTa
 // The CUDA backend on `device` (a CUDA ordinal), uploading the weights from the table. A build
 // without CUDA links native/src/stub/cuda_stub.cpp, which throws KVR_ERR_UNSUPPORTED.
 std::unique_ptr<Backend> make_cuda_backend(const ModelGeometry& g, const TensorTable& t, int32_t device);
-// Probes CUDA device `device`: KVR_OK with a one-line description in info (name, compute
-// capability, SMs, memory, ...) or a kvr_status with the reason in info. Never throws.
+// Probes CUDA device `device` (>= 0): KVR_OK with a one-line description in info (e.g.
+// "cuda:0 NVIDIA H200, sm_90, 132 SMs, 139.8 GiB, cuBLASLt 13.0"), or a kvr_status with the
+// reason in info. Convention the TypeScript tests rely on: no usable device (no driver, no GPU,
+// ordinal out of range) is KVR_ERR_UNSUPPORTED with info "no CUDA device: <cuda error name>
+// (<code>) <detail>"; the stub answers KVR_ERR_UNSUPPORTED "built without CUDA support (nvcc not
+// found at build time)". Never throws. make_cuda_backend on such a machine throws
+// BackendError with the same status and message.
 int32_t cuda_probe(int32_t device, std::string& info);
 
 }  // namespace kvr

@@ -50,6 +50,7 @@ const char* status_name(int32_t status) {
     case KVR_ERR_OUT_OF_MEMORY: return "KVR_ERR_OUT_OF_MEMORY";
     case KVR_ERR_CORRUPT: return "KVR_ERR_CORRUPT";
     case KVR_ERR_INTERNAL: return "KVR_ERR_INTERNAL";
+    case KVR_ERR_CHECKSUM: return "KVR_ERR_CHECKSUM";
     default: return "KVR_ERR_UNKNOWN";
   }
 }

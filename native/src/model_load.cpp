@@ -18,7 +18,9 @@
 #include <string>
 #include <vector>
 
+#include "backend.h"
 #include "dtype.h"
+#include "probe.h"
 #include "errors.h"
 #include "rope.h"
 #include "model.h"
@@ -124,6 +126,7 @@ int32_t validate_params(const kvr_model_params& p) {
     return fail(KVR_ERR_INVALID_ARGUMENT, format("kv_dtype %u is not a kvr_dtype (0 f32, 1 f16, 2 bf16)", p.kv_dtype));
   if (p.n_threads > 4096)
     return fail(KVR_ERR_INVALID_ARGUMENT, format("n_threads %u is out of range (0..4096)", p.n_threads));
+  if (int32_t st = check_backend_device(p.backend, p.device)) return st;
   return KVR_OK;
 }
 
@@ -309,7 +312,8 @@ int32_t load_impl(const kvr_model_params* params, const char* paths, size_t path
     table.add(v);
   }
   m.inv_freq = rope_inv_freq(p);
-  m.backend = make_cpu_backend(m, table);
+  if (p.backend == KVR_BACKEND_CUDA) m.backend = make_cuda_backend(m, table, static_cast<int32_t>(p.device));
+  else m.backend = make_cpu_backend(m, table);
   files.clear();  // unmap before returning
 
   kvr_model* out = new kvr_model;
@@ -331,6 +335,8 @@ KVR_API void kvr_model_default_params(kvr_model_params* params) {
   params->rope_factor = 1.f;
   params->kv_dtype = KVR_DTYPE_F32;
   params->n_threads = 0;
+  params->backend = KVR_BACKEND_CPU;
+  params->device = 0;
 }
 
 KVR_API int32_t kvr_model_load(const kvr_model_params* params, const char* paths, size_t paths_len,
@@ -353,6 +359,34 @@ KVR_API void kvr_model_free(kvr_model* model) { delete model; }
 
 KVR_API uint32_t kvr_model_threads(const kvr_model* model) {
   return model ? static_cast<uint32_t>(model->m->n_threads) : 0;
+}
+
+KVR_API int32_t kvr_model_backend(const kvr_model* model, uint32_t* out_backend, uint32_t* out_device, char* info,
+                                  size_t info_len) {
+  if (!model) return kvr::fail(KVR_ERR_INVALID_ARGUMENT, "model is NULL");
+  if (!info && info_len > 0) return kvr::fail(KVR_ERR_INVALID_ARGUMENT, "info is NULL but info_len > 0");
+  const kvr::Model& m = *model->m;
+  if (out_backend) *out_backend = m.backend->kind();
+  if (out_device) *out_device = m.params.device;
+  try {
+    kvr::copy_info(m.backend->device_description(), info, info_len);
+  } catch (...) {
+    kvr::copy_info("", info, info_len);
+  }
+  return KVR_OK;
+}
+
+KVR_API int32_t kvr_model_health(const kvr_model* model, char* info, size_t info_len) {
+  if (!model) return kvr::fail(KVR_ERR_INVALID_ARGUMENT, "model is NULL");
+  if (!info && info_len > 0) return kvr::fail(KVR_ERR_INVALID_ARGUMENT, "info is NULL but info_len > 0");
+  try {
+    const std::string why = model->m->backend->failure();
+    kvr::copy_info(why, info, info_len);
+    return why.empty() ? KVR_OK : kvr::fail(KVR_ERR_INTERNAL, why);
+  } catch (...) {
+    kvr::copy_info("out of memory", info, info_len);
+    return kvr::fail(KVR_ERR_OUT_OF_MEMORY, "out of memory in kvr_model_health");
+  }
 }
 
 KVR_API uint64_t kvr_model_weight_bytes(const kvr_model* model) {

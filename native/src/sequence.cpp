@@ -10,6 +10,7 @@
 #include "dtype.h"
 #include "errors.h"
 #include "model.h"
+#include "sampler.h"
 #include "sequence.h"  // struct kvr_seq
 
 namespace kvr {
@@ -150,6 +151,26 @@ KVR_API int32_t kvr_seq_prefill(kvr_seq* seq, const int32_t* tokens, size_t n_to
 KVR_API int32_t kvr_seq_decode(kvr_seq* seq, int32_t token, float* logits_out, size_t logits_len) {
   if (!seq) return fail(KVR_ERR_INVALID_ARGUMENT, "seq is NULL");
   return kvr::guarded(seq, "decode", [&] { return kvr::prefill_impl(seq, &token, 1, 0, logits_out, logits_len); });
+}
+
+KVR_API int32_t kvr_seq_decode_sample(kvr_seq* seq, int32_t token, kvr_sampler* sampler, uint32_t width,
+                                      int32_t* token_out, double* logprob_out, int32_t* top_ids,
+                                      double* top_logprobs, uint32_t top_len, uint32_t* top_count_out) {
+  if (!seq) return fail(KVR_ERR_INVALID_ARGUMENT, "seq is NULL");
+  return kvr::guarded(seq, "decode_sample", [&]() -> int32_t {
+    const size_t vocab = seq->model->vocab;
+    if (!sampler) return seq_fail(seq, KVR_ERR_INVALID_ARGUMENT, "sampler is NULL");
+    if (width == 0 || width > vocab)
+      return seq_fail(seq, KVR_ERR_INVALID_ARGUMENT, format("width must be in [1, vocab %zu], got %u", vocab, width));
+    if (int32_t st = kvr::sampler_check_out(sampler, token_out, top_ids, top_logprobs, top_len))
+      return seq_fail(seq, st, sampler->last_error);
+    if (seq->logits.size() < vocab) seq->logits.resize(vocab);
+    if (int32_t st = kvr::prefill_impl(seq, &token, 1, 0, seq->logits.data(), vocab)) return st;
+    if (int32_t st = kvr::sampler_run(sampler, seq->logits.data(), width, token_out, logprob_out, top_ids,
+                                      top_logprobs, top_len, top_count_out))
+      return seq_fail(seq, st, sampler->last_error);
+    return KVR_OK;
+  });
 }
 
 KVR_API int32_t kvr_seq_truncate(kvr_seq* seq, uint32_t n_tokens) {

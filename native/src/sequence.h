@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "backend.h"
 #include "model.h"
@@ -17,4 +18,5 @@ struct kvr_seq {
   uint32_t length = 0;
   uint32_t capacity = 0;
   std::string last_error;
+  std::vector<float> logits;  // (vocab) logits of kvr_seq_decode_sample, never leave the library
 };

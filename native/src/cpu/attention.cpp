@@ -335,6 +335,136 @@ KVR_TARGET_AVX2 void block_tile_avx2(const float* const* q, const size_t* cnt, s
 using RowTileFn = void (*)(const float*, const float*, const float*, size_t, size_t, float, float*, float*, float*,
                            float*);
 
+// Per-thread working memory of one item (see Plan::thread_floats), carved from tb.
+struct ThreadBufs {
+  float* ktile;
+  float* vtile;
+  float* srow;
+  float* ktT;
+  const float** qptr;
+  size_t* cnt;
+};
+
+ThreadBufs thread_bufs(const Plan& p, size_t hd, float* tb) {
+  ThreadBufs b{};
+  b.ktile = tb;
+  b.vtile = tb + kTile * hd;
+  b.srow = tb + 2 * kTile * hd;           // (rows_max, kTile) scores
+  b.ktT = b.srow + p.rows_max * kTile;    // (hd, kTile)
+  b.qptr = reinterpret_cast<const float**>(b.ktT + hd * kTile + kTile);  // (rows_max)
+  b.cnt = reinterpret_cast<size_t*>(b.qptr + p.rows_max);                // (rows_max)
+  return b;
+}
+
+// Pass 1 for one (kv head, query block, key segment) item into its partial (acc, m, l) rows.
+void run_item(const AttnArgs& a, const Plan& p, size_t item, const ThreadBufs& tb, float* acc) {
+  const size_t hd = a.head_dim;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  const size_t es = a.dtype == KVR_DTYPE_F32 ? 4 : 2;
+  const size_t head_bytes = a.capacity * hd * es;
+  RowTileFn row_tile = row_tile_generic;
+#if KVR_X86
+  if (simd::has_avx2()) row_tile = row_tile_avx2;
+  const bool block = simd::has_avx2() && hd % 8 == 0;
+#endif
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  const size_t seg = item % p.splits;
+  const size_t qb = (item / p.splits) % p.nqb;
+  const size_t g = item / (p.splits * p.nqb);
+  const size_t i0 = qb * p.qblock, i1 = std::min(a.n, i0 + p.qblock);
+  const size_t rows = (i1 - i0) * p.group;
+  const size_t kend = a.pos0 + i1;  // keys [0, kend) visible to the block's last query
+  const size_t ntiles = (kend + kTile - 1) / kTile;
+  const size_t t_begin = ntiles * seg / p.splits, t_end = ntiles * (seg + 1) / p.splits;
+  float* mrow = acc + p.rows_max * hd;  // (rows)
+  float* lrow = mrow + p.rows_max;      // (rows)
+  for (size_t r = 0; r < rows; ++r) {
+    mrow[r] = neg_inf;
+    lrow[r] = 0.f;
+  }
+  std::fill(acc, acc + rows * hd, 0.f);
+  const uint8_t* kh = a.k + g * head_bytes;
+  const uint8_t* vh = a.v + g * head_bytes;
+  for (size_t tt = t_begin; tt < t_end; ++tt) {
+    const size_t k0 = tt * kTile;
+    const size_t tl = std::min(kTile, kend - k0);
+    const float* kt;
+    const float* vt;
+    if (a.dtype == KVR_DTYPE_F32) {
+      kt = reinterpret_cast<const float*>(kh) + k0 * hd;
+      vt = reinterpret_cast<const float*>(vh) + k0 * hd;
+    } else {
+      to_f32(kh + k0 * hd * es, a.dtype, tb.ktile, tl * hd);
+      to_f32(vh + k0 * hd * es, a.dtype, tb.vtile, tl * hd);
+      kt = tb.ktile;
+      vt = tb.vtile;
+    }
+#if KVR_X86
+    if (block && rows >= kBlockMinRows) {
+      for (size_t qi = 0; qi < i1 - i0; ++qi) {
+        const size_t end = a.pos0 + i0 + qi + 1;
+        const size_t c = end <= k0 ? 0 : std::min(tl, end - k0);
+        for (size_t gi = 0; gi < p.group; ++gi) {
+          const size_t r = qi * p.group + gi;
+          tb.qptr[r] = a.q + (i0 + qi) * a.ldq + (g * p.group + gi) * hd;
+          tb.cnt[r] = c;
+        }
+      }
+      block_tile_avx2(tb.qptr, tb.cnt, rows, kt, vt, tl, hd, scale, tb.ktT, tb.srow, mrow, lrow, acc);
+      continue;
+    }
+#endif
+    for (size_t qi = 0; qi < i1 - i0; ++qi) {
+      const size_t end = a.pos0 + i0 + qi + 1;  // this query sees keys [0, end)
+      if (end <= k0) continue;
+      const size_t c = std::min(tl, end - k0);
+      for (size_t gi = 0; gi < p.group; ++gi) {
+        const size_t r = qi * p.group + gi;
+        const size_t h = g * p.group + gi;
+        const float* q = a.q + (i0 + qi) * a.ldq + h * hd;
+        row_tile(q, kt, vt, c, hd, scale, tb.srow, mrow + r, lrow + r, acc + r * hd);
+      }
+    }
+  }
+}
+
+// Pass 2 for one (kv head, query block) b: merges its segments' partials (p.splits consecutive
+// items starting at `partial`) and normalises into out.
+void merge_block(const AttnArgs& a, const Plan& p, size_t b, const float* partial) {
+  const size_t hd = a.head_dim;
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  const size_t qb = b % p.nqb, g = b / p.nqb;
+  const size_t i0 = qb * p.qblock, i1 = std::min(a.n, i0 + p.qblock);
+  const size_t rows = (i1 - i0) * p.group;
+  for (size_t r = 0; r < rows; ++r) {
+    const size_t qi = r / p.group, gi = r % p.group;
+    float* o = a.out + (i0 + qi) * a.ldo + (g * p.group + gi) * hd;
+    float mmax = neg_inf;
+    for (size_t s = 0; s < p.splits; ++s) {
+      const float* base = partial + s * p.partial_per_item;
+      mmax = std::max(mmax, base[p.rows_max * hd + r]);
+    }
+    float denom = 0.f;
+    for (size_t t = 0; t < hd; ++t) o[t] = 0.f;
+    for (size_t s = 0; s < p.splits; ++s) {
+      const float* base = partial + s * p.partial_per_item;
+      const float ms = base[p.rows_max * hd + r];
+      if (ms == neg_inf) continue;
+      const float w = std::exp(ms - mmax);
+      denom += w * base[p.rows_max * hd + p.rows_max + r];
+      const float* acc = base + r * hd;
+      for (size_t t = 0; t < hd; ++t) o[t] += w * acc[t];
+    }
+    const float inv = 1.f / denom;
+    for (size_t t = 0; t < hd; ++t) o[t] *= inv;
+  }
+}
+
+// A 64-byte aligned float pointer at or after p.
+float* align64(float* p) {
+  return p + (16 - (reinterpret_cast<uintptr_t>(p) / sizeof(float)) % 16) % 16;
+}
+
 }  // namespace
 
 size_t attention_scratch_floats(const AttnArgs& a) {
@@ -345,127 +475,41 @@ size_t attention_scratch_floats(const AttnArgs& a) {
 
 void attention(const AttnArgs& a, float* scratch) {
   const Plan p = make_plan(a);
-  const size_t hd = a.head_dim;
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
-  const size_t es = a.dtype == KVR_DTYPE_F32 ? 4 : 2;
-  const size_t head_bytes = a.capacity * hd * es;
   float* partial = scratch;
   // Thread blocks start 64-byte aligned (they hold pointer and size_t arrays).
-  float* thread_base = scratch + ((p.items * p.partial_per_item + 15) & ~size_t{15});
-  thread_base += (16 - (reinterpret_cast<uintptr_t>(thread_base) / sizeof(float)) % 16) % 16;
-  RowTileFn row_tile = row_tile_generic;
-#if KVR_X86
-  if (simd::has_avx2()) row_tile = row_tile_avx2;
-  const bool block = simd::has_avx2() && hd % 8 == 0;
-#endif
-  const float neg_inf = -std::numeric_limits<float>::infinity();
+  float* thread_base = align64(scratch + ((p.items * p.partial_per_item + 15) & ~size_t{15}));
   const int nt = std::max(a.n_threads, 1);
 
-  // Pass 1: every (kv head, query block, key segment) item into its partial (acc, m, l) rows.
 #pragma omp parallel num_threads(nt) if (p.parallel && p.items > 1)
   {
-    float* tb = thread_base + static_cast<size_t>(omp_get_thread_num()) * p.thread_floats;
-    float* ktile = tb;
-    float* vtile = tb + kTile * hd;
-    float* srow = tb + 2 * kTile * hd;  // (rows_max, kTile) scores
-#if KVR_X86
-    float* ktT = srow + p.rows_max * kTile;                                          // (hd, kTile)
-    const float** qptr = reinterpret_cast<const float**>(ktT + hd * kTile + kTile);  // (rows_max)
-    size_t* cnt = reinterpret_cast<size_t*>(qptr + p.rows_max);                     // (rows_max)
-#endif
+    const ThreadBufs tb = thread_bufs(
+        p, a.head_dim, thread_base + static_cast<size_t>(omp_get_thread_num()) * p.thread_floats);
 #pragma omp for schedule(dynamic, 1)
-    for (size_t item = 0; item < p.items; ++item) {
-      const size_t seg = item % p.splits;
-      const size_t qb = (item / p.splits) % p.nqb;
-      const size_t g = item / (p.splits * p.nqb);
-      const size_t i0 = qb * p.qblock, i1 = std::min(a.n, i0 + p.qblock);
-      const size_t rows = (i1 - i0) * p.group;
-      const size_t kend = a.pos0 + i1;  // keys [0, kend) visible to the block's last query
-      const size_t ntiles = (kend + kTile - 1) / kTile;
-      const size_t t_begin = ntiles * seg / p.splits, t_end = ntiles * (seg + 1) / p.splits;
-      float* acc = partial + item * p.partial_per_item;  // (rows, hd)
-      float* mrow = acc + p.rows_max * hd;               // (rows)
-      float* lrow = mrow + p.rows_max;                   // (rows)
-      for (size_t r = 0; r < rows; ++r) {
-        mrow[r] = neg_inf;
-        lrow[r] = 0.f;
-      }
-      std::fill(acc, acc + rows * hd, 0.f);
-      const uint8_t* kh = a.k + g * head_bytes;
-      const uint8_t* vh = a.v + g * head_bytes;
-      for (size_t tt = t_begin; tt < t_end; ++tt) {
-        const size_t k0 = tt * kTile;
-        const size_t tl = std::min(kTile, kend - k0);
-        const float* kt;
-        const float* vt;
-        if (a.dtype == KVR_DTYPE_F32) {
-          kt = reinterpret_cast<const float*>(kh) + k0 * hd;
-          vt = reinterpret_cast<const float*>(vh) + k0 * hd;
-        } else {
-          to_f32(kh + k0 * hd * es, a.dtype, ktile, tl * hd);
-          to_f32(vh + k0 * hd * es, a.dtype, vtile, tl * hd);
-          kt = ktile;
-          vt = vtile;
-        }
-#if KVR_X86
-        if (block && rows >= kBlockMinRows) {
-          for (size_t qi = 0; qi < i1 - i0; ++qi) {
-            const size_t end = a.pos0 + i0 + qi + 1;
-            const size_t c = end <= k0 ? 0 : std::min(tl, end - k0);
-            for (size_t gi = 0; gi < p.group; ++gi) {
-              const size_t r = qi * p.group + gi;
-              qptr[r] = a.q + (i0 + qi) * a.ldq + (g * p.group + gi) * hd;
-              cnt[r] = c;
-            }
-          }
-          block_tile_avx2(qptr, cnt, rows, kt, vt, tl, hd, scale, ktT, srow, mrow, lrow, acc);
-          continue;
-        }
-#endif
-        for (size_t qi = 0; qi < i1 - i0; ++qi) {
-          const size_t end = a.pos0 + i0 + qi + 1;  // this query sees keys [0, end)
-          if (end <= k0) continue;
-          const size_t c = std::min(tl, end - k0);
-          for (size_t gi = 0; gi < p.group; ++gi) {
-            const size_t r = qi * p.group + gi;
-            const size_t h = g * p.group + gi;
-            const float* q = a.q + (i0 + qi) * a.ldq + h * hd;
-            row_tile(q, kt, vt, c, hd, scale, srow, mrow + r, lrow + r, acc + r * hd);
-          }
-        }
-      }
-    }
-
-    // Pass 2: merge segments and normalise into out.
+    for (size_t item = 0; item < p.items; ++item) run_item(a, p, item, tb, partial + item * p.partial_per_item);
     const size_t blocks = a.kv_heads * p.nqb;
 #pragma omp for schedule(static)
-    for (size_t b = 0; b < blocks; ++b) {
-      const size_t qb = b % p.nqb, g = b / p.nqb;
-      const size_t i0 = qb * p.qblock, i1 = std::min(a.n, i0 + p.qblock);
-      const size_t rows = (i1 - i0) * p.group;
-      for (size_t r = 0; r < rows; ++r) {
-        const size_t qi = r / p.group, gi = r % p.group;
-        float* o = a.out + (i0 + qi) * a.ldo + (g * p.group + gi) * hd;
-        float mmax = neg_inf;
-        for (size_t s = 0; s < p.splits; ++s) {
-          const float* base = partial + (b * p.splits + s) * p.partial_per_item;
-          mmax = std::max(mmax, base[p.rows_max * hd + r]);
-        }
-        float denom = 0.f;
-        for (size_t t = 0; t < hd; ++t) o[t] = 0.f;
-        for (size_t s = 0; s < p.splits; ++s) {
-          const float* base = partial + (b * p.splits + s) * p.partial_per_item;
-          const float ms = base[p.rows_max * hd + r];
-          if (ms == neg_inf) continue;
-          const float w = std::exp(ms - mmax);
-          denom += w * base[p.rows_max * hd + p.rows_max + r];
-          const float* acc = base + r * hd;
-          for (size_t t = 0; t < hd; ++t) o[t] += w * acc[t];
-        }
-        const float inv = 1.f / denom;
-        for (size_t t = 0; t < hd; ++t) o[t] *= inv;
-      }
-    }
+    for (size_t b = 0; b < blocks; ++b) merge_block(a, p, b, partial + b * p.splits * p.partial_per_item);
+  }
+}
+
+size_t attention_group_scratch_floats(const AttnArgs& a) {
+  AttnArgs one = a;
+  one.n_threads = 1;
+  const Plan p = make_plan(one);
+  return ((p.partial_per_item + 15) & ~size_t{15}) + p.thread_floats + 32;
+}
+
+void attention_group(const AttnArgs& a, size_t g, float* scratch) {
+  AttnArgs one = a;
+  one.n_threads = 1;  // one key segment: the result does not depend on the caller's thread count
+  const Plan p = make_plan(one);
+  float* s = align64(scratch);
+  float* tbase = align64(s + ((p.partial_per_item + 15) & ~size_t{15}));
+  const ThreadBufs tb = thread_bufs(p, a.head_dim, tbase);
+  for (size_t qb = 0; qb < p.nqb; ++qb) {
+    const size_t b = g * p.nqb + qb;  // splits = 1: item index = block index
+    run_item(one, p, b, tb, s);
+    merge_block(one, p, b, s);
   }
 }
 

@@ -30,4 +30,12 @@ size_t attention_scratch_floats(const AttnArgs& a);
 // attention_scratch_floats(a) floats. Does not allocate or throw.
 void attention(const AttnArgs& a, float* scratch);
 
+// Decode building block for callers that run their own parallel region (cpu/decode_step.cpp):
+// every query row of kv head g's GQA group, all keys on the calling thread in one segment (the
+// same arithmetic as attention() with n_threads = 1, so the result never depends on how a caller
+// splits heads over threads). Writes only those heads' columns of out. scratch has
+// attention_group_scratch_floats(a) floats, private to the calling thread.
+size_t attention_group_scratch_floats(const AttnArgs& a);
+void attention_group(const AttnArgs& a, size_t g, float* scratch);
+
 }  // namespace kvr::cpu

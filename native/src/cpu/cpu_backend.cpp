@@ -12,6 +12,7 @@
 #include "backend.h"
 #include "cpu/convert.h"
 #include "cpu/cpu_backend.h"
+#include "cpu/cpu_features.h"
 #include "cpu/forward.h"
 #include "cpu/gemm.h"
 #include "cpu/weights.h"
@@ -114,7 +115,7 @@ class CpuBackend final : public Backend {
 
   uint32_t kind() const override { return KVR_BACKEND_CPU; }
   std::string device_description() const override {
-    return format("cpu: %d threads, %s kernels", g_.n_threads, kernel_name());
+    return cpu_description() + format(", %d threads", g_.n_threads);
   }
 
   uint64_t weight_bytes() const override {

@@ -5,6 +5,8 @@
 
 #include <cstring>
 
+#include "cpu/cpu_features.h"
+
 #if defined(__x86_64__)
 #include <nmmintrin.h>
 #endif
@@ -54,8 +56,7 @@ __attribute__((target("sse4.2"))) uint32_t crc_sse42(const uint8_t* p, size_t n,
 uint32_t crc32c(const uint8_t* data, size_t len, uint32_t crc) {
   uint32_t c = ~crc;
 #if defined(__x86_64__)
-  static const bool sse42 = __builtin_cpu_supports("sse4.2");
-  if (sse42) return ~crc_sse42(data, len, c);
+  if (use_sse42_crc()) return ~crc_sse42(data, len, c);
 #endif
   return ~crc_table(data, len, c);
 }

@@ -6,8 +6,10 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/device_math.h"
 #include "cpu/attention.h"
 #include "cpu/convert.h"
+#include "cpu/decode_step.h"
 #include "cpu/gemm.h"
 #include "cpu/ops.h"
 
@@ -59,12 +61,9 @@ void forward_chunk(const ModelGeometry& m, const Weights& w, KvCache& kv, const 
     } else {
       to_f32(w.embed_bf16.data() + row, KVR_DTYPE_BF16, x + i * H, H);
     }
-    const double pos = static_cast<double>(pos0 + i);
-    for (size_t d = 0; d < half; ++d) {
-      const double ang = pos * m.inv_freq[d];
-      cs[i * hd + d] = static_cast<float>(std::cos(ang));
-      cs[i * hd + half + d] = static_cast<float>(std::sin(ang));
-    }
+    // The CUDA backend computes the same bits (common/device_math.h).
+    for (size_t d = 0; d < half; ++d)
+      dm::rope_cos_sin(static_cast<uint32_t>(pos0 + i), m.inv_freq[d], &cs[i * hd + d], &cs[i * hd + half + d]);
   }
 
   const size_t es = kv.elem;
@@ -129,6 +128,10 @@ void forward_chunk(const ModelGeometry& m, const Weights& w, KvCache& kv, const 
 
 void forward(const ModelGeometry& m, const Weights& w, KvCache& kv, const int32_t* tokens, size_t n, size_t pos0, bool all_positions,
              float* logits, Scratch& scratch) {
+  if (n == 1) {  // decode: one parallel region for the whole step (cpu/decode_step.cpp)
+    decode_tuned(m, w, kv, tokens[0], pos0, logits, scratch, scratch.tuner);
+    return;
+  }
   for (size_t c = 0; c < n; c += kChunk) {
     const size_t nc = std::min(kChunk, n - c);
     const bool last = c + nc == n;

@@ -14,10 +14,23 @@
 
 namespace kvr::cpu {
 
+// Per-sequence choice between 1 thread and the model's n_threads for decode steps, by measured
+// step time: the first kProbe steps alternate the two, the faster median wins, and every
+// kReprobeEvery steps the comparison is repeated (load from other processes changes which is
+// faster; on an oversubscribed machine one thread wins). Results do not depend on the choice.
+struct DecodeTuner {
+  static constexpr uint32_t kProbe = 8;           // probe steps (half each)
+  static constexpr uint32_t kReprobeEvery = 256;  // steps between probes
+  uint32_t step = 0;       // steps since the last probe began
+  int chosen = 0;          // 0 = not chosen yet
+  double probe_time[2][kProbe / 2] = {};  // [1 thread, n threads] seconds of the probe steps
+};
+
 // Reusable buffers of one sequence (never shared between sequences).
 struct Scratch {
   std::vector<float> main;  // activations of one chunk
   std::vector<float> attn;  // attention partials and per-thread tiles
+  DecodeTuner tuner;        // decode thread count (cpu/decode_step.cpp)
 };
 
 // Appends tokens[0..n) at positions pos0..pos0+n-1 to kv (which must have room) and writes

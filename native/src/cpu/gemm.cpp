@@ -12,6 +12,7 @@
 #include <new>
 #include <vector>
 
+#include "cpu/cpu_features.h"
 #include "cpu/gemm_kernels.h"
 
 namespace kvr::cpu {
@@ -38,15 +39,8 @@ constexpr size_t kMinParallelMacs = size_t{1} << 17;
 constexpr size_t kMaxWholeA = size_t{1} << 22;
 
 const KernelTable& choose_kernels() {
-  const char* forced = std::getenv("KVRELAY_CPU_KERNEL");
-  if (forced != nullptr && std::strcmp(forced, "generic") == 0) return detail::generic_kernels();
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-    return detail::avx2_kernels();
-  }
-#endif
-  return detail::generic_kernels();
+  // KVRELAY_CPU_KERNEL=generic and the CPU's features: cpu_features.h (the one dispatch)
+  return use_avx2_gemm() ? detail::avx2_kernels() : detail::generic_kernels();
 }
 
 // Chosen once per process (thread-safe function-local static).
@@ -340,6 +334,18 @@ void matmul_xwt(const float* x, size_t m, size_t ldx, const PackedWeight& w, flo
     }
   }
   if (failed) throw std::bad_alloc();
+}
+
+void gemv_range(const float* x, const PackedWeight& w, float* y, bool accumulate, size_t p0,
+                size_t p1) {
+  if (p0 >= p1 || w.cols() == 0) {
+    if (!accumulate && p0 < p1) {
+      const size_t c0 = p0 * kPanelWidth, c1 = std::min(p1 * kPanelWidth, w.rows());
+      std::memset(y + c0, 0, (c1 - c0) * sizeof(float));
+    }
+    return;
+  }
+  gemv_panels(kernels(), x, w, y, accumulate, p0, p1);
 }
 
 const char* kernel_name() { return kernels().name; }

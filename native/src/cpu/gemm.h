@@ -77,6 +77,12 @@ class PackedWeight {
 void matmul_xwt(const float* x, size_t m, size_t ldx, const PackedWeight& w, float* y,
                 size_t ldy, bool accumulate, int n_threads);
 
+// y (n) (+)= x (k) · Wᵀ restricted to weight panels [p0, p1) (output columns p0*16 ..
+// min(p1*16, n)), on the calling thread: the same sums as matmul_xwt with m = 1, so threads of
+// one parallel region can split a GEMV by panels without a fork/join of their own.
+void gemv_range(const float* x, const PackedWeight& w, float* y, bool accumulate, size_t p0,
+                size_t p1);
+
 // Name of the kernel chosen at runtime for this CPU ("avx2-fma" or "generic").
 const char* kernel_name();
 

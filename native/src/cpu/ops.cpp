@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "common/device_math.h"
 #include "cpu/simd.h"
 #include "cpu/vec_math.h"
 
@@ -71,11 +72,7 @@ void rmsnorm(const float* x, float* y, const float* w, size_t d, float eps) {
 
 void rope(float* x, const float* cos, const float* sin, size_t half) {
   float* x2 = x + half;
-  for (size_t i = 0; i < half; ++i) {
-    const float a = x[i], b = x2[i];
-    x[i] = a * cos[i] - b * sin[i];
-    x2[i] = b * cos[i] + a * sin[i];
-  }
+  for (size_t i = 0; i < half; ++i) dm::rope_pair(x[i], x2[i], cos[i], sin[i], &x[i], &x2[i]);  // as on CUDA
 }
 
 void swiglu(const float* gate, const float* up, float* out, size_t n) {

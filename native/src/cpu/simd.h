@@ -1,7 +1,10 @@
-// Runtime CPU feature checks for the engine's hand-vectorised kernels (attention, norms,
-// conversions). The build targets baseline x86-64; AVX2/FMA/F16C code is compiled per function
-// with KVR_TARGET_AVX2 and chosen here at run time. Not the GEMM's dispatch (gemm.cpp owns that).
+// The target attribute for the engine's hand-vectorised kernels (attention, norms, conversions)
+// and their runtime check. The build targets baseline x86-64; AVX2/FMA/F16C code is compiled per
+// function with KVR_TARGET_AVX2 and chosen at run time by the one feature dispatch
+// (cpu_features.h).
 #pragma once
+
+#include "cpu/cpu_features.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #define KVR_X86 1
@@ -13,16 +16,8 @@
 
 namespace kvr::cpu::simd {
 
-// True when AVX2, FMA and F16C are all available (the engine uses them together).
-// Building with -DKVR_FORCE_GENERIC disables them (used to test the portable paths).
-inline bool has_avx2() {
-#if KVR_X86 && !defined(KVR_FORCE_GENERIC)
-  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                         __builtin_cpu_supports("f16c");
-  return ok;
-#else
-  return false;
-#endif
-}
+// True when AVX2, FMA and F16C are all available (the engine uses them together); a build with
+// -DKVR_FORCE_GENERIC reports false (cpu_features.cpp).
+inline bool has_avx2() { return use_avx2_fma_f16c(); }
 
 }  // namespace kvr::cpu::simd

@@ -1,0 +1,38 @@
+# Modal app: prefill function, tier fast.
+# Rendered by `deno task deploy render` from deploy/configs/fast.cuda.json (cuda variant).
+# Do not edit: change the config and render again (a test fails when this file is stale).
+# Deploy from the repository root: modal deploy deploy/modal/kvrelay_fast_cuda.py
+# Secrets: Modal secret "kvrelay" holding KVRELAY_API_KEYS, KVRELAY_REDIS_URL, KVRELAY_SNAPSHOT_KEY, KVRELAY_TENANT_SALT.
+import os
+import subprocess
+from pathlib import Path
+
+import modal
+
+ROOT = Path(__file__).resolve().parents[2]
+# Modal needs Python in the image; the image's ENTRYPOINT is replaced by the web server below.
+image = modal.Image.from_dockerfile(
+    str(ROOT / "deploy/Dockerfile.cuda"), context_dir=str(ROOT), add_python="3.12"
+).entrypoint([])
+app = modal.App("kvrelay-fast-cuda")
+
+
+@app.function(
+    image=image,
+    secrets=[modal.Secret.from_name("kvrelay")],
+    cpu=4,
+    memory=16384,
+    gpu="L4",
+    min_containers=1,
+    max_containers=20,
+    scaledown_window=300,
+    timeout=60,
+)
+@modal.concurrent(max_inputs=36, target_inputs=4)
+@modal.web_server(8080, startup_timeout=240)
+def kvrelay_fast_cuda() -> None:
+    subprocess.Popen(
+        ["deno", "run", "--cached-only", "-A", "functions/prefill/main.ts"],
+        cwd="/app",
+        env={**os.environ, **{"KVRELAY_CONFIG": "/app/deploy/configs/fast.cuda.json", "PORT": "8080", "HOST": "0.0.0.0"}},
+    )

@@ -1,0 +1,50 @@
+// Tests for the native decode step (native/src/cpu/decode_step.cpp): one parallel region per
+// token whose result must not depend on the thread count or on which count the per-sequence tuner
+// picks, and which must agree with the batched prefill path. Needs the built library.
+
+import assert from "node:assert/strict";
+import { NativeModel } from "./model.ts";
+import { assertClose, checkpoint, DEMO_DIRS, tokens } from "./test_helpers.ts";
+
+const STEPS = 24; // > the tuner's 8 probe steps, so both of its thread counts run
+
+async function decodeRun(dir: string, threads: number, kvDtype: "f32" | "bf16") {
+  using m = await NativeModel.load(await checkpoint(dir), { threads, kvDtype });
+  const toks = tokens(70 + STEPS, m.config.vocabSize, 11);
+  using s = m.createSequence(70 + STEPS);
+  await s.prefill(toks.slice(0, 70));
+  const out: Float32Array[] = [];
+  for (let i = 0; i < STEPS; i++) out.push(await s.decode(toks[70 + i]));
+  return out;
+}
+
+for (const kvDtype of ["f32", "bf16"] as const) {
+  Deno.test(`decode() logits are bit-identical at 1 and 2 threads, each demo model (${kvDtype} cache)`, async () => {
+    for (const dir of DEMO_DIRS) {
+      const one = await decodeRun(dir, 1, kvDtype);
+      const two = await decodeRun(dir, 2, kvDtype);
+      for (let i = 0; i < STEPS; i++) {
+        const a = one[i], b = two[i];
+        let same = a.length === b.length;
+        for (let j = 0; same && j < a.length; j++) same = Object.is(a[j], b[j]);
+        assert.ok(same, `${dir} step ${i}: 1- and 2-thread logits differ`);
+      }
+    }
+  });
+}
+
+Deno.test("decode() at 2 threads matches allPositions prefill rows over many steps (long context)", async () => {
+  // A context past several 64-key attention tiles, so the prefill path splits keys while decode
+  // does not: they agree within rounding.
+  using m = await NativeModel.load(await checkpoint(DEMO_DIRS[2]), { threads: 2 });
+  const toks = tokens(300, m.config.vocabSize, 5);
+  using s = m.createSequence(300);
+  await s.prefill(toks.slice(0, 280));
+  using ref = m.createSequence(300);
+  const all = await ref.prefill(toks, { allPositions: true });
+  const V = m.config.vocabSize;
+  for (let i = 280; i < 300; i++) {
+    const inc = await s.decode(toks[i]); // the logits of position i
+    assertClose(inc, all.subarray(i * V, (i + 1) * V), 1e-4, `position ${i}`);
+  }
+});

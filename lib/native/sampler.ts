@@ -1,0 +1,207 @@
+// NativeSampler: a kvr_sampler — the native twin of lib/engine's Sampler (same draws for the
+// same logits and seed), so a decode step can return a token id instead of a vocabulary of
+// floats. Options are checked here before FFI; the TypeScript Sampler stays the oracle (tests).
+// Not the option defaults or validation rules themselves (lib/engine/sampler.ts owns those).
+
+import { checkInt } from "./check.ts";
+import { EngineError } from "./errors.ts";
+import { cString, type NativeLibrary, openNativeLibrary } from "./library.ts";
+
+/** sizeof(kvr_sampling_params). */
+export const SAMPLING_PARAMS_BYTES = 40;
+/** KVR_SAMPLER_MAX_TOP: most top-n logprobs per call. */
+export const MAX_TOP_LOGPROBS = 64;
+
+/** Resolved sampling settings (lib/engine validateSampling output plus a concrete seed). */
+export interface NativeSamplingOptions {
+  /** 0 = greedy */
+  temperature: number;
+  /** 0 = off */
+  topK: number;
+  /** 1 = off */
+  topP: number;
+  /** 0 = off */
+  minP: number;
+  /** safe integer */
+  seed: number;
+}
+
+/** What to return besides the token. */
+export interface LogprobRequest {
+  /** the chosen token's log-probability (raw logits, temperature 1, no filters) */
+  logprob?: boolean;
+  /** this many most likely tokens with their log-probabilities (0..64) */
+  topLogprobs?: number;
+}
+
+/** One sampled token with the logprobs that were asked for. */
+export interface SampleResult {
+  token: number;
+  /** present when asked */
+  logprob?: number;
+  /** present when topLogprobs > 0: ids by descending logit and their log-probabilities */
+  top?: { ids: Int32Array; logprobs: Float64Array };
+}
+
+/**
+ * Encodes kvr_sampling_params (40 bytes, little-endian).
+ *
+ * @param o resolved options
+ * @returns the struct bytes
+ */
+export function encodeSamplingParams(o: NativeSamplingOptions): Uint8Array {
+  const b = new Uint8Array(SAMPLING_PARAMS_BYTES);
+  const v = new DataView(b.buffer);
+  v.setFloat64(0, o.temperature, true);
+  v.setFloat64(8, o.topP, true);
+  v.setFloat64(16, o.minP, true);
+  v.setBigInt64(24, BigInt(o.seed), true);
+  v.setUint32(32, Math.min(o.topK, 0xffff_ffff), true); // topK beyond any vocabulary = all
+  v.setUint32(36, 0, true);
+  return b;
+}
+
+/** @internal Output buffers of one sample call, reused across calls. */
+export class SampleBuffers {
+  readonly token = new Int32Array(1);
+  readonly logprob = new Float64Array(1);
+  readonly topCount = new Uint32Array(1);
+  topIds = new Int32Array(0);
+  topLogprobs = new Float64Array(0);
+
+  /** Checks a request and sizes the top arrays. @throws RangeError for topLogprobs out of range */
+  prepare(req: LogprobRequest): number {
+    const top = checkInt("topLogprobs", req.topLogprobs ?? 0, 0, MAX_TOP_LOGPROBS);
+    if (this.topIds.length < top) {
+      this.topIds = new Int32Array(top);
+      this.topLogprobs = new Float64Array(top);
+    }
+    return top;
+  }
+
+  /** The result after a successful call. */
+  result(req: LogprobRequest, top: number): SampleResult {
+    const r: SampleResult = { token: this.token[0] };
+    if (req.logprob) r.logprob = this.logprob[0];
+    if (top > 0) {
+      const n = this.topCount[0];
+      r.top = { ids: this.topIds.slice(0, n), logprobs: this.topLogprobs.slice(0, n) };
+    }
+    return r;
+  }
+}
+
+/** A native sampler: settings plus its own PRNG stream. Free it (or `using`). */
+export class NativeSampler {
+  /** the options it was created with */
+  readonly options: Readonly<NativeSamplingOptions>;
+  readonly #lib: NativeLibrary;
+  #ptr: Deno.PointerObject | null;
+  readonly #out = new SampleBuffers();
+  #busy = false;
+
+  private constructor(lib: NativeLibrary, ptr: Deno.PointerObject, o: NativeSamplingOptions) {
+    this.#lib = lib;
+    this.#ptr = ptr;
+    this.options = { ...o };
+  }
+
+  /**
+   * Creates a sampler.
+   *
+   * @param opts resolved options (validate with lib/engine validateSampling first)
+   * @param lib library (default openNativeLibrary())
+   * @returns the sampler
+   * @throws EngineError when the library rejects an option (the message names it)
+   */
+  static create(
+    opts: NativeSamplingOptions,
+    lib: NativeLibrary = openNativeLibrary(),
+  ): NativeSampler {
+    const out = new BigUint64Array(1);
+    lib.check(
+      lib.symbols.kvr_sampler_create(encodeSamplingParams(opts), out),
+      "kvr_sampler_create",
+    );
+    const ptr = Deno.UnsafePointer.create(out[0]);
+    if (ptr === null) {
+      throw new EngineError(-8, "kvr_sampler_create returned NULL", "kvr_sampler_create");
+    }
+    return new NativeSampler(lib, ptr, opts);
+  }
+
+  /** @internal the kvr_sampler*, checked not freed and not in use by a pending call */
+  get pointer(): Deno.PointerObject {
+    if (this.#ptr === null) throw new Error("NativeSampler: the sampler has been freed");
+    if (this.#busy) {
+      throw new Error("NativeSampler: a decodeSample() using this sampler is still running");
+    }
+    return this.#ptr;
+  }
+
+  /**
+   * @internal Marks the sampler in use by a nonblocking call (NativeSequence.decodeSample) until
+   * release(); sample(), free() and a second acquire() throw meanwhile.
+   * @returns the kvr_sampler*
+   */
+  acquire(): Deno.PointerObject {
+    const ptr = this.pointer;
+    this.#busy = true;
+    return ptr;
+  }
+
+  /** @internal ends acquire() */
+  release(): void {
+    this.#busy = false;
+  }
+
+  /**
+   * Picks a token from logits[0..width).
+   *
+   * @param logits one row
+   * @param width ids < width are candidates (default the row length)
+   * @param req logprobs to return
+   * @returns the token and the requested logprobs
+   * @throws RangeError for a bad width or topLogprobs; EngineError when no logit is finite
+   */
+  sample(logits: Float32Array, width = logits.length, req: LogprobRequest = {}): SampleResult {
+    const ptr = this.pointer;
+    checkInt("width", width, 1, logits.length);
+    const top = this.#out.prepare(req);
+    const o = this.#out;
+    const status = this.#lib.symbols.kvr_sampler_sample(
+      ptr,
+      logits,
+      BigInt(logits.length),
+      width,
+      o.token,
+      req.logprob ? o.logprob : null,
+      top > 0 ? o.topIds : null,
+      top > 0 ? o.topLogprobs : null,
+      top,
+      o.topCount,
+    );
+    if (status !== 0) {
+      throw new EngineError(
+        status,
+        cString(this.#lib.symbols.kvr_sampler_last_error(ptr)) || this.#lib.lastError(),
+        "kvr_sampler_sample",
+      );
+    }
+    return o.result(req, top);
+  }
+
+  /**
+   * Frees the native sampler (idempotent).
+   * @throws Error while a decodeSample() using it is running
+   */
+  free(): void {
+    if (this.#busy) throw new Error("NativeSampler.free(): a decodeSample() is still running");
+    if (this.#ptr !== null) this.#lib.symbols.kvr_sampler_free(this.#ptr);
+    this.#ptr = null;
+  }
+
+  [Symbol.dispose](): void {
+    this.free();
+  }
+}

@@ -1,0 +1,165 @@
+// Tests for NativeSampler (native/src/sampling.cpp) against the TypeScript Sampler of lib/engine,
+// the oracle: the same tokens for the same logits and seed over many seeds, settings and rows
+// (ties, -inf, NaN, flat and peaked rows), plus logprobs against a plain float64 log-softmax.
+
+import assert from "node:assert/strict";
+import { NativeSampler } from "./sampler.ts";
+import { EngineError } from "./errors.ts";
+import { Sampler, type SamplingOptions } from "../engine/sampler.ts";
+import { Xoshiro128 } from "../engine/prng.ts";
+
+/** A logits row of `kind` from a seeded stream. */
+function row(n: number, rng: Xoshiro128, kind: number): Float32Array {
+  const l = new Float32Array(n);
+  for (let i = 0; i < n; i++) {
+    const u = rng.nextFloat();
+    switch (kind % 4) {
+      case 0: // peaked: a few large logits over a Gaussian-ish floor
+        l[i] = (u - 0.5) * 6 + (i % 97 === 0 ? 8 * rng.nextFloat() : 0);
+        break;
+      case 1: // flat with many exact ties
+        l[i] = Math.floor(u * 8) / 4;
+        break;
+      case 2: // wide range, some -inf and NaN
+        l[i] = u < 0.05 ? -Infinity : u < 0.07 ? NaN : (u - 0.5) * 40;
+        break;
+      default: // near-uniform
+        l[i] = u * 0.01;
+    }
+  }
+  return l;
+}
+
+const SETTINGS: SamplingOptions[] = [
+  { temperature: 0 },
+  { temperature: 1 },
+  { temperature: 0.7 },
+  { temperature: 1.6 },
+  { temperature: 0.8, topK: 1 },
+  { temperature: 0.8, topK: 5 },
+  { temperature: 1.2, topK: 50 },
+  { temperature: 1, topP: 0.9 },
+  { temperature: 0.6, topP: 0.5 },
+  { temperature: 1, minP: 0.05 },
+  { temperature: 1.3, minP: 0.3 },
+  { temperature: 0.9, topK: 40, topP: 0.95, minP: 0.02 },
+  { temperature: 1, topK: 100000 },
+  { temperature: 0.5, topP: 0.999999 },
+];
+
+Deno.test("NativeSampler draws the TypeScript Sampler's tokens for identical logits, many seeds and settings", () => {
+  const data = new Xoshiro128(2024);
+  let draws = 0;
+  for (const [si, s] of SETTINGS.entries()) {
+    for (const seed of [0, 1, 42, -7, 2 ** 40 + 3, -(2 ** 52), 987654321]) {
+      const opts = { ...s, seed };
+      const ts = new Sampler(opts);
+      using nat = NativeSampler.create({ ...ts.options });
+      for (let step = 0; step < 12; step++) {
+        const n = step % 3 === 0 ? 4096 : step % 3 === 1 ? 1000 : 37;
+        const l = row(n, data, step + si);
+        const width = step % 5 === 4 ? n - 3 : n;
+        const want = ts.sample(l.subarray(0, width));
+        const got = nat.sample(l, width).token;
+        assert.equal(got, want, `settings ${JSON.stringify(opts)} step ${step} n ${n}`);
+        draws++;
+      }
+    }
+  }
+  assert.equal(draws, SETTINGS.length * 7 * 12);
+});
+
+Deno.test("NativeSampler keeps the stream in step with the TypeScript Sampler over a long generation", () => {
+  const data = new Xoshiro128(7);
+  const opts = { temperature: 0.9, topK: 20, topP: 0.9, seed: 31337 };
+  const ts = new Sampler(opts);
+  using nat = NativeSampler.create({ ...ts.options });
+  for (let step = 0; step < 400; step++) {
+    const l = row(512, data, 0);
+    assert.equal(nat.sample(l).token, ts.sample(l), `step ${step}`);
+  }
+});
+
+function logSoftmax(l: Float32Array, width: number): Float64Array {
+  let max = -Infinity;
+  for (let i = 0; i < width; i++) if (l[i] > max) max = l[i];
+  let total = 0;
+  for (let i = 0; i < width; i++) if (l[i] > -Infinity) total += Math.exp(l[i] - max);
+  const out = new Float64Array(width);
+  for (let i = 0; i < width; i++) {
+    out[i] = l[i] > -Infinity ? l[i] - max - Math.log(total) : -Infinity;
+  }
+  return out;
+}
+
+Deno.test("NativeSampler returns the chosen and top-n logprobs of a plain float64 log-softmax", () => {
+  const data = new Xoshiro128(99);
+  using nat = NativeSampler.create({ temperature: 1, topK: 0, topP: 1, minP: 0, seed: 5 });
+  for (let k = 0; k < 6; k++) {
+    const l = row(3000, data, k);
+    const width = 2990;
+    const ref = logSoftmax(l, width);
+    const r = nat.sample(l, width, { logprob: true, topLogprobs: 7 });
+    assert.ok(Math.abs(r.logprob! - ref[r.token]) <= 1e-12 * Math.max(1, Math.abs(ref[r.token])));
+    const order = [...Array(width).keys()].filter((i) => l[i] > -Infinity)
+      .sort((a, b) => l[b] - l[a] || a - b).slice(0, 7);
+    assert.deepEqual(Array.from(r.top!.ids), order);
+    r.top!.logprobs.forEach((lp, j) =>
+      assert.ok(Math.abs(lp - ref[order[j]]) <= 1e-12 * Math.max(1, -lp))
+    );
+  }
+  // fewer finite logits than asked: only the finite ones come back
+  const l = new Float32Array([-Infinity, 1, NaN, 2]);
+  const r = nat.sample(l, 4, { topLogprobs: 4 });
+  assert.deepEqual(Array.from(r.top!.ids), [3, 1]);
+});
+
+Deno.test("NativeSampler rejects bad options, widths and rows without a finite logit", () => {
+  const base = { temperature: 1, topK: 0, topP: 1, minP: 0, seed: 1 };
+  assert.throws(() => NativeSampler.create({ ...base, temperature: -1 }), /temperature/);
+  assert.throws(() => NativeSampler.create({ ...base, topP: 0 }), /top_p/);
+  assert.throws(() => NativeSampler.create({ ...base, minP: 1.5 }), /min_p/);
+  using s = NativeSampler.create(base);
+  assert.throws(() => s.sample(new Float32Array(4), 5), RangeError);
+  assert.throws(() => s.sample(new Float32Array(4), 4, { topLogprobs: 65 }), RangeError);
+  assert.throws(
+    () => s.sample(new Float32Array([-Infinity, NaN]), 2),
+    (e: unknown) => e instanceof EngineError && /no finite logit/.test(e.message),
+  );
+});
+
+Deno.test("`decodeSample()` returns the token the sampler would draw from `decode()`'s logits, with logprobs", async () => {
+  const { NativeModel } = await import("./model.ts");
+  const { checkpoint, DEMO_DIRS, tokens } = await import("./test_helpers.ts");
+  using m = await NativeModel.load(await checkpoint(DEMO_DIRS[1]), { threads: 2 });
+  const V = m.config.vocabSize;
+  const toks = tokens(20, V, 3);
+  using a = m.createSequence(64);
+  using b = m.createSequence(64);
+  await a.prefill(toks);
+  await b.prefill(toks);
+  const opts = { temperature: 0.9, topK: 30, topP: 0.95, minP: 0, seed: 77 };
+  using sa = a.createSampler(opts);
+  using sb = NativeSampler.create(opts);
+  let ta = toks[19], tb = toks[19];
+  for (let i = 0; i < 10; i++) {
+    const r = await a.decodeSample(ta, sa, V - 5, { logprob: true, topLogprobs: 3 });
+    const logits = await b.decode(tb);
+    const want = sb.sample(logits, V - 5, { logprob: true, topLogprobs: 3 });
+    assert.deepEqual(r, want, `step ${i}`);
+    ta = r.token;
+    tb = want.token;
+  }
+  assert.equal(a.length, 30);
+  // checked before FFI / before the decode: the sequence is unchanged
+  await assert.rejects(() => a.decodeSample(V, sa), RangeError);
+  await assert.rejects(() => a.decodeSample(1, sa, V + 1), RangeError);
+  await assert.rejects(() => a.decodeSample(1, sa, V, { topLogprobs: 65 }), RangeError);
+  assert.equal(a.length, 30);
+  // the sampler is busy while a step runs
+  const p = a.decodeSample(1, sa);
+  assert.throws(() => sa.sample(new Float32Array(4)), /still running/);
+  assert.throws(() => sa.free(), /still running/);
+  await p;
+  sa.sample(new Float32Array(4));
+});

@@ -1,0 +1,242 @@
+// Tests of the native chunk codec (kvr_seq_export_chunk / kvr_seq_import_chunk through
+// nativeSource / nativeSink) against the TypeScript chunk codec over readKv / writeKv as the
+// oracle: identical snapshot bytes for every encoding and cache dtype, identical imported KV,
+// damaged frames refused with the same SnapshotError kinds and nothing written.
+
+import assert from "node:assert/strict";
+import { type LoadedModel, loadModel } from "../engine/mod.ts";
+import { EngineError, type NativeSequence } from "../native/mod.ts";
+import { crc32c } from "./crc32c.ts";
+import { SnapshotError } from "./errors.ts";
+import { type CacheDtype, decodeHeader, PREFIX_BYTES, type SnapshotEncoding } from "./format.ts";
+import { MemoryKv } from "./kv_test_helper.ts";
+import { nativeSink, nativeSource, readKvSource, writeKvSink } from "./native_chunk.ts";
+import { NativeKvCodec } from "./native_codec.ts";
+import { decodeSnapshot, encodeSnapshot, type SnapshotMeta } from "./stream.ts";
+import { geometryOf } from "./engine.ts";
+
+const MODELS = new URL("../../models/", import.meta.url).pathname;
+const codec = new NativeKvCodec();
+const ENCODINGS: SnapshotEncoding[] = ["f32", "f16", "bf16", "q8", "q4"];
+
+/** A sequence of `model` holding seeded KV-like values at positions [0, tokens). */
+function filledSequence(model: LoadedModel, tokens: number, seed: number): NativeSequence {
+  const c = model.native.config;
+  const kv = MemoryKv.random(c.numLayers, c.numKvHeads, c.headDim, tokens, "f32", seed);
+  const seq = model.native.createSequence(tokens);
+  for (let l = 0; l < c.numLayers; l++) {
+    const { k, v } = kv.readKv(l, 0, tokens, "f32");
+    seq.writeKv(l, 0, tokens, k, v, "f32");
+  }
+  seq.setLength(tokens);
+  return seq;
+}
+
+function metaOf(model: LoadedModel, tokens: number, offset = 0): SnapshotMeta {
+  return {
+    modelFingerprint: "11".repeat(32),
+    tokenizerFingerprint: "22".repeat(32),
+    geometry: geometryOf(model.native.config),
+    cacheDtype: model.native.kvDtype,
+    tokenIds: Array.from({ length: tokens }, (_, i) => (i * 7) % 4096),
+    positionOffset: offset,
+  };
+}
+
+function readAll(seq: NativeSequence, layers: number, count: number): Uint8Array[] {
+  const out: Uint8Array[] = [];
+  for (let l = 0; l < layers; l++) {
+    const { k, v } = seq.readKv(l, 0, count, "f32");
+    out.push(k, v);
+  }
+  return out;
+}
+
+Deno.test("`nativeSource()` encodes the same snapshot bytes as the TypeScript codec for every encoding and cache dtype", async () => {
+  for (const kvDtype of ["f32", "bf16", "f16"] as CacheDtype[]) {
+    const model = await loadModel(`${MODELS}tiny-fast`, { kvDtype, threads: 1 });
+    try {
+      const seq = filledSequence(model, 77, 5);
+      for (const encoding of ENCODINGS) {
+        for (const [chunkTokens, groupSize, start] of [[16, 32, 0], [30, 5, 3], [77, 7, 0]]) {
+          const n = 77 - start;
+          const meta = metaOf(model, n, start);
+          const opts = { encoding, chunkTokens, groupSize, codec };
+          const want = await encodeSnapshot(readKvSource(seq), meta, opts);
+          const got = await encodeSnapshot(nativeSource(seq), meta, opts);
+          assert.equal(got.length, want.length);
+          assert(
+            got.every((b, i) => b === want[i]),
+            `${kvDtype} cache, ${encoding}, chunk ${chunkTokens}, group ${groupSize}, start ${start}`,
+          );
+        }
+      }
+      seq.free();
+    } finally {
+      model.native.free();
+    }
+  }
+});
+
+Deno.test("`nativeSink()` imports the same KV as the TypeScript decoder for every encoding", async () => {
+  for (const kvDtype of ["f32", "bf16"] as CacheDtype[]) {
+    const model = await loadModel(`${MODELS}tiny-fast`, { kvDtype, threads: 1 });
+    const L = model.native.config.numLayers;
+    try {
+      const seq = filledSequence(model, 45, 9);
+      for (const encoding of ENCODINGS) {
+        const bytes = await encodeSnapshot(nativeSource(seq), metaOf(model, 45), {
+          encoding,
+          chunkTokens: 16,
+          groupSize: 6,
+          codec,
+        });
+        const a = model.native.createSequence(45), b = model.native.createSequence(45);
+        await decodeSnapshot(bytes, { onHeader: () => nativeSink(a) }, { codec });
+        await decodeSnapshot(bytes, { onHeader: () => writeKvSink(b) }, { codec });
+        assert.equal(a.length, 45);
+        assert.equal(b.length, 45);
+        assert.deepEqual(readAll(a, L, 45), readAll(b, L, 45), `${kvDtype} cache, ${encoding}`);
+        if (encoding === kvDtype) {
+          assert.deepEqual(readAll(a, L, 45), readAll(seq, L, 45), `${encoding} is lossless`);
+        }
+        a.free();
+        b.free();
+      }
+      seq.free();
+    } finally {
+      model.native.free();
+    }
+  }
+});
+
+/** Offset and length of chunk 0's unsigned frame in an unsigned snapshot. */
+function chunk0(bytes: Uint8Array): { at: number; len: number } {
+  const { header, layout } = decodeHeader(bytes.subarray(0, layout0(bytes)));
+  return { at: layout.payloadStart + header.chunks[0].offset, len: header.chunks[0].length };
+}
+
+function layout0(bytes: Uint8Array): number {
+  return PREFIX_BYTES + new DataView(bytes.buffer, bytes.byteOffset).getUint32(16, true);
+}
+
+function fixCrc(bytes: Uint8Array, at: number, len: number): void {
+  new DataView(bytes.buffer, bytes.byteOffset).setUint32(
+    at + len - 4,
+    crc32c(bytes.subarray(at, at + len - 4)),
+    true,
+  );
+}
+
+Deno.test("`nativeSink()` refuses damaged chunks as checksum / format and writes nothing", async () => {
+  const model = await loadModel(`${MODELS}tiny-fast`, { threads: 1 });
+  const L = model.native.config.numLayers;
+  try {
+    const seq = filledSequence(model, 20, 3);
+    for (const encoding of ["f32", "q8", "q4"] as SnapshotEncoding[]) {
+      const good = await encodeSnapshot(nativeSource(seq), metaOf(model, 20), {
+        encoding,
+        chunkTokens: 20,
+        codec,
+      });
+      const { at, len } = chunk0(good);
+      const cases: [string, (b: Uint8Array) => void, SnapshotError["kind"], RegExp][] = [
+        ["payload bit", (b) => (b[at + 40] ^= 1), "checksum", /chunk 0 checksum mismatch/],
+        [
+          "stored index",
+          (b) => {
+            b[at] = 1;
+            fixCrc(b, at, len);
+          },
+          "format",
+          /index 1\/20 tokens where the table expects 0\/20/,
+        ],
+      ];
+      if (encoding !== "f32") {
+        // the last layer's K scales: a negative scale is corrupt (only caught after layer 0
+        // would have been written by a layer-at-a-time decoder)
+        const layerBytes = (len - 12) / L;
+        cases.push([
+          "negative scale",
+          (b) => {
+            new DataView(b.buffer).setFloat32(at + 8 + (L - 1) * layerBytes + 4, -1, true);
+            fixCrc(b, at, len);
+          },
+          "format",
+          /scale 1 is -1/,
+        ]);
+      }
+      for (const [what, damage, kind, message] of cases) {
+        const bad = good.slice();
+        damage(bad);
+        const dst = model.native.createSequence(20);
+        await assert.rejects(
+          decodeSnapshot(bad, { onHeader: () => nativeSink(dst) }, { codec }),
+          (e) => e instanceof SnapshotError && e.kind === kind && message.test(e.message),
+          `${encoding}: ${what}`,
+        );
+        assert.equal(dst.length, 0, `${encoding}: ${what}: length unchanged`);
+        // a fresh cache is zeroed: every position must still read 0
+        dst.setLength(20);
+        for (const block of readAll(dst, L, 20)) {
+          assert(block.every((x) => x === 0), `${encoding}: ${what}: KV written`);
+        }
+        dst.setLength(0);
+        // the TypeScript decoder agrees on the kind
+        await assert.rejects(
+          decodeSnapshot(bad, { onHeader: () => writeKvSink(dst) }, { codec }),
+          (e) => e instanceof SnapshotError && e.kind === kind,
+          `${encoding}: ${what} (TypeScript)`,
+        );
+        dst.free();
+      }
+    }
+    seq.free();
+  } finally {
+    model.native.free();
+  }
+});
+
+Deno.test("`exportChunkFrame()` refuses NaN KV under q8/q4 and bad arguments", async () => {
+  const model = await loadModel(`${MODELS}tiny-fast`, { threads: 1 });
+  const c = model.native.config;
+  try {
+    const seq = filledSequence(model, 8, 1);
+    const n = c.numKvHeads * c.headDim;
+    const k = new Float32Array(n).fill(0.5);
+    k[3] = NaN;
+    seq.writeKv(2, 4, 1, new Uint8Array(k.buffer), new Uint8Array(n * 4), "f32");
+    for (const [encoding, group] of [["q8", 0], ["q4", 32]] as const) {
+      const frame = new Uint8Array(seq.chunkBytes(encoding, group, 8));
+      assert.throws(
+        () => seq.exportChunkFrame(encoding, group, 0, 0, 8, frame),
+        (e) =>
+          e instanceof EngineError && e.codeName === "INVALID_ARGUMENT" &&
+          /layer 2: K holds NaN/.test(e.message),
+      );
+    }
+    // lossless encodings carry the NaN as it is
+    const f32 = new Uint8Array(seq.chunkBytes("f32", 0, 8));
+    seq.exportChunkFrame("f32", 0, 0, 0, 8, f32);
+    const frame = new Uint8Array(seq.chunkBytes("f32", 0, 8) + 1);
+    assert.throws(
+      () => seq.exportChunkFrame("f32", 0, 0, 0, 8, frame),
+      (e) => e instanceof EngineError && /frame_len \d+, expected \d+/.test(e.message),
+    );
+    assert.throws(
+      () => seq.exportChunkFrame("q4", 0, 0, 0, 8, frame),
+      (e) => e instanceof EngineError && /q4 group_size 0 outside/.test(e.message),
+    );
+    assert.throws(
+      () => seq.exportChunkFrame("q9" as SnapshotEncoding, 0, 0, 0, 8, frame),
+      TypeError,
+    );
+    assert.throws(() => seq.exportChunkFrame("f32", 0, 0, 4, 5, f32), RangeError);
+    const dst = model.native.createSequence(8);
+    assert.throws(() => dst.importChunkFrame("f32", 0, 0, 1, 7, f32), RangeError); // start > length
+    seq.free();
+    dst.free();
+  } finally {
+    model.native.free();
+  }
+});

@@ -1,0 +1,43 @@
+// Properties of the built library (build/native, CMakeLists.txt): only the C ABI is exported,
+// and a build made where nvcc exists compiles the CUDA backend (its probe then answers with the
+// CUDA runtime's reason on a machine without a GPU, not the stub's "built without CUDA").
+
+import assert from "node:assert/strict";
+
+const root = new URL("../", import.meta.url).pathname;
+const lib = Deno.env.get("KVRELAY_LIB") ?? `${root}build/native/libkvrelay.so`;
+
+async function run(cmd: string, args: string[]): Promise<string> {
+  const { code, stdout, stderr } = await new Deno.Command(cmd, {
+    args,
+    stdout: "piped",
+    stderr: "piped",
+  })
+    .output();
+  assert.equal(code, 0, new TextDecoder().decode(stderr));
+  return new TextDecoder().decode(stdout);
+}
+
+Deno.test("libkvrelay exports only kvr_* symbols (static CUDA runtime and libstdc++ stay hidden)", async () => {
+  const out = await run("nm", ["-D", "--defined-only", lib]);
+  const names = out.split("\n").filter((l) => l.trim()).map((l) => l.trim().split(/\s+/).pop()!);
+  assert.ok(names.length >= 40, `only ${names.length} exported symbols`);
+  assert.deepEqual(names.filter((n) => !n.startsWith("kvr_")), []);
+});
+
+Deno.test("a build with nvcc compiles the CUDA backend: the probe gives CUDA's reason, not the stub's", async () => {
+  const cache = await Deno.readTextFile(`${root}build/native/CMakeCache.txt`).catch(() => "");
+  const cudaBuilt = /^KVR_CUDA:BOOL=ON$/m.test(cache) &&
+    /^CMAKE_CUDA_COMPILER:[^=]*=.+$/m.test(cache);
+  const { openNativeLibrary } = await import("../lib/native/library.ts");
+  const l = openNativeLibrary(lib);
+  const info = new Uint8Array(512);
+  const st = l.symbols.kvr_backend_probe(1, 0, info, 512n);
+  const text = new TextDecoder().decode(info.subarray(0, info.indexOf(0)));
+  if (st === 0) return; // a machine with a GPU: nothing to say here (scripts/gpu_check.sh covers it)
+  if (cudaBuilt && !Deno.env.get("KVRELAY_LIB")) {
+    assert.match(text, /^no CUDA device: cuda[A-Za-z]+ \(\d+\): /);
+  } else {
+    assert.match(text, /^(built without CUDA support|no CUDA device: )/);
+  }
+});

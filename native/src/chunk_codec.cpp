@@ -1,0 +1,191 @@
+// The host ("copy path") snapshot chunk codec: Backend::export_chunk / import_chunk's default,
+// built on the backend's kv_read / kv_write and the CPU quantizers and CRC32C, producing exactly
+// the bytes lib/snapshot/chunk.ts encodeChunk writes. The CPU backend uses it as is; a device
+// backend overrides both (native/src/cuda/codec.cu) and falls back here for what it lacks.
+// Not the argument validation (snapshot_chunk.cpp) nor the container format (lib/snapshot).
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "backend.h"
+#include "common/chunk_layout.h"
+#include "cpu/kv_quant.h"
+#include "errors.h"
+
+namespace kvr {
+namespace {
+
+using chunk::Layout;
+using cpu::QuantAxis;
+
+uint32_t load_u32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;  // little-endian host (x86-64, aarch64)
+}
+
+void store_u32(uint8_t* p, uint32_t v) { std::memcpy(p, &v, 4); }
+
+bool aligned4(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 3u) == 0; }
+
+// Copies n floats from a possibly unaligned byte address.
+void load_f32s(const uint8_t* p, size_t n, std::vector<float>& out) {
+  out.resize(n);
+  std::memcpy(out.data(), p, n * 4);
+}
+
+// Checks stored scales (>= 0, finite) and, for q4, mins (finite): the dequantizers' rules.
+void check_scales(const char* what, uint32_t index, size_t layer, const uint8_t* scales, const uint8_t* mins,
+                  size_t n, std::vector<float>& tmp) {
+  load_f32s(scales, n, tmp);
+  for (size_t i = 0; i < n; ++i) {
+    if (!(tmp[i] >= 0.0f && tmp[i] <= FLT_MAX))
+      throw BackendError(KVR_ERR_CORRUPT, format("chunk %u layer %zu %s: scale %zu is %g (must be finite and >= 0)",
+                                                 index, layer, what, i, static_cast<double>(tmp[i])));
+  }
+  if (mins == nullptr) return;
+  load_f32s(mins, n, tmp);
+  for (size_t i = 0; i < n; ++i) {
+    if (!(std::fabs(tmp[i]) <= FLT_MAX))
+      throw BackendError(KVR_ERR_CORRUPT, format("chunk %u layer %zu %s: min %zu is %g (must be finite)", index,
+                                                 layer, what, i, static_cast<double>(tmp[i])));
+  }
+}
+
+// Quantizes one f32 block x (heads, tokens, dim) into the frame block at `block`.
+void encode_block(const Layout& L, bool is_k, const float* x, uint8_t* block, uint32_t index, size_t layer,
+                  std::vector<float>& s, std::vector<float>& m) {
+  const QuantAxis axis = is_k ? QuantAxis::PerChannel : QuantAxis::PerToken;
+  if (!cpu::all_finite(x, L.n()))
+    throw BackendError(KVR_ERR_INVALID_ARGUMENT,
+                       format("chunk %u layer %zu: %s holds NaN or infinity (%s needs finite KV)", index, layer,
+                              is_k ? "K" : "V", L.encoding == chunk::kEncQ8 ? "q8" : "q4"));
+  if (L.encoding == chunk::kEncQ8) {
+    const size_t ns = is_k ? L.q8_k_scales() : L.q8_v_scales();
+    s.resize(ns);
+    cpu::quantize_q8(x, L.heads, L.tokens, L.dim, axis,
+                     reinterpret_cast<int8_t*>(block + (is_k ? L.q8_k_codes() : L.q8_v_codes())), s.data());
+    std::memcpy(block, s.data(), ns * 4);
+    return;
+  }
+  const size_t ng = is_k ? L.q4_k_groups() : L.q4_v_groups();
+  s.resize(ng);
+  m.resize(ng);
+  cpu::quantize_q4(x, L.heads, L.tokens, L.dim, axis, L.group, block + (is_k ? L.q4_k_codes() : L.q4_v_codes()),
+                   s.data(), m.data());
+  if (!cpu::all_finite(s.data(), ng))  // max - min overflowed f32 (values near ±FLT_MAX)
+    throw BackendError(KVR_ERR_INVALID_ARGUMENT,
+                       format("chunk %u layer %zu: a q4 group's range max - min overflows f32", index, layer));
+  std::memcpy(block, s.data(), ng * 4);
+  std::memcpy(block + (is_k ? L.q4_k_mins() : L.q4_v_mins()), m.data(), ng * 4);
+}
+
+// Dequantizes the frame block at `block` (scales already checked) into x (heads, tokens, dim).
+void decode_block(const Layout& L, bool is_k, const uint8_t* block, float* x, std::vector<float>& s,
+                  std::vector<float>& m) {
+  const QuantAxis axis = is_k ? QuantAxis::PerChannel : QuantAxis::PerToken;
+  if (L.encoding == chunk::kEncQ8) {
+    load_f32s(block, is_k ? L.q8_k_scales() : L.q8_v_scales(), s);
+    cpu::dequantize_q8(reinterpret_cast<const int8_t*>(block + (is_k ? L.q8_k_codes() : L.q8_v_codes())), s.data(),
+                       L.heads, L.tokens, L.dim, axis, x);
+    return;
+  }
+  const size_t ng = is_k ? L.q4_k_groups() : L.q4_v_groups();
+  load_f32s(block, ng, s);
+  load_f32s(block + (is_k ? L.q4_k_mins() : L.q4_v_mins()), ng, m);
+  cpu::dequantize_q4(block + (is_k ? L.q4_k_codes() : L.q4_v_codes()), s.data(), m.data(), L.heads, L.tokens, L.dim,
+                     axis, L.group, x);
+}
+
+}  // namespace
+
+void Backend::export_chunk(const SeqState& s, const ChunkSpec& c, uint8_t* frame, size_t frame_len) const {
+  const Layout& L = c.layout;
+  const uint32_t T = static_cast<uint32_t>(L.tokens);
+  store_u32(frame, c.index);
+  store_u32(frame + 4, T);
+  if (L.lossless()) {
+    // The frame's blocks are exactly kv_read's (kv_heads, T, head_dim) layout in the encoding's
+    // type: read straight into the frame when the address suits the element type.
+    const size_t bytes = L.k_block_bytes();
+    std::vector<uint8_t> kb, vb;
+    for (size_t l = 0; l < L.layers; ++l) {
+      uint8_t* k = frame + L.k_offset(l);
+      uint8_t* v = frame + L.v_offset(l);
+      if (aligned4(k) && aligned4(v)) {
+        kv_read(s, static_cast<uint32_t>(l), c.start, T, L.encoding, k, v);
+      } else {
+        kb.resize(bytes);
+        vb.resize(bytes);
+        kv_read(s, static_cast<uint32_t>(l), c.start, T, L.encoding, kb.data(), vb.data());
+        std::memcpy(k, kb.data(), bytes);
+        std::memcpy(v, vb.data(), bytes);
+      }
+    }
+  } else {
+    std::vector<float> kf(L.n()), vf(L.n()), sc, mn;
+    for (size_t l = 0; l < L.layers; ++l) {
+      kv_read(s, static_cast<uint32_t>(l), c.start, T, KVR_DTYPE_F32, kf.data(), vf.data());
+      encode_block(L, true, kf.data(), frame + L.k_offset(l), c.index, l, sc, mn);
+      encode_block(L, false, vf.data(), frame + L.v_offset(l), c.index, l, sc, mn);
+    }
+  }
+  const size_t body = frame_len - chunk::kFrameCrcBytes;
+  store_u32(frame + body, cpu::crc32c(frame, body, 0));
+}
+
+void Backend::import_chunk(SeqState& s, const ChunkSpec& c, const uint8_t* frame, size_t frame_len) const {
+  const Layout& L = c.layout;
+  const uint32_t T = static_cast<uint32_t>(L.tokens);
+  const size_t body = frame_len - chunk::kFrameCrcBytes;
+  const uint32_t stored = load_u32(frame + body), crc = cpu::crc32c(frame, body, 0);
+  if (stored != crc)
+    throw BackendError(KVR_ERR_CHECKSUM, format("chunk %u checksum mismatch: stored crc32c 0x%x, computed 0x%x",
+                                                c.index, stored, crc));
+  const uint32_t got_index = load_u32(frame), got_tokens = load_u32(frame + 4);
+  if (got_index != c.index || got_tokens != T)
+    throw BackendError(KVR_ERR_CORRUPT,
+                       format("chunk frame says index %u/%u tokens where the table expects %u/%u", got_index,
+                              got_tokens, c.index, T));
+  if (L.lossless()) {
+    const size_t bytes = L.k_block_bytes();
+    std::vector<uint8_t> kb, vb;
+    for (size_t l = 0; l < L.layers; ++l) {
+      const uint8_t* k = frame + L.k_offset(l);
+      const uint8_t* v = frame + L.v_offset(l);
+      if (!aligned4(k) || !aligned4(v)) {
+        kb.assign(k, k + bytes);
+        vb.assign(v, v + bytes);
+        k = kb.data();
+        v = vb.data();
+      }
+      kv_write(s, static_cast<uint32_t>(l), c.start, T, L.encoding, k, v);
+    }
+    return;
+  }
+  // Every scale of the chunk is checked before any layer is written (a corrupt chunk leaves the
+  // cache as it was, as the TypeScript decoder that decodes the whole chunk first does).
+  std::vector<float> tmp;
+  const bool q8 = L.encoding == chunk::kEncQ8;
+  for (size_t l = 0; l < L.layers; ++l) {
+    const uint8_t* kb = frame + L.k_offset(l);
+    const uint8_t* vb = frame + L.v_offset(l);
+    if (q8) {
+      check_scales("K", c.index, l, kb, nullptr, L.q8_k_scales(), tmp);
+      check_scales("V", c.index, l, vb, nullptr, L.q8_v_scales(), tmp);
+    } else {
+      check_scales("K", c.index, l, kb, kb + L.q4_k_mins(), L.q4_k_groups(), tmp);
+      check_scales("V", c.index, l, vb, vb + L.q4_v_mins(), L.q4_v_groups(), tmp);
+    }
+  }
+  std::vector<float> kf(L.n()), vf(L.n()), sc, mn;
+  for (size_t l = 0; l < L.layers; ++l) {
+    decode_block(L, true, frame + L.k_offset(l), kf.data(), sc, mn);
+    decode_block(L, false, frame + L.v_offset(l), vf.data(), sc, mn);
+    kv_write(s, static_cast<uint32_t>(l), c.start, T, KVR_DTYPE_F32, kf.data(), vf.data());
+  }
+}
+
+}  // namespace kvr

@@ -1,0 +1,66 @@
+// CPU feature detection (see cpu_features.h): __builtin_cpu_supports once per process, the
+// KVRELAY_CPU_KERNEL override, and the description string.
+#include "cpu/cpu_features.h"
+
+#include <omp.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "cpu/gemm.h"
+
+namespace kvr::cpu {
+namespace {
+
+CpuFeatures detect() {
+  CpuFeatures f;
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+  __builtin_cpu_init();
+  f.sse42 = __builtin_cpu_supports("sse4.2");
+  f.avx512f = __builtin_cpu_supports("avx512f");
+#if !defined(KVR_FORCE_GENERIC)
+  f.avx2 = __builtin_cpu_supports("avx2");
+  f.fma = __builtin_cpu_supports("fma");
+  f.f16c = __builtin_cpu_supports("f16c");
+#endif
+#endif
+  const char* forced = std::getenv("KVRELAY_CPU_KERNEL");
+  f.gemm_forced_generic = forced != nullptr && std::strcmp(forced, "generic") == 0;
+  return f;
+}
+
+// "model name" of the first processor in /proc/cpuinfo, or "unknown CPU".
+std::string model_name() {
+  std::string name = "unknown CPU";
+  FILE* f = std::fopen("/proc/cpuinfo", "r");
+  if (f == nullptr) return name;
+  char line[512];
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    if (std::strncmp(line, "model name", 10) != 0) continue;
+    const char* colon = std::strchr(line, ':');
+    if (colon == nullptr) continue;
+    std::string v(colon + 1);
+    const size_t b = v.find_first_not_of(" \t"), e = v.find_last_not_of(" \t\r\n");
+    if (b != std::string::npos && e != std::string::npos) name = v.substr(b, e - b + 1);
+    break;
+  }
+  std::fclose(f);
+  return name;
+}
+
+}  // namespace
+
+const CpuFeatures& cpu_features() {
+  static const CpuFeatures f = detect();
+  return f;
+}
+
+std::string cpu_description() {
+  const std::string simd = use_avx2_fma_f16c() ? "avx2-fma-f16c" : "generic";
+  return "cpu: " + model_name() + ", " + std::to_string(omp_get_num_procs()) + " cores, " + simd +
+         " kernels (gemm " + kernel_name() + ")";
+}
+
+}  // namespace kvr::cpu

@@ -1,0 +1,203 @@
+// Host orchestration of the device snapshot codec (codec.cu) for one CUDA sequence: a device
+// frame buffer, two pinned slabs and a copy stream, so that encoding (compute stream), the PCIe
+// copy (copy stream) and the host copy into the caller's frame overlap slab by slab on export,
+// and the host copy and the upload overlap on import, where the checks (CRC32C, stored index,
+// scales) complete before anything is written to the cache. Messages and statuses equal the
+// host codec's (chunk_codec.cpp). Not the kernels (codec.cu) nor argument validation.
+#include "cuda/codec_host.h"
+
+#include <cuda_runtime.h>
+
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <utility>
+#include <vector>
+#include <algorithm>
+
+#include "errors.h"
+#include "kvrelay.h"
+
+namespace kvr::cuda {
+namespace {
+
+constexpr size_t kSlabBytes = 4u << 20;  // pipelining granule (bytes of frame per slab)
+
+uint32_t load_u32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+float load_f32(const uint8_t* p) {
+  float v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+}  // namespace
+
+CodecStaging::~CodecStaging() {
+  if (copy_stream_) {
+    cudaStreamSynchronize(copy_stream_);
+    cudaStreamDestroy(copy_stream_);
+  }
+  for (cudaEvent_t e : events_) cudaEventDestroy(e);
+  if (frame_) cudaFree(frame_);
+  if (raw_) cudaFree(raw_);
+  if (words_) cudaFree(words_);
+  for (void* p : pinned_)
+    if (p) cudaFreeHost(p);
+  if (small_) cudaFreeHost(small_);
+}
+
+void CodecStaging::reserve(size_t frame_len, size_t events, const Check& ck) {
+  if (!copy_stream_) ck(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking), "creating the codec stream");
+  if (!words_) ck(cudaMalloc(&words_, 64), "allocating codec flags");
+  if (!small_) ck(cudaHostAlloc(&small_, 64, cudaHostAllocDefault), "allocating pinned codec flags");
+  if (frame_bytes_ < frame_len) {
+    if (frame_) cudaFree(frame_);
+    if (raw_) cudaFree(raw_);
+    frame_ = nullptr;
+    raw_ = nullptr;
+    frame_bytes_ = 0;
+    ck(cudaMalloc(&frame_, frame_len), "allocating the device chunk frame");
+    ck(cudaMalloc(&raw_, ((frame_len + kCrcPiece - 1) / kCrcPiece + 1) * sizeof(uint32_t)),
+       "allocating CRC pieces");
+    frame_bytes_ = frame_len;
+  }
+  for (int i = 0; i < 2; ++i)
+    if (!pinned_[i]) ck(cudaHostAlloc(&pinned_[i], kSlabBytes, cudaHostAllocDefault), "allocating pinned slabs");
+  while (events_.size() < events) {
+    cudaEvent_t e = nullptr;
+    ck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "creating codec events");
+    events_.push_back(e);
+  }
+}
+
+void CodecStaging::export_chunk(const DevKv& kv, const ChunkSpec& c, uint8_t* frame, size_t frame_len,
+                                cudaStream_t stream, const Check& ck) {
+  const chunk::Layout& L = c.layout;
+  const size_t body = frame_len - chunk::kFrameCrcBytes;
+  // Slabs: runs of whole layers of about kSlabBytes (a layer larger than a slab is one slab,
+  // copied in kSlabBytes pieces). events_: [0, 2) the copies into pinned slab 0 / 1, then one
+  // per slab for its encode.
+  std::vector<std::pair<size_t, size_t>> slabs;  // [l0, l1)
+  const size_t per_slab = std::max<size_t>(1, kSlabBytes / std::max<size_t>(1, L.layer_bytes()));
+  for (size_t l = 0; l < L.layers; l += per_slab) slabs.push_back({l, std::min(L.layers, l + per_slab)});
+  reserve(frame_len, 2 + slabs.size(), ck);
+  uint32_t* d_bad = static_cast<uint32_t*>(words_);
+  uint32_t* d_crc = d_bad + 1;
+  ck(cudaMemsetAsync(d_bad, 0xff, 4, stream), "resetting codec flags");
+  uint32_t head[2] = {c.index, static_cast<uint32_t>(L.tokens)};
+  std::memcpy(frame, head, 8);
+  std::memcpy(small_, head, 8);
+  ck(cudaMemcpyAsync(frame_, small_, 8, cudaMemcpyHostToDevice, stream), "uploading the frame head");
+  // A copy in flight: bytes [o0, o1) of the frame in pinned slab `buf` (event events_[buf]).
+  struct Pending {
+    size_t o0, o1;
+    int buf;
+  };
+  std::vector<Pending> pending;
+  int next_buf = 0;
+  auto drain_one = [&] {  // the host copy of the oldest slab, once its PCIe copy is done
+    const Pending p = pending.front();
+    pending.erase(pending.begin());
+    ck(cudaEventSynchronize(events_[p.buf]), "copying the chunk to the host");
+    std::memcpy(frame + p.o0, pinned_[p.buf], p.o1 - p.o0);
+  };
+  for (size_t j = 0; j < slabs.size(); ++j) {
+    const auto [l0, l1] = slabs[j];
+    ck(launch_encode_layers(kv, L, c.start, l0, l1, static_cast<uint8_t*>(frame_), d_bad, stream),
+       "encode launch");
+    cudaEvent_t encoded = events_[2 + j];
+    ck(cudaEventRecord(encoded, stream), "recording the encode");
+    ck(cudaStreamWaitEvent(copy_stream_, encoded, 0), "ordering the copy");
+    for (size_t o = L.k_offset(l0), end = L.k_offset(l1); o < end; o += kSlabBytes) {
+      const size_t o1 = std::min(end, o + kSlabBytes);
+      if (pending.size() == 2) drain_one();  // both slabs busy: free the older one
+      ck(cudaMemcpyAsync(pinned_[next_buf], static_cast<uint8_t*>(frame_) + o, o1 - o, cudaMemcpyDeviceToHost,
+                         copy_stream_),
+         "copying the chunk to the host");
+      ck(cudaEventRecord(events_[next_buf], copy_stream_), "recording the copy");
+      pending.push_back({o, o1, next_buf});
+      next_buf ^= 1;
+    }
+  }
+  // The CRC over the whole body (head + payload), on the compute stream after every encode.
+  ck(launch_crc32c(static_cast<uint8_t*>(frame_), body, static_cast<uint32_t*>(raw_), d_crc, false, stream),
+     "crc launch");
+  ck(cudaMemcpyAsync(small_, d_bad, 8, cudaMemcpyDeviceToHost, stream), "reading codec flags");
+  while (!pending.empty()) drain_one();
+  ck(cudaStreamSynchronize(stream), "export_chunk");
+  uint32_t flags[2];
+  std::memcpy(flags, small_, 8);
+  if (flags[0] != UINT32_MAX) {
+    const size_t layer = flags[0] / 2;
+    throw BackendError(KVR_ERR_INVALID_ARGUMENT,
+                       format("chunk %u layer %zu: %s holds NaN or infinity (%s needs finite KV)", c.index, layer,
+                              flags[0] % 2 ? "V" : "K", L.encoding == chunk::kEncQ8 ? "q8" : "q4"));
+  }
+  std::memcpy(frame + body, &flags[1], 4);
+}
+
+void CodecStaging::import_chunk(const DevKv& kv, const ChunkSpec& c, const uint8_t* frame, size_t frame_len,
+                                cudaStream_t stream, const Check& ck) {
+  const chunk::Layout& L = c.layout;
+  const size_t body = frame_len - chunk::kFrameCrcBytes;
+  const size_t slabs = (frame_len + kSlabBytes - 1) / kSlabBytes;
+  reserve(frame_len, 2, ck);
+  // Upload: host copy into pinned slab j while slab j-1 crosses PCIe.
+  cudaEvent_t done[2] = {events_[0], events_[1]};
+  bool used[2] = {false, false};
+  for (size_t j = 0; j < slabs; ++j) {
+    const int b = static_cast<int>(j % 2);
+    if (used[b]) ck(cudaEventSynchronize(done[b]), "uploading the chunk");
+    const size_t o = j * kSlabBytes, len = std::min(kSlabBytes, frame_len - o);
+    std::memcpy(pinned_[b], frame + o, len);
+    ck(cudaMemcpyAsync(static_cast<uint8_t*>(frame_) + o, pinned_[b], len, cudaMemcpyHostToDevice, copy_stream_),
+       "uploading the chunk");
+    ck(cudaEventRecord(done[b], copy_stream_), "recording the upload");
+    used[b] = true;
+  }
+  ck(cudaStreamWaitEvent(stream, done[(slabs - 1) % 2], 0), "ordering the decode");
+  uint32_t* d_crc = static_cast<uint32_t*>(words_);
+  auto* d_key = reinterpret_cast<unsigned long long*>(static_cast<uint8_t*>(words_) + 8);
+  ck(cudaMemsetAsync(d_key, 0xff, 8, stream), "resetting codec flags");
+  ck(launch_crc32c(static_cast<uint8_t*>(frame_), body, static_cast<uint32_t*>(raw_), d_crc, false, stream),
+     "crc launch");
+  ck(launch_check_scales(L, static_cast<uint8_t*>(frame_), d_key, stream), "scale check launch");
+  ck(cudaMemcpyAsync(small_, words_, 16, cudaMemcpyDeviceToHost, stream), "reading codec flags");
+  ck(cudaStreamSynchronize(stream), "import_chunk checks");
+  uint32_t crc;
+  unsigned long long key;
+  std::memcpy(&crc, small_, 4);
+  std::memcpy(&key, static_cast<uint8_t*>(small_) + 8, 8);
+  const uint32_t stored = load_u32(frame + body);
+  if (stored != crc)
+    throw BackendError(KVR_ERR_CHECKSUM, format("chunk %u checksum mismatch: stored crc32c 0x%x, computed 0x%x",
+                                                c.index, stored, crc));
+  const uint32_t got_index = load_u32(frame), got_tokens = load_u32(frame + 4);
+  if (got_index != c.index || got_tokens != L.tokens)
+    throw BackendError(KVR_ERR_CORRUPT,
+                       format("chunk frame says index %u/%u tokens where the table expects %u/%u", got_index,
+                              got_tokens, c.index, static_cast<uint32_t>(L.tokens)));
+  if (key != ~0ull) {
+    const size_t sel = static_cast<size_t>(key >> 32), i = static_cast<size_t>(key & 0xffffffffu);
+    const size_t layer = sel / 4, part = (sel / 2) % 2, is_min = sel % 2;
+    const bool q8 = L.encoding == chunk::kEncQ8;
+    const size_t block = part ? L.v_offset(layer) : L.k_offset(layer);
+    const size_t mins = part ? L.q4_v_mins() : L.q4_k_mins();
+    const double v = load_f32(frame + block + (is_min ? mins : 0) + 4 * i);
+    (void)q8;
+    throw BackendError(KVR_ERR_CORRUPT,
+                       is_min ? format("chunk %u layer %zu %s: min %zu is %g (must be finite)", c.index, layer,
+                                       part ? "V" : "K", i, v)
+                              : format("chunk %u layer %zu %s: scale %zu is %g (must be finite and >= 0)", c.index,
+                                       layer, part ? "V" : "K", i, v));
+  }
+  ck(launch_decode_chunk(kv, L, c.start, static_cast<uint8_t*>(frame_), stream), "decode launch");
+  ck(cudaStreamSynchronize(stream), "import_chunk");
+}
+
+}  // namespace kvr::cuda

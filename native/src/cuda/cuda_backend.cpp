@@ -1,0 +1,650 @@
+// The CUDA backend (backend.h): uploads the weights once (BF16 stays bf16, F16/F32 become f32,
+// q/k/v and gate/up fused as on the CPU), keeps a device KV cache per sequence in the CPU's logical
+// layout, runs the forward pass on the sequence's own stream (decode as one CUDA graph per
+// sequence, replayed for every step), and copies KV through pinned staging. Every CUDA status is
+// mapped by status.h; a kernel fault marks the backend failed (failure()). Design: docs/cuda.md.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <initializer_list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "backend.h"
+#include "common/device_math.h"
+#include "cuda/codec_host.h"
+#include "cuda/cublaslt.h"
+#include "cuda/kernels.h"
+#include "cuda/status.h"
+#include "dtype.h"
+#include "errors.h"
+
+namespace kvr::cuda {
+namespace {
+
+constexpr size_t kChunk = 256;           // tokens per prefill chunk (bounded scratch)
+constexpr size_t kLogitBytes = 64u << 20;  // device/pinned logits staging per sequence
+
+// Device memory owned by RAII.
+struct DevBuf {
+  void* p = nullptr;
+  size_t bytes = 0;
+  DevBuf() = default;
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  ~DevBuf() {
+    if (p) cudaFree(p);
+  }
+};
+
+// Pinned host memory owned by RAII.
+struct PinnedBuf {
+  void* p = nullptr;
+  size_t bytes = 0;
+  PinnedBuf() = default;
+  PinnedBuf(const PinnedBuf&) = delete;
+  PinnedBuf& operator=(const PinnedBuf&) = delete;
+  ~PinnedBuf() {
+    if (p) cudaFreeHost(p);
+  }
+};
+
+struct DevLayer {
+  const float* attn_norm = nullptr;
+  const float* mlp_norm = nullptr;
+  const float* q_norm = nullptr;  // Qwen3
+  const float* k_norm = nullptr;
+  DevMatrix qkv, o, gate_up, down;
+  const float* qkv_bias = nullptr;
+  const float* o_bias = nullptr;
+  const float* gate_up_bias = nullptr;
+  const float* down_bias = nullptr;
+};
+
+class CudaBackend;
+
+struct CudaSeq final : SeqState {
+  const CudaBackend* b = nullptr;
+  int device = 0;
+  uint32_t capacity = 0;
+  cudaStream_t stream = nullptr;
+  DevBuf kv;        // (layer, {K,V}, kv_head, pos, dim) in kv_dtype
+  DevBuf scratch;   // activations, see CudaBackend::forward
+  DevBuf partial;   // attention split partials
+  DevBuf workspace; // cuBLASLt workspace
+  DevBuf io;        // [pos (u32), tokens (kChunk i32)]
+  PinnedBuf io_host;
+  DevBuf logits;    // (logit_rows, vocab) f32
+  PinnedBuf logits_host;
+  size_t logit_rows = 1;
+  PinnedBuf kv_host;  // kv_read/kv_write staging, grown on demand
+  uint32_t decode_splits = 1;
+  cudaGraphExec_t graph = nullptr;
+  std::unique_ptr<CodecStaging> codec;  // snapshot chunk codec staging (codec_host.cpp), on demand
+  ~CudaSeq() override {
+    cudaSetDevice(device);
+    if (graph) cudaGraphExecDestroy(graph);
+    if (stream) {
+      cudaStreamSynchronize(stream);
+      cudaStreamDestroy(stream);
+    }
+  }
+};
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(const ModelGeometry& g, const TensorTable& t, int32_t device);
+  ~CudaBackend() override { cudaSetDevice(device_); }  // bufs_ are freed on this device
+
+  uint32_t kind() const override { return KVR_BACKEND_CUDA; }
+  std::string device_description() const override { return desc_; }
+  uint64_t weight_bytes() const override { return weight_bytes_; }
+  std::unique_ptr<SeqState> create_seq(uint32_t capacity) const override;
+  void forward(SeqState& s, const int32_t* tokens, size_t n, size_t pos0, bool all_positions,
+               float* logits) const override;
+  void kv_read(const SeqState& s, uint32_t layer, uint32_t start, uint32_t count, uint32_t dtype, void* k_out,
+               void* v_out) const override;
+  void kv_write(SeqState& s, uint32_t layer, uint32_t start, uint32_t count, uint32_t dtype, const void* k_in,
+                const void* v_in) const override;
+  // The snapshot codec on the device (codec.cu, codec_host.cpp): same bytes as the host codec.
+  void export_chunk(const SeqState& s, const ChunkSpec& c, uint8_t* frame, size_t frame_len) const override;
+  void import_chunk(SeqState& s, const ChunkSpec& c, const uint8_t* frame, size_t frame_len) const override;
+  std::string failure() const override {
+    if (!failed_.load()) return {};
+    std::lock_guard<std::mutex> lock(fail_mu_);
+    return fail_msg_;
+  }
+
+ private:
+  // Per-sequence activation scratch for n tokens, every buffer 256-byte aligned.
+  struct Scratch {
+    float *x, *h, *qkv, *att, *gu;
+    uint16_t *split_hi, *split_lo;
+    size_t floats;
+  };
+  // Throws BackendError for e != cudaSuccess; a sticky error marks the backend failed first.
+  void ck(cudaError_t e, const char* what) const;
+  void ensure_healthy() const;
+  void use_device() const { ck(cudaSetDevice(device_), "cudaSetDevice"); }
+  const void* upload(const void* host, size_t bytes, const char* what);
+  const float* upload_f32(const TensorView* t, const char* what);
+  DevMatrix upload_matrix(std::initializer_list<const TensorView*> parts, const char* what);
+  const float* upload_bias(std::initializer_list<const TensorView*> parts, const char* what);
+  void project(CudaSeq& s, const Scratch& sc, const float* a, size_t lda, uint32_t m, const DevMatrix& w,
+               const float* bias, float* c, size_t ldc, bool accumulate) const;
+  void run_layers(CudaSeq& s, uint32_t n, uint32_t fixed_splits) const;
+  void run_chunk(CudaSeq& s, const int32_t* tokens, size_t n, size_t pos0, size_t logit_row0, size_t logit_rows,
+                 float* logits_out) const;
+  void decode_graph(CudaSeq& s, int32_t token, size_t pos0, float* logits_out) const;
+  uint8_t* kv_layer(const CudaSeq& s, size_t layer, bool v) const;
+  Scratch scratch_layout(void* base, size_t n) const;
+
+  ModelGeometry g_;
+  int32_t device_ = 0;
+  uint32_t sm_count_ = 1;
+  std::string desc_;
+  uint64_t weight_bytes_ = 0;
+  std::vector<std::unique_ptr<DevBuf>> bufs_;
+  const void* embed_ = nullptr;
+  bool embed_bf16_ = false;
+  const float* final_norm_ = nullptr;
+  DevMatrix lm_head_;
+  std::vector<DevLayer> layers_;
+  const double* inv_freq_ = nullptr;
+  lt::CublasLt* lt_ = nullptr;  // null when absent: the mma.sync fallback GEMM runs instead
+
+  mutable std::atomic<bool> failed_{false};
+  mutable std::mutex fail_mu_;
+  mutable std::string fail_msg_;
+};
+
+void CudaBackend::ck(cudaError_t e, const char* what) const {
+  if (e == cudaSuccess) return;
+  CudaStatus st = map_cuda_error(e, what);
+  if (st.sticky) {
+    std::lock_guard<std::mutex> lock(fail_mu_);
+    if (!failed_.load()) fail_msg_ = "CUDA device " + std::to_string(device_) + " failed: " + st.message;
+    failed_.store(true);
+  }
+  throw BackendError(st.status, std::move(st.message));
+}
+
+void CudaBackend::ensure_healthy() const {
+  if (failed_.load()) throw BackendError(KVR_ERR_INTERNAL, failure() + " (the model must be reloaded)");
+}
+
+const void* CudaBackend::upload(const void* host, size_t bytes, const char* what) {
+  auto b = std::make_unique<DevBuf>();
+  ck(cudaMalloc(&b->p, bytes), what);
+  b->bytes = bytes;
+  ck(cudaMemcpy(b->p, host, bytes, cudaMemcpyHostToDevice), what);
+  weight_bytes_ += bytes;
+  bufs_.push_back(std::move(b));
+  return bufs_.back()->p;
+}
+
+// Widens a row of any dtype into f32 (exact for bf16/f16).
+void to_f32(const TensorView& t, float* dst) {
+  const uint8_t* src = static_cast<const uint8_t*>(t.data);
+  const size_t n = t.rows * t.cols;
+  for (size_t i = 0; i < n; ++i) dst[i] = load_as_f32(src + i * dtype_size(t.dtype), t.dtype);
+}
+
+const float* CudaBackend::upload_f32(const TensorView* t, const char* what) {
+  if (!t) return nullptr;
+  std::vector<float> h(t->rows * t->cols);
+  to_f32(*t, h.data());
+  return static_cast<const float*>(upload(h.data(), h.size() * sizeof(float), what));
+}
+
+const float* CudaBackend::upload_bias(std::initializer_list<const TensorView*> parts, const char* what) {
+  size_t n = 0;
+  for (const TensorView* p : parts) {
+    if (!p) return nullptr;
+    n += p->rows * p->cols;
+  }
+  std::vector<float> h(n);
+  size_t off = 0;
+  for (const TensorView* p : parts) {
+    to_f32(*p, h.data() + off);
+    off += p->rows * p->cols;
+  }
+  return static_cast<const float*>(upload(h.data(), n * sizeof(float), what));
+}
+
+// Stacks the parts' rows into one (Σ rows, cols) matrix: bf16 when every part is BF16 (kept
+// exactly), else f32.
+DevMatrix CudaBackend::upload_matrix(std::initializer_list<const TensorView*> parts, const char* what) {
+  size_t rows = 0, cols = 0;
+  bool all_bf16 = true;
+  for (const TensorView* p : parts) {
+    rows += p->rows;
+    cols = p->cols;
+    all_bf16 = all_bf16 && p->dtype == KVR_DTYPE_BF16;
+  }
+  DevMatrix m;
+  m.rows = static_cast<uint32_t>(rows);
+  m.cols = static_cast<uint32_t>(cols);
+  m.bf16 = all_bf16;
+  if (all_bf16) {
+    std::vector<uint16_t> h(rows * cols);
+    size_t r = 0;
+    for (const TensorView* p : parts) {
+      std::memcpy(h.data() + r * cols, p->data, p->rows * p->cols * 2);
+      r += p->rows;
+    }
+    m.data = upload(h.data(), h.size() * 2, what);
+  } else {
+    std::vector<float> h(rows * cols);
+    size_t r = 0;
+    for (const TensorView* p : parts) {
+      to_f32(*p, h.data() + r * cols);
+      r += p->rows;
+    }
+    m.data = upload(h.data(), h.size() * 4, what);
+  }
+  return m;
+}
+
+CudaBackend::CudaBackend(const ModelGeometry& g, const TensorTable& t, int32_t device) : g_(g), device_(device) {
+  std::string info;
+  const int32_t probe = cuda_probe(device, info);
+  if (probe != KVR_OK) throw BackendError(probe, info);
+  if (!attention_supports(static_cast<uint32_t>(g.head_dim)))
+    throw BackendError(KVR_ERR_UNSUPPORTED,
+                       format("the CUDA backend supports head_dim 32, 64, 128 or 256, got %zu", g.head_dim));
+  if (g.hidden % 4 != 0)
+    throw BackendError(KVR_ERR_UNSUPPORTED, format("the CUDA backend needs hidden_size %% 4 == 0, got %zu", g.hidden));
+  use_device();
+  int sms = 1;
+  ck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+  sm_count_ = static_cast<uint32_t>(sms);
+  ck(attention_init(), "attention_init");
+  lt::CublasLt& lt = lt::CublasLt::instance();
+  if (lt.ok()) lt_ = &lt;
+  desc_ = info;
+
+  // Embedding table (vocab, hidden): kept bf16 when BF16; doubles as the tied lm_head.
+  const TensorView* emb = t.find(KVR_T_EMBED);
+  const DevMatrix e = upload_matrix({emb}, "uploading embed_tokens");
+  embed_ = e.data;
+  embed_bf16_ = e.bf16;
+  final_norm_ = upload_f32(t.find(KVR_T_FINAL_NORM), "uploading norm");
+  const TensorView* head = t.find(KVR_T_LM_HEAD);
+  lm_head_ = head ? upload_matrix({head}, "uploading lm_head") : e;
+  layers_.resize(g.layers);
+  for (size_t l = 0; l < g.layers; ++l) {
+    DevLayer& L = layers_[l];
+    auto f = [&](uint32_t role) { return t.find(role, l); };
+    L.attn_norm = upload_f32(f(KVR_T_ATTN_NORM), "uploading input_layernorm");
+    L.mlp_norm = upload_f32(f(KVR_T_MLP_NORM), "uploading post_attention_layernorm");
+    L.q_norm = upload_f32(f(KVR_T_Q_NORM), "uploading q_norm");
+    L.k_norm = upload_f32(f(KVR_T_K_NORM), "uploading k_norm");
+    L.qkv = upload_matrix({f(KVR_T_Q), f(KVR_T_K), f(KVR_T_V)}, "uploading q/k/v_proj");
+    L.qkv_bias = upload_bias({f(KVR_T_Q_BIAS), f(KVR_T_K_BIAS), f(KVR_T_V_BIAS)}, "uploading q/k/v bias");
+    L.o = upload_matrix({f(KVR_T_O)}, "uploading o_proj");
+    L.o_bias = upload_f32(f(KVR_T_O_BIAS), "uploading o_proj bias");
+    L.gate_up = upload_matrix({f(KVR_T_GATE), f(KVR_T_UP)}, "uploading gate/up_proj");
+    L.gate_up_bias = upload_bias({f(KVR_T_GATE_BIAS), f(KVR_T_UP_BIAS)}, "uploading gate/up bias");
+    L.down = upload_matrix({f(KVR_T_DOWN)}, "uploading down_proj");
+    L.down_bias = upload_f32(f(KVR_T_DOWN_BIAS), "uploading down_proj bias");
+  }
+  inv_freq_ = static_cast<const double*>(upload(g.inv_freq.data(), g.inv_freq.size() * sizeof(double), "uploading RoPE"));
+}
+
+// Floats rounded up to 256 bytes: every scratch buffer starts 256-byte aligned (cuBLASLt's
+// default alignment assumption; 16-byte vector loads).
+inline size_t align_floats(size_t n) { return (n + 63) / 64 * 64; }
+
+CudaBackend::Scratch CudaBackend::scratch_layout(void* base, size_t n) const {
+  const size_t ldqkv = g_.q_dim + 2 * g_.kv_dim;
+  const size_t max_k = std::max({g_.hidden, g_.q_dim, g_.inter});
+  Scratch sc;
+  float* p = static_cast<float*>(base);
+  auto take = [&](size_t floats) {
+    float* r = p;
+    p += align_floats(floats);
+    return r;
+  };
+  sc.x = take(n * g_.hidden);                  // (n, H) residual stream
+  sc.h = take(n * g_.hidden);                  // (n, H) normed
+  sc.qkv = take(n * ldqkv);                    // (n, q_dim + 2 kv_dim)
+  sc.att = take(n * g_.q_dim);                 // (n, q_dim)
+  sc.gu = take(n * 2 * g_.inter);              // (n, 2I) [gate | up]
+  sc.split_hi = reinterpret_cast<uint16_t*>(take((n * max_k + 1) / 2));  // (m, K) bf16 for cuBLASLt
+  sc.split_lo = reinterpret_cast<uint16_t*>(take((n * max_k + 1) / 2));
+  sc.floats = static_cast<size_t>(p - static_cast<float*>(base));
+  return sc;
+}
+
+std::unique_ptr<SeqState> CudaBackend::create_seq(uint32_t capacity) const {
+  ensure_healthy();
+  use_device();
+  auto s = std::make_unique<CudaSeq>();
+  s->b = this;
+  s->device = device_;
+  s->capacity = capacity;
+  ck(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  const size_t elem = dtype_size(g_.kv_dtype());
+  const size_t kv_bytes = 2 * g_.layers * g_.kv_heads * static_cast<size_t>(capacity) * g_.head_dim * elem;
+  auto alloc = [&](DevBuf& b, size_t bytes, const char* what) {
+    ck(cudaMalloc(&b.p, bytes), what);
+    b.bytes = bytes;
+  };
+  alloc(s->kv, kv_bytes, "allocating the KV cache");
+  ck(cudaMemsetAsync(s->kv.p, 0, kv_bytes, s->stream), "zeroing the KV cache");
+  alloc(s->scratch, scratch_layout(nullptr, kChunk).floats * sizeof(float), "allocating scratch");
+  // Attention partials: any plan chosen from the context stays under dm::attn_partial_bound;
+  // the decode graph's split count (fixed at capture, from the capacity) is such a plan.
+  const uint32_t hd = static_cast<uint32_t>(g_.head_dim);
+  s->decode_splits = attention_plan(1, static_cast<uint32_t>(g_.heads), static_cast<uint32_t>(g_.kv_heads), hd,
+                                    capacity, sm_count_, 0)
+                         .splits;
+  const size_t part = dm::attn_partial_bound(sm_count_, hd);
+  alloc(s->partial, std::max<size_t>(part, 1) * sizeof(float), "allocating attention partials");
+  if (lt_) alloc(s->workspace, lt::kWorkspaceBytes, "allocating the cuBLASLt workspace");
+  alloc(s->io, (kChunk + 1) * sizeof(int32_t), "allocating token staging");
+  ck(cudaHostAlloc(&s->io_host.p, (kChunk + 1) * sizeof(int32_t), cudaHostAllocDefault), "allocating pinned staging");
+  s->logit_rows = std::max<size_t>(1, std::min(kChunk, kLogitBytes / (g_.vocab * sizeof(float))));
+  alloc(s->logits, s->logit_rows * g_.vocab * sizeof(float), "allocating logits");
+  ck(cudaHostAlloc(&s->logits_host.p, s->logit_rows * g_.vocab * sizeof(float), cudaHostAllocDefault),
+     "allocating pinned logits");
+  ck(cudaStreamSynchronize(s->stream), "zeroing the KV cache");
+  return s;
+}
+
+void CudaBackend::export_chunk(const SeqState& ss, const ChunkSpec& c, uint8_t* frame, size_t frame_len) const {
+  ensure_healthy();
+  use_device();
+  CudaSeq& s = const_cast<CudaSeq&>(static_cast<const CudaSeq&>(ss));  // staging only; the cache is read
+  if (!s.codec) s.codec = std::make_unique<CodecStaging>();
+  const DevKv kv{static_cast<uint8_t*>(s.kv.p), s.capacity, g_.kv_dtype(), g_.layers, g_.kv_heads, g_.head_dim};
+  s.codec->export_chunk(kv, c, frame, frame_len, s.stream, [this](cudaError_t e, const char* w) { ck(e, w); });
+}
+
+void CudaBackend::import_chunk(SeqState& ss, const ChunkSpec& c, const uint8_t* frame, size_t frame_len) const {
+  ensure_healthy();
+  use_device();
+  CudaSeq& s = static_cast<CudaSeq&>(ss);
+  if (!s.codec) s.codec = std::make_unique<CodecStaging>();
+  const DevKv kv{static_cast<uint8_t*>(s.kv.p), s.capacity, g_.kv_dtype(), g_.layers, g_.kv_heads, g_.head_dim};
+  s.codec->import_chunk(kv, c, frame, frame_len, s.stream, [this](cudaError_t e, const char* w) { ck(e, w); });
+}
+
+uint8_t* CudaBackend::kv_layer(const CudaSeq& s, size_t layer, bool v) const {
+  const size_t plane = g_.kv_heads * static_cast<size_t>(s.capacity) * g_.head_dim * dtype_size(g_.kv_dtype());
+  return static_cast<uint8_t*>(s.kv.p) + (2 * layer + (v ? 1 : 0)) * plane;
+}
+
+// C (m, w.rows) [+]= A (m, w.cols) · Wᵀ + bias: GEMV for one row, cuBLASLt (bf16 hi/lo split,
+// two products) when loaded and W is bf16, else the mma.sync GEMM.
+void CudaBackend::project(CudaSeq& s, const Scratch& sc, const float* a, size_t lda, uint32_t m, const DevMatrix& w,
+                          const float* bias, float* c, size_t ldc, bool accumulate) const {
+  if (m == 1) {
+    ck(launch_gemv(w, a, bias, c, accumulate, s.stream), "gemv launch");
+    return;
+  }
+  if (lt_ && w.bf16) {
+    uint16_t* hi = sc.split_hi;
+    uint16_t* lo = sc.split_lo;
+    ck(launch_split_bf16(a, lda, hi, lo, m, w.cols, s.stream), "split launch");
+    const uint16_t* wd = static_cast<const uint16_t*>(w.data);
+    int st = lt_->matmul_bf16(lo, w.cols, m, wd, w.rows, w.cols, c, ldc, accumulate, s.workspace.p,
+                              lt::kWorkspaceBytes, s.stream);
+    if (st == 0)
+      st = lt_->matmul_bf16(hi, w.cols, m, wd, w.rows, w.cols, c, ldc, true, s.workspace.p, lt::kWorkspaceBytes,
+                            s.stream);
+    if (st != 0) throw BackendError(KVR_ERR_INTERNAL, format("cublasLtMatmul failed with status %d", st));
+    if (bias) ck(launch_bias_add(c, ldc, bias, m, w.rows, s.stream), "bias launch");
+    return;
+  }
+  ck(launch_gemm(a, lda, m, w, bias, c, ldc, accumulate, s.stream), "gemm launch");
+}
+
+// The layers for n tokens whose ids and start position are already in s.io (device). Leaves the
+// residual stream in scratch x.
+void CudaBackend::run_layers(CudaSeq& s, uint32_t n, uint32_t fixed_splits) const {
+  const size_t H = g_.hidden, I = g_.inter, qd = g_.q_dim, kvd = g_.kv_dim, ldqkv = qd + 2 * kvd;
+  const float eps = g_.params.rms_norm_eps;
+  const Scratch sc = scratch_layout(s.scratch.p, n);
+  float *x = sc.x, *h = sc.h, *qkv = sc.qkv, *att = sc.att, *gu = sc.gu;
+  const uint32_t* d_pos = static_cast<const uint32_t*>(s.io.p);
+  const int32_t* d_tok = static_cast<const int32_t*>(s.io.p) + 1;
+  cudaStream_t st = s.stream;
+
+  ck(launch_embed(d_tok, n, embed_, embed_bf16_, static_cast<uint32_t>(H), x, st), "embed launch");
+  for (size_t l = 0; l < g_.layers; ++l) {
+    const DevLayer& L = layers_[l];
+    ck(launch_rmsnorm(x, H, h, H, L.attn_norm, n, static_cast<uint32_t>(H), eps, st), "rmsnorm launch");
+    project(s, sc, h, H, n, L.qkv, nullptr, qkv, ldqkv, false);
+    QkvPostArgs q;
+    q.qkv = qkv;
+    q.ldqkv = static_cast<uint32_t>(ldqkv);
+    q.n = n;
+    q.d_pos = d_pos;
+    q.bias = L.qkv_bias;
+    q.q_norm = L.q_norm;
+    q.k_norm = L.k_norm;
+    q.inv_freq = inv_freq_;
+    q.heads = static_cast<uint32_t>(g_.heads);
+    q.kv_heads = static_cast<uint32_t>(g_.kv_heads);
+    q.head_dim = static_cast<uint32_t>(g_.head_dim);
+    q.eps = eps;
+    q.k_cache = kv_layer(s, l, false);
+    q.v_cache = kv_layer(s, l, true);
+    q.capacity = s.capacity;
+    q.kv_dtype = g_.kv_dtype();
+    ck(launch_qkv_post(q, st), "qkv_post launch");
+    AttnArgs a;
+    a.q = qkv;
+    a.ldq = static_cast<uint32_t>(ldqkv);
+    a.k_cache = q.k_cache;
+    a.v_cache = q.v_cache;
+    a.capacity = s.capacity;
+    a.kv_dtype = q.kv_dtype;
+    a.d_pos = d_pos;
+    a.n = n;
+    a.heads = q.heads;
+    a.kv_heads = q.kv_heads;
+    a.head_dim = q.head_dim;
+    a.out = att;
+    a.ldo = static_cast<uint32_t>(qd);
+    a.partial = static_cast<float*>(s.partial.p);
+    // ctx hint: the capacity bounds the plan when the split count is fixed (graph), else the
+    // caller passes the real context through fixed_splits = 0 and ctx below.
+    ck(launch_attention(a, s.capacity, sm_count_, fixed_splits, st), "attention launch");
+    project(s, sc, att, qd, n, L.o, L.o_bias, x, H, true);
+    ck(launch_rmsnorm(x, H, h, H, L.mlp_norm, n, static_cast<uint32_t>(H), eps, st), "rmsnorm launch");
+    project(s, sc, h, H, n, L.gate_up, L.gate_up_bias, gu, 2 * I, false);
+    ck(launch_swiglu(gu, n, static_cast<uint32_t>(I), st), "swiglu launch");
+    project(s, sc, gu, 2 * I, n, L.down, L.down_bias, x, H, true);
+  }
+}
+
+void CudaBackend::run_chunk(CudaSeq& s, const int32_t* tokens, size_t n, size_t pos0, size_t logit_row0,
+                            size_t logit_rows, float* logits_out) const {
+  // Stage [pos0, tokens...] (the previous chunk's copy has completed: we synchronised after it).
+  int32_t* io = static_cast<int32_t*>(s.io_host.p);
+  const uint32_t p32 = static_cast<uint32_t>(pos0);
+  std::memcpy(io, &p32, 4);
+  std::memcpy(io + 1, tokens, n * sizeof(int32_t));
+  ck(cudaMemcpyAsync(s.io.p, io, (n + 1) * sizeof(int32_t), cudaMemcpyHostToDevice, s.stream), "copying tokens");
+  // Split count from this chunk's real context (no graph here).
+  const uint32_t splits =
+      attention_plan(static_cast<uint32_t>(n), static_cast<uint32_t>(g_.heads), static_cast<uint32_t>(g_.kv_heads),
+                     static_cast<uint32_t>(g_.head_dim), static_cast<uint32_t>(pos0 + n), sm_count_, 0)
+          .splits;
+  run_layers(s, static_cast<uint32_t>(n), splits);
+  const size_t H = g_.hidden, V = g_.vocab;
+  const Scratch sc = scratch_layout(s.scratch.p, n);
+  float *x = sc.x, *h = sc.h;
+  for (size_t r0 = 0; r0 < logit_rows; r0 += s.logit_rows) {
+    const size_t rows = std::min(s.logit_rows, logit_rows - r0);
+    ck(launch_rmsnorm(x + (logit_row0 + r0) * H, H, h, H, final_norm_, static_cast<uint32_t>(rows),
+                      static_cast<uint32_t>(H), g_.params.rms_norm_eps, s.stream),
+       "rmsnorm launch");
+    float* dl = static_cast<float*>(s.logits.p);
+    project(s, sc, h, H, static_cast<uint32_t>(rows), lm_head_, nullptr, dl, V, false);
+    ck(cudaMemcpyAsync(s.logits_host.p, dl, rows * V * sizeof(float), cudaMemcpyDeviceToHost, s.stream),
+       "copying logits");
+    ck(cudaStreamSynchronize(s.stream), "forward");
+    std::memcpy(logits_out + r0 * V, s.logits_host.p, rows * V * sizeof(float));
+  }
+  ck(cudaStreamSynchronize(s.stream), "forward");
+}
+
+// One decode step through the sequence's graph: captured on the first step (layers + final norm
+// + lm_head GEMV into s.logits), replayed afterwards; token and position come from s.io.
+void CudaBackend::decode_graph(CudaSeq& s, int32_t token, size_t pos0, float* logits_out) const {
+  int32_t* io = static_cast<int32_t*>(s.io_host.p);
+  const uint32_t p32 = static_cast<uint32_t>(pos0);
+  std::memcpy(io, &p32, 4);
+  io[1] = token;
+  ck(cudaMemcpyAsync(s.io.p, io, 2 * sizeof(int32_t), cudaMemcpyHostToDevice, s.stream), "copying the token");
+  if (!s.graph) {
+    ck(cudaStreamBeginCapture(s.stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    cudaGraph_t graph = nullptr;
+    try {
+      run_layers(s, 1, s.decode_splits);
+      const size_t H = g_.hidden;
+      const Scratch sc = scratch_layout(s.scratch.p, 1);
+      ck(launch_rmsnorm(sc.x, H, sc.h, H, final_norm_, 1, static_cast<uint32_t>(H), g_.params.rms_norm_eps, s.stream),
+         "rmsnorm launch");
+      ck(launch_gemv(lm_head_, sc.h, nullptr, static_cast<float*>(s.logits.p), false, s.stream), "gemv launch");
+    } catch (...) {
+      cudaStreamEndCapture(s.stream, &graph);
+      if (graph) cudaGraphDestroy(graph);
+      throw;
+    }
+    ck(cudaStreamEndCapture(s.stream, &graph), "cudaStreamEndCapture");
+    const cudaError_t e = cudaGraphInstantiate(&s.graph, graph, 0);
+    cudaGraphDestroy(graph);
+    ck(e, "cudaGraphInstantiate");
+  }
+  ck(cudaGraphLaunch(s.graph, s.stream), "cudaGraphLaunch");
+  ck(cudaMemcpyAsync(s.logits_host.p, s.logits.p, g_.vocab * sizeof(float), cudaMemcpyDeviceToHost, s.stream),
+     "copying logits");
+  ck(cudaStreamSynchronize(s.stream), "decode");
+  std::memcpy(logits_out, s.logits_host.p, g_.vocab * sizeof(float));
+}
+
+void CudaBackend::forward(SeqState& ss, const int32_t* tokens, size_t n, size_t pos0, bool all_positions,
+                          float* logits) const {
+  ensure_healthy();
+  use_device();
+  CudaSeq& s = static_cast<CudaSeq&>(ss);
+  if (n == 1 && !all_positions) return decode_graph(s, tokens[0], pos0, logits);
+  for (size_t c = 0; c < n; c += kChunk) {
+    const size_t nc = std::min(kChunk, n - c);
+    const bool last = c + nc == n;
+    if (all_positions) {
+      run_chunk(s, tokens + c, nc, pos0 + c, 0, nc, logits + c * g_.vocab);
+    } else {
+      run_chunk(s, tokens + c, nc, pos0 + c, nc - 1, last ? 1 : 0, logits);
+    }
+  }
+}
+
+void CudaBackend::kv_read(const SeqState& ss, uint32_t layer, uint32_t start, uint32_t count, uint32_t dtype,
+                          void* k_out, void* v_out) const {
+  ensure_healthy();
+  use_device();
+  if (count == 0) return;
+  const CudaSeq& cs = static_cast<const CudaSeq&>(ss);
+  CudaSeq& s = const_cast<CudaSeq&>(cs);  // staging buffers only; the cache is not changed
+  const uint32_t kd = g_.kv_dtype();
+  const size_t es = dtype_size(kd), hd = g_.head_dim, kvh = g_.kv_heads;
+  const size_t block = kvh * count * hd * es;  // one of K or V in the cache dtype
+  if (s.kv_host.bytes < 2 * block) {
+    if (s.kv_host.p) cudaFreeHost(s.kv_host.p);
+    s.kv_host.p = nullptr;
+    s.kv_host.bytes = 0;
+    ck(cudaHostAlloc(&s.kv_host.p, 2 * block, cudaHostAllocDefault), "allocating pinned KV staging");
+    s.kv_host.bytes = 2 * block;
+  }
+  uint8_t* host = static_cast<uint8_t*>(s.kv_host.p);
+  const size_t pitch = static_cast<size_t>(s.capacity) * hd * es, width = count * hd * es;
+  for (int v = 0; v < 2; ++v) {
+    const uint8_t* src = kv_layer(s, layer, v == 1) + start * hd * es;
+    ck(cudaMemcpy2DAsync(host + v * block, width, src, pitch, width, kvh, cudaMemcpyDeviceToHost, s.stream),
+       "copying KV to the host");
+  }
+  ck(cudaStreamSynchronize(s.stream), "kv_read");
+  const size_t n = kvh * count * hd, os = dtype_size(dtype);
+  for (int v = 0; v < 2; ++v) {
+    uint8_t* out = static_cast<uint8_t*>(v ? v_out : k_out);
+    const uint8_t* src = host + v * block;
+    if (dtype == kd) {
+      std::memcpy(out, src, block);
+      continue;
+    }
+    for (size_t i = 0; i < n; ++i) {
+      const float f = load_as_f32(src + i * es, kd);
+      if (dtype == KVR_DTYPE_F32) {
+        std::memcpy(out + i * 4, &f, 4);
+      } else {
+        const uint16_t h = dtype == KVR_DTYPE_BF16 ? f32_to_bf16(f) : f32_to_f16(f);
+        std::memcpy(out + i * os, &h, 2);
+      }
+    }
+  }
+}
+
+void CudaBackend::kv_write(SeqState& ss, uint32_t layer, uint32_t start, uint32_t count, uint32_t dtype,
+                           const void* k_in, const void* v_in) const {
+  ensure_healthy();
+  use_device();
+  if (count == 0) return;
+  CudaSeq& s = static_cast<CudaSeq&>(ss);
+  const uint32_t kd = g_.kv_dtype();
+  const size_t es = dtype_size(kd), hd = g_.head_dim, kvh = g_.kv_heads;
+  const size_t block = kvh * count * hd * es;
+  if (s.kv_host.bytes < 2 * block) {
+    if (s.kv_host.p) cudaFreeHost(s.kv_host.p);
+    s.kv_host.p = nullptr;
+    s.kv_host.bytes = 0;
+    ck(cudaHostAlloc(&s.kv_host.p, 2 * block, cudaHostAllocDefault), "allocating pinned KV staging");
+    s.kv_host.bytes = 2 * block;
+  }
+  uint8_t* host = static_cast<uint8_t*>(s.kv_host.p);
+  const size_t n = kvh * count * hd, is = dtype_size(dtype);
+  for (int v = 0; v < 2; ++v) {
+    const uint8_t* in = static_cast<const uint8_t*>(v ? v_in : k_in);
+    uint8_t* dst = host + v * block;
+    if (dtype == kd) {
+      std::memcpy(dst, in, block);
+      continue;
+    }
+    for (size_t i = 0; i < n; ++i) {
+      const float f = load_as_f32(in + i * is, dtype);
+      if (kd == KVR_DTYPE_F32) {
+        std::memcpy(dst + i * 4, &f, 4);
+      } else {
+        const uint16_t h = kd == KVR_DTYPE_BF16 ? f32_to_bf16(f) : f32_to_f16(f);
+        std::memcpy(dst + i * es, &h, 2);
+      }
+    }
+  }
+  const size_t pitch = static_cast<size_t>(s.capacity) * hd * es, width = count * hd * es;
+  for (int v = 0; v < 2; ++v) {
+    uint8_t* dst = kv_layer(s, layer, v == 1) + start * hd * es;
+    ck(cudaMemcpy2DAsync(dst, pitch, host + v * block, width, width, kvh, cudaMemcpyHostToDevice, s.stream),
+       "copying KV to the device");
+  }
+  ck(cudaStreamSynchronize(s.stream), "kv_write");
+}
+
+}  // namespace
+}  // namespace kvr::cuda
+
+namespace kvr {
+
+std::unique_ptr<Backend> make_cuda_backend(const ModelGeometry& g, const TensorTable& t, int32_t device) {
+  return std::make_unique<cuda::CudaBackend>(g, t, device);
+}
+
+}  // namespace kvr

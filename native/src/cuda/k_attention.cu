@@ -1,0 +1,241 @@
+// Causal GQA flash attention for prefill and decode (one kernel), plus the split-K merge of
+// flash-decoding. f32 online softmax on CUDA cores, K/V read from the cache (the CPU's rounding)
+// and widened in shared memory; never a (T×T) score matrix. Plans: common/device_math.h.
+// Not tensor-core attention (docs/cuda.md "what is next").
+#include <cmath>
+
+#include "cuda/common.cuh"
+#include "cuda/kernels.h"
+#include "kvrelay.h"
+
+namespace kvr::cuda {
+namespace {
+
+using dm::kAttnKeyTile;
+using dm::kAttnWarps;
+
+// Block: kAttnWarps warps on kv head blockIdx.y, rows [blockIdx.x·RB, +RB) of the flattened
+// (token, head-in-group) list (RB = kAttnWarps·RPW), keys of split blockIdx.z. Each warp owns RPW
+// rows; lane j scores key j of each 32-key tile; lane j accumulates dims j, j+32, ... of the output.
+template <int HD, int RPW, class Kv>
+__global__ void __launch_bounds__(kAttnWarps * 32) attn_kernel(AttnArgs a, uint32_t splits) {
+  constexpr int DPL = HD / 32;  // output dims per lane
+  using T = typename Kv::T;
+  extern __shared__ float smem[];
+  float* Ks = smem;                               // [kAttnKeyTile][HD + 1]
+  float* Vs = Ks + kAttnKeyTile * (HD + 1);       // [kAttnKeyTile][HD]
+  float* Qs = Vs + kAttnKeyTile * HD;             // [kAttnWarps][RPW][HD]
+
+  const uint32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const uint32_t g = blockIdx.y, split = blockIdx.z;
+  const uint32_t group = a.heads / a.kv_heads;
+  const uint32_t rows = a.n * group;
+  const uint32_t pos0 = a.d_pos[0];
+  const uint32_t ctx_end = pos0 + a.n;
+  uint32_t kb, ke;
+  dm::attn_split_range(ctx_end, splits, split, &kb, &ke);
+
+  const uint32_t block_row0 = blockIdx.x * kAttnWarps * RPW;
+  // Keys the block needs: up to the last row's position (causal), within this split.
+  const uint32_t last_row = min(rows, block_row0 + kAttnWarps * RPW) - 1;
+  const uint32_t kend = min(ke, pos0 + last_row / group + 1);
+
+  // This warp's rows: query position (or none) and scaled query in shared memory.
+  const float scale = 1.0f / sqrtf(static_cast<float>(HD));
+  uint32_t qpos[RPW];
+  bool valid[RPW];
+  float* q_s = Qs + warp * RPW * HD;
+#pragma unroll
+  for (int i = 0; i < RPW; ++i) {
+    const uint32_t r = block_row0 + warp * RPW + i;
+    valid[i] = r < rows;
+    const uint32_t t = valid[i] ? r / group : 0, h = g * group + (valid[i] ? r % group : 0);
+    qpos[i] = pos0 + t;
+    const float* qr = a.q + static_cast<size_t>(t) * a.ldq + static_cast<size_t>(h) * HD;
+    for (int d = lane; d < HD; d += 32) q_s[i * HD + d] = valid[i] ? qr[d] : 0.f;
+  }
+
+  float m[RPW], l[RPW], acc[RPW][DPL];
+#pragma unroll
+  for (int i = 0; i < RPW; ++i) {
+    m[i] = -INFINITY;
+    l[i] = 0.f;
+#pragma unroll
+    for (int c = 0; c < DPL; ++c) acc[i][c] = 0.f;
+  }
+
+  const T* kc = static_cast<const T*>(a.k_cache) + static_cast<size_t>(g) * a.capacity * HD;
+  const T* vc = static_cast<const T*>(a.v_cache) + static_cast<size_t>(g) * a.capacity * HD;
+  for (uint32_t tile = kb; tile < kend; tile += kAttnKeyTile) {
+    const uint32_t cnt = min(kAttnKeyTile, kend - tile);
+    __syncthreads();  // the previous tile is consumed (and q_s written, on the first pass)
+    for (uint32_t idx = threadIdx.x; idx < cnt * HD; idx += kAttnWarps * 32) {
+      const uint32_t j = idx / HD, d = idx % HD;
+      const size_t off = static_cast<size_t>(tile + j) * HD + d;
+      Ks[j * (HD + 1) + d] = Kv::load(kc + off);
+      Vs[j * HD + d] = Kv::load(vc + off);
+    }
+    __syncthreads();
+
+    float sd[RPW];
+#pragma unroll
+    for (int i = 0; i < RPW; ++i) sd[i] = 0.f;
+    if (lane < cnt) {
+      const float* kr = Ks + lane * (HD + 1);
+#pragma unroll 8
+      for (int d = 0; d < HD; ++d) {
+        const float kv = kr[d];
+#pragma unroll
+        for (int i = 0; i < RPW; ++i) sd[i] = fmaf(q_s[i * HD + d], kv, sd[i]);
+      }
+    }
+    const uint32_t key = tile + lane;
+#pragma unroll
+    for (int i = 0; i < RPW; ++i) {
+      const bool ok = valid[i] && lane < cnt && key <= qpos[i];
+      const float s = ok ? sd[i] * scale : -INFINITY;
+      const float mnew = fmaxf(m[i], warp_max(s));
+      if (mnew == -INFINITY) continue;  // warp-uniform: nothing visible to this row yet
+      const float corr = m[i] == -INFINITY ? 0.f : expf(m[i] - mnew);
+      const float p = ok ? expf(s - mnew) : 0.f;
+      l[i] = l[i] * corr + warp_sum(p);
+      m[i] = mnew;
+#pragma unroll
+      for (int c = 0; c < DPL; ++c) acc[i][c] *= corr;
+      for (uint32_t j = 0; j < cnt; ++j) {
+        const float pj = __shfl_sync(0xffffffffu, p, j);
+        const float* vr = Vs + j * HD + lane;
+#pragma unroll
+        for (int c = 0; c < DPL; ++c) acc[i][c] = fmaf(pj, vr[c * 32], acc[i][c]);
+      }
+    }
+  }
+
+#pragma unroll
+  for (int i = 0; i < RPW; ++i) {
+    if (!valid[i]) continue;
+    const uint32_t r = block_row0 + warp * RPW + i;
+    const uint32_t t = r / group, h = g * group + r % group;
+    if (splits == 1) {
+      const float inv = 1.f / l[i];
+      float* o = a.out + static_cast<size_t>(t) * a.ldo + static_cast<size_t>(h) * HD;
+#pragma unroll
+      for (int c = 0; c < DPL; ++c) o[lane + 32 * c] = acc[i][c] * inv;
+    } else {
+      // partial layout: acc (splits, kv_heads, rows, HD), then (m, l) (splits, kv_heads, rows, 2)
+      const size_t slot = (static_cast<size_t>(split) * a.kv_heads + g) * rows + r;
+      float* pa = a.partial + slot * HD;
+#pragma unroll
+      for (int c = 0; c < DPL; ++c) pa[lane + 32 * c] = acc[i][c];
+      if (lane == 0) {
+        float* ml = a.partial + static_cast<size_t>(splits) * a.kv_heads * rows * HD + slot * 2;
+        ml[0] = m[i];
+        ml[1] = l[i];
+      }
+    }
+  }
+}
+
+// One block per (row, kv head): threads over head_dim merge the splits with dm::softmax_merge.
+__global__ void attn_merge_kernel(AttnArgs a, uint32_t splits) {
+  const uint32_t r = blockIdx.x, g = blockIdx.y, d = threadIdx.x;
+  const uint32_t group = a.heads / a.kv_heads, rows = a.n * group, hd = a.head_dim;
+  const float* ml_base = a.partial + static_cast<size_t>(splits) * a.kv_heads * rows * hd;
+  dm::SoftmaxPart run{-INFINITY, 0.f};
+  float acc = 0.f;
+  for (uint32_t s = 0; s < splits; ++s) {
+    const size_t slot = (static_cast<size_t>(s) * a.kv_heads + g) * rows + r;
+    const dm::SoftmaxPart ps{ml_base[slot * 2], ml_base[slot * 2 + 1]};
+    float mm, wa, wb;
+    dm::softmax_merge(run, ps, &mm, &wa, &wb);
+    const float pa = wb > 0.f ? a.partial[slot * hd + d] : 0.f;
+    acc = wa * acc + wb * pa;
+    run.l = wa * run.l + wb * ps.l;
+    run.m = mm;
+  }
+  const uint32_t t = r / group, h = g * group + r % group;
+  a.out[static_cast<size_t>(t) * a.ldo + static_cast<size_t>(h) * hd + d] = acc / run.l;
+}
+
+template <int HD, int RPW, class Kv>
+cudaError_t launch_one(const AttnArgs& a, const dm::AttnPlan& p, cudaStream_t stream) {
+  attn_kernel<HD, RPW, Kv><<<dim3(p.row_blocks, p.kv_heads, p.splits), kAttnWarps * 32, p.smem_bytes, stream>>>(
+      a, p.splits);
+  return cudaGetLastError();
+}
+
+template <int HD, class Kv>
+cudaError_t launch_hd(const AttnArgs& a, const dm::AttnPlan& p, cudaStream_t stream) {
+  return p.rows_per_warp == 4 ? launch_one<HD, 4, Kv>(a, p, stream) : launch_one<HD, 1, Kv>(a, p, stream);
+}
+
+template <class Kv>
+cudaError_t launch_kv(const AttnArgs& a, const dm::AttnPlan& p, cudaStream_t stream) {
+  switch (a.head_dim) {
+    case 32: return launch_hd<32, Kv>(a, p, stream);
+    case 64: return launch_hd<64, Kv>(a, p, stream);
+    case 128: return launch_hd<128, Kv>(a, p, stream);
+    case 256: return launch_hd<256, Kv>(a, p, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+template <int HD, class Kv>
+cudaError_t raise_smem_limit() {
+  cudaError_t e = cudaFuncSetAttribute(attn_kernel<HD, 4, Kv>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(dm::attn_smem_bytes(HD, 4)));
+  if (e != cudaSuccess) return e;
+  return cudaFuncSetAttribute(attn_kernel<HD, 1, Kv>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(dm::attn_smem_bytes(HD, 1)));
+}
+
+template <class Kv>
+cudaError_t raise_all() {
+  cudaError_t e;
+  if ((e = raise_smem_limit<32, Kv>()) != cudaSuccess) return e;
+  if ((e = raise_smem_limit<64, Kv>()) != cudaSuccess) return e;
+  if ((e = raise_smem_limit<128, Kv>()) != cudaSuccess) return e;
+  return raise_smem_limit<256, Kv>();
+}
+
+}  // namespace
+
+bool attention_supports(uint32_t head_dim) {
+  return head_dim == 32 || head_dim == 64 || head_dim == 128 || head_dim == 256;
+}
+
+cudaError_t attention_init() {
+  cudaError_t e;
+  if ((e = raise_all<KvF32>()) != cudaSuccess) return e;
+  if ((e = raise_all<KvBF16>()) != cudaSuccess) return e;
+  return raise_all<KvF16>();
+}
+
+AttnPlanOut attention_plan(uint32_t n, uint32_t heads, uint32_t kv_heads, uint32_t head_dim, uint32_t ctx_end,
+                           uint32_t sm_count, uint32_t fixed_splits) {
+  const dm::AttnPlan p = dm::plan_attention(n, heads / kv_heads, kv_heads, head_dim, ctx_end, sm_count, fixed_splits);
+  AttnPlanOut o;
+  o.splits = p.splits;
+  o.partial_floats = p.partial_floats;
+  return o;
+}
+
+cudaError_t launch_attention(const AttnArgs& a, uint32_t ctx_end_hint, uint32_t sm_count, uint32_t fixed_splits,
+                             cudaStream_t stream) {
+  if (a.n == 0) return cudaSuccess;
+  const dm::AttnPlan p =
+      dm::plan_attention(a.n, a.heads / a.kv_heads, a.kv_heads, a.head_dim, ctx_end_hint, sm_count, fixed_splits);
+  if (p.splits > 1 && a.partial == nullptr) return cudaErrorInvalidValue;
+  cudaError_t e;
+  switch (a.kv_dtype) {
+    case KVR_DTYPE_F32: e = launch_kv<KvF32>(a, p, stream); break;
+    case KVR_DTYPE_BF16: e = launch_kv<KvBF16>(a, p, stream); break;
+    case KVR_DTYPE_F16: e = launch_kv<KvF16>(a, p, stream); break;
+    default: return cudaErrorInvalidValue;
+  }
+  if (e != cudaSuccess || p.splits == 1) return e;
+  attn_merge_kernel<<<dim3(p.rows, a.kv_heads), a.head_dim, 0, stream>>>(a, p.splits);
+  return cudaGetLastError();
+}
+
+}  // namespace kvr::cuda

@@ -1,0 +1,109 @@
+// Host-side launchers of the CUDA backend's kernels (one .cu file per concept: k_rowwise,
+// k_attention, k_gemv, k_gemm). Every pointer is device memory; every launcher enqueues on
+// `stream` and returns cudaGetLastError() (launch errors only: execution errors surface at the
+// next synchronisation). Positions are read from device memory (`d_pos`: the sequence length
+// before the call) so that one captured CUDA graph serves every decode step.
+// Activations are f32 row-major; weights are bf16 (as in the checkpoint) or f32.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace kvr::cuda {
+
+// A linear weight (rows, cols) row-major on the device, bf16 or f32.
+struct DevMatrix {
+  const void* data = nullptr;
+  uint32_t rows = 0, cols = 0;
+  bool bf16 = false;
+};
+
+// cudaSuccess when this build's kernels can run on the current device (an image for its
+// architecture is embedded), else the error (cudaErrorNoKernelImageForDevice...).
+cudaError_t kernels_loadable();
+
+// x (n, hidden) = table[tokens[i]] widened to f32. tokens: device, n entries, already checked.
+cudaError_t launch_embed(const int32_t* tokens, uint32_t n, const void* table, bool bf16, uint32_t hidden,
+                         float* x, cudaStream_t stream);
+
+// y (rows, d) = x / sqrt(mean(x²) + eps) · w; the mean square accumulates in double (the CPU's
+// order of operations; the sum order differs, so r can differ in its last bit).
+cudaError_t launch_rmsnorm(const float* x, size_t ldx, float* y, size_t ldy, const float* w, uint32_t rows,
+                           uint32_t d, float eps, cudaStream_t stream);
+
+// Fused q/k/v post-processing for n tokens: + bias, Qwen3 per-head RMSNorm of q and k, rotate-half
+// RoPE at position d_pos[0] + i (cos/sin from common/device_math.h, the CPU's bits), q written
+// back in place, k and v rounded to the cache dtype and appended at their positions.
+struct QkvPostArgs {
+  float* qkv = nullptr;           // (n, ldqkv): [q (heads·hd) | k (kv_heads·hd) | v (kv_heads·hd)]
+  uint32_t ldqkv = 0;
+  uint32_t n = 0;
+  const uint32_t* d_pos = nullptr;
+  const float* bias = nullptr;    // (ldqkv) or null
+  const float* q_norm = nullptr;  // (hd) or null (not Qwen3)
+  const float* k_norm = nullptr;  // (hd) or null
+  const double* inv_freq = nullptr;  // (hd/2), rad/token
+  uint32_t heads = 0, kv_heads = 0, head_dim = 0;
+  float eps = 0;
+  void* k_cache = nullptr;        // this layer's K: (kv_heads, capacity, hd) in kv_dtype
+  void* v_cache = nullptr;
+  uint32_t capacity = 0;
+  uint32_t kv_dtype = 0;          // kvr_dtype
+};
+cudaError_t launch_qkv_post(const QkvPostArgs& a, cudaStream_t stream);
+
+// gu (n, 2I) [gate | up] → gu[:, :I] = silu(gate) · up (in place, as the CPU).
+cudaError_t launch_swiglu(float* gu, uint32_t n, uint32_t inter, cudaStream_t stream);
+
+// y (n, ld) += bias (cols) per row.
+cudaError_t launch_bias_add(float* y, size_t ld, const float* bias, uint32_t n, uint32_t cols, cudaStream_t stream);
+
+// x (rows, cols) f32 with row stride ld → hi, lo (rows, cols) bf16 with hi + lo ≈ x (for cuBLASLt).
+cudaError_t launch_split_bf16(const float* x, size_t ld, uint16_t* hi, uint16_t* lo, uint32_t rows, uint32_t cols,
+                              cudaStream_t stream);
+
+// Causal GQA flash attention of n new tokens (queries in qkv, post-RoPE) against this layer's
+// cache [0, d_pos[0] + n), f32 online softmax, no (T×T) matrix. `splits` > 1 splits the keys
+// (flash-decoding): partial results go to `partial` and a merge kernel writes `out`.
+struct AttnArgs {
+  const float* q = nullptr;  // (n, ldq), head h at column h·hd
+  uint32_t ldq = 0;
+  const void* k_cache = nullptr;  // (kv_heads, capacity, hd)
+  const void* v_cache = nullptr;
+  uint32_t capacity = 0;
+  uint32_t kv_dtype = 0;
+  const uint32_t* d_pos = nullptr;
+  uint32_t n = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  float* out = nullptr;  // (n, ldo), head h at column h·hd
+  uint32_t ldo = 0;
+  float* partial = nullptr;  // plan.partial_floats floats when plan.splits > 1
+};
+// Chooses the plan (common/device_math.h plan_attention) for the given context; fixed_splits > 0
+// pins the split count (graphs). Returns the plan through *plan when non-null.
+struct AttnPlanOut {
+  uint32_t splits = 1;
+  size_t partial_floats = 0;
+};
+AttnPlanOut attention_plan(uint32_t n, uint32_t heads, uint32_t kv_heads, uint32_t head_dim, uint32_t ctx_end,
+                           uint32_t sm_count, uint32_t fixed_splits);
+cudaError_t launch_attention(const AttnArgs& a, uint32_t ctx_end_hint, uint32_t sm_count, uint32_t fixed_splits,
+                             cudaStream_t stream);
+// Whether the attention kernels are compiled for this head_dim (32, 64, 128, 256).
+bool attention_supports(uint32_t head_dim);
+// Raises the dynamic shared-memory limit of the attention kernels (once per device).
+cudaError_t attention_init();
+
+// Decode projection: y (rows) = W (rows, cols) · x (cols) [+ bias] [+ y if accumulate].
+// bf16 weights widened exactly, f32 accumulation, 16-byte weight loads when cols allows.
+cudaError_t launch_gemv(const DevMatrix& w, const float* x, const float* bias, float* y, bool accumulate,
+                        cudaStream_t stream);
+
+// Prefill projection fallback: C (m, w.rows) = A (m, w.cols) · Wᵀ [+ bias] [+ C], tensor cores
+// (mma.sync m16n8k16 bf16, f32 accumulate) with A split into bf16 hi + lo (and W too when f32),
+// so the result carries f32-level accuracy.
+cudaError_t launch_gemm(const float* a, size_t lda, uint32_t m, const DevMatrix& w, const float* bias, float* c,
+                        size_t ldc, bool accumulate, cudaStream_t stream);
+
+}  // namespace kvr::cuda

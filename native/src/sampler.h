@@ -1,0 +1,32 @@
+// The kvr_sampler handle's layout, internal to the library: sampling settings, the PRNG stream
+// and reusable buffers of one generation. Shared by sampler_api.cpp (kvr_sampler_*) and
+// sequence.cpp (kvr_seq_decode_sample). Not public ABI.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "sampling.h"
+
+struct kvr_sampler {
+  explicit kvr_sampler(int64_t seed) : rng(seed) {}
+  kvr::SamplingConfig cfg;
+  kvr::Xoshiro128 rng;
+  kvr::SamplingScratch scratch;
+  std::string last_error;
+};
+
+namespace kvr {
+
+// Records msg on the sampler and as this thread's last error; returns status.
+int32_t sampler_fail(kvr_sampler* s, int32_t status, const std::string& msg);
+// Checks the output buffers of a sample call (token_out, top arrays, top_len bound).
+int32_t sampler_check_out(kvr_sampler* s, const int32_t* token_out, const int32_t* top_ids,
+                          const double* top_logprobs, uint32_t top_len);
+// Picks a token from logits[0..width) (validated) and fills the optional logprob outputs.
+int32_t sampler_run(kvr_sampler* s, const float* logits, size_t width, int32_t* token_out,
+                    double* logprob_out, int32_t* top_ids, double* top_logprobs, uint32_t top_len,
+                    uint32_t* top_count_out);
+
+}  // namespace kvr

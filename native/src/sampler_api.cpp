@@ -1,0 +1,127 @@
+// C ABI of native sampling (kvr_sampling_default_params, kvr_sampler_*): validates params and
+// buffers, keeps each sampler's PRNG stream and candidate buffers. The math is sampling.cpp; the
+// decode step that samples in place is kvr_seq_decode_sample (sequence.cpp).
+#include <cmath>
+#include <new>
+#include <string>
+
+#include "errors.h"
+#include "kvrelay.h"
+#include "sampler.h"
+
+using kvr::fail;
+using kvr::format;
+
+namespace kvr {
+
+int32_t sampler_fail(kvr_sampler* s, int32_t status, const std::string& msg) {
+  fail(status, msg);
+  try {
+    s->last_error = msg;
+  } catch (...) {
+    s->last_error.clear();
+  }
+  return status;
+}
+
+int32_t sampler_run(kvr_sampler* s, const float* logits, size_t width, int32_t* token_out,
+                    double* logprob_out, int32_t* top_ids, double* top_logprobs, uint32_t top_len,
+                    uint32_t* top_count_out) {
+  const int64_t id = s->cfg.temperature == 0
+                         ? argmax_row(logits, width)
+                         : sample_row(logits, width, s->cfg, s->rng, s->scratch);
+  if (id < 0)
+    return sampler_fail(s, KVR_ERR_INVALID_ARGUMENT,
+                        format("sampling: no finite logit among %zu values", width));
+  *token_out = static_cast<int32_t>(id);
+  const size_t n = logprobs_row(logits, width, id, logprob_out, top_len, top_ids, top_logprobs);
+  if (top_count_out) *top_count_out = static_cast<uint32_t>(n);
+  return KVR_OK;
+}
+
+int32_t sampler_check_out(kvr_sampler* s, const int32_t* token_out, const int32_t* top_ids,
+                          const double* top_logprobs, uint32_t top_len) {
+  if (!token_out) return sampler_fail(s, KVR_ERR_INVALID_ARGUMENT, "token_out is NULL");
+  if (top_len > KVR_SAMPLER_MAX_TOP)
+    return sampler_fail(s, KVR_ERR_INVALID_ARGUMENT,
+                        format("top_len %u exceeds %d", top_len, KVR_SAMPLER_MAX_TOP));
+  if (top_len > 0 && (!top_ids || !top_logprobs))
+    return sampler_fail(s, KVR_ERR_INVALID_ARGUMENT,
+                        format("top_ids or top_logprobs is NULL with top_len %u", top_len));
+  return KVR_OK;
+}
+
+}  // namespace kvr
+
+extern "C" {
+
+KVR_API void kvr_sampling_default_params(kvr_sampling_params* p) {
+  if (!p) return;
+  *p = kvr_sampling_params{};
+  p->temperature = 1.0;
+  p->top_p = 1.0;
+  p->min_p = 0.0;
+  p->seed = 0;
+  p->top_k = 0;
+  p->reserved = 0;
+}
+
+KVR_API int32_t kvr_sampler_create(const kvr_sampling_params* p, kvr_sampler** out) {
+  if (!out) return fail(KVR_ERR_INVALID_ARGUMENT, "out_sampler is NULL");
+  *out = nullptr;
+  if (!p) return fail(KVR_ERR_INVALID_ARGUMENT, "params is NULL");
+  if (!std::isfinite(p->temperature) || p->temperature < 0)
+    return fail(KVR_ERR_INVALID_ARGUMENT,
+                format("temperature must be a finite number >= 0, got %g", p->temperature));
+  if (!(p->top_p > 0 && p->top_p <= 1))
+    return fail(KVR_ERR_INVALID_ARGUMENT, format("top_p must be in (0, 1], got %g", p->top_p));
+  if (!(p->min_p >= 0 && p->min_p <= 1))
+    return fail(KVR_ERR_INVALID_ARGUMENT, format("min_p must be in [0, 1], got %g", p->min_p));
+  const int64_t max_seed = (int64_t{1} << 53) - 1;
+  if (p->seed > max_seed || p->seed < -max_seed)
+    return fail(KVR_ERR_INVALID_ARGUMENT,
+                format("seed must be a safe integer (|seed| < 2^53), got %lld",
+                       static_cast<long long>(p->seed)));
+  if (p->reserved != 0)
+    return fail(KVR_ERR_INVALID_ARGUMENT, format("reserved must be 0, got %u", p->reserved));
+  try {
+    kvr_sampler* s = new kvr_sampler(p->seed);
+    s->cfg.temperature = p->temperature;
+    s->cfg.top_k = p->top_k;
+    s->cfg.top_p = p->top_p;
+    s->cfg.min_p = p->min_p;
+    *out = s;
+  } catch (...) {
+    return fail(KVR_ERR_OUT_OF_MEMORY, "out of memory creating a sampler");
+  }
+  return KVR_OK;
+}
+
+KVR_API void kvr_sampler_free(kvr_sampler* s) { delete s; }
+
+KVR_API const char* kvr_sampler_last_error(const kvr_sampler* s) {
+  return s ? s->last_error.c_str() : "";
+}
+
+KVR_API int32_t kvr_sampler_sample(kvr_sampler* s, const float* logits, size_t logits_len,
+                                   uint32_t width, int32_t* token_out, double* logprob_out,
+                                   int32_t* top_ids, double* top_logprobs, uint32_t top_len,
+                                   uint32_t* top_count_out) {
+  if (!s) return fail(KVR_ERR_INVALID_ARGUMENT, "sampler is NULL");
+  if (!logits) return kvr::sampler_fail(s, KVR_ERR_INVALID_ARGUMENT, "logits is NULL");
+  if (width == 0 || width > logits_len)
+    return kvr::sampler_fail(
+        s, KVR_ERR_INVALID_ARGUMENT,
+        format("width must be in [1, logits_len %zu], got %u", logits_len, width));
+  if (int32_t st = kvr::sampler_check_out(s, token_out, top_ids, top_logprobs, top_len)) return st;
+  try {
+    return kvr::sampler_run(s, logits, width, token_out, logprob_out, top_ids, top_logprobs, top_len,
+                            top_count_out);
+  } catch (const std::bad_alloc&) {
+    return kvr::sampler_fail(s, KVR_ERR_OUT_OF_MEMORY, "out of memory in sampling");
+  } catch (...) {
+    return kvr::sampler_fail(s, KVR_ERR_INTERNAL, "internal error in sampling");
+  }
+}
+
+}  // extern "C"

@@ -1,0 +1,383 @@
+// Sampling math (see sampling.h): a line-by-line port of lib/engine/sampler.ts and prng.ts. Kept
+// literal on purpose — the candidate widening, the summation orders and the draw — so that the
+// TypeScript sampler stays the oracle and the tokens agree exactly (sampler_test.ts, native).
+#include "sampling.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include <quadmath.h>
+
+namespace kvr {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+uint32_t rotl(uint32_t x, int k) { return (x << k) | (x >> (32 - k)); }
+
+// Ids sort by logit descending, ties by lower id (sampler.ts: logits[b] - logits[a] || a - b).
+struct ByLogit {
+  const float* l;
+  bool operator()(int32_t a, int32_t b) const {
+    const double la = l[a], lb = l[b];
+    return la > lb || (la == lb && a < b);
+  }
+};
+
+}  // namespace
+
+Xoshiro128::Xoshiro128(int64_t seed) {
+  const uint32_t lo = static_cast<uint32_t>(static_cast<uint64_t>(seed));
+  const uint32_t hi = static_cast<uint32_t>(static_cast<uint64_t>(seed >> 32));  // floor(seed/2³²)
+  uint32_t x = lo ^ (hi * 0x9e3779b9u);
+  for (int i = 0; i < 4; ++i) {
+    x += 0x9e3779b9u;
+    uint32_t z = x;
+    z = (z ^ (z >> 16)) * 0x85ebca6bu;
+    z = (z ^ (z >> 13)) * 0xc2b2ae35u;
+    s_[i] = z ^ (z >> 16);
+  }
+  if ((s_[0] | s_[1] | s_[2] | s_[3]) == 0) s_[0] = 1;
+}
+
+uint32_t Xoshiro128::next_u32() {
+  const uint32_t result = rotl(s_[1] * 5, 7) * 9;
+  const uint32_t t = s_[1] << 9;
+  s_[2] ^= s_[0];
+  s_[3] ^= s_[1];
+  s_[1] ^= s_[2];
+  s_[0] ^= s_[3];
+  s_[2] ^= t;
+  s_[3] = rotl(s_[3], 11);
+  return result;
+}
+
+double Xoshiro128::next_double() {
+  const uint32_t hi = next_u32() >> 5;  // 27 bits
+  const uint32_t lo = next_u32() >> 6;  // 26 bits
+  return (static_cast<double>(hi) * 67108864.0 + lo) / 9007199254740992.0;
+}
+
+namespace {
+
+// Error-free transformations (double-double arithmetic).
+inline void two_sum(double a, double b, double* s, double* e) {
+  *s = a + b;
+  const double bb = *s - a;
+  *e = (a - (*s - bb)) + (b - bb);
+}
+inline void fast_two_sum(double a, double b, double* s, double* e) {  // |a| >= |b|
+  *s = a + b;
+  *e = b - (*s - a);
+}
+inline void two_prod(double a, double b, double* p, double* e) {
+  *p = a * b;
+  *e = std::fma(a, b, -*p);
+}
+
+constexpr int kTableBits = 8;
+constexpr int kTable = 1 << kTableBits;  // 2^(j/256), j = 0..255
+
+// 2^(j/256) as double-double (hi + lo, |lo| <= ulp(hi)/2), computed once in quad precision.
+struct Exp2Table {
+  double hi[kTable], lo[kTable];
+  Exp2Table() {
+    for (int j = 0; j < kTable; ++j) {
+      const __float128 v = exp2q(static_cast<__float128>(j) / kTable);
+      hi[j] = static_cast<double>(v);
+      lo[j] = static_cast<double>(v - static_cast<__float128>(hi[j]));
+    }
+  }
+};
+
+const Exp2Table& exp2_table() {
+  static const Exp2Table t;
+  return t;
+}
+
+// ln2/256 in three parts: C1 has 32 significant bits (k·C1 exact for |k| < 2^21), C2 and C3 the
+// rest; together they carry ~ 2^-120 relative precision.
+const double kInvLn2N = 369.3299304675746;  // 256/ln2
+const double kC1 = 0x1.62e42fefp-9;
+const double kC2 = static_cast<double>(
+    logq(static_cast<__float128>(2)) / 256 - static_cast<__float128>(0x1.62e42fefp-9));
+const double kC3 = static_cast<double>(logq(static_cast<__float128>(2)) / 256 -
+                                       static_cast<__float128>(0x1.62e42fefp-9) -
+                                       static_cast<__float128>(kC2));
+
+}  // namespace
+
+// exp(x) rounded correctly to nearest: a double-double evaluation (table of 2^(j/256), degree-6
+// polynomial; ~2^-90 relative error) rounded once, with the quad-precision libquadmath exp for
+// results too close to a rounding midpoint to decide and for the overflow/subnormal ranges.
+// V8's Math.exp is correctly rounded (0 differences in 200k random arguments), so this matches it
+// bit for bit; glibc's exp differs in ~0.1% of arguments and is not used.
+double js_exp(double x) {
+  if (std::isnan(x)) return x;
+  if (x > 709.0 || x < -708.0) {
+    if (x == kInf) return kInf;
+    if (x == -kInf) return 0.0;
+    return static_cast<double>(expq(static_cast<__float128>(x)));
+  }
+  if (std::fabs(x) < 0x1p-60) return 1.0 + x;
+  const Exp2Table& tb = exp2_table();
+  const double kd = std::nearbyint(x * kInvLn2N);
+  const long k = static_cast<long>(kd);
+  // r = x - k·ln2/256 as rh + rl.
+  const double t1 = x - kd * kC1;  // exact: kd·kC1 is exact and t1 is close to x (Sterbenz-like)
+  double p2, e2;
+  two_prod(kd, kC2, &p2, &e2);
+  double rh, rl;
+  two_sum(t1, -p2, &rh, &rl);
+  rl -= e2 + kd * kC3;
+  double r2, r2e;  // rh² exactly
+  two_prod(rh, rh, &r2, &r2e);
+  // exp(r) − 1 − r − r²/2 beyond the exact leading terms (|r| < 2^-9.4: next term ~2^-82).
+  const double tail = rh * r2 * (1.0 / 6 + rh * (1.0 / 24 + rh * (1.0 / 120 + rh * (1.0 / 720))));
+  // e = 1 + rh + r²/2 + (rl + rh·rl + r2e/2 + tail)
+  double eh, el;
+  fast_two_sum(1.0, rh, &eh, &el);
+  double s, se;
+  two_sum(eh, 0.5 * r2, &s, &se);
+  el += se + (rl + rh * rl + 0.5 * r2e + tail);
+  fast_two_sum(s, el, &eh, &el);
+  // × 2^(j/256)
+  const long j = ((k % kTable) + kTable) % kTable;
+  const long m = (k - j) / kTable;
+  double ph, pl;
+  two_prod(tb.hi[j], eh, &ph, &pl);
+  pl += tb.hi[j] * el + tb.lo[j] * eh;
+  double h, l;
+  fast_two_sum(ph, pl, &h, &l);
+  // h = round(h + l) already; undecidable when l is within the evaluation error of ±ulp(h)/2.
+  const double ulp = std::nextafter(std::fabs(h), kInf) - std::fabs(h);
+  const double dist = std::fabs(std::fabs(l) - 0.5 * ulp);
+  if (dist < ulp * 0x1p-20) return static_cast<double>(expq(static_cast<__float128>(x)));
+  return std::ldexp(h, static_cast<int>(m));
+}
+
+int64_t argmax_row(const float* logits, size_t n) {
+  int64_t best = -1;
+  double best_value = -kInf;
+  for (size_t i = 0; i < n; ++i) {
+    const double v = logits[i];
+    if (v > best_value) {
+      best_value = v;
+      best = static_cast<int64_t>(i);
+    }
+  }
+  return best;
+}
+
+namespace {
+
+// softmaxMass of sampler.ts: max finite logit, Σ exp((l − max)/T) over finite logits in id order
+// (skipped when want_total is false: the caller does not read it), and how many are finite.
+// When terms is given, terms[i] = exp((l[i] − max)/T) for finite logits (for the caller to reuse).
+void softmax_mass(const float* l, size_t n, double temperature, bool want_total, double* max,
+                  double* total, size_t* finite, double* terms = nullptr) {
+  double mx = -kInf;
+  size_t f = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double v = l[i];
+    if (v > -kInf) {
+      ++f;
+      if (v > mx) mx = v;
+    }
+  }
+  double tot = 0;
+  if (f > 0 && want_total) {
+    for (size_t i = 0; i < n; ++i) {
+      const double v = l[i];
+      if (v > -kInf) {
+        const double e = js_exp((v - mx) / temperature);
+        if (terms) terms[i] = e;
+        tot += e;
+      }
+    }
+  }
+  *max = mx;
+  *total = tot;
+  *finite = f;
+}
+
+// samplingDistribution of sampler.ts: fills scratch.ids / scratch.probs (first `*kept` entries)
+// with the kept ids, most likely first, and their renormalised probabilities.
+void sampling_distribution(const float* l, size_t n, const SamplingConfig& cfg,
+                           SamplingScratch& sc, size_t* kept) {
+  const double temperature = cfg.temperature, top_p = cfg.top_p, min_p = cfg.min_p;
+  const size_t top_k = cfg.top_k;
+  double max, total;
+  size_t finite;
+  // total and the candidates' mass matter only without top_k (sampler.ts reads them there only).
+  const bool need_mass = top_k == 0;
+  softmax_mass(l, n, temperature, need_mass, &max, &total, &finite);
+  const bool no_filter = top_k == 0 && top_p >= 1 && min_p == 0;
+  double delta = no_filter ? kInf : 1;
+  auto widen = [&] { delta = delta > 1e4 ? kInf : delta * 2; };
+  while (true) {
+    const double floor = max - delta * temperature;
+    if (delta != kInf) {
+      size_t count = 0;
+      double mass = 0;
+      for (size_t i = 0; i < n; ++i) {
+        const double v = l[i];
+        if (v >= floor) {
+          ++count;
+          if (need_mass && top_p < 1) mass += js_exp((v - max) / temperature);
+        }
+      }
+      const bool enough =
+          count == finite || (top_k > 0    ? count >= top_k
+                              : top_p < 1 ? mass >= top_p * total
+                                          : min_p >= js_exp(-delta));
+      if (!enough) {
+        widen();
+        continue;
+      }
+    }
+    sc.ids.clear();
+    for (size_t i = 0; i < n; ++i) {
+      const double v = l[i];
+      if (v > -kInf && v >= floor) sc.ids.push_back(static_cast<int32_t>(i));
+    }
+    const bool all = sc.ids.size() == finite;
+    if (top_k > 0 && sc.ids.size() < top_k && !all) {
+      widen();
+      continue;
+    }
+    size_t m = top_k > 0 ? std::min(top_k, sc.ids.size()) : sc.ids.size();
+    // Only the first m ids in sorted order are ever read: a partial sort gives the same prefix.
+    if (m < sc.ids.size()) {
+      std::partial_sort(sc.ids.begin(), sc.ids.begin() + static_cast<long>(m), sc.ids.end(),
+                        ByLogit{l});
+    } else {
+      std::sort(sc.ids.begin(), sc.ids.end(), ByLogit{l});
+    }
+    sc.probs.resize(m);
+    double sum_kept = 0;
+    for (size_t j = 0; j < m; ++j) {
+      sc.probs[j] = js_exp((static_cast<double>(l[sc.ids[j]]) - max) / temperature);
+      sum_kept += sc.probs[j];
+    }
+    const double norm = top_k > 0 ? sum_kept : total;
+    for (size_t j = 0; j < m; ++j) sc.probs[j] /= norm;
+    bool cut_inside = top_k > 0 || all;
+    if (top_p < 1) {
+      double cumulative = 0;
+      long keep = -1;
+      for (size_t j = 0; j < m; ++j) {
+        cumulative += sc.probs[j];
+        if (cumulative >= top_p) {
+          keep = static_cast<long>(j) + 1;
+          break;
+        }
+      }
+      if (keep < 0 && !cut_inside) {
+        widen();
+        continue;
+      }
+      if (keep > 0) {
+        m = static_cast<size_t>(keep);
+        cut_inside = true;
+      }
+    }
+    if (min_p > 0) {
+      if (!cut_inside && min_p < js_exp(-delta)) {
+        widen();
+        continue;
+      }
+      const double threshold = min_p * sc.probs[0];
+      size_t keep = 1;
+      while (keep < m && sc.probs[keep] >= threshold) ++keep;
+      m = keep;
+    } else if (!cut_inside) {
+      widen();
+      continue;
+    }
+    double sum = 0;
+    for (size_t j = 0; j < m; ++j) sum += sc.probs[j];
+    for (size_t j = 0; j < m; ++j) sc.probs[j] /= sum;
+    *kept = m;
+    return;
+  }
+}
+
+}  // namespace
+
+int64_t sample_row(const float* l, size_t n, const SamplingConfig& cfg, Xoshiro128& rng,
+                   SamplingScratch& sc) {
+  if (cfg.top_k == 0 && cfg.top_p >= 1 && cfg.min_p == 0) {
+    // Plain softmax sampling: one pass in id order, no sort.
+    double max, total;
+    size_t finite;
+    sc.probs.resize(n);  // the exp terms, computed once and summed twice in the same order
+    softmax_mass(l, n, cfg.temperature, true, &max, &total, &finite, sc.probs.data());
+    if (finite == 0) return -1;
+    const double target = rng.next_double() * total;
+    double cumulative = 0;
+    int64_t last = -1;
+    for (size_t i = 0; i < n; ++i) {
+      const double v = l[i];
+      if (!(v > -kInf)) continue;
+      cumulative += sc.probs[i];
+      last = static_cast<int64_t>(i);
+      if (target < cumulative) return last;
+    }
+    return last;  // target within rounding of total
+  }
+  size_t finite = 0;
+  for (size_t i = 0; i < n; ++i) finite += static_cast<double>(l[i]) > -kInf ? 1 : 0;
+  if (finite == 0) return -1;
+  size_t m = 0;
+  sampling_distribution(l, n, cfg, sc, &m);
+  const double u = rng.next_double();
+  double cumulative = 0;
+  for (size_t j = 0; j < m; ++j) {
+    cumulative += sc.probs[j];
+    if (u < cumulative) return sc.ids[j];
+  }
+  return sc.ids[m - 1];  // u within rounding of 1
+}
+
+size_t logprobs_row(const float* l, size_t n, int64_t id, double* id_logprob, size_t top,
+                    int32_t* top_ids, double* top_logprobs) {
+  double max = -kInf;
+  for (size_t i = 0; i < n; ++i) {
+    const double v = l[i];
+    if (v > max) max = v;
+  }
+  double total = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double v = l[i];
+    if (v > -kInf) total += js_exp(v - max);
+  }
+  const double log_total = std::log(total);
+  auto lp = [&](int64_t i) {
+    const double v = l[i];
+    return v > -kInf ? (v - max) - log_total : -kInf;
+  };
+  if (id_logprob != nullptr) *id_logprob = id >= 0 ? lp(id) : -kInf;
+  if (top == 0) return 0;
+  // Top `top` by a bounded insertion list: O(n · top), top is small (≤ 20 through the ABI).
+  size_t count = 0;
+  const ByLogit better{l};
+  for (size_t i = 0; i < n; ++i) {
+    const double v = l[i];
+    if (!(v > -kInf)) continue;
+    const int32_t c = static_cast<int32_t>(i);
+    if (count == top && !better(c, top_ids[count - 1])) continue;
+    size_t pos = count < top ? count++ : top - 1;
+    while (pos > 0 && better(c, top_ids[pos - 1])) {
+      top_ids[pos] = top_ids[pos - 1];
+      --pos;
+    }
+    top_ids[pos] = c;
+  }
+  for (size_t j = 0; j < count; ++j) top_logprobs[j] = lp(top_ids[j]);
+  return count;
+}
+
+}  // namespace kvr

@@ -1,0 +1,84 @@
+// Keeps the GPU check from rotting on machines without a GPU: runs its driver
+// (scripts/gpu_check/gpu_check.py) in dry-run mode, where the CPU backend stands in for CUDA,
+// over its correctness section (demo models and generated checkpoints of every family and
+// weight dtype vs the CPU backend and a float64 numpy reference, KV round trip, greedy
+// agreement) plus the probe checks. Needs python3 with numpy (.ci/run installs it).
+
+import assert from "node:assert/strict";
+
+const root = new URL("../../", import.meta.url).pathname;
+const lib = Deno.env.get("KVRELAY_LIB") ?? `${root}build/native/libkvrelay.so`;
+
+Deno.test("gpu_check.py --dry-run passes its correctness and probe checks on the CPU backend", async () => {
+  const out = await Deno.makeTempDir({ prefix: "gpu_check_" });
+  try {
+    const { code, stdout, stderr } = await new Deno.Command("python3", {
+      args: [
+        `${root}scripts/gpu_check/gpu_check.py`,
+        "--dry-run",
+        "--quick",
+        "--sections",
+        "correctness",
+        "--lib",
+        lib,
+        "--out",
+        out,
+      ],
+      env: { OMP_WAIT_POLICY: "passive" },
+      stdout: "piped",
+      stderr: "piped",
+    }).output();
+    const text = new TextDecoder().decode(stdout) + new TextDecoder().decode(stderr);
+    assert.equal(code, 0, text.slice(-4000));
+    const m = text.match(/RESULT: (\d+) passed, (\d+) failed/);
+    assert.ok(m, text.slice(-2000));
+    assert.equal(Number(m[2]), 0, text.slice(-4000));
+    const report = JSON.parse(await Deno.readTextFile(`${out}/gpu_check.json`));
+    assert.equal(report.failed, 0);
+    assert.equal(report.passed, Number(m[1]));
+    // 3 demo models × 2 KV dtypes and 7 generated checkpoints, each with several checks.
+    const models = new Set(
+      report.checks.filter((c: { section: string }) => c.section === "correctness")
+        .map((c: { name: string }) => c.name.split(" ")[0]),
+    );
+    assert.ok(models.size >= 13, `models checked: ${[...models].join(", ")}`);
+    assert.ok(report.skipped.length === 0, JSON.stringify(report.skipped));
+  } finally {
+    await Deno.remove(out, { recursive: true });
+  }
+});
+
+Deno.test("gpu_check.py --dry-run passes its handoff checks (golden-snapshot codec, projection) on the CPU backend", async () => {
+  const out = await Deno.makeTempDir({ prefix: "gpu_check_handoff_" });
+  try {
+    const { code, stdout, stderr } = await new Deno.Command("python3", {
+      args: [
+        `${root}scripts/gpu_check/gpu_check.py`,
+        "--dry-run",
+        "--quick",
+        "--sections",
+        "handoff",
+        "--lib",
+        lib,
+        "--out",
+        out,
+      ],
+      env: { OMP_WAIT_POLICY: "passive" },
+      stdout: "piped",
+      stderr: "piped",
+    }).output();
+    const text = new TextDecoder().decode(stdout) + new TextDecoder().decode(stderr);
+    assert.equal(code, 0, text.slice(-4000));
+    const report = JSON.parse(await Deno.readTextFile(`${out}/gpu_check.json`));
+    assert.equal(report.failed, 0, text.slice(-4000));
+    const names: string[] = report.checks
+      .filter((c: { section: string }) => c.section === "handoff")
+      .map((c: { name: string }) => c.name);
+    // every golden file exported byte for byte and imported, plus the projection checks
+    assert.equal(names.filter((n) => /byte-identical to the golden file/.test(n)).length, 7);
+    assert.equal(names.filter((n) => /restores the CPU's KV/.test(n)).length, 7);
+    assert.ok(names.some((n) => /KL\(full ‖ migrated\)/.test(n)), names.join("\n"));
+  } finally {
+    await Deno.remove(out, { recursive: true });
+  }
+});

@@ -45,6 +45,27 @@ Deno.test("GET /healthz, /readyz, /metrics answer; /readyz is 503 before models 
   }
 });
 
+Deno.test("GET /readyz is 503 naming the tier when its device has failed (kvr_model_health)", async () => {
+  const rt = await testRuntime();
+  try {
+    const app = createGenerateApp(rt);
+    assert.equal((await app.request("/readyz")).status, 200);
+    // A CUDA kernel fault marks the backend failed; the CPU never fails, so stand one in.
+    const native = rt.tiers.get("fast")!.model.native;
+    native.health = () => "CUDA device 0 failed: cudaErrorIllegalAddress (700)";
+    const res = await app.request("/readyz");
+    assert.equal(res.status, 503);
+    const body = await res.json();
+    assert.equal(body.error.type, "unavailable_error");
+    assert.equal(
+      body.error.message,
+      "tier fast: CUDA device 0 failed: cudaErrorIllegalAddress (700)",
+    );
+  } finally {
+    await rt.close();
+  }
+});
+
 Deno.test("GET /v1/models lists one model id per tier", async () => {
   const rt = await testRuntime({ tiers: { fast: "tiny-fast", balanced: "tiny-balanced" } });
   try {

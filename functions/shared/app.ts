@@ -133,6 +133,11 @@ export function createBaseApp(rt: Runtime, fn: string): Hono {
         tiers: rt.startup.tiers,
       }, 503);
     }
+    // A device fault (CUDA) makes a tier unusable until the process restarts: not ready.
+    for (const [name, t] of rt.tiers) {
+      const why = t.model.native.health();
+      if (why !== null) throw new UnavailableError("device_failed", `tier ${name}: ${why}`);
+    }
     const backends = Object.fromEntries(
       [...rt.tiers].map(([name, t]) => [name, {
         backend: t.model.native.backend,

@@ -128,3 +128,10 @@ Deno.test("`NativeModel.load()` with backend auto runs on the CPU here and logs 
   }
   assert.equal(noteAutoFallback("again"), false);
 });
+
+Deno.test("`NativeModel.health()` is null for a CPU model and throws once the model is freed", async () => {
+  const model = NativeModel.load(await checkpoint(DEMO_DIRS[0]), { threads: 1 });
+  assert.equal(model.health(), null);
+  model.free();
+  assert.throws(() => model.health(), /has been freed/);
+});

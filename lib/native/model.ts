@@ -166,6 +166,21 @@ export class NativeModel {
   }
 
   /**
+   * Whether the model's device is still usable (kvr_model_health): a CUDA kernel fault leaves the
+   * device context unusable, every later call fails and the model must be reloaded.
+   * @returns null while usable (always for the CPU), else the reason
+   * @throws Error when the model has been freed
+   */
+  health(): string | null {
+    if (this.#freeRequested || this.#ptr === null) {
+      throw new Error("NativeModel.health(): the model has been freed");
+    }
+    const info = new Uint8Array(512);
+    const st = this.#lib.symbols.kvr_model_health(this.#ptr, info, BigInt(info.length));
+    return st === 0 ? null : cString(info);
+  }
+
+  /**
    * Creates a sequence with an empty KV cache.
    * @param capacity tokens the cache holds (>= 1)
    * @returns the sequence (free it, or use `using`)

@@ -30,6 +30,7 @@ export const coreSymbols = {
     parameters: ["pointer", "buffer", "buffer", "buffer", "usize"],
     result: "i32",
   },
+  kvr_model_health: { parameters: ["pointer", "buffer", "usize"], result: "i32" },
   kvr_seq_create: { parameters: ["pointer", "u32", "buffer"], result: "i32" },
   kvr_seq_free: { parameters: ["pointer"], result: "void" },
   kvr_seq_length: { parameters: ["pointer"], result: "u32" },

@@ -36,9 +36,15 @@ export class NotFoundError extends Error {
 }
 
 /** Why the server could not serve a request now. */
-export type UnavailableReason = "not_ready" | "shutting_down" | "client_gone" | "timeout";
+export type UnavailableReason =
+  | "not_ready"
+  | "shutting_down"
+  | "client_gone"
+  | "timeout"
+  | "device_failed";
 
-/** The request could not be served now: models loading, shutdown, its deadline, or its client. */
+/** The request could not be served now: models loading, shutdown, its deadline, its client, or a
+ * tier's device failed (a CUDA fault: the process must restart). */
 export class UnavailableError extends Error {
   /**
    * @param reason why

@@ -12,7 +12,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -96,6 +98,19 @@ struct ChunkSpec {
   uint32_t start = 0;  // cache position of the chunk's first token
 };
 
+// A linear KV projector as kvr_projector_apply_seq hands it to a backend (projector.cpp): shapes,
+// row-major weights on request, biases, and a slot where a device backend keeps its copy of the
+// weights for the projector's lifetime (guarded by slot_mutex).
+struct LinearProjection {
+  size_t src_layers = 0, src_heads = 0, src_dim = 0, dst_layers = 0, dst_heads = 0, dst_dim = 0;
+  // Writes W_k (keys) or W_v (n_dst, n_src) row-major f32 into out.
+  std::function<void(bool keys, float* out)> weights;
+  const float* bk = nullptr;  // (n_dst)
+  const float* bv = nullptr;
+  std::shared_ptr<void>* slot = nullptr;
+  std::mutex* slot_mutex = nullptr;
+};
+
 // A model's weights on one device. Immutable after construction: every method is const and may
 // run concurrently on different SeqStates (one call at a time per SeqState). Arguments are
 // already validated by the neutral layer (ranges, sizes, token ids, capacity).
@@ -138,6 +153,15 @@ class Backend {
   // context unusable) fails every later call, and the model must be reloaded. Any thread
   // (kvr_model_health; /readyz answers 503 then).
   virtual std::string failure() const { return {}; }
+  // Projects positions [0, n_tokens) of `src` (a sequence of `src_backend`'s model) into `dst`
+  // (this backend's) and returns true, or returns false without touching anything when this
+  // backend cannot do it natively (then projector.cpp takes the copy path). The CUDA backend does
+  // it when both sequences live on its device (docs/gpu-handoff.md).
+  virtual bool project_linear(const SeqState& src, const Backend& src_backend, SeqState& dst,
+                              const LinearProjection& p, uint32_t n_tokens) const {
+    (void)src, (void)src_backend, (void)dst, (void)p, (void)n_tokens;
+    return false;
+  }
 };
 
 // The CPU backend (native/src/cpu/cpu_backend.cpp): packs the weights from the table.

@@ -45,6 +45,9 @@ struct kvr_projector {
   std::vector<double> src_freq, dst_freq;
   kvr::cpu::PackedWeight wk, wv;  // (n_dst, n_src)
   std::vector<float> bk, bv;      // (n_dst)
+  // A device backend's copy of the weights (Backend::project_linear), made on first use.
+  std::shared_ptr<void> device_weights;
+  std::mutex device_mutex;
   // Applies may run concurrently (read-only weights); only the message is shared state.
   std::mutex error_mutex;
   std::string last_error;
@@ -274,6 +277,33 @@ void project_via_copies(const kvr_projector& p, const kvr_seq& src, kvr_seq& dst
       db.kv_write(*dst.state, static_cast<uint32_t>(l), start, tokens, KVR_DTYPE_F32, dk.data() + l * d_layer,
                   dblock.data() + l * d_layer);
   }
+}
+
+// Unpacks a packed f32 weight (panels of 16 output rows, k-major) into (n, k) row-major.
+void unpack_rows(const kvr::cpu::PackedWeight& w, float* out) {
+  const size_t n = w.rows(), k = w.cols(), pw = kvr::cpu::kPanelWidth;
+  for (size_t p = 0; p < w.panels(); ++p) {
+    const float* panel = w.panel(p);
+    for (size_t j = 0; j < pw && p * pw + j < n; ++j)
+      for (size_t i = 0; i < k; ++i) out[(p * pw + j) * k + i] = panel[i * pw + j];
+  }
+}
+
+// The target backend's own projection (both sequences on one GPU), or false for the copy path.
+bool project_on_backend(kvr_projector& p, const kvr_seq& src, kvr_seq& dst, uint32_t n_tokens) {
+  kvr::LinearProjection lp;
+  lp.src_layers = p.src.layers;
+  lp.src_heads = p.src.heads;
+  lp.src_dim = p.src.dim;
+  lp.dst_layers = p.dst.layers;
+  lp.dst_heads = p.dst.heads;
+  lp.dst_dim = p.dst.dim;
+  lp.weights = [&p](bool keys, float* out) { unpack_rows(keys ? p.wk : p.wv, out); };
+  lp.bk = p.bk.data();
+  lp.bv = p.bv.data();
+  lp.slot = &p.device_weights;
+  lp.slot_mutex = &p.device_mutex;
+  return dst.model->backend->project_linear(*src.state, *src.model->backend, *dst.state, lp, n_tokens);
 }
 
 }  // namespace
@@ -616,7 +646,7 @@ KVR_API int32_t kvr_projector_apply_seq(const kvr_projector* cprojector, const k
       if (!kvr::cpu::project_cache(*src_cpu, p->src_freq, *dst_cpu, p->dst_freq, p->wk,
                                    p->bk.data(), p->wv, p->bv.data(), n_tokens, nt))
         return fail(KVR_ERR_OUT_OF_MEMORY, format("%s: out of memory (GEMM scratch)", fn));
-    } else {
+    } else if (force_copy_path() || !project_on_backend(*p, *src, *dst, n_tokens)) {
       project_via_copies(*p, *src, *dst, n_tokens, nt);
     }
     dst->length = n_tokens;

@@ -491,6 +491,15 @@ def section_bench(rep, lib, budget, cuda_ok, workdir):
         except Exception as e:  # noqa: BLE001
             rep.check("bench", f"{label} runs", False, f"raised {type(e).__name__}: {e}")
             traceback.print_exc()
+    # migration TTFT on the big random shapes (handoff.py), once both checkpoints exist
+    big_dirs = [d for d, label in targets if label in ("Qwen3-0.6B-shape", "Llama-3.1-8B-shape")]
+    if len(big_dirs) == 2 and time.time() < deadline:
+        try:
+            from handoff import bench_big_migration
+            bench_big_migration(rep, lib, big_dirs[0], big_dirs[1], deadline + 45)
+        except Exception as e:  # noqa: BLE001
+            rep.check("handoff", "big-shape migration TTFT runs", False, f"raised {type(e).__name__}: {e}")
+            traceback.print_exc()
 
 
 def random_weights_torch(torch, cfg):

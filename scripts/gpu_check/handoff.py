@@ -8,9 +8,11 @@
               and KL(full prefill ‖ migrated) within 0.005 of the CPU's.
   timing      snapshot export/import GB/s of cache bytes (bf16, q8) at 256-token chunks of the
               Qwen3-8B KV geometry beside a pinned device→host copy; migrate + repair(8) TTFT vs a
-              full target prefill for the demo pair at 4k/16k/32k tokens.
-Not measured here (reported as skipped, with the reason): device sampling, device fit, the
-random-weight Qwen3-0.6B → Qwen3-8B migration timing (see docs/gpu-handoff.md, "status")."""
+              full target prefill for the demo pair at 4k/16k/32k tokens, and (bench_big_migration,
+              called by the bench section once it has written them) for the random-weight
+              Qwen3-0.6B shape → 8B shape checkpoints.
+Not measured here (reported as skipped, with the reason): device sampling and device fit (see
+docs/gpu-handoff.md, "status")."""
 
 import ctypes
 import json
@@ -359,8 +361,46 @@ def bench_migration(rep, lib, dut, deadline):
         lib.kvr_projector_free(proj)
         src.close()
         dst.close()
-    rep.skip("handoff", "migration TTFT Qwen3-0.6B → Qwen3-8B shapes",
-             "device projection kernels not wired (docs/gpu-handoff.md): the copy path would time the host")
+
+
+def bench_big_migration(rep, lib, src_dir, dst_dir, deadline):
+    """migrate + repair(8) TTFT vs full target prefill on the random-weight big shapes the bench
+    section wrote (Qwen3-0.6B shape → an 8B shape), with a random all-layers linear projector
+    (timing only: random weights carry no quality). Called by gpu_check.py's bench section."""
+    src = kvr.Model(lib, src_dir, "bf16", "cuda")
+    dst = kvr.Model(lib, dst_dir, "bf16", "cuda")
+    try:
+        sp, tp = src.params, dst.params
+        n_src = sp.num_layers * sp.num_kv_heads * sp.head_dim
+        n_tgt = tp.num_layers * tp.num_kv_heads * tp.head_dim
+        rng = np.random.default_rng(7)
+        w = {k: ((rng.standard_normal((n_tgt, n_src), np.float32) / np.float32(np.sqrt(n_src))),
+                 np.zeros(n_tgt, np.float32)) for k in ("k", "v")}
+        proj = make_projector(lib, src, dst, w)
+        del w
+        try:
+            for n in (4096, 16384, 32768):
+                if time.time() > deadline:
+                    rep.skip("handoff", f"migration TTFT big shapes at {n}", "bench budget spent")
+                    continue
+                tokens = rng.integers(0, min(sp.vocab_size, tp.vocab_size), n).astype(np.int32)
+                warm = src.seq(n)
+                warm.prefill(tokens[: n - 8])
+                migrate(lib, proj, src, dst, tokens[:1024], 8, None)  # first use uploads the weights
+                _, t_mig = migrate(lib, proj, src, dst, tokens, 8, warm)
+                full = dst.seq(n)
+                t0 = time.perf_counter()
+                full.prefill(tokens)
+                t_full = time.perf_counter() - t0
+                full.close()
+                warm.close()
+                _bench(rep, {"what": f"{os.path.basename(src_dir)} → {os.path.basename(dst_dir)}, {n} tokens",
+                             "migrate_repair8_s": t_mig, "full_prefill_s": t_full, "speedup": t_full / t_mig})
+        finally:
+            lib.kvr_projector_free(proj)
+    finally:
+        src.close()
+        dst.close()
 
 
 def section_handoff(rep, lib, dut, budget, quick, workdir, torch=None):

@@ -17,6 +17,7 @@
 #include "backend.h"
 #include "common/device_math.h"
 #include "cuda/codec_host.h"
+#include "cuda/handoff.h"
 #include "cuda/cublaslt.h"
 #include "cuda/kernels.h"
 #include "cuda/status.h"
@@ -113,6 +114,9 @@ class CudaBackend final : public Backend {
   // The snapshot codec on the device (codec.cu, codec_host.cpp): same bytes as the host codec.
   void export_chunk(const SeqState& s, const ChunkSpec& c, uint8_t* frame, size_t frame_len) const override;
   void import_chunk(SeqState& s, const ChunkSpec& c, const uint8_t* frame, size_t frame_len) const override;
+  // Projection between two sequences on this device (projector.cu + the fallback GEMM).
+  bool project_linear(const SeqState& src, const Backend& src_backend, SeqState& dst, const LinearProjection& p,
+                      uint32_t n_tokens) const override;
   std::string failure() const override {
     if (!failed_.load()) return {};
     std::lock_guard<std::mutex> lock(fail_mu_);
@@ -373,6 +377,75 @@ void CudaBackend::import_chunk(SeqState& ss, const ChunkSpec& c, const uint8_t* 
   if (!s.codec) s.codec = std::make_unique<CodecStaging>();
   const DevKv kv{static_cast<uint8_t*>(s.kv.p), s.capacity, g_.kv_dtype(), g_.layers, g_.kv_heads, g_.head_dim};
   s.codec->import_chunk(kv, c, frame, frame_len, s.stream, [this](cudaError_t e, const char* w) { ck(e, w); });
+}
+
+// A projector's weights on one device, kept in the projector's slot (LinearProjection).
+struct DevProjection {
+  int device = -1;
+  DevBuf wk, wv, bk, bv;  // (n_dst, n_src) f32 row-major, (n_dst) f32
+  DevMatrix mk, mv;
+};
+
+bool CudaBackend::project_linear(const SeqState& src_s, const Backend& src_backend, SeqState& dst_s,
+                                 const LinearProjection& p, uint32_t n_tokens) const {
+  const auto* sb = dynamic_cast<const CudaBackend*>(&src_backend);
+  if (sb == nullptr || sb->device_ != device_) return false;  // mixed CPU/GPU or two GPUs: copy path
+  ensure_healthy();
+  sb->ensure_healthy();
+  use_device();
+  const CudaSeq& src = static_cast<const CudaSeq&>(src_s);
+  CudaSeq& dst = static_cast<CudaSeq&>(dst_s);
+  const size_t ws = p.src_layers * p.src_heads * p.src_dim, wt = p.dst_layers * p.dst_heads * p.dst_dim;
+  std::shared_ptr<DevProjection> w;
+  {
+    std::lock_guard<std::mutex> lock(*p.slot_mutex);
+    w = std::static_pointer_cast<DevProjection>(*p.slot);
+    if (w && w->device != device_) return false;  // weights live on another device
+    if (!w) {
+      w = std::make_shared<DevProjection>();
+      w->device = device_;
+      std::vector<float> h(wt * ws);
+      for (int keys = 1; keys >= 0; --keys) {
+        DevBuf& b = keys ? w->wk : w->wv;
+        p.weights(keys == 1, h.data());
+        ck(cudaMalloc(&b.p, h.size() * sizeof(float)), "allocating projector weights");
+        b.bytes = h.size() * sizeof(float);
+        ck(cudaMemcpy(b.p, h.data(), b.bytes, cudaMemcpyHostToDevice), "uploading projector weights");
+        DevBuf& bias = keys ? w->bk : w->bv;
+        ck(cudaMalloc(&bias.p, wt * sizeof(float)), "allocating projector biases");
+        bias.bytes = wt * sizeof(float);
+        ck(cudaMemcpy(bias.p, keys ? p.bk : p.bv, bias.bytes, cudaMemcpyHostToDevice), "uploading projector biases");
+        (keys ? w->mk : w->mv) = DevMatrix{b.p, static_cast<uint32_t>(wt), static_cast<uint32_t>(ws), false};
+      }
+      *p.slot = w;
+    }
+  }
+  // Ordered after the work queued on the source sequence (its prefill), without a host wait.
+  cudaEvent_t ready = nullptr;
+  ck(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "creating the projection event");
+  cudaError_t e = cudaEventRecord(ready, src.stream);
+  if (e == cudaSuccess) e = cudaStreamWaitEvent(dst.stream, ready, 0);
+  cudaEventDestroy(ready);
+  ck(e, "ordering the projection after the source");
+  constexpr size_t kTokens = 256;  // scratch 2·kTokens·(ws + wt) floats
+  DevBuf scratch;
+  ck(cudaMalloc(&scratch.p, 2 * kTokens * (ws + wt) * sizeof(float)), "allocating projection scratch");
+  float* fk = static_cast<float*>(scratch.p);
+  float* fv = fk + kTokens * ws;
+  float* ok = fv + kTokens * ws;
+  float* ov = ok + kTokens * wt;
+  const DevKv skv{static_cast<uint8_t*>(src.kv.p), src.capacity, sb->g_.kv_dtype(), sb->g_.layers, sb->g_.kv_heads,
+                  sb->g_.head_dim};
+  const DevKv dkv{static_cast<uint8_t*>(dst.kv.p), dst.capacity, g_.kv_dtype(), g_.layers, g_.kv_heads, g_.head_dim};
+  for (uint32_t start = 0; start < n_tokens; start += kTokens) {
+    const uint32_t m = static_cast<uint32_t>(std::min<size_t>(kTokens, n_tokens - start));
+    ck(launch_gather_features(skv, sb->inv_freq_, start, m, fk, fv, dst.stream), "gather launch");
+    ck(launch_gemm(fk, ws, m, w->mk, static_cast<const float*>(w->bk.p), ok, wt, false, dst.stream), "gemm launch");
+    ck(launch_gemm(fv, ws, m, w->mv, static_cast<const float*>(w->bv.p), ov, wt, false, dst.stream), "gemm launch");
+    ck(launch_scatter_features(dkv, inv_freq_, start, m, ok, ov, dst.stream), "scatter launch");
+  }
+  ck(cudaStreamSynchronize(dst.stream), "projection");
+  return true;
 }
 
 uint8_t* CudaBackend::kv_layer(const CudaSeq& s, size_t layer, bool v) const {

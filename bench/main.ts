@@ -12,6 +12,7 @@ import { benchMigration, formatMigrationTable } from "./migration.ts";
 import { benchPeers, formatPeersTable } from "./peers.ts";
 import { benchColdStart, formatColdStartTable } from "./coldstart.ts";
 import { machineInfo } from "./machine.ts";
+import { benchMultihost, formatMultihostTable } from "./multihost.ts";
 import { ensureShapeCheckpoint } from "../scripts/make_checkpoint.ts";
 import { REAL_SHAPES } from "../tests/fixtures/real_shapes.ts";
 
@@ -83,6 +84,7 @@ const sections: Record<string, Section> = {
   migration: { run: benchMigration, format: formatMigrationTable },
   http: { run: benchHttp, format: formatHttpTable },
   coldstart: { run: benchColdStart, format: formatColdStartTable },
+  multihost: { run: benchMultihost, format: formatMultihostTable },
   peers: {
     run: async () =>
       benchPeers({

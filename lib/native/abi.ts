@@ -5,7 +5,7 @@
 import type { WeightRole } from "../model/mod.ts";
 
 /** KVR_ABI_VERSION this binding was written against. */
-export const ABI_VERSION = 2;
+export const ABI_VERSION = 3;
 
 /** kvr_status code → name (without the KVR_ERR_ prefix). */
 export const STATUS_NAMES: Readonly<Record<number, string>> = {
@@ -19,7 +19,11 @@ export const STATUS_NAMES: Readonly<Record<number, string>> = {
   [-7]: "CORRUPT",
   [-8]: "INTERNAL",
   [-9]: "CHECKSUM",
+  [-10]: "POOL_EXHAUSTED",
 };
+
+/** KVR_ERR_POOL_EXHAUSTED: a paged sequence needs more KV blocks than its pool has free. */
+export const STATUS_POOL_EXHAUSTED = -10;
 
 /** kvr_kv_encoding codes (snapshot chunk encodings; 0–2 coincide with kvr_dtype). */
 export const ENCODING_CODE = { f32: 0, f16: 1, bf16: 2, q8: 3, q4: 4 } as const;
@@ -35,6 +39,9 @@ export const ARCH_CODE = { llama: 1, qwen2: 2, qwen3: 3 } as const;
 
 /** kvr_backend codes ("auto" is resolved in TypeScript: lib/native/backend.ts). */
 export const BACKEND_CODE = { cpu: 0, cuda: 1 } as const;
+
+/** kvr_weight_format codes: in-memory format of the linear weights ("bf16" = as stored). */
+export const WEIGHTS_CODE = { bf16: 0, q8: 1 } as const;
 
 /** kvr_rope_scaling codes. */
 export const ROPE_CODE = { none: 0, linear: 1, llama3: 2 } as const;
@@ -65,5 +72,5 @@ export const ROLE_CODE: Readonly<Record<WeightRole, number>> = {
 };
 
 /** sizeof(kvr_model_params) and sizeof(kvr_tensor_desc) in bytes. */
-export const MODEL_PARAMS_BYTES = 88;
+export const MODEL_PARAMS_BYTES = 92;
 export const TENSOR_DESC_BYTES = 64;

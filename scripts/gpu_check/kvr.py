@@ -1,4 +1,4 @@
-"""ctypes mirror of the libkvrelay C ABI (native/include/kvrelay.h, ABI 2) and a small HF checkpoint
+"""ctypes mirror of the libkvrelay C ABI (native/include/kvrelay.h, ABI 3) and a small HF checkpoint
 reader (config.json + safetensors headers → kvr_model_params + tensor table), mirroring lib/model
 and lib/native for the GPU check. Not a general binding: only what scripts/gpu_check needs."""
 
@@ -9,11 +9,12 @@ import struct
 
 import numpy as np
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 OK = 0
 STATUS_NAMES = {
     0: "OK", -1: "INVALID_ARGUMENT", -2: "OUT_OF_RANGE", -3: "CAPACITY", -4: "IO",
     -5: "UNSUPPORTED", -6: "OUT_OF_MEMORY", -7: "CORRUPT", -8: "INTERNAL",
+    -9: "CHECKSUM", -10: "POOL_EXHAUSTED",
 }
 DTYPE = {"f32": 0, "f16": 1, "bf16": 2}
 DTYPE_SIZE = {0: 4, 1: 2, 2: 2}
@@ -35,7 +36,7 @@ LAYER_ROLES = {
 
 
 class Params(ctypes.Structure):
-    """kvr_model_params: 88 bytes, all fields 4-byte (kvrelay.h documents the offsets)."""
+    """kvr_model_params: 92 bytes, all fields 4-byte (kvrelay.h documents the offsets)."""
     _fields_ = [(n, ctypes.c_uint32) for n in (
         "arch", "vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
         "num_kv_heads", "head_dim")] + [("rms_norm_eps", ctypes.c_float), ("rope_theta", ctypes.c_float),
@@ -44,7 +45,7 @@ class Params(ctypes.Structure):
                                         ("rope_high_freq_factor", ctypes.c_float)] + [
         (n, ctypes.c_uint32) for n in ("rope_original_max_position", "tie_word_embeddings",
                                        "attention_bias", "mlp_bias", "kv_dtype", "n_threads",
-                                       "backend", "device")]
+                                       "backend", "device", "weights")]
 
 
 class TensorDesc(ctypes.Structure):
@@ -55,7 +56,7 @@ class TensorDesc(ctypes.Structure):
                 ("reserved2", ctypes.c_uint64)]
 
 
-assert ctypes.sizeof(Params) == 88 and ctypes.sizeof(TensorDesc) == 64
+assert ctypes.sizeof(Params) == 92 and ctypes.sizeof(TensorDesc) == 64
 
 
 class EngineError(RuntimeError):

@@ -94,9 +94,6 @@ Deno.test("POST /v1/decode: 409 for a model no tier serves, 422 across tiers wit
   }
 });
 
-const projector =
-  new URL("../../models/projectors/tiny-fast--tiny-powerful/projector.json", import.meta.url)
-    .pathname;
 // The demo projector is committed: its absence is a failure, not a reason to skip.
 Deno.test({
   name:

@@ -398,9 +398,6 @@ Deno.test("/healthz answers while a long prefill runs (native calls do not block
   }
 });
 
-const projectorDir =
-  new URL("../../models/projectors/tiny-fast--tiny-powerful/projector.json", import.meta.url)
-    .pathname;
 // The demo projector is committed: its absence is a failure, not a reason to skip.
 
 Deno.test({

@@ -9,7 +9,7 @@ import { EngineError, type NativeSequence } from "../native/mod.ts";
 import { crc32c } from "./crc32c.ts";
 import { SnapshotError } from "./errors.ts";
 import { type CacheDtype, decodeHeader, PREFIX_BYTES, type SnapshotEncoding } from "./format.ts";
-import { MemoryKv } from "./kv_test_helper.ts";
+import { MemoryKv, rng } from "./kv_test_helper.ts";
 import { nativeSink, nativeSource, readKvSource, writeKvSink } from "./native_chunk.ts";
 import { NativeKvCodec } from "./native_codec.ts";
 import { decodeSnapshot, encodeSnapshot, type SnapshotMeta } from "./stream.ts";
@@ -239,4 +239,56 @@ Deno.test("`exportChunkFrame()` refuses NaN KV under q8/q4 and bad arguments", a
   } finally {
     model.native.free();
   }
+});
+
+Deno.test("`nativeSink()` survives seeded in-frame mutations with recomputed CRCs: typed errors or the TypeScript decoder's KV", async () => {
+  const model = await loadModel(`${MODELS}tiny-fast`, { threads: 1 });
+  const c = model.native.config;
+  const L = c.numLayers;
+  const r = rng(0xc0dec);
+  const kinds: Record<string, number> = {};
+  let imported = 0;
+  try {
+    const seq = filledSequence(model, 24, 11);
+    for (const encoding of ENCODINGS) {
+      const good = await encodeSnapshot(nativeSource(seq), metaOf(model, 24), {
+        encoding,
+        chunkTokens: 24,
+        groupSize: 5,
+        codec,
+      });
+      const { at, len } = chunk0(good);
+      for (let i = 0; i < 300; i++) {
+        const bad = good.slice();
+        // 1–4 random byte edits anywhere in the frame's head or payload, then a valid CRC, so
+        // the native checks past the CRC (index, tokens, scales, mins, codes) see hostile bytes
+        for (let e = 1 + Math.floor(r() * 4); e > 0; e--) {
+          bad[at + Math.floor(r() * (len - 4))] = Math.floor(r() * 256);
+        }
+        if (r() < 0.9) fixCrc(bad, at, len);
+        const dst = model.native.createSequence(24), oracle = model.native.createSequence(24);
+        try {
+          await decodeSnapshot(bad, { onHeader: () => nativeSink(dst) }, { codec });
+          imported++;
+          // what was accepted is exactly what the TypeScript decoder makes of the same bytes
+          await decodeSnapshot(bad, { onHeader: () => writeKvSink(oracle) }, { codec });
+          assert.deepEqual(readAll(dst, L, 24), readAll(oracle, L, 24), `${encoding} case ${i}`);
+        } catch (e) {
+          if (!(e instanceof SnapshotError)) throw new Error(`${encoding} case ${i}: ${e}`);
+          kinds[e.kind] = (kinds[e.kind] ?? 0) + 1;
+          assert.equal(dst.length, 0, `${encoding} case ${i}: length changed on ${e.kind}`);
+        } finally {
+          dst.free();
+          oracle.free();
+        }
+      }
+    }
+    seq.free();
+  } finally {
+    model.native.free();
+  }
+  assert(
+    kinds.checksum > 0 && kinds.format > 0 && imported > 0,
+    JSON.stringify({ kinds, imported }),
+  );
 });

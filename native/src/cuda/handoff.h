@@ -1,6 +1,7 @@
 // Host-side launchers of the GPU-resident handoff kernels (docs/gpu-handoff.md): the snapshot
 // chunk codec (codec.cu), KV projection between two device caches (projector.cu), ridge-fit
-// XᵀX / XᵀY accumulation (fit.cu) and the greedy / top-k sampling reduction (sample.cu).
+// XᵀX / XᵀY accumulation (fit.cu) and the greedy / top-k sampling reduction (sample.cu); the
+// last two are not called by the backend yet (docs/gpu-handoff.md §4).
 // Every pointer is device memory unless named *_host; every launcher enqueues on `stream` and
 // returns cudaGetLastError(). The arithmetic that must equal the CPU's bit for bit is written
 // with the uncontracted helpers of common/device_math.h. Not the backend glue (codec_host.cpp).

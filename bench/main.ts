@@ -6,6 +6,7 @@ import { benchHttp, formatHttpTable } from "./http.ts";
 import { benchMigration, formatMigrationTable } from "./migration.ts";
 import { benchColdStart, formatColdStartTable } from "./coldstart.ts";
 import { machineInfo } from "./machine.ts";
+import { benchMultihost, formatMultihostTable } from "./multihost.ts";
 
 const root = new URL("../", import.meta.url).pathname;
 const demoModels = ["tiny-fast", "tiny-balanced", "tiny-powerful"].map((m) => `${root}models/${m}`);
@@ -21,6 +22,7 @@ const sections: Record<string, Section> = {
   migration: { run: benchMigration, format: formatMigrationTable },
   http: { run: benchHttp, format: formatHttpTable },
   coldstart: { run: benchColdStart, format: formatColdStartTable },
+  multihost: { run: benchMultihost, format: formatMultihostTable },
 };
 
 const wanted = Deno.args.length ? Deno.args : Object.keys(sections);

@@ -11,6 +11,13 @@
  * @throws {TypeError} when the value holds a non-finite number, a bigint, a function or a symbol
  */
 export function canonicalJson(value: unknown): string {
+  // Fast path for the big arrays (a 151k-token vocab as [id, token] pairs, as many merges): an
+  // array of primitives or of arrays of primitives has no keys to sort, so JSON.stringify
+  // writes exactly what the walk below would, natively and far faster (Qwen3: ~1.3 s → ms).
+  const primitive = (x: unknown) =>
+    x === null || x === undefined || typeof x === "string" || typeof x === "boolean" ||
+    (typeof x === "number" && Number.isFinite(x));
+  const flat = (x: unknown) => primitive(x) || (Array.isArray(x) && x.every(primitive));
   const parts: string[] = [];
   const walk = (v: unknown): void => {
     if (v === null) {
@@ -19,6 +26,8 @@ export function canonicalJson(value: unknown): string {
       parts.push(JSON.stringify(v));
     } else if (typeof v === "number") {
       if (!Number.isFinite(v)) throw new TypeError(`canonicalJson: non-finite number ${v}`);
+      parts.push(JSON.stringify(v));
+    } else if (Array.isArray(v) && v.every(flat)) {
       parts.push(JSON.stringify(v));
     } else if (Array.isArray(v)) {
       parts.push("[");

@@ -1,8 +1,9 @@
 /*
- * kvrelay.h — the only public C header of libkvrelay: model load from a tensor table, sequences
- * with a KV cache (prefill, decode, truncate, KV read/write), and a GEMM entry point for
- * benchmarks. JSON never crosses this boundary: TypeScript parses config.json and safetensors
- * headers and passes fixed-layout structs (offsets documented per field, little-endian).
+ * kvrelay.h — the only public C header of libkvrelay: backend probe, model load from a tensor
+ * table, sequences with a KV cache (prefill, decode, truncate, KV read/write), the snapshot codec,
+ * cross-model KV projection, and (last, marked) test and benchmark hooks. JSON never crosses
+ * this boundary: TypeScript parses config.json and safetensors headers and passes fixed-layout
+ * structs (offsets documented per field, little-endian).
  *
  * Rules (DESIGN.md §3): opaque handles, *_free(NULL) is a no-op, every fallible call returns an
  * int32_t status (KVR_OK or a negative kvr_status), the caller owns every buffer and passes its
@@ -251,22 +252,6 @@ KVR_API int32_t kvr_seq_kv_write(kvr_seq* seq, uint32_t layer, uint32_t start, u
                                  const void* v_in, size_t v_bytes);
 /* Sets length to n_tokens (<= capacity). The caller vouches positions < n_tokens hold data. */
 KVR_API int32_t kvr_seq_set_length(kvr_seq* seq, uint32_t n_tokens);
-
-/*
- * C (m, n) = A (m, k) · B(n, k)ᵀ, f32 row-major, with the same packed kernel the model uses
- * (B is packed on every call, so this is for tests; kvr_gemm_bench times a pre-packed B).
- */
-KVR_API int32_t kvr_gemm_f32(uint32_t m, uint32_t n, uint32_t k, const float* a, size_t a_len,
-                             const float* b, size_t b_len, float* c, size_t c_len,
-                             uint32_t n_threads);
-/*
- * Times `iterations` runs of the model's GEMM on a pre-packed B (m, n, k), returning the median
- * seconds per run in *out_seconds. Inputs are filled deterministically inside the library.
- */
-KVR_API int32_t kvr_gemm_bench(uint32_t m, uint32_t n, uint32_t k, uint32_t n_threads,
-                               uint32_t iterations, double* out_seconds);
-/* Name of the CPU kernel chosen at runtime ("avx2-fma" or "generic"). */
-KVR_API const char* kvr_cpu_kernel_name(void);
 
 /* ---- KV snapshot codec (issue 3: quantize/dequantize chunks) — declarations below ---- */
 
@@ -547,6 +532,32 @@ KVR_API int32_t kvr_seq_decode_sample(kvr_seq* seq, int32_t token, kvr_sampler* 
                                       uint32_t* top_count_out);
 
 /* ---- end native sampling ---- */
+
+/* ---- Test and benchmark hooks — not for production callers ----
+ * Entry points and environment switches that exist so tests and `deno task bench` can reach
+ * internals; production code (lib/serve, functions/) never uses them.
+ *   KVRELAY_CPU_KERNEL=generic   GEMM uses the portable micro-kernel (read once per process).
+ *   KVRELAY_WEIGHTS_F32=1        BF16 checkpoint weights are widened to f32 at load (per load).
+ *   KVRELAY_PROJECT_VIA_COPIES=1 kvr_projector_apply_seq takes the backend-neutral copy path even
+ *                                for two CPU sequences (per call; compared with the fast path).
+ */
+/*
+ * C (m, n) = A (m, k) · B(n, k)ᵀ, f32 row-major, with the same packed kernel the model uses
+ * (B is packed on every call, so this is for tests; kvr_gemm_bench times a pre-packed B).
+ */
+KVR_API int32_t kvr_gemm_f32(uint32_t m, uint32_t n, uint32_t k, const float* a, size_t a_len,
+                             const float* b, size_t b_len, float* c, size_t c_len,
+                             uint32_t n_threads);
+/*
+ * Times `iterations` runs of the model's GEMM on a pre-packed B (m, n, k), returning the median
+ * seconds per run in *out_seconds. Inputs are filled deterministically inside the library.
+ */
+KVR_API int32_t kvr_gemm_bench(uint32_t m, uint32_t n, uint32_t k, uint32_t n_threads,
+                               uint32_t iterations, double* out_seconds);
+/* Name of the CPU kernel chosen at runtime ("avx2-fma" or "generic"). */
+KVR_API const char* kvr_cpu_kernel_name(void);
+
+/* ---- end test and benchmark hooks ---- */
 
 #ifdef __cplusplus
 }

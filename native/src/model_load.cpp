@@ -100,24 +100,8 @@ int32_t validate_params(const kvr_model_params& p) {
     return fail(KVR_ERR_INVALID_ARGUMENT, format("vocab_size %u exceeds int32 token ids", p.vocab_size));
   if (!finite_pos(p.rms_norm_eps))
     return fail(KVR_ERR_INVALID_ARGUMENT, format("rms_norm_eps must be finite and > 0, got %g", p.rms_norm_eps));
-  if (!finite_pos(p.rope_theta))
-    return fail(KVR_ERR_INVALID_ARGUMENT, format("rope_theta must be finite and > 0, got %g", p.rope_theta));
-  if (p.rope_scaling > KVR_ROPE_LLAMA3)
-    return fail(KVR_ERR_UNSUPPORTED, format("unsupported rope_scaling %u (0 none, 1 linear, 2 llama3)", p.rope_scaling));
-  if (p.rope_scaling != KVR_ROPE_NONE && !finite_pos(p.rope_factor))
-    return fail(KVR_ERR_INVALID_ARGUMENT, format("rope_factor must be finite and > 0, got %g", p.rope_factor));
-  if (p.rope_scaling == KVR_ROPE_LLAMA3) {
-    if (!finite_pos(p.rope_low_freq_factor) || !finite_pos(p.rope_high_freq_factor))
-      return fail(KVR_ERR_INVALID_ARGUMENT,
-                  format("llama3 rope low/high freq factors must be finite and > 0, got %g / %g",
-                         p.rope_low_freq_factor, p.rope_high_freq_factor));
-    if (!(p.rope_high_freq_factor > p.rope_low_freq_factor))
-      return fail(KVR_ERR_INVALID_ARGUMENT,
-                  format("llama3 rope_high_freq_factor %g must exceed rope_low_freq_factor %g",
-                         p.rope_high_freq_factor, p.rope_low_freq_factor));
-    if (p.rope_original_max_position == 0)
-      return fail(KVR_ERR_INVALID_ARGUMENT, "llama3 rope_original_max_position must be > 0, got 0");
-  }
+  std::string why;
+  if (int32_t st = check_rope(p, &why)) return fail(st, why);
   if (p.tie_word_embeddings > 1 || p.attention_bias > 1 || p.mlp_bias > 1)
     return fail(KVR_ERR_INVALID_ARGUMENT,
                 format("tie_word_embeddings/attention_bias/mlp_bias must be 0 or 1, got %u/%u/%u",

@@ -12,6 +12,7 @@
 #include "cpu/decode_step.h"
 #include "cpu/gemm.h"
 #include "cpu/ops.h"
+#include "rope.h"
 
 namespace kvr::cpu {
 namespace {
@@ -61,9 +62,8 @@ void forward_chunk(const ModelGeometry& m, const Weights& w, KvCache& kv, const 
     } else {
       to_f32(w.embed_bf16.data() + row, KVR_DTYPE_BF16, x + i * H, H);
     }
-    // The CUDA backend computes the same bits (common/device_math.h).
-    for (size_t d = 0; d < half; ++d)
-      dm::rope_cos_sin(static_cast<uint32_t>(pos0 + i), m.inv_freq[d], &cs[i * hd + d], &cs[i * hd + half + d]);
+    // The CUDA backend computes the same bits (common/device_math.h via rope.h).
+    rope_cos_sin_rows(m.inv_freq, pos0 + i, 1, cs + i * hd, hd);
   }
 
   const size_t es = kv.elem;

@@ -1,7 +1,6 @@
 // CPU kernels of cross-model KV projection (see projector.h): RoPE strip/re-apply between cache
-// and feature layouts, the fused sequence-cache → sequence-cache projection, the float64 ridge
-// Gram accumulation (4-row register blocks, AVX2 clone chosen at run time) and a plain Cholesky
-// factor/solve. No argument checks (projector.cpp).
+// and feature layouts and the fused sequence-cache → sequence-cache projection. No argument
+// checks (native/src/kv_features.cpp, projector.cpp); the ridge kernels are cpu/ridge.cpp.
 #include "cpu/projector.h"
 
 #include <omp.h>
@@ -12,33 +11,23 @@
 
 #include "cpu/convert.h"
 #include "cpu/simd.h"
+#include "rope.h"
 
 namespace kvr::cpu {
 
 namespace {
-constexpr size_t kRowChunk = 64;  // rows converted to float64 per Gram pass (bounds scratch)
-}  // namespace
 
-
-namespace {
-
-// cos/sin of (start_pos + t)·inv_freq[i] for every token of a block: (tokens, 2·half) float64,
-// cos in [0, half), sin in [half, 2·half). One table per call instead of per (layer, head).
-std::vector<double> rope_table(const std::vector<double>& inv_freq, uint32_t start_pos,
-                               size_t tokens, int n_threads) {
+// cos/sin rows (rope.h rope_cos_sin_rows, the engine's f32 values) of positions start_pos + t
+// for every token of a block: (tokens, 2·half). One table per call instead of per (layer, head).
+std::vector<float> rope_table(const std::vector<double>& inv_freq, uint32_t start_pos,
+                              size_t tokens, int n_threads) {
   const size_t half = inv_freq.size();
-  std::vector<double> tab(tokens * 2 * half);
-  double* tp = tab.data();
+  std::vector<float> tab(tokens * 2 * half);
+  float* tp = tab.data();
 #pragma omp parallel for num_threads(n_threads) schedule(static)
-  for (long tl = 0; tl < static_cast<long>(tokens); ++tl) {
-    const double pos = static_cast<double>(start_pos) + static_cast<double>(tl);
-    double* row = tp + static_cast<size_t>(tl) * 2 * half;
-    for (size_t i = 0; i < half; ++i) {
-      const double ang = pos * inv_freq[i];
-      row[i] = std::cos(ang);
-      row[half + i] = std::sin(ang);
-    }
-  }
+  for (long tl = 0; tl < static_cast<long>(tokens); ++tl)
+    rope_cos_sin_rows(inv_freq, start_pos + static_cast<size_t>(tl), 1, tp + static_cast<size_t>(tl) * 2 * half,
+                      2 * half);
   return tab;
 }
 
@@ -46,26 +35,17 @@ std::vector<double> rope_table(const std::vector<double>& inv_freq, uint32_t sta
 
 namespace {
 
-// cos/sin rows of positions pos0 .. pos0+tokens-1 into tab (tokens, 2·half) float64, cos then sin:
-// the same values as rope_table (one thread; project_cache calls it per chunk).
-void rope_rows(const std::vector<double>& inv_freq, size_t pos0, size_t tokens, double* tab) {
-  const size_t half = inv_freq.size();
-  for (size_t t = 0; t < tokens; ++t) {
-    const double pos = static_cast<double>(pos0) + static_cast<double>(t);
-    double* row = tab + t * 2 * half;
-    for (size_t i = 0; i < half; ++i) {
-      const double ang = pos * inv_freq[i];
-      row[i] = std::cos(ang);
-      row[half + i] = std::sin(ang);
-    }
-  }
+// cos/sin rows of positions pos0 .. pos0+tokens-1 into tab (tokens, 2·half): the same values as
+// rope_table (one thread; project_cache calls it per chunk).
+void rope_rows(const std::vector<double>& inv_freq, size_t pos0, size_t tokens, float* tab) {
+  rope_cos_sin_rows(inv_freq, pos0, tokens, tab, 2 * inv_freq.size());
 }
 
 // Every layer's K (values = false) or V of cache positions [pos0, pos0+tokens) → feature rows
 // out (tokens, layers·kv_heads·head_dim) f32; keys de-rotated with tab (rope_rows of the same
 // positions) exactly as cache_to_features does, values copied (tab = nullptr). tmp: tokens·head_dim
 // floats for the dtype conversion of one head's rows.
-void gather_rows(const KvCache& kv, bool values, const double* tab, size_t pos0, size_t tokens,
+void gather_rows(const KvCache& kv, bool values, const float* tab, size_t pos0, size_t tokens,
                  float* out, float* tmp) {
   const size_t D = kv.head_dim, half = D / 2, H = kv.kv_heads, W = kv.layers * H * D;
   for (size_t l = 0; l < kv.layers; ++l) {
@@ -84,7 +64,7 @@ void gather_rows(const KvCache& kv, bool values, const double* tab, size_t pos0,
           for (size_t d = 0; d < D; ++d) dst[d] = src[d];
           continue;
         }
-        const double* cs = tab + t * 2 * half;
+        const float* cs = tab + t * 2 * half;
         for (size_t i = 0; i < half; ++i) {
           const double c = cs[i], sn = cs[half + i];
           const double a = src[i], b = src[i + half];
@@ -99,7 +79,7 @@ void gather_rows(const KvCache& kv, bool values, const double* tab, size_t pos0,
 // Feature rows in (tokens, W) + bias (W) → every layer's K (values = false) or V at cache
 // positions [pos0, pos0+tokens), keys rotated with tab exactly as features_to_cache does (f32
 // cos/sin, f32 rotation), then rounded to the cache dtype. tmp: tokens·head_dim floats.
-void scatter_rows(KvCache& kv, bool values, const double* tab, size_t pos0, size_t tokens,
+void scatter_rows(KvCache& kv, bool values, const float* tab, size_t pos0, size_t tokens,
                   const float* in, const float* bias, float* tmp) {
   const size_t D = kv.head_dim, half = D / 2, H = kv.kv_heads, W = kv.layers * H * D;
   for (size_t l = 0; l < kv.layers; ++l) {
@@ -116,9 +96,9 @@ void scatter_rows(KvCache& kv, bool values, const double* tab, size_t pos0, size
           for (size_t d = 0; d < D; ++d) dst[d] = src[d] + b[d];
           continue;
         }
-        const double* cs = tab + t * 2 * half;
+        const float* cs = tab + t * 2 * half;
         for (size_t i = 0; i < half; ++i) {
-          const float c = static_cast<float>(cs[i]), sn = static_cast<float>(cs[half + i]);
+          const float c = cs[i], sn = cs[half + i];
           const float x0 = src[i] + b[i], x1 = src[i + half] + b[i + half];
           dst[i] = x0 * c - x1 * sn;
           dst[i + half] = x1 * c + x0 * sn;
@@ -145,7 +125,7 @@ bool project_cache(const KvCache& src, const std::vector<double>& src_freq, KvCa
   nt = std::min(nt, chunks);
   struct Buffers {
     std::vector<float> fin, fout, tmp;  // (chunk, ws), (chunk, wt), (chunk, max head_dim)
-    std::vector<double> tab_src, tab_dst;  // (chunk, head_dim) cos|sin of each model
+    std::vector<float> tab_src, tab_dst;  // (chunk, head_dim) cos|sin of each model
   };
   std::vector<Buffers> bufs(nt);  // all scratch up front: std::bad_alloc here writes nothing
   for (Buffers& b : bufs) {
@@ -183,9 +163,9 @@ void cache_to_features(const KvGeometry& g, const std::vector<double>& inv_freq,
                        size_t tokens, const float* in, float* out, int n_threads) {
   const size_t D = g.dim, half = D / 2, W = g.width();
   const bool rot = !inv_freq.empty();
-  const std::vector<double> tab = rot ? rope_table(inv_freq, start_pos, tokens, n_threads)
-                                      : std::vector<double>();
-  const double* tp = tab.data();
+  const std::vector<float> tab = rot ? rope_table(inv_freq, start_pos, tokens, n_threads)
+                                     : std::vector<float>();
+  const float* tp = tab.data();
 #pragma omp parallel for num_threads(n_threads) schedule(static)
   for (long tl = 0; tl < static_cast<long>(tokens); ++tl) {
     const size_t t = static_cast<size_t>(tl);
@@ -197,8 +177,9 @@ void cache_to_features(const KvGeometry& g, const std::vector<double>& inv_freq,
           for (size_t d = 0; d < D; ++d) dst[d] = src[d];
           continue;
         }
-        // inverse rotate-half: rotate the pair (x[i], x[i+half]) by −pos·inv_freq[i], in double
-        const double* cs = tp + t * 2 * half;
+        // inverse rotate-half in double with the engine's f32 cos/sin: undoes the rotation the
+        // engine applied (rotate by −pos·inv_freq[i])
+        const float* cs = tp + t * 2 * half;
         for (size_t i = 0; i < half; ++i) {
           const double c = cs[i], sn = cs[half + i];
           const double a = src[i], b = src[i + half];
@@ -214,9 +195,9 @@ void features_to_cache(const KvGeometry& g, const std::vector<double>& inv_freq,
                        size_t tokens, const float* in, float* out, int n_threads) {
   const size_t D = g.dim, half = D / 2, W = g.width();
   const bool rot = !inv_freq.empty();
-  const std::vector<double> tab = rot ? rope_table(inv_freq, start_pos, tokens, n_threads)
-                                      : std::vector<double>();
-  const double* tp = tab.data();
+  const std::vector<float> tab = rot ? rope_table(inv_freq, start_pos, tokens, n_threads)
+                                     : std::vector<float>();
+  const float* tp = tab.data();
 #pragma omp parallel for num_threads(n_threads) schedule(static)
   for (long tl = 0; tl < static_cast<long>(tokens); ++tl) {
     const size_t t = static_cast<size_t>(tl);
@@ -228,129 +209,16 @@ void features_to_cache(const KvGeometry& g, const std::vector<double>& inv_freq,
           for (size_t d = 0; d < D; ++d) dst[d] = src[d];
           continue;
         }
-        // cos/sin rounded to f32 and the rotation done in f32, as the engine's forward pass does
-        const double* cs = tp + t * 2 * half;
+        // the engine's f32 cos/sin and the rotation in f32, as the forward pass does
+        const float* cs = tp + t * 2 * half;
         for (size_t i = 0; i < half; ++i) {
-          const float c = static_cast<float>(cs[i]), sn = static_cast<float>(cs[half + i]);
+          const float c = cs[i], sn = cs[half + i];
           const float a = src[i], b = src[i + half];
           dst[i] = a * c - b * sn;
           dst[i + half] = b * c + a * sn;
         }
       }
     }
-  }
-}
-
-namespace {
-
-// One 4-row block of the Gram update: rows i0..i0+3 of A (width w), columns j0..w-1, over the
-// chunk z (rows, w) float64. The j loop is what the compiler vectorises.
-template <int kUnused>
-__attribute__((always_inline)) inline void gram_block(double* a, size_t w, size_t i0, size_t ni, const double* z, size_t rows) {
-  const size_t j0 = i0;
-  double* a0 = a + i0 * w;
-  if (ni == 4) {
-    double* a1 = a0 + w;
-    double* a2 = a1 + w;
-    double* a3 = a2 + w;
-    for (size_t r = 0; r < rows; ++r) {
-      const double* zr = z + r * w;
-      const double c0 = zr[i0], c1 = zr[i0 + 1], c2 = zr[i0 + 2], c3 = zr[i0 + 3];
-      for (size_t j = j0; j < w; ++j) {
-        const double v = zr[j];
-        a0[j] += c0 * v;
-        a1[j] += c1 * v;
-        a2[j] += c2 * v;
-        a3[j] += c3 * v;
-      }
-    }
-    return;
-  }
-  for (size_t q = 0; q < ni; ++q) {
-    double* aq = a0 + q * w;
-    for (size_t r = 0; r < rows; ++r) {
-      const double* zr = z + r * w;
-      const double c = zr[i0 + q];
-      for (size_t j = j0; j < w; ++j) aq[j] += c * zr[j];
-    }
-  }
-}
-
-KVR_TARGET_AVX2 void gram_block_avx2(double* a, size_t w, size_t i0, size_t ni, const double* z,
-                                     size_t rows) {
-  gram_block<1>(a, w, i0, ni, z, rows);
-}
-
-void gram_block_generic(double* a, size_t w, size_t i0, size_t ni, const double* z, size_t rows) {
-  gram_block<0>(a, w, i0, ni, z, rows);
-}
-
-}  // namespace
-
-void ridge_accumulate(double* a, double* yy, size_t n_in, size_t n_out, const float* x,
-                      const float* y, size_t rows, int n_threads) {
-  const size_t n1 = n_in + 1, w = n1 + n_out;
-  const bool avx2 = simd::has_avx2();
-  std::vector<double> z(kRowChunk * w);  // (chunk rows, w) = [x, 1, y] in float64
-  for (size_t r0 = 0; r0 < rows; r0 += kRowChunk) {
-    const size_t nr = std::min(kRowChunk, rows - r0);
-    for (size_t r = 0; r < nr; ++r) {
-      double* zr = z.data() + r * w;
-      const float* xr = x + (r0 + r) * n_in;
-      const float* yr = y + (r0 + r) * n_out;
-      for (size_t i = 0; i < n_in; ++i) zr[i] = xr[i];
-      zr[n_in] = 1.0;
-      for (size_t o = 0; o < n_out; ++o) {
-        zr[n1 + o] = yr[o];
-        yy[o] += static_cast<double>(yr[o]) * yr[o];
-      }
-    }
-    const long blocks = static_cast<long>((n1 + 3) / 4);
-    const double* zc = z.data();
-#pragma omp parallel for num_threads(n_threads) schedule(dynamic, 1)
-    for (long b = 0; b < blocks; ++b) {
-      const size_t i0 = static_cast<size_t>(b) * 4;
-      const size_t ni = std::min<size_t>(4, n1 - i0);
-      if (avx2) {
-        gram_block_avx2(a, w, i0, ni, zc, nr);
-      } else {
-        gram_block_generic(a, w, i0, ni, zc, nr);
-      }
-    }
-  }
-}
-
-long cholesky(double* s, size_t n, double rel_tol) {
-  double max_diag = 0.0;
-  for (size_t i = 0; i < n; ++i) max_diag = std::max(max_diag, std::fabs(s[i * n + i]));
-  const double floor = rel_tol * max_diag;
-  for (size_t j = 0; j < n; ++j) {
-    double d = s[j * n + j];
-    for (size_t k = 0; k < j; ++k) d -= s[j * n + k] * s[j * n + k];
-    if (!(d > floor) || !std::isfinite(d)) return static_cast<long>(j);
-    const double ljj = std::sqrt(d);
-    s[j * n + j] = ljj;
-    for (size_t i = j + 1; i < n; ++i) {
-      double v = s[i * n + j];
-      const double* li = s + i * n;
-      const double* lj = s + j * n;
-      for (size_t k = 0; k < j; ++k) v -= li[k] * lj[k];
-      s[i * n + j] = v / ljj;
-    }
-  }
-  return -1;
-}
-
-void cholesky_solve(const double* l, size_t n, double* b) {
-  for (size_t i = 0; i < n; ++i) {  // L·u = b
-    double v = b[i];
-    for (size_t k = 0; k < i; ++k) v -= l[i * n + k] * b[k];
-    b[i] = v / l[i * n + i];
-  }
-  for (size_t ii = n; ii-- > 0;) {  // Lᵀ·x = u
-    double v = b[ii];
-    for (size_t k = ii + 1; k < n; ++k) v -= l[k * n + ii] * b[k];
-    b[ii] = v / l[ii * n + ii];
   }
 }
 

@@ -1,8 +1,7 @@
 // CPU kernels of cross-model KV projection (kvrelay.h "Cross-model KV projection"): RoPE
-// removal/re-application between cache blocks and feature blocks, the fused cache → cache linear
-// projection, the float64 ridge accumulation (Gram update) and the Cholesky solve. Shapes are
-// trusted here; native/src/projector.cpp checks every argument. Not the C ABI, not the model's
-// own RoPE (cpu/forward.cpp).
+// removal/re-application between cache blocks and feature blocks and the fused cache → cache
+// linear projection. Shapes are trusted here; native/src/kv_features.cpp and projector.cpp check
+// every argument. Not the C ABI, not the ridge kernels (cpu/ridge.h), not the model's own RoPE.
 #pragma once
 
 #include <cstddef>
@@ -25,8 +24,9 @@ struct KvGeometry {
 // inv_freq is non-empty (values: pass an empty inv_freq).
 void cache_to_features(const KvGeometry& g, const std::vector<double>& inv_freq, uint32_t start_pos,
                        size_t tokens, const float* in, float* out, int n_threads);
-// features (T, L*H*D) → cache (L, H, T, D); keys rotated at start_pos + t (cos/sin rounded to
-// f32 and the rotation done in f32, as the engine does) when inv_freq is non-empty.
+// features (T, L*H*D) → cache (L, H, T, D); keys rotated at start_pos + t (the engine's f32
+// cos/sin, rope.h rope_cos_sin_rows, and the rotation in f32, as the engine does) when inv_freq
+// is non-empty.
 void features_to_cache(const KvGeometry& g, const std::vector<double>& inv_freq, uint32_t start_pos,
                        size_t tokens, const float* in, float* out, int n_threads);
 
@@ -47,18 +47,5 @@ constexpr size_t kProjectChunk = 96;
 bool project_cache(const KvCache& src, const std::vector<double>& src_freq, KvCache& dst,
                    const std::vector<double>& dst_freq, const PackedWeight& wk, const float* bk,
                    const PackedWeight& wv, const float* bv, size_t tokens, int n_threads);
-
-// A (n1, w) row-major float64, n1 = n_in + 1, w = n_in + 1 + n_out: A[i][j] += Σ_r z_r[i]·z_r[j]
-// for z_r = [x_r, 1, y_r], only for j >= 4·floor(i/4) (the upper block triangle of the Gram part
-// plus every cross column). yy[o] += Σ_r y_r[o]². rows of x (n_in) and y (n_out) f32.
-void ridge_accumulate(double* a, double* yy, size_t n_in, size_t n_out, const float* x,
-                      const float* y, size_t rows, int n_threads);
-
-// In-place Cholesky s = L·Lᵀ of the n×n symmetric matrix s (lower triangle used and overwritten
-// with L). Returns -1 on success, else the index of the first pivot that is not positive
-// (<= rel_tol · max diagonal, or not finite).
-long cholesky(double* s, size_t n, double rel_tol);
-// Solves L·Lᵀ·x = b in place for one right-hand side b (n).
-void cholesky_solve(const double* l, size_t n, double* b);
 
 }  // namespace kvr::cpu

@@ -3,7 +3,7 @@
 // user following the README would; also the refusal to start on an invalid config, and SIGTERM.
 import assert from "node:assert/strict";
 import OpenAI from "openai";
-import { startServer } from "./e2e_support.ts";
+import { startServer, writeConfig } from "./e2e_support.ts";
 
 const root = new URL("../", import.meta.url).pathname;
 
@@ -132,4 +132,54 @@ Deno.test("SIGTERM drains: an in-flight request completes and the process exits 
   const { status, stderr } = await stopped;
   assert.equal(status.code, 0, stderr);
   assert.match(stderr, /draining/);
+});
+
+Deno.test("SIGTERM with stalled uploads open: connections are closed and the process exits after the grace period", async () => {
+  const config = await writeConfig({ fast: "tiny-fast" }, {}, {
+    server: { shutdown_grace_ms: 500, body_timeout_ms: 60000 },
+  });
+  const server = await startServer("functions/main.ts", { KVRELAY_CONFIG: config });
+  const conns: Deno.Conn[] = [];
+  try {
+    // Two clients that promise a body and never finish it: one JSON, one snapshot.
+    for (
+      const [path, type] of [
+        ["/v1/chat/completions", "application/json"],
+        ["/v1/decode", "application/vnd.kvrelay.snapshot"],
+      ]
+    ) {
+      const conn = await Deno.connect({ hostname: "127.0.0.1", port: server.port });
+      await conn.write(new TextEncoder().encode(
+        `POST ${path} HTTP/1.1\r\nHost: x\r\nContent-Type: ${type}\r\nContent-Length: 100000\r\n\r\n{"mess`,
+      ));
+      conns.push(conn);
+    }
+    await new Promise((r) => setTimeout(r, 200));
+    const t0 = performance.now();
+    const stopped = server.stop();
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const late = await Promise.race([
+      stopped.then(() => false),
+      new Promise<boolean>((r) => timer = setTimeout(() => r(true), 8000)),
+    ]);
+    clearTimeout(timer);
+    if (late) {
+      server.child.kill("SIGKILL");
+      await stopped;
+      assert.fail("the process was still running 8 s after SIGTERM (grace 500 ms)");
+    }
+    const { status, stderr } = await stopped;
+    const ms = performance.now() - t0;
+    assert.equal(status.code, 0, stderr);
+    assert.match(stderr, /stopped/);
+    assert.ok(ms < 500 + 5000, `exited ${Math.round(ms)} ms after SIGTERM (grace 500 ms)`);
+  } finally {
+    for (const c of conns) {
+      try {
+        c.close();
+      } catch {
+        // already closed by the server
+      }
+    }
+  }
 });

@@ -8,11 +8,12 @@ import { z } from "zod";
 import type { SnapshotHeader } from "../../lib/snapshot/mod.ts";
 import {
   abortError,
-  countBytes,
+  checkTextBound,
   InputError,
   loadStored,
   peekHeader,
-  peekStream,
+  receiveUpload,
+  type RequestContext,
   requireReady,
   requireTier,
   type Runtime,
@@ -26,16 +27,16 @@ import {
 } from "../../lib/serve/mod.ts";
 import {
   blameSnapshot,
-  clientSignal,
   createBaseApp,
+  errorBody,
   generationOptions,
   isSnapshotBody,
-  jsonBodyLimit,
-  readJsonBody,
+  readJson,
   requestBody,
+  requestContext,
   samplingFields,
   sseResponse,
-  toHttpError,
+  strictQuery,
 } from "../shared/mod.ts";
 
 const decodeJsonSchema = z.object({
@@ -91,9 +92,14 @@ async function respond(
   importTiming?: StreamTiming,
 ): Promise<Response> {
   const options = generationOptions(tier, p);
-  const continuationIds = p.continuation ? tier.model.tokenizer.encode(p.continuation) : [];
+  if (p.continuation) checkTextBound(tier, p.continuation.length, "continuation");
+  const continuationIds = p.continuation
+    ? await tier.model.tokenizer.encodeAsync(p.continuation)
+    : [];
   const ac = new AbortController();
-  const signal = AbortSignal.any([clientSignal(c), ac.signal]);
+  const ctx: RequestContext = requestContext(c, {
+    signal: AbortSignal.any([c.req.raw.signal, ac.signal]),
+  });
   const gen = await startFromSnapshot(rt, {
     tier,
     source,
@@ -101,7 +107,7 @@ async function respond(
     header,
     continuationIds,
     options,
-    clientSignal: signal,
+    ctx,
   });
   // When a streamed snapshot's bytes were read by the import (the import has finished here).
   const imported = importTiming ? timingHeader(importTiming) : null;
@@ -149,14 +155,7 @@ async function respond(
       });
     },
     () => ac.abort(),
-    (e) => {
-      const h = toHttpError(e);
-      return {
-        error: h
-          ? { type: h.type, message: h.message, param: h.param ?? null }
-          : { type: "server_error", message: "internal server error", param: null },
-      };
-    },
+    (e) => errorBody(e, c.get("requestId")).body,
   );
   if (imported !== null) sse.headers.set("x-kvrelay-import-ms", imported);
   return sse;
@@ -168,28 +167,43 @@ async function respond(
  * @param rt the runtime
  */
 export function registerDecode(app: Hono, rt: Runtime): void {
-  const limit = jsonBodyLimit(rt.config.server.max_body_bytes);
   app.post("/v1/decode", async (c, next) => {
-    if (!isSnapshotBody(c)) return await limit(c, next);
-    const q = decodeQuerySchema.parse(c.req.query());
+    if (!isSnapshotBody(c)) return await next();
+    const q = decodeQuerySchema.parse(strictQuery(c));
     const target = q.tier === undefined ? undefined : requireTier(rt, q.tier);
     requireReady(rt);
     const body = requestBody(c);
     if (!body) throw new InputError("snapshot body is empty", "body");
+    let release = () => {};
     try {
-      // Streamed into the import: only the header is read first (to find the model that made
-      // it); it is verified again, with the signature, before any KV is allocated.
+      // Received whole (checked as it arrives, bounded, within the body deadline) before the
+      // request may take a tier slot: a slow upload holds memory it declared, never the engine.
+      // The timer records when the snapshot's first and last bytes arrived.
       const timer = streamTimer();
-      const { header, stream } = await peekStream(
-        body.pipeThrough(countBytes(rt, "in")).pipeThrough(timer.transform),
+      const up = await receiveUpload(rt, body.pipeThrough(timer.transform), {
+        client: c.req.raw.signal,
+        arrivalMs: c.get("arrivalMs"),
+      });
+      release = up.release;
+      const source = tierOfSnapshot(rt, up.header, target);
+      return await respond(
+        c,
+        rt,
+        target ?? source,
+        source,
+        up.replay(),
+        up.header,
+        q,
+        timer.timing,
       );
-      const source = tierOfSnapshot(rt, header, target);
-      return await respond(c, rt, target ?? source, source, stream, header, q, timer.timing);
     } catch (e) {
       throw blameSnapshot(e, { snapshot: "body", tier: "tier" });
+    } finally {
+      // The import has finished (or failed) by now: the buffered bytes are no longer needed.
+      release();
     }
   }, async (c) => {
-    const body = decodeJsonSchema.parse(await readJsonBody(c));
+    const body = decodeJsonSchema.parse(await readJson(c, rt));
     requireReady(rt);
     const bytes = await loadStored(rt, body.snapshot_id);
     const target = body.tier !== undefined ? requireTier(rt, body.tier) : undefined;

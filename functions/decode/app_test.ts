@@ -254,8 +254,11 @@ Deno.test("POST /v1/decode errors name the field: body or snapshot_id for bad sn
   }
 });
 
-Deno.test("POST /v1/decode cuts a stalled snapshot body at the tier's timeout: 503, slot and sequence freed", async () => {
-  const rt = await testRuntime({ tier: { request_timeout_ms: 300, concurrency: 1 } });
+Deno.test("POST /v1/decode cuts a stalled snapshot body at the body deadline: 408, budget and slot free", async () => {
+  const rt = await testRuntime({
+    tier: { concurrency: 1 },
+    config: { server: { max_body_bytes: 8192, max_snapshot_bytes: 1 << 20, body_timeout_ms: 300 } },
+  });
   try {
     const app = createDecodeApp(rt);
     const snap = await snapshotOf(rt);
@@ -275,11 +278,14 @@ Deno.test("POST /v1/decode cuts a stalled snapshot body at the tier's timeout: 5
     ]);
     clearTimeout(timer);
     assert.ok(res, "no answer 3 s after a 300 ms deadline");
-    assert.equal(res.status, 503);
-    assert.equal((await res.json()).error.type, "timeout_error");
+    assert.equal(res.status, 408);
+    const err = (await res.json()).error;
+    assert.equal(err.type, "timeout_error");
+    assert.equal(err.param, "body");
     assert.ok(cancelled, "the request body was cancelled");
     const metrics = await (await app.request("/metrics")).text();
     assert.equal(metricValue(metrics, 'kvrelay_active_sequences{tier="fast"}'), 0);
+    assert.equal(metricValue(metrics, "kvrelay_inflight_upload_bytes"), 0);
     const next = await app.request("/v1/decode?max_tokens=2", {
       method: "POST",
       headers: SNAP,

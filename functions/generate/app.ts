@@ -9,10 +9,13 @@ import type { RouteDecision } from "../../lib/router/mod.ts";
 import {
   abortError,
   checkContext,
+  checkTextBound,
   type Generation,
   messageText,
+  promptChars,
   promptIds,
   type PromptInput,
+  type RequestContext,
   requireReady,
   requireTier,
   type Runtime,
@@ -21,15 +24,14 @@ import {
   type Tier,
 } from "../../lib/serve/mod.ts";
 import {
-  clientSignal,
   createBaseApp,
+  errorBody,
   generationOptions,
-  jsonBodyLimit,
   messagesSchema,
-  readJsonBody,
+  readJson,
+  requestContext,
   samplingFields,
   sseResponse,
-  toHttpError,
   tokenIdsSchema,
 } from "../shared/mod.ts";
 
@@ -38,6 +40,7 @@ const streamOptions = z.object({ include_usage: z.boolean().optional() }).nullis
 const generateSchema = z.object({
   prompt: z.string().min(1),
   user_id: z.string().min(1).max(256),
+  cache_salt: z.string().min(1).max(256).optional(),
   tier: z.string().min(1).optional(),
   model: z.string().min(1).optional(),
   ...samplingFields,
@@ -59,6 +62,7 @@ const completionSchema = z.object({
   n: z.literal(1).nullish(),
   echo: z.literal(false).nullish(),
   user: z.string().max(256).optional(),
+  cache_salt: z.string().min(1).max(256).optional(),
   ...samplingFields,
 });
 
@@ -70,6 +74,7 @@ const chatSchema = z.object({
   n: z.literal(1).nullish(),
   user: z.string().max(256).optional(),
   max_completion_tokens: z.number().int().min(1).optional(),
+  cache_salt: z.string().min(1).max(256).optional(),
   ...samplingFields,
 });
 
@@ -112,7 +117,7 @@ interface Planned {
  * @throws {NotFoundError} unknown model; {@link InputError} bad prompt/limits;
  *   {@link UnavailableError} not ready
  */
-function plan(
+async function plan(
   rt: Runtime,
   req: {
     explicit?: string;
@@ -125,7 +130,7 @@ function plan(
     /** The field `sampling.max_tokens` came from (default "max_tokens"). */
     maxTokensParam?: string;
   },
-): Planned {
+): Promise<Planned> {
   requireReady(rt);
   const explicit = req.explicit === "auto" ? undefined : req.explicit;
   let route: RouteDecision;
@@ -136,11 +141,15 @@ function plan(
   } else {
     const first = rt.tiers.get(rt.config.defaultTier)!;
     const text = routeText(req.prompt);
-    const n = req.prompt.ids?.length ?? first.model.tokenizer.encode(text).length;
+    let n = req.prompt.ids?.length ?? 0;
+    if (req.prompt.ids === undefined) {
+      checkTextBound(first, promptChars(req.prompt), req.promptParam);
+      n = (await first.model.tokenizer.encodeAsync(text)).length;
+    }
     route = rt.router.route({ prompt: text, promptTokens: n, userId: req.userId });
     tier = requireTier(rt, route.tier, req.param);
   }
-  const ids = promptIds(tier, req.prompt, req.promptParam);
+  const ids = await promptIds(tier, req.prompt, req.promptParam);
   const options = generationOptions(tier, req.sampling, req.maxTokensParam);
   checkContext(
     tier,
@@ -158,7 +167,7 @@ function plan(
  */
 async function admit(
   rt: Runtime,
-  signal: AbortSignal,
+  ctx: RequestContext,
   p: Planned,
   userId: string | undefined,
 ): Promise<{ gen: Generation; route: RouteDecision }> {
@@ -166,7 +175,7 @@ async function admit(
     tier: p.tier,
     promptIds: p.ids,
     options: p.options,
-    clientSignal: signal,
+    ctx,
   });
   rt.router.commit(userId, p.tier.name);
   return { gen, route: p.route };
@@ -185,19 +194,16 @@ function usage(promptTokens: number, completion: number) {
   };
 }
 
-function streamError(e: unknown) {
-  const h = toHttpError(e);
-  return {
-    error: h
-      ? { type: h.type, message: h.message, param: h.param ?? null }
-      : { type: "server_error", message: "internal server error", param: null },
-  };
-}
-
-/** A client signal that also fires when the SSE body is cancelled. */
-function linkedSignal(c: Context): { signal: AbortSignal; abort: () => void } {
+/** The request context with a client signal that also fires when the SSE body is cancelled. */
+function linkedContext(
+  c: Context,
+  cacheSalt: string | null | undefined,
+): { ctx: RequestContext; abort: () => void } {
   const ac = new AbortController();
-  return { signal: AbortSignal.any([clientSignal(c), ac.signal]), abort: () => ac.abort() };
+  return {
+    ctx: requestContext(c, { signal: AbortSignal.any([c.req.raw.signal, ac.signal]), cacheSalt }),
+    abort: () => ac.abort(),
+  };
 }
 
 /**
@@ -206,8 +212,6 @@ function linkedSignal(c: Context): { signal: AbortSignal; abort: () => void } {
  * @param rt the runtime
  */
 export function registerGenerate(app: Hono, rt: Runtime): void {
-  const limit = jsonBodyLimit(rt.config.server.max_body_bytes);
-
   app.get("/v1/models", (c) => {
     requireReady(rt);
     return c.json({
@@ -223,10 +227,10 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
     });
   });
 
-  app.post("/v1/generate", limit, async (c) => {
-    const body = generateSchema.parse(await readJsonBody(c));
+  app.post("/v1/generate", async (c) => {
+    const body = generateSchema.parse(await readJson(c, rt));
     const requestId = `gen-${crypto.randomUUID()}`;
-    const planned = plan(rt, {
+    const planned = await plan(rt, {
       explicit: body.tier ?? body.model,
       param: body.tier !== undefined ? "tier" : "model",
       prompt: { text: body.prompt },
@@ -234,7 +238,12 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
       userId: body.user_id,
       sampling: body,
     });
-    const { gen, route } = await admit(rt, clientSignal(c), planned, body.user_id);
+    const { gen, route } = await admit(
+      rt,
+      requestContext(c, { cacheSalt: body.cache_salt }),
+      planned,
+      body.user_id,
+    );
     const info = kvrelayInfo(gen, route);
     const r = await gen.collect();
     return c.json({
@@ -251,8 +260,8 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
     });
   });
 
-  app.post("/v1/completions", limit, async (c) => {
-    const body = completionSchema.parse(await readJsonBody(c));
+  app.post("/v1/completions", async (c) => {
+    const body = completionSchema.parse(await readJson(c, rt));
     const prompts: PromptInput[] = typeof body.prompt === "string"
       ? [{ text: body.prompt }]
       : typeof body.prompt[0] === "string"
@@ -264,20 +273,23 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
     const created = Math.floor(Date.now() / 1000);
     // Every prompt is checked before the first one runs: a bad prompt 2 is a 400, not an error
     // after prompt 1's text (or inside a 200 stream).
-    const plans = prompts.map((prompt, i) =>
-      plan(rt, {
-        explicit: body.model,
-        param: "model",
-        prompt,
-        promptParam: typeof body.prompt === "string" || typeof body.prompt[0] === "number"
-          ? "prompt"
-          : `prompt.${i}`,
-        userId: body.user,
-        sampling: body,
-      })
-    );
-    const link = linkedSignal(c);
-    const admitOne = (i: number) => admit(rt, link.signal, plans[i], body.user);
+    const plans: Planned[] = [];
+    for (const [i, prompt] of prompts.entries()) {
+      plans.push(
+        await plan(rt, {
+          explicit: body.model,
+          param: "model",
+          prompt,
+          promptParam: typeof body.prompt === "string" || typeof body.prompt[0] === "number"
+            ? "prompt"
+            : `prompt.${i}`,
+          userId: body.user,
+          sampling: body,
+        }),
+      );
+    }
+    const link = linkedContext(c, body.cache_salt);
+    const admitOne = (i: number) => admit(rt, link.ctx, plans[i], body.user);
     if (!body.stream) {
       const choices = [];
       let promptTokens = 0;
@@ -344,15 +356,15 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
         }
       },
       link.abort,
-      streamError,
+      (e) => errorBody(e, c.get("requestId")).body,
     );
   });
 
-  app.post("/v1/chat/completions", limit, async (c) => {
-    const body = chatSchema.parse(await readJsonBody(c));
+  app.post("/v1/chat/completions", async (c) => {
+    const body = chatSchema.parse(await readJson(c, rt));
     const id = `chatcmpl-${crypto.randomUUID()}`;
     const created = Math.floor(Date.now() / 1000);
-    const planned = plan(rt, {
+    const planned = await plan(rt, {
       explicit: body.model,
       param: "model",
       prompt: { messages: body.messages },
@@ -363,8 +375,8 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
         ? "max_completion_tokens"
         : "max_tokens",
     });
-    const link = linkedSignal(c);
-    const { gen, route } = await admit(rt, link.signal, planned, body.user);
+    const link = linkedContext(c, body.cache_salt);
+    const { gen, route } = await admit(rt, link.ctx, planned, body.user);
     const model = gen.tier.name;
     const info = kvrelayInfo(gen, route);
     if (!body.stream) {
@@ -416,7 +428,7 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
       }
     }, () => {
       link.abort();
-    }, streamError);
+    }, (e) => errorBody(e, c.get("requestId")).body);
   });
 }
 

@@ -6,22 +6,24 @@
 import type { Context, Hono } from "hono";
 import { z } from "zod";
 import {
+  InputError,
   loadStored,
   migrateSnapshot,
-  readBounded,
+  receiveUpload,
   requireReady,
   type Runtime,
   storeSnapshot,
+  type Upload,
 } from "../../lib/serve/mod.ts";
 import {
   blameSnapshot,
-  clientSignal,
   createBaseApp,
   isSnapshotBody,
-  jsonBodyLimit,
-  readJsonBody,
+  readJson,
   requestBody,
+  requestContext,
   SNAPSHOT_TYPE,
+  strictQuery,
 } from "../shared/mod.ts";
 
 const jsonSchema = z.object({
@@ -38,11 +40,11 @@ const querySchema = z.object({
 async function migrate(
   c: Context,
   rt: Runtime,
-  bytes: Uint8Array,
+  input: Uint8Array | Upload,
   targetName: string,
   store: boolean,
 ): Promise<Response> {
-  const m = await migrateSnapshot(rt, bytes, targetName, "target", clientSignal(c));
+  const m = await migrateSnapshot(rt, input, targetName, "target", requestContext(c));
   if (store) {
     const { id, bytes: n } = await storeSnapshot(rt, m.stream);
     return c.json({
@@ -72,19 +74,29 @@ async function migrate(
  * @param rt the runtime
  */
 export function registerMigrate(app: Hono, rt: Runtime): void {
-  const limit = jsonBodyLimit(rt.config.server.max_body_bytes);
   app.post("/v1/migrate", async (c, next) => {
-    if (!isSnapshotBody(c)) return await limit(c, next);
-    const q = querySchema.parse(c.req.query());
-    const bytes = await readBounded(requestBody(c), rt.config.server.max_snapshot_bytes);
-    rt.metrics.snapshotBytes.inc({ direction: "in" }, bytes.length);
+    if (!isSnapshotBody(c)) return await next();
+    const q = querySchema.parse(strictQuery(c));
+    requireReady(rt);
+    const body = requestBody(c);
+    if (!body) throw new InputError("snapshot body is empty", "body");
+    let release = () => {};
     try {
-      return await migrate(c, rt, bytes, q.target, q.store);
+      // Checked as bytes arrive (a hostile body is refused at its first bad byte), its declared
+      // size reserved from the process's upload budget, received whole before taking a slot.
+      const up = await receiveUpload(rt, body, {
+        client: c.req.raw.signal,
+        arrivalMs: c.get("arrivalMs"),
+      });
+      release = up.release;
+      return await migrate(c, rt, up, q.target, q.store);
     } catch (e) {
       throw blameSnapshot(e, { snapshot: "body", tier: "target" });
+    } finally {
+      release();
     }
   }, async (c) => {
-    const body = jsonSchema.parse(await readJsonBody(c));
+    const body = jsonSchema.parse(await readJson(c, rt));
     requireReady(rt);
     const bytes = await loadStored(rt, body.snapshot_id);
     try {

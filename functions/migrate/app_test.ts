@@ -137,9 +137,13 @@ Deno.test("POST /v1/migrate errors name the field: body or snapshot_id for bad s
 Deno.test("POST /v1/migrate answers 400 naming body, not 500, when the snapshot upload breaks off", async () => {
   const rt = await testRuntime();
   try {
+    const snap = new Uint8Array(
+      await (await createPrefillApp(rt).request("/v1/prefill", post({ tier: "fast", prompt })))
+        .arrayBuffer(),
+    );
     const broken = new ReadableStream<Uint8Array>({
       start(ctl) {
-        ctl.enqueue(new Uint8Array(100));
+        ctl.enqueue(snap.slice(0, 1000)); // a valid prefix and header, then the connection breaks
       },
       pull(ctl) {
         ctl.error(new Error("connection reset by peer"));

@@ -19,10 +19,10 @@ import {
   clientSignal,
   createBaseApp,
   HttpError,
-  jsonBodyLimit,
   messagesSchema,
   peerHeaders,
-  readJsonBody,
+  readJson,
+  requestContext,
   samplingFields,
   SNAPSHOT_TYPE,
   tokenIdsSchema,
@@ -42,6 +42,8 @@ const prefillSchema = z.object({
   tokens: tokenIdsSchema.optional(),
   store: z.boolean().default(false),
   forward_to: z.string().min(1).optional(),
+  /** Isolates this request's prefix-cache entries further within its tenant (as vLLM's). */
+  cache_salt: z.string().min(1).max(256).optional(),
   decode: decodeParams.default({}),
 }).refine((b) => [b.prompt, b.messages, b.tokens].filter((x) => x !== undefined).length === 1, {
   message: "give exactly one of prompt, messages, tokens",
@@ -79,9 +81,10 @@ function decodeQuery(tier: string, p: z.infer<typeof decodeParams>): string {
  * @param rt the runtime
  */
 export function registerPrefill(app: Hono, rt: Runtime): void {
-  app.post("/v1/prefill", jsonBodyLimit(rt.config.server.max_body_bytes), async (c) => {
-    const started = performance.now();
-    const body = prefillSchema.parse(await readJsonBody(c));
+  app.post("/v1/prefill", async (c) => {
+    // The tier's deadline counts from the request's arrival (its body's upload included).
+    const started = c.get("arrivalMs") ?? performance.now();
+    const body = prefillSchema.parse(await readJson(c, rt));
     const tier = requireTier(rt, body.tier);
     let peer: string | undefined;
     if (body.forward_to !== undefined) {
@@ -99,12 +102,18 @@ export function registerPrefill(app: Hono, rt: Runtime): void {
       }
     }
     const field = body.tokens ? "tokens" : body.messages ? "messages" : "prompt";
-    const ids = promptIds(
+    const ids = await promptIds(
       tier,
       { ids: body.tokens, text: body.prompt, messages: body.messages },
       field,
     );
-    const stream = await prefillSnapshot(rt, tier, ids, field, clientSignal(c));
+    const stream = await prefillSnapshot(
+      rt,
+      tier,
+      ids,
+      field,
+      requestContext(c, { cacheSalt: body.cache_salt }),
+    );
 
     if (body.store) {
       const { id, bytes } = await storeSnapshot(rt, stream);

@@ -1,92 +1,95 @@
-// The part every function app shares: one onError, JSON 404s, request counting, API-key auth on
-// /v1/* (constant-time), and the probes GET /healthz, /readyz, /metrics. Each function adds its
-// own routes on top (register* functions), so one app can hold one function or all of them.
+// The part every function app shares: one onError, JSON 404/405/431s, request ids, request
+// counting, CORS only when configured, API-key auth on /v1/* (Hono's bearerAuth, every configured
+// key compared in constant time, the matching key's tenant recorded), and the probes GET /healthz,
+// /readyz, /metrics. Each function adds its own routes on top (register* functions), so one app
+// can hold one function or all of them.
 import { Hono } from "hono";
 import type { Context, MiddlewareHandler } from "hono";
-import { bodyLimit } from "hono/body-limit";
+import { bearerAuth } from "hono/bearer-auth";
+import { cors } from "hono/cors";
+import { requestId } from "hono/request-id";
 import { type Runtime, UnavailableError } from "../../lib/serve/mod.ts";
-import { errorHandler, HttpError } from "./errors.ts";
+import { hex, sha256 } from "../../lib/util/mod.ts";
+import "./context.ts";
+import { errorHandler } from "./errors.ts";
 
-async function digest(s: string): Promise<Uint8Array> {
-  return new Uint8Array(await crypto.subtle.digest("SHA-256", new TextEncoder().encode(s)));
+/** Largest total request-header size the app accepts (names + values); larger → 431. Deno's own
+ *  HTTP parser answers an empty 400 before the app sees headers above about 64 KiB. */
+export const MAX_HEADER_BYTES = 32 * 1024;
+
+/**
+ * Which configured key a presented key is, comparing in constant time (per key: SHA-256 of both,
+ * XOR-accumulated over all 32 bytes; every configured key is always compared).
+ * @param presented the key from the request
+ * @param digests SHA-256 of each configured key
+ * @returns the index of the matching key, or -1
+ */
+export async function keyIndex(presented: string, digests: readonly Uint8Array[]): Promise<number> {
+  const p = await sha256(new TextEncoder().encode(presented));
+  let found = -1;
+  for (let i = 0; i < digests.length; i++) {
+    const d = digests[i];
+    let diff = 0;
+    for (let j = 0; j < d.length; j++) diff |= d[j] ^ p[j];
+    // Branch-free select: every key costs the same whatever matches.
+    const eq = ((diff - 1) >> 31) & 1;
+    found = eq * i + (1 - eq) * found;
+  }
+  return found;
 }
 
 /**
- * Compares a presented key with every configured key in constant time (per key: SHA-256 of both,
- * XOR-accumulated over all 32 bytes; every configured key is always compared).
+ * Whether a presented key matches one of `keys` (constant time over all keys).
  * @param presented the key from the request
  * @param keys configured keys
  * @returns whether it matches one
  */
 export async function keyMatches(presented: string, keys: readonly string[]): Promise<boolean> {
-  const p = await digest(presented);
-  let ok = 0;
-  for (const k of keys) {
-    const d = await digest(k);
-    let diff = 0;
-    for (let i = 0; i < d.length; i++) diff |= d[i] ^ p[i];
-    ok |= diff === 0 ? 1 : 0;
-  }
-  return ok === 1;
+  const digests = await Promise.all(keys.map((k) => sha256(new TextEncoder().encode(k))));
+  return (await keyIndex(presented, digests)) >= 0;
+}
+
+function authError(message: string) {
+  return { error: { type: "authentication_error", message, param: null } };
 }
 
 function authMiddleware(rt: Runtime): MiddlewareHandler {
-  return async (c, next) => {
-    const keys = rt.config.secrets.apiKeys;
-    if (keys.length === 0) return await next();
-    const auth = c.req.header("authorization") ?? "";
-    const m = /^Bearer\s+(.+)$/i.exec(auth);
-    const presented = m?.[1] ?? c.req.header("x-api-key");
-    if (presented === undefined) {
-      throw new HttpError(
-        401,
-        "authentication_error",
-        "missing API key: send Authorization: Bearer <key>",
-      );
-    }
-    if (!(await keyMatches(presented.trim(), keys))) {
-      throw new HttpError(401, "authentication_error", "invalid API key");
-    }
-    await next();
-  };
+  const { apiKeys, apiKeyTenants } = rt.config.secrets;
+  if (apiKeys.length === 0) {
+    return async (c, next) => {
+      c.set("keyTenant", "anonymous");
+      await next();
+    };
+  }
+  // A key's tenant: its configured `tenant:` id, else the key's own identity (a digest prefix:
+  // stable, and it reveals nothing of the key).
+  const identity = (async () => {
+    const digests = await Promise.all(apiKeys.map((k) => sha256(new TextEncoder().encode(k))));
+    const tenants = digests.map((d, i) => apiKeyTenants[i] ?? `key:${hex(d).slice(0, 16)}`);
+    return { digests, tenants };
+  })();
+  return bearerAuth({
+    verifyToken: async (token, c) => {
+      const { digests, tenants } = await identity;
+      const i = await keyIndex(token, digests);
+      if (i < 0) return false;
+      c.set("keyTenant", tenants[i]);
+      return true;
+    },
+    noAuthenticationHeader: {
+      message: authError("missing API key: send Authorization: Bearer <key>"),
+    },
+    invalidAuthenticationHeader: {
+      message: authError("malformed Authorization header: send Authorization: Bearer <key>"),
+    },
+    invalidToken: { message: authError("invalid API key") },
+  });
 }
 
-/**
- * A JSON body-size guard answering 413 in the error shape. A body without Content-Length is read
- * here; when that read fails (the client reset the connection mid-upload) the answer is a 400
- * naming "body", not an internal error.
- * @param maxBytes largest accepted body
- * @returns middleware
- */
-export function jsonBodyLimit(maxBytes: number): MiddlewareHandler {
-  const limit = bodyLimit({
-    maxSize: maxBytes,
-    onError: () => {
-      throw new HttpError(
-        413,
-        "invalid_request_error",
-        `request body exceeds ${maxBytes} bytes`,
-        "body",
-      );
-    },
-  });
-  return async (c, next) => {
-    let handled = false;
-    try {
-      await limit(c, async () => {
-        handled = true;
-        await next();
-      });
-    } catch (e) {
-      if (handled || e instanceof HttpError) throw e;
-      throw new HttpError(
-        400,
-        "invalid_request_error",
-        `request body could not be read: ${(e as Error)?.message ?? String(e)}`,
-        "body",
-      );
-    }
-  };
+function headerBytes(headers: Headers): number {
+  let n = 0;
+  for (const [k, v] of headers) n += k.length + v.length + 4;
+  return n;
 }
 
 /**
@@ -99,6 +102,25 @@ export function createBaseApp(rt: Runtime, fn: string): Hono {
   const app = new Hono();
   app.onError(errorHandler(rt.metrics));
   app.notFound((c) => {
+    // A path served with other methods: 405 with Allow, not a 404.
+    const allow = new Set<string>();
+    for (const r of app.routes) {
+      if (r.path === c.req.path && r.method !== "ALL") allow.add(r.method);
+    }
+    if (allow.has("GET")) allow.add("HEAD");
+    if (allow.size > 0) {
+      rt.metrics.errors.inc({ type: "method_not_allowed_error" });
+      c.header("allow", [...allow].sort().join(", "));
+      return c.json({
+        error: {
+          type: "method_not_allowed_error",
+          message: `${c.req.method} is not allowed on ${c.req.path}; allowed: ${
+            [...allow].sort().join(", ")
+          }`,
+          param: null,
+        },
+      }, 405);
+    }
     rt.metrics.errors.inc({ type: "not_found_error" });
     return c.json(
       {
@@ -111,10 +133,39 @@ export function createBaseApp(rt: Runtime, fn: string): Hono {
       404,
     );
   });
+  app.use("*", requestId({ limitLength: 64 }));
   app.use("*", async (c, next) => {
+    c.set("arrivalMs", performance.now());
     await next();
     rt.metrics.requests.inc({ function: fn, route: c.req.routePath, status: String(c.res.status) });
   });
+  app.use("*", async (c, next) => {
+    const n = headerBytes(c.req.raw.headers);
+    if (n > MAX_HEADER_BYTES) {
+      rt.metrics.errors.inc({ type: "invalid_request_error" });
+      return c.json({
+        error: {
+          type: "invalid_request_error",
+          message: `request headers total ${n} bytes, above the limit of ${MAX_HEADER_BYTES}`,
+          param: "headers",
+        },
+      }, 431);
+    }
+    await next();
+  });
+  const origins = rt.config.server.cors_origins;
+  if (origins.length > 0) {
+    app.use(
+      "*",
+      cors({
+        origin: origins,
+        allowMethods: ["GET", "POST", "OPTIONS"],
+        allowHeaders: ["authorization", "content-type"],
+        exposeHeaders: ["x-request-id", "retry-after"],
+        maxAge: 600,
+      }),
+    );
+  }
   app.use("/v1/*", authMiddleware(rt));
   app.get("/healthz", (c) => c.json({ status: "ok" }));
   app.get("/readyz", (c) => {

@@ -1,7 +1,10 @@
 // HTTP request bodies of the functions: the snapshot media type, whether a request carries a
-// snapshot, and the raw body stream whose read failures (a reset mid-upload) become a 400
-// naming "body". Snapshot parsing itself is lib/snapshot's, orchestration lib/serve's.
+// snapshot, the raw body stream whose read failures (a reset mid-upload) become a 400 naming
+// "body", and the one strict JSON body reader every JSON route uses. Snapshot parsing itself is
+// lib/snapshot's, orchestration lib/serve's.
 import type { Context } from "hono";
+import { bodyWithin, type Runtime } from "../../lib/serve/mod.ts";
+import "./context.ts";
 import { HttpError } from "./errors.ts";
 
 /** Media type of a KV snapshot body. */
@@ -49,4 +52,150 @@ export function requestBody(c: Context): ReadableStream<Uint8Array> | null {
       return reader.cancel(why);
     },
   });
+}
+
+const fatalUtf8 = new TextDecoder("utf-8", { fatal: true, ignoreBOM: false });
+
+/** The path of the first string (or key) holding a lone surrogate, or null. */
+function illFormedPath(v: unknown, path: string[]): string[] | null {
+  if (typeof v === "string") return v.isWellFormed() ? null : path;
+  if (Array.isArray(v)) {
+    for (let i = 0; i < v.length; i++) {
+      const p = illFormedPath(v[i], [...path, String(i)]);
+      if (p) return p;
+    }
+    return null;
+  }
+  if (v !== null && typeof v === "object") {
+    for (const [k, x] of Object.entries(v)) {
+      if (!k.isWellFormed()) return [...path, k];
+      const p = illFormedPath(x, [...path, k]);
+      if (p) return p;
+    }
+  }
+  return null;
+}
+
+/**
+ * Whether the request says its body is JSON (`application/json`, any parameters).
+ * @param c the Hono context
+ * @returns true for application/json
+ */
+export function isJsonBody(c: Context): boolean {
+  return (c.req.header("content-type") ?? "").split(";")[0].trim().toLowerCase() ===
+    "application/json";
+}
+
+/**
+ * Reads a JSON request body the strict way: `Content-Type: application/json` (else 415, so a web
+ * page cannot send one as a CORS "simple" request), at most `server.max_body_bytes` (413), the
+ * whole body within the body deadline (408), valid UTF-8 (400) with no lone surrogates in any
+ * string (400 naming the field), valid JSON (400).
+ * @param c the Hono context
+ * @param rt the runtime (limits, deadline)
+ * @returns the parsed body
+ * @throws {HttpError} 415, 413, 400; {@link InputError} body_timeout (408)
+ */
+export async function readJson(c: Context, rt: Runtime): Promise<unknown> {
+  if (!isJsonBody(c)) {
+    const got = c.req.header("content-type");
+    throw new HttpError(
+      415,
+      "invalid_request_error",
+      `Content-Type must be application/json${
+        got === undefined ? " (none was sent)" : `, got ${JSON.stringify(got)}`
+      }`,
+      "content-type",
+    );
+  }
+  const max = rt.config.server.max_body_bytes;
+  const tooLarge = () =>
+    new HttpError(413, "invalid_request_error", `request body exceeds ${max} bytes`, "body");
+  const declared = Number(c.req.header("content-length") ?? "0");
+  if (declared > max) throw tooLarge();
+  const raw = requestBody(c);
+  const parts: Uint8Array[] = [];
+  let n = 0;
+  if (raw) {
+    const guarded = bodyWithin(rt, raw, {
+      client: c.req.raw.signal,
+      arrivalMs: c.get("arrivalMs"),
+    });
+    try {
+      for await (const p of guarded.stream) {
+        n += p.length;
+        if (n > max) {
+          await guarded.stream.cancel().catch(() => {});
+          throw tooLarge();
+        }
+        parts.push(p);
+      }
+    } finally {
+      guarded.done();
+    }
+  }
+  const bytes = new Uint8Array(n);
+  let o = 0;
+  for (const p of parts) {
+    bytes.set(p, o);
+    o += p.length;
+  }
+  let text: string;
+  try {
+    text = fatalUtf8.decode(bytes);
+  } catch {
+    throw new HttpError(400, "invalid_request_error", "request body is not valid UTF-8", "body");
+  }
+  let value: unknown;
+  try {
+    value = JSON.parse(text);
+  } catch {
+    throw new HttpError(400, "invalid_request_error", "request body is not valid JSON", "body");
+  }
+  const bad = illFormedPath(value, []);
+  if (bad) {
+    const param = bad.length > 0 ? bad.join(".") : "body";
+    throw new HttpError(
+      400,
+      "invalid_request_error",
+      `${param}: string holds a lone UTF-16 surrogate (not valid Unicode)`,
+      param,
+    );
+  }
+  return value;
+}
+
+/**
+ * The query string's parameters, decoded strictly: a value that is not valid percent-encoded
+ * UTF-8 is a 400 naming it (URLSearchParams would replace it with U+FFFD silently). Last value
+ * wins for a repeated name.
+ * @param c the Hono context
+ * @returns name → value
+ * @throws {HttpError} 400 naming the parameter
+ */
+export function strictQuery(c: Context): Record<string, string> {
+  const url = c.req.url;
+  const q = url.indexOf("?");
+  const out: Record<string, string> = {};
+  if (q < 0) return out;
+  const decode = (s: string, param: string) => {
+    try {
+      return decodeURIComponent(s.replaceAll("+", " "));
+    } catch {
+      throw new HttpError(
+        400,
+        "invalid_request_error",
+        `query parameter ${JSON.stringify(param)} is not valid percent-encoded UTF-8`,
+        param,
+      );
+    }
+  };
+  for (const part of url.slice(q + 1).split("#")[0].split("&")) {
+    if (part === "") continue;
+    const eq = part.indexOf("=");
+    const rawName = eq < 0 ? part : part.slice(0, eq);
+    const name = decode(rawName, rawName);
+    out[name] = eq < 0 ? "" : decode(part.slice(eq + 1), name);
+  }
+  return out;
 }

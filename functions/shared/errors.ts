@@ -8,6 +8,7 @@ import { HTTPException } from "hono/http-exception";
 import { z } from "zod";
 import { MigrationRefusedError } from "../../lib/migrate/mod.ts";
 import {
+  BusyError,
   InputError,
   type Metrics,
   NotFoundError,
@@ -18,9 +19,23 @@ import {
 } from "../../lib/serve/mod.ts";
 import { SnapshotError } from "../../lib/snapshot/mod.ts";
 import { StoreError } from "../../lib/store/mod.ts";
+import "./context.ts";
 
 /** Statuses a handler may answer with on purpose. */
-export type ErrorStatus = 400 | 401 | 404 | 409 | 413 | 422 | 429 | 503 | 504;
+export type ErrorStatus =
+  | 400
+  | 401
+  | 404
+  | 405
+  | 408
+  | 409
+  | 413
+  | 415
+  | 422
+  | 429
+  | 431
+  | 503
+  | 504;
 
 /** An error a handler throws on purpose, carrying its HTTP status and OpenAI-style type. */
 export class HttpError extends Error {
@@ -42,6 +57,13 @@ export class HttpError extends Error {
     this.name = "HttpError";
   }
 }
+
+const MISMATCH_REASONS = new Set<string>([
+  "tokenizer_mismatch",
+  "source_mismatch",
+  "target_mismatch",
+  "geometry_mismatch",
+]);
 
 const SNAPSHOT_STATUS: Record<SnapshotError["kind"], ErrorStatus> = {
   fingerprint: 409,
@@ -71,12 +93,20 @@ export function toHttpError(err: unknown): HttpError | null {
     );
   }
   if (err instanceof InputError) {
+    if (err.code === "body_timeout") {
+      return new HttpError(408, "timeout_error", err.message, err.param);
+    }
     return new HttpError(
       400,
       err.code === "context_length_exceeded" ? "context_length_exceeded" : "invalid_request_error",
       err.message,
       err.param,
     );
+  }
+  if (err instanceof BusyError) {
+    return new HttpError(429, "rate_limit_error", err.message, undefined, {
+      "retry-after": String(err.retryAfterS),
+    });
   }
   if (err instanceof UnavailableError) {
     return new HttpError(
@@ -108,18 +138,24 @@ export function toHttpError(err: unknown): HttpError | null {
     return new HttpError(SNAPSHOT_STATUS[err.kind], type, `snapshot ${err.kind}: ${err.message}`);
   }
   if (err instanceof StoreError) {
-    if (err.kind === "too_large") return new HttpError(413, "invalid_request_error", err.message);
-    return new HttpError(503, "store_unavailable_error", `snapshot store: ${err.message}`);
+    // The store's own message may name its address or internal keys: never sent (it is logged).
+    if (err.kind === "too_large") {
+      return new HttpError(413, "invalid_request_error", "snapshot is too large for the store");
+    }
+    return new HttpError(503, "store_unavailable_error", "snapshot store is unavailable");
   }
   if (err instanceof MigrationRefusedError) {
-    return new HttpError(422, "migration_refused_error", err.message);
+    // One rule for a snapshot that does not fit: a mismatch (tokenizer, model, geometry) is a
+    // 409 like a snapshot of a model no tier serves; a refusal by policy (no projector, quality
+    // gate) is a 422.
+    return MISMATCH_REASONS.has(err.reason)
+      ? new HttpError(409, "snapshot_mismatch_error", err.message)
+      : new HttpError(422, "migration_refused_error", err.message);
   }
   if (err instanceof HTTPException) {
     return new HttpError(err.status as ErrorStatus, "invalid_request_error", err.message);
   }
-  if (err instanceof RangeError || err instanceof TypeError) {
-    return new HttpError(400, "invalid_request_error", err.message);
-  }
+  // Anything else — a TypeError or RangeError from a bug included — is internal: a 500.
   return null;
 }
 
@@ -144,19 +180,62 @@ export function blameSnapshot(err: unknown, fields: { snapshot: string; tier: st
 }
 
 /**
+ * The JSON error body of a thrown value; an internal error is logged with the request id and
+ * answered with a generic message.
+ * @param err what was thrown
+ * @param requestId the request's id (logged, and quoted in the generic message)
+ * @returns the status, the body and extra headers
+ */
+export function errorBody(
+  err: unknown,
+  requestId = "-",
+): { status: ErrorStatus | 500; body: { error: Record<string, unknown> }; headers: Headers } {
+  const h = toHttpError(err);
+  if (!h) {
+    if (err instanceof StoreError) console.error(`[${requestId}] store error:`, err);
+    console.error(`[${requestId}] internal error:`, err);
+    return {
+      status: 500,
+      body: {
+        error: {
+          type: "server_error",
+          message: `internal server error (request ${requestId})`,
+          param: null,
+        },
+      },
+      headers: new Headers(),
+    };
+  }
+  if (err instanceof StoreError) console.error(`[${requestId}] store error:`, err.message);
+  return {
+    status: h.status,
+    body: { error: { type: h.type, message: h.message, param: h.param ?? null } },
+    headers: new Headers(h.headers ?? {}),
+  };
+}
+
+/**
  * Builds the app.onError handler: maps any thrown value to a JSON error response and counts it.
  * @param metrics where error counts go (optional)
  * @returns a Hono error handler
  */
 export function errorHandler(metrics?: Metrics): (err: unknown, c: Context) => Response {
   return (err, c) => {
+    if (err instanceof HTTPException && err.res) {
+      // A middleware's own answer (bearerAuth: 401/400 with WWW-Authenticate, in our shape).
+      metrics?.errors.inc({
+        type: err.status === 401 ? "authentication_error" : "invalid_request_error",
+      });
+      return err.getResponse();
+    }
     const h = toHttpError(err);
     if (!h) {
-      console.error("internal error:", err);
+      const { body } = errorBody(err, c.get("requestId"));
       metrics?.errors.inc({ type: "server_error" });
-      return c.json({
-        error: { type: "server_error", message: "internal server error", param: null },
-      }, 500);
+      return c.json(body, 500);
+    }
+    if (err instanceof StoreError) {
+      console.error(`[${c.get("requestId")}] store error:`, err.message);
     }
     metrics?.errors.inc({ type: h.type });
     for (const [k, v] of Object.entries(h.headers ?? {})) c.header(k, v);
@@ -175,25 +254,4 @@ export function errorHandler(metrics?: Metrics): (err: unknown, c: Context) => R
  */
 export function errorResponse(err: unknown, c: Context): Response {
   return errorHandler()(err, c);
-}
-
-/**
- * Parses a JSON request body, answering 400 (not 500) for malformed JSON.
- * @param c The Hono context.
- * @returns The parsed body.
- * @throws HttpError 400 when the body is not JSON or cannot be read.
- */
-export async function readJsonBody(c: Context): Promise<unknown> {
-  try {
-    return await c.req.json();
-  } catch (e) {
-    throw new HttpError(
-      400,
-      "invalid_request_error",
-      e instanceof SyntaxError
-        ? "request body is not valid JSON"
-        : `request body could not be read: ${(e as Error)?.message ?? String(e)}`,
-      "body",
-    );
-  }
 }

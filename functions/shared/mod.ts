@@ -2,15 +2,30 @@
 // one onError), the mapping of domain errors to HTTP, request bodies, request schemas, SSE and
 // process serving. The serving core itself is lib/serve. Test helpers are test_helpers.ts.
 
-export { clientSignal, createBaseApp, jsonBodyLimit, keyMatches, peerHeaders } from "./app.ts";
-export { isSnapshotBody, requestBody, SNAPSHOT_TYPE } from "./body.ts";
+export {
+  clientSignal,
+  createBaseApp,
+  keyIndex,
+  keyMatches,
+  MAX_HEADER_BYTES,
+  peerHeaders,
+} from "./app.ts";
+export {
+  isJsonBody,
+  isSnapshotBody,
+  readJson,
+  requestBody,
+  SNAPSHOT_TYPE,
+  strictQuery,
+} from "./body.ts";
+export { requestContext } from "./context.ts";
 export {
   blameSnapshot,
+  errorBody,
   errorHandler,
   errorResponse,
   type ErrorStatus,
   HttpError,
-  readJsonBody,
   toHttpError,
 } from "./errors.ts";
 export { generationOptions, messagesSchema, samplingFields, tokenIdsSchema } from "./schemas.ts";

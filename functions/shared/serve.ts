@@ -1,7 +1,8 @@
 // Process-level serving shared by every function's main.ts: loads the deployment config (refusing
 // to start on any problem, each listed by path), serves the app at once (/healthz answers, /readyz
 // says 503 while models load), loads the tiers, and shuts down gracefully on SIGTERM/SIGINT:
-// stop accepting, let in-flight requests finish within the grace period, then stop them.
+// stop accepting, let in-flight requests finish within the grace period, then stop them and
+// exit, closing any connection still open.
 import type { Hono } from "hono";
 import { ConfigError, loadConfig } from "../../lib/config/mod.ts";
 import {
@@ -77,6 +78,9 @@ export async function serveFunctions(name: string, registers: Register[]): Promi
     }
     await rt.close();
     console.error(`kvrelay ${name}: stopped`);
+    // Connections still open now (a client stalled mid-upload, a peer that never reads) would
+    // keep Deno.serve — and so the process — alive until they close: exiting closes them.
+    Deno.exit(0);
   };
   Deno.addSignalListener("SIGTERM", stop);
   Deno.addSignalListener("SIGINT", stop);

@@ -2,6 +2,7 @@
 // config (one thread per model, small limits), and small request helpers. Tests only.
 import { parseConfig } from "../../lib/config/mod.ts";
 import { createRuntime, type Runtime } from "../../lib/serve/mod.ts";
+import type { SnapshotStore } from "../../lib/store/mod.ts";
 
 const modelsDir = new URL("../../models/", import.meta.url).pathname;
 
@@ -17,6 +18,8 @@ export interface TestRuntimeOptions {
   env?: Record<string, string>;
   /** Load models (default true). */
   load?: boolean;
+  /** Replaces the store built from the config. */
+  store?: SnapshotStore;
 }
 
 /**
@@ -43,7 +46,7 @@ export async function testRuntime(opts: TestRuntimeOptions = {}): Promise<Runtim
     { tiers, server: { max_body_bytes: 8192, max_snapshot_bytes: 1 << 20 }, ...opts.config },
     { env: (n) => env[n], baseDir: modelsDir },
   );
-  const rt = await createRuntime(config);
+  const rt = await createRuntime(config, { store: opts.store });
   if (opts.load ?? true) await rt.load();
   return rt;
 }

@@ -23,12 +23,15 @@ export class ConfigError extends Error {
 export interface ConfigSecrets {
   /** Accepted API keys; empty → no key required. */
   apiKeys: string[];
+  /** The tenant id of each key in `apiKeys` (same index): its `tenant:` prefix, else null (the
+   *  key's own identity is its tenant). */
+  apiKeyTenants: (string | null)[];
   /** Snapshot HMAC key bytes (UTF-8 of the env value), or null when unset. */
   snapshotKey: Uint8Array | null;
   /** Redis URL when the store is redis. */
   redisUrl: string | null;
-  /** Mixed into prefix-cache keys (empty when unset). */
-  tenantSalt: string;
+  /** Mixed into prefix-cache keys; null when unset (the runtime then draws a random one). */
+  tenantSalt: string | null;
 }
 
 /** A ready config: the file with defaults, absolute paths, env overrides and secrets. */
@@ -146,18 +149,24 @@ export function parseConfig(
   if (cfg.store.kind === "fs") cfg.store.dir = resolvePath(baseDir, cfg.store.dir);
   if (problems.length > 0) throw new ConfigError(source, problems);
   const tierOrder = Object.keys(cfg.tiers);
+  const keyEntries = (env(cfg.auth.api_keys_env) ?? "").split(",").map((k) => k.trim()).filter((
+    k,
+  ) => k.length > 0).map((entry) => {
+    // ":" is outside the base64, base64url and hex alphabets keys are usually written in.
+    const m = /^([A-Za-z0-9_.-]{1,64}):(.+)$/.exec(entry);
+    return m ? { key: m[2], tenant: m[1] } : { key: entry, tenant: null };
+  });
   return {
     ...cfg,
     source,
     tierOrder,
     defaultTier: cfg.default_tier ?? tierOrder[0],
     secrets: {
-      apiKeys: (env(cfg.auth.api_keys_env) ?? "").split(",").map((k) => k.trim()).filter((k) =>
-        k.length > 0
-      ),
+      apiKeys: keyEntries.map((e) => e.key),
+      apiKeyTenants: keyEntries.map((e) => e.tenant),
       snapshotKey,
       redisUrl,
-      tenantSalt: env(cfg.prefix_cache.tenant_salt_env) ?? "",
+      tenantSalt: env(cfg.prefix_cache.tenant_salt_env) || null,
     },
   };
 }

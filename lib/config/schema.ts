@@ -129,14 +129,24 @@ export const configSchema = z.strictObject({
     max_body_bytes: positiveInt.default(1 << 20),
     /** Largest snapshot accepted in a request body. */
     max_snapshot_bytes: positiveInt.default(256 * 1024 * 1024),
-    /** On SIGTERM: in-flight requests get this long to finish. */
+    /** On SIGTERM: in-flight requests get this long to finish; then connections are closed. */
     shutdown_grace_ms: z.number().int().min(0).default(10000),
+    /** A request body (JSON or snapshot) must arrive completely within this many ms of the
+     *  request's arrival (else 408); the tier's request_timeout_ms also counts from arrival. */
+    body_timeout_ms: positiveInt.default(30000),
+    /** Bytes of snapshot uploads held at once by this process (declared sizes); one more → 429. */
+    max_inflight_upload_bytes: positiveInt.default(512 * 1024 * 1024),
+    /** Origins allowed cross-origin (CORS); empty → no CORS headers (browsers refuse). */
+    cors_origins: z.array(z.string().min(1)).default([]),
   }).default({
     port: 8080,
     host: "0.0.0.0",
     max_body_bytes: 1 << 20,
     max_snapshot_bytes: 256 * 1024 * 1024,
     shutdown_grace_ms: 10000,
+    body_timeout_ms: 30000,
+    max_inflight_upload_bytes: 512 * 1024 * 1024,
+    cors_origins: [],
   }),
   /** Tier name → tier, listed from lowest (cheapest) to highest. */
   tiers: z.record(z.string().regex(/^[A-Za-z0-9_.-]+$/), tierSchema).refine(
@@ -152,7 +162,8 @@ export const configSchema = z.strictObject({
     /** Tokens per cached chunk (prefix reuse granularity). */
     chunk_tokens: positiveInt.max(4096).default(16),
     ttl_ms: positiveInt.optional(),
-    /** Environment variable with a per-deployment salt mixed into prefix keys. */
+    /** Environment variable with a per-deployment secret mixed into prefix keys (set it to share
+     *  cached prefixes across processes; unset → a random secret per process). */
     tenant_salt_env: z.string().min(1).default("KVRELAY_TENANT_SALT"),
   }).default({ enabled: true, chunk_tokens: 16, tenant_salt_env: "KVRELAY_TENANT_SALT" }),
   router: z.strictObject({
@@ -166,7 +177,8 @@ export const configSchema = z.strictObject({
   /** Peer name → base URL of another function (remote handoff). */
   peers: z.record(z.string().min(1), z.url()).default({}),
   auth: z.strictObject({
-    /** Env var with comma-separated API keys; unset/empty → no key required. */
+    /** Env var with comma-separated API keys, each `key` or `tenant:key` (the tenant id keys
+     *  the prefix cache; a bare key is its own tenant); unset/empty → no key required. */
     api_keys_env: z.string().min(1).default("KVRELAY_API_KEYS"),
     /** Env var with the snapshot HMAC key (≥ 16 bytes of text); unset → unsigned snapshots. */
     snapshot_hmac_key_env: z.string().min(1).default("KVRELAY_SNAPSHOT_KEY"),

@@ -3,8 +3,9 @@
 // a snapshot no tier serves, a payload over a bound. No HTTP here: functions/ maps each class to
 // a status and a JSON body in one place (functions/shared/errors.ts).
 
-/** What kind of input problem an {@link InputError} is. */
-export type InputErrorCode = "invalid_request" | "context_length_exceeded";
+/** What kind of input problem an {@link InputError} is: a bad value, a prompt over the context,
+ *  or a body that did not arrive within its deadline (a stalled or too slow upload). */
+export type InputErrorCode = "invalid_request" | "context_length_exceeded" | "body_timeout";
 
 /** The request's input is wrong; `param` names the field at fault. */
 export class InputError extends Error {
@@ -77,5 +78,17 @@ export class SnapshotMismatchError extends Error {
   constructor(message: string, readonly param?: string) {
     super(message);
     this.name = "SnapshotMismatchError";
+  }
+}
+
+/** The process is at a bound that frees itself (e.g. bytes of uploads in flight): retry later. */
+export class BusyError extends Error {
+  /**
+   * @param message names the bound and its value
+   * @param retryAfterS suggested wait, whole seconds ≥ 1
+   */
+  constructor(message: string, readonly retryAfterS: number) {
+    super(message);
+    this.name = "BusyError";
   }
 }

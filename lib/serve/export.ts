@@ -5,7 +5,7 @@
 import { MigrationRefusedError } from "../migrate/mod.ts";
 import type { NativeSequence } from "../native/mod.ts";
 import { exportSnapshotStream, importSnapshot } from "../snapshot/mod.ts";
-import { prefillWithCache } from "../store/mod.ts";
+import { prefillWithCache, type PrefixCache, StoreError } from "../store/mod.ts";
 import { InputError } from "./errors.ts";
 import {
   countBytes,
@@ -14,7 +14,9 @@ import {
   snapshotKey,
   streamThenFree,
   tierOfSnapshot,
+  type Upload,
 } from "./handoff.ts";
+import type { RequestContext } from "./request.ts";
 import { requireReady, requireTier, type Runtime } from "./runtime.ts";
 import { admitSlot } from "./slot.ts";
 import type { Tier } from "./tier.ts";
@@ -27,7 +29,7 @@ import type { Tier } from "./tier.ts";
  * @param tier the tier
  * @param ids prompt token ids (≥ 1)
  * @param param the prompt's request field, blamed when it reaches max_context
- * @param client the client's signal
+ * @param ctx the request (client signal, arrival, tenant)
  * @returns the snapshot stream (signed when a key is configured)
  * @throws {InputError} context_length_exceeded; {@link QueueFullError};
  *   {@link UnavailableError}
@@ -37,7 +39,7 @@ export async function prefillSnapshot(
   tier: Tier,
   ids: number[],
   param: string,
-  client?: AbortSignal,
+  ctx: RequestContext,
 ): Promise<ReadableStream<Uint8Array>> {
   if (ids.length >= tier.config.max_context) {
     throw new InputError(
@@ -46,24 +48,18 @@ export async function prefillSnapshot(
       "context_length_exceeded",
     );
   }
-  const { release } = await admitSlot(rt, tier, client);
+  const { release } = await admitSlot(rt, tier, ctx);
   rt.metrics.activeSequences.add({ tier: tier.name }, 1);
   let seq: NativeSequence | null = null;
   let done = releaser(rt, tier, null, release);
   const kv = ids.slice(0, -1);
+  const prefix = tier.prefix?.forTenant(ctx.tenant);
   try {
     seq = tier.model.native.createSequence(Math.max(1, kv.length));
     done = releaser(rt, tier, seq, release);
     if (kv.length > 0) {
-      if (tier.prefix) {
-        const r = await prefillWithCache(tier.prefix, seq, kv);
-        if (r.reusedTokens > 0) {
-          rt.metrics.prefixHits.inc({ tier: tier.name });
-          rt.metrics.reusedTokens.inc({ tier: tier.name }, r.reusedTokens);
-        } else if (kv.length > tier.prefix.chunkTokens) {
-          rt.metrics.prefixMisses.inc({ tier: tier.name });
-        }
-      } else await seq.prefill(kv);
+      if (prefix) await cachedPrefill(rt, tier, prefix, seq, kv);
+      else await seq.prefill(kv);
     }
     return streamThenFree(
       exportSnapshotStream(tier.model, seq, {
@@ -77,6 +73,33 @@ export async function prefillSnapshot(
   } catch (e) {
     done();
     throw e;
+  }
+}
+
+/** Prefill through the tenant's prefix cache; the cache is optional, so a store failure
+ *  degrades to a full prefill (counted as store_degraded), never to an error. */
+async function cachedPrefill(
+  rt: Runtime,
+  tier: Tier,
+  prefix: PrefixCache,
+  seq: NativeSequence,
+  kv: number[],
+): Promise<void> {
+  try {
+    const r = await prefillWithCache(prefix, seq, kv);
+    if (r.reusedTokens > 0) {
+      rt.metrics.prefixHits.inc({ tier: tier.name });
+      rt.metrics.reusedTokens.inc({ tier: tier.name }, r.reusedTokens);
+    } else if (kv.length > prefix.chunkTokens) {
+      rt.metrics.prefixMisses.inc({ tier: tier.name });
+    }
+  } catch (e) {
+    if (!(e instanceof StoreError)) throw e;
+    rt.metrics.errors.inc({ type: "store_degraded" });
+    console.warn(`kvrelay: prefix cache of tier "${tier.name}" unavailable, full prefill: ${e}`);
+    // The cache may have imported chunks or prefilled before failing: start over.
+    if (seq.length > 0) seq.truncate(0);
+    await seq.prefill(kv);
   }
 }
 
@@ -99,44 +122,46 @@ export interface MigratedSnapshot {
  * for the same model, else through the configured projector when its quality gate allows. The
  * last repair tokens leave the KV and ride as pending tokens.
  * @param rt the runtime
- * @param bytes the input snapshot
+ * @param input the input snapshot: stored bytes, or a received upload (header + replay)
  * @param targetName the target tier's name
  * @param targetParam the request field naming the target (quoted in a 404)
- * @param client the client's signal
+ * @param ctx the request (client signal, arrival)
  * @returns the output stream and what was carried over
  * @throws {SnapshotError}; {@link SnapshotMismatchError}; {@link MigrationRefusedError};
  *   {@link NotFoundError} unknown target; {@link QueueFullError}; {@link UnavailableError}
  */
 export async function migrateSnapshot(
   rt: Runtime,
-  bytes: Uint8Array,
+  input: Uint8Array | Pick<Upload, "header" | "replay">,
   targetName: string,
   targetParam: string,
-  client?: AbortSignal,
+  ctx: RequestContext,
 ): Promise<MigratedSnapshot> {
   requireReady(rt);
   const target = requireTier(rt, targetName, targetParam);
-  const source = tierOfSnapshot(rt, peekHeader(bytes));
+  const header = input instanceof Uint8Array ? peekHeader(input) : input.header;
+  const source = tierOfSnapshot(rt, header);
   const gate = rt.migrator.gate(source, target);
   if (!gate.ok) {
-    throw new MigrationRefusedError(
-      "no_projector",
-      `${source.name} → ${target.name}: ${gate.reason}`,
-    );
+    throw new MigrationRefusedError(gate.code, `${source.name} → ${target.name}: ${gate.reason}`);
   }
-  const { release } = await admitSlot(rt, target, client);
+  const { release } = await admitSlot(rt, target, ctx);
   rt.metrics.activeSequences.add({ tier: target.name }, 1);
   let src: NativeSequence | null = null;
   let tgt: NativeSequence | null = null;
   let done = releaser(rt, target, null, release);
   try {
-    const imported = await importSnapshot(source.model, bytes, {
-      verify: rt.verify,
-      maxBytes: rt.config.server.max_snapshot_bytes,
-      reserve: 0,
-      maxTokens: source.config.max_context,
-      prefillPending: false,
-    });
+    const imported = await importSnapshot(
+      source.model,
+      input instanceof Uint8Array ? input : input.replay(),
+      {
+        verify: rt.verify,
+        maxBytes: rt.config.server.max_snapshot_bytes,
+        reserve: 0,
+        maxTokens: source.config.max_context,
+        prefillPending: false,
+      },
+    );
     src = imported.sequence;
     const kvTokens = imported.header.tokenIds.length;
     const same = source.model.fingerprint === target.model.fingerprint;

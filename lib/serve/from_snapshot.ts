@@ -8,6 +8,7 @@ import { importSnapshot, type SnapshotHeader } from "../snapshot/mod.ts";
 import { InputError } from "./errors.ts";
 import { type CacheOutcome, Generation, withCacheTemperature } from "./generation.ts";
 import { untilAborted } from "./handoff.ts";
+import type { RequestContext } from "./request.ts";
 import { requireReady, type Runtime } from "./runtime.ts";
 import { admitSlot, stoppedError } from "./slot.ts";
 import type { Tier } from "./tier.ts";
@@ -50,7 +51,8 @@ export interface SnapshotGenerationRequest {
   /** Token ids to append after the snapshot's tokens (continuation text). */
   continuationIds: number[];
   options: Omit<GenerateOptions, "signal">;
-  clientSignal?: AbortSignal;
+  /** Client signal, arrival, tenant. */
+  ctx: RequestContext;
 }
 
 /**
@@ -77,10 +79,7 @@ export async function startFromSnapshot(
   requireReady(rt);
   const gate = migrating ? rt.migrator.gate(source, tier) : null;
   if (gate && !gate.ok) {
-    throw new MigrationRefusedError(
-      "no_projector",
-      `${source.name} → ${tier.name}: ${gate.reason}`,
-    );
+    throw new MigrationRefusedError(gate.code, `${source.name} → ${tier.name}: ${gate.reason}`);
   }
   const maxTokens = req.options.maxTokens ?? tier.config.default_max_tokens;
   const { tokenIds, pendingTokenIds } = req.header;
@@ -90,7 +89,7 @@ export async function startFromSnapshot(
     req.continuationIds.length,
     maxTokens,
   );
-  const slot = await admitSlot(rt, tier, req.clientSignal);
+  const slot = await admitSlot(rt, tier, req.ctx);
   const { release } = slot;
   rt.metrics.activeSequences.add({ tier: tier.name }, 1);
   let seq: NativeSequence | null = null;
@@ -99,7 +98,7 @@ export async function startFromSnapshot(
   const input = req.input instanceof Uint8Array ? req.input : untilAborted(
     req.input,
     slot.signal,
-    () => stoppedError(rt, tier, req.clientSignal, "receiving the snapshot"),
+    () => stoppedError(rt, tier, req.ctx.client, "receiving the snapshot"),
   );
   try {
     const imported = await importSnapshot(source.model, input, {
@@ -148,7 +147,7 @@ export async function startFromSnapshot(
       seq,
       logits,
       release,
-      { all: slot.signal, client: req.clientSignal },
+      { all: slot.signal, client: req.ctx.client },
       startMs,
     );
   } catch (e) {

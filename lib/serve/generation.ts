@@ -11,8 +11,9 @@ import {
 } from "../engine/mod.ts";
 import { MigrationRefusedError } from "../migrate/mod.ts";
 import type { NativeSequence } from "../native/mod.ts";
-import { prefillWithCache, StoreError } from "../store/mod.ts";
+import { prefillWithCache, type PrefixCache, StoreError } from "../store/mod.ts";
 import { InputError, UnavailableError } from "./errors.ts";
+import type { RequestContext } from "./request.ts";
 import { requireReady, type Runtime } from "./runtime.ts";
 import { type AbortCause, admitSlot, signalCause } from "./slot.ts";
 import type { Tier } from "./tier.ts";
@@ -65,8 +66,8 @@ export interface GenerationRequest {
   promptIds: number[];
   /** Sampling, maxTokens, stops (the signal is set here). */
   options: Omit<GenerateOptions, "signal">;
-  /** The client's signal (aborts on disconnect). */
-  clientSignal?: AbortSignal;
+  /** Client signal, arrival, tenant. */
+  ctx: RequestContext;
   /** Look in lower tiers' prefix caches when this tier's own misses (default true). */
   escalate?: boolean;
 }
@@ -96,10 +97,10 @@ export function checkContext(
   );
 }
 
-async function ownCachedChunks(tier: Tier, keys: string[]): Promise<number> {
+async function ownCachedChunks(prefix: PrefixCache, keys: string[]): Promise<number> {
   let n = 0;
   for (const k of keys) {
-    if (!(await tier.prefix!.store.has(k))) break;
+    if (!(await prefix.store.has(k))) break;
     n++;
   }
   return n;
@@ -246,17 +247,24 @@ export async function startGeneration(rt: Runtime, req: GenerationRequest): Prom
     throw new InputError("prompt is empty: it encodes to 0 tokens", "prompt");
   }
   checkContext(tier, promptIds.length, maxTokens);
-  const slot = await admitSlot(rt, tier, req.clientSignal);
+  const slot = await admitSlot(rt, tier, req.ctx);
   const { release } = slot;
   rt.metrics.activeSequences.add({ tier: tier.name }, 1);
   let seq: NativeSequence | null = null;
   try {
     seq = tier.model.native.createSequence(promptIds.length + maxTokens);
-    const { logits, cache } = await prefill(rt, tier, seq, promptIds, req.escalate ?? true);
+    const { logits, cache } = await prefill(
+      rt,
+      tier,
+      seq,
+      promptIds,
+      req.escalate ?? true,
+      req.ctx.tenant,
+    );
     const options = withCacheTemperature({ ...req.options, maxTokens }, cache);
     return new Generation(rt, tier, promptIds, options, cache, seq, logits, release, {
       all: slot.signal,
-      client: req.clientSignal,
+      client: req.ctx.client,
     }, startMs);
   } catch (e) {
     seq?.free();
@@ -272,27 +280,32 @@ async function prefill(
   seq: NativeSequence,
   ids: number[],
   escalate: boolean,
+  tenant: string,
 ): Promise<{ logits: Float32Array; cache: CacheOutcome }> {
   const m = rt.metrics;
   const labels = { tier: tier.name };
-  if (!tier.prefix) {
+  // Every cache this request touches is its tenant's view: no hit, reuse count or timing tells
+  // it anything about another tenant's prompts.
+  const prefix = tier.prefix?.forTenant(tenant);
+  if (!prefix) {
     return { logits: await seq.prefill(ids), cache: { source: "none", reusedTokens: 0 } };
   }
   try {
-    const C = tier.prefix.chunkTokens;
+    const C = prefix.chunkTokens;
     const eligible = Math.floor((ids.length - 1) / C);
     let fallback: CacheOutcome | undefined;
     if (escalate && eligible > 0) {
-      const own = await ownCachedChunks(tier, await tier.prefix.chunkKeys(ids, eligible));
+      const own = await ownCachedChunks(prefix, await prefix.chunkKeys(ids, eligible));
       // The lower tier holding the longest cached prefix (more than this tier's own).
-      let best: { tier: Tier; chunks: number } | undefined;
+      let best: { tier: Tier; prefix: PrefixCache; chunks: number } | undefined;
       for (const lower of rt.tiers.values()) {
         if (lower.rank >= tier.rank || !lower.prefix || lower.prefix.chunkTokens !== C) continue;
-        const n = await ownCachedChunks(lower, await lower.prefix.chunkKeys(ids, eligible));
-        if (n > own && n > (best?.chunks ?? 0)) best = { tier: lower, chunks: n };
+        const lp = lower.prefix.forTenant(tenant);
+        const n = await ownCachedChunks(lp, await lp.chunkKeys(ids, eligible));
+        if (n > own && n > (best?.chunks ?? 0)) best = { tier: lower, prefix: lp, chunks: n };
       }
       if (best) {
-        const migrated = await tryMigrate(rt, best.tier, tier, seq, ids, best.chunks * C);
+        const migrated = await tryMigrate(rt, best, tier, seq, ids, best.chunks * C);
         if (migrated.ok) return { logits: migrated.logits, cache: migrated.cache };
         fallback = {
           source: "fallback",
@@ -303,7 +316,7 @@ async function prefill(
         m.fallbacks.inc({ from: best.tier.name, to: tier.name });
       }
     }
-    const r = await prefillWithCache(tier.prefix, seq, ids);
+    const r = await prefillWithCache(prefix, seq, ids);
     if (r.reusedTokens > 0) {
       m.prefixHits.inc(labels);
       m.reusedTokens.inc(labels, r.reusedTokens);
@@ -330,25 +343,26 @@ type MigrateAttempt =
 
 async function tryMigrate(
   rt: Runtime,
-  from: Tier,
+  lower: { tier: Tier; prefix: PrefixCache },
   to: Tier,
   target: NativeSequence,
   ids: number[],
   cachedTokens: number,
 ): Promise<MigrateAttempt> {
+  const from = lower.tier;
   const gate = rt.migrator.gate(from, to);
-  if (!gate.ok) return { ok: false, reason: gate.reason };
+  if (!gate.ok) return { ok: false, reason: `${gate.code}: ${gate.reason}` };
   const keep = Math.max(0, cachedTokens - gate.repairTokens);
   if (keep === 0) {
     return { ok: false, reason: "cached prefix is not longer than the repair length" };
   }
-  const C = from.prefix!.chunkTokens;
+  const C = lower.prefix.chunkTokens;
   const src = from.model.native.createSequence(cachedTokens);
   try {
-    const keys = await from.prefix!.chunkKeys(ids, cachedTokens / C);
+    const keys = await lower.prefix.chunkKeys(ids, cachedTokens / C);
     for (let i = 0; i < keys.length; i++) {
-      const bytes = await from.prefix!.store.get(keys[i]);
-      if (bytes === null || !(await from.prefix!.importChunk(src, bytes, ids, i))) {
+      const bytes = await lower.prefix.store.get(keys[i]);
+      if (bytes === null || !(await lower.prefix.importChunk(src, bytes, ids, i))) {
         return {
           ok: false,
           reason: `lower tier "${from.name}" cache entry ${i} vanished or was rejected`,

@@ -2,9 +2,18 @@
 // a store id), peeking at its header to find the tier that made it, guarding a stream by a
 // deadline, and wrapping an export stream so its sequence and queue slot are freed when it ends.
 // The byte format is lib/snapshot's; this file never decodes KV itself. No HTTP here.
-import { decodeHeader, decodePrefix, PREFIX_BYTES, type SnapshotHeader } from "../snapshot/mod.ts";
+import {
+  decodeHeader,
+  decodePrefix,
+  defaultKvCodec,
+  PREFIX_BYTES,
+  receiveSnapshot,
+  type SnapshotHeader,
+} from "../snapshot/mod.ts";
 import type { NativeSequence } from "../native/mod.ts";
 import { InputError, NotFoundError, SnapshotMismatchError, TooLargeError } from "./errors.ts";
+import { bodyWithin } from "./deadline.ts";
+import type { RequestContext } from "./request.ts";
 import type { Runtime } from "./runtime.ts";
 import type { Tier } from "./tier.ts";
 
@@ -285,6 +294,55 @@ export function untilAborted(
       return reader.cancel(why);
     },
   });
+}
+
+/** A snapshot upload received whole and checked; see {@link receiveUpload}. */
+export interface Upload {
+  header: SnapshotHeader;
+  /** Bytes received. */
+  bytes: number;
+  /** A stream replaying the body for the import. */
+  replay(): ReadableStream<Uint8Array>;
+  /** Returns the upload's bytes to the process budget (idempotent); call after the import. */
+  release(): void;
+}
+
+/**
+ * Receives a snapshot body before it may take engine capacity: the prefix and header are checked
+ * as they arrive (a hostile body is refused after a few bytes), the declared size is reserved
+ * from the process's upload budget (429 when full, 413 above max_snapshot_bytes), each chunk's
+ * CRC is checked as it arrives, and the whole body must arrive within the body deadline (408).
+ * A slow client therefore holds memory it declared (bounded), never a tier slot.
+ * @param rt the runtime (limits, budget, metrics)
+ * @param body the raw body
+ * @param ctx the request (arrival, client)
+ * @returns the received upload; release it after the import
+ * @throws {SnapshotError} malformed/too large; {@link BusyError} budget full; {@link InputError}
+ *   body_timeout; {@link UnavailableError} shutdown or client gone
+ */
+export async function receiveUpload(
+  rt: Runtime,
+  body: ReadableStream<Uint8Array>,
+  ctx: Omit<RequestContext, "tenant">,
+): Promise<Upload> {
+  // Bytes are counted as they arrive (the metric shows an upload in progress).
+  const guarded = bodyWithin(rt, body.pipeThrough(countBytes(rt, "in")), ctx);
+  let release = () => {};
+  try {
+    const r = await receiveSnapshot(guarded.stream, {
+      maxBytes: rt.config.server.max_snapshot_bytes,
+      codec: defaultKvCodec(),
+      onHeader: (_h, layout) => {
+        release = rt.uploads.reserve(layout.totalBytes);
+      },
+    });
+    return { header: r.header, bytes: r.bytes, replay: r.replay, release };
+  } catch (e) {
+    release();
+    throw e;
+  } finally {
+    guarded.done();
+  }
 }
 
 /** When the first and the last chunk of a stream passed (epoch ms; null until they did). */

@@ -177,6 +177,10 @@ export class Metrics {
   readonly fallbacks = this.#add(
     new Counter("kvrelay_migration_fallbacks_total", "Escalations that fell back to full prefill"),
   );
+  /** Bytes of snapshot uploads held by this process now (declared sizes). */
+  readonly inflightUploadBytes = this.#add(
+    new Gauge("kvrelay_inflight_upload_bytes", "Snapshot upload bytes held now"),
+  );
   /** Snapshot bytes sent and received. */
   readonly snapshotBytes = this.#add(
     new Counter("kvrelay_snapshot_bytes_total", "Snapshot bytes by direction"),

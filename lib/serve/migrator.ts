@@ -11,6 +11,7 @@ import {
   loadProjector,
   migrateKv,
   migrationGate,
+  type MigrationRefusalReason,
   MigrationRefusedError,
   type Projector,
 } from "../migrate/mod.ts";
@@ -19,7 +20,7 @@ import type { Tier } from "./tier.ts";
 /** Outcome of the gate for one pair. */
 export type GateResult =
   | { ok: true; repairTokens: number; mode: "copy" | "project"; temperature: number }
-  | { ok: false; reason: string };
+  | { ok: false; code: MigrationRefusalReason; reason: string };
 
 /** Gates and runs migrations between loaded tiers. */
 export interface Migrator {
@@ -87,10 +88,13 @@ export function createMigrator(config: KvrelayConfig): Migrator {
         targetTokenizer: to.model.tokenizer.fingerprint,
       };
       if (projector === null && from.model.fingerprint !== to.model.fingerprint) {
-        if (loadErrors.has(key)) return { ok: false, reason: loadErrors.get(key)! };
+        if (loadErrors.has(key)) {
+          return { ok: false, code: "no_projector", reason: loadErrors.get(key)! };
+        }
         if (!cfg) {
           return {
             ok: false,
+            code: "no_projector",
             reason: `no projector configured from "${from.name}" to "${to.name}"`,
           };
         }
@@ -99,12 +103,12 @@ export function createMigrator(config: KvrelayConfig): Migrator {
         minKlRecovered: cfg?.min_quality,
         repair: cfg?.repair_tokens,
       }, pair);
-      if (!d.allow) return { ok: false, reason: `${d.reason}: ${d.message}` };
+      if (!d.allow) return { ok: false, code: d.reason, reason: d.message };
       return { ok: true, repairTokens: d.repair, mode: d.mode, temperature: d.temperature };
     },
     async projectInto(from, to, source, n, target): Promise<void> {
       const g = this.gate(from, to);
-      if (!g.ok) throw new MigrationRefusedError("no_projector", g.reason);
+      if (!g.ok) throw new MigrationRefusedError(g.code, g.reason);
       await migrateKv({
         source: endpointOf(from.model),
         sourceSeq: source,

@@ -5,6 +5,7 @@
 // No HTTP: functions/ owns routes, request schemas and the mapping of these errors to statuses.
 
 export {
+  BusyError,
   InputError,
   type InputErrorCode,
   NotFoundError,
@@ -16,6 +17,9 @@ export {
 export { Counter, Gauge, Histogram, Metrics } from "./metrics.ts";
 export { ModelQueue, QueueFullError } from "./queue.ts";
 export { findTier, type Tier } from "./tier.ts";
+export { type RequestContext, tenantId } from "./request.ts";
+export { UploadBudget } from "./uploads.ts";
+export { bodyWithin, type GuardedBody } from "./deadline.ts";
 export { autoFallbackNote, resolveTierBackends, TierBackendError } from "./backends.ts";
 export { createMigrator, type GateResult, type Migrator } from "./migrator.ts";
 export {
@@ -45,12 +49,14 @@ export {
   peekHeader,
   peekStream,
   readBounded,
+  receiveUpload,
   snapshotKey,
   streamTimer,
   type StreamTiming,
   tierOfSnapshot,
   timingHeader,
   untilAborted,
+  type Upload,
 } from "./handoff.ts";
 export {
   type MigratedSnapshot,
@@ -61,7 +67,9 @@ export {
 export {
   type ChatMessage,
   chatPrompt,
+  checkTextBound,
   messageText,
+  promptChars,
   promptIds,
   type PromptInput,
 } from "./prompt.ts";

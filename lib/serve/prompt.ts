@@ -1,6 +1,8 @@
 // A request's prompt as token ids for a tier: plain text, chat messages through the tier's chat
-// template, or token ids checked against the vocabulary. Validation of the request's shape is
-// functions/'s (zod); this file only knows prompts and tokenizers.
+// template, or token ids checked against the vocabulary. Tokenizing is bounded before it starts
+// (a text longer than max_context tokens can cover is refused unread) and long texts are
+// tokenized on a worker thread, so a megabyte prompt neither costs seconds nor stalls the event
+// loop. Validation of the request's shape is functions/'s (zod).
 import { InputError } from "./errors.ts";
 import type { Tier } from "./tier.ts";
 
@@ -42,15 +44,53 @@ export function chatPrompt(tier: Tier, messages: ChatMessage[]): string {
   );
 }
 
+/** Slack for normalizers that shorten text before it is split (NFC composes up to 3 code
+ *  points of Hangul jamo into one syllable; lowercasing and stripping only shorten less). */
+const NORMALIZE_SLACK = 4;
+
 /**
- * Token ids of a prompt given as text, chat messages or ids.
+ * Refuses, without tokenizing, a text that cannot fit in `maxTokens` tokens: every token covers
+ * at most `tokenizer.maxTokenChars` UTF-16 units of (normalized) text, so a text longer than
+ * maxTokens × maxTokenChars × slack needs more than maxTokens tokens.
+ * @param tier the tier (its tokenizer and max_context)
+ * @param chars the text's length in UTF-16 units
+ * @param param the request field to blame
+ * @throws {InputError} context_length_exceeded
+ */
+export function checkTextBound(tier: Tier, chars: number, param: string): void {
+  const limit = tier.config.max_context;
+  const per = tier.model.tokenizer.maxTokenChars;
+  if (chars <= limit * per * NORMALIZE_SLACK) return;
+  throw new InputError(
+    `${param} has ${chars} characters, more than tier "${tier.name}"'s max_context of ${limit} tokens can hold (a token covers at most ${per} characters)`,
+    param,
+    "context_length_exceeded",
+  );
+}
+
+/**
+ * The characters a prompt's text holds (messages: the sum of their texts).
+ * @param p the prompt
+ * @returns UTF-16 length
+ */
+export function promptChars(p: PromptInput): number {
+  if (p.text !== undefined) return p.text.length;
+  if (p.messages) return p.messages.reduce((n, m) => n + messageText(m).length, 0);
+  return 0;
+}
+
+/**
+ * Token ids of a prompt given as text, chat messages or ids; text is bounded by the tier's
+ * context before tokenizing and long text is tokenized off the event loop.
  * @param tier the tier (its tokenizer)
  * @param p exactly one of text, messages, ids
  * @param param request field quoted in errors
  * @returns ids (≥ 1)
- * @throws {InputError} for an empty encoding or an id outside the vocabulary
+ * @throws {InputError} for an empty encoding, an id outside the vocabulary, or a text that
+ *   cannot fit the context
  */
-export function promptIds(tier: Tier, p: PromptInput, param = "prompt"): number[] {
+export async function promptIds(tier: Tier, p: PromptInput, param = "prompt"): Promise<number[]> {
+  checkTextBound(tier, promptChars(p), param);
   let ids: number[];
   if (p.ids) {
     const vocab = tier.model.native.config.vocabSize;
@@ -63,9 +103,9 @@ export function promptIds(tier: Tier, p: PromptInput, param = "prompt"): number[
     }
     ids = p.ids;
   } else if (p.messages) {
-    ids = tier.model.tokenizer.encode(chatPrompt(tier, p.messages));
+    ids = await tier.model.tokenizer.encodeAsync(chatPrompt(tier, p.messages));
   } else {
-    ids = tier.model.tokenizer.encode(p.text ?? "");
+    ids = await tier.model.tokenizer.encodeAsync(p.text ?? "");
   }
   if (ids.length === 0) throw new InputError("prompt encodes to 0 tokens", param);
   return ids;

@@ -17,6 +17,7 @@ import { Router } from "../router/mod.ts";
 import { UnavailableError } from "./errors.ts";
 import { Metrics } from "./metrics.ts";
 import { ModelQueue } from "./queue.ts";
+import { UploadBudget } from "./uploads.ts";
 import { createMigrator, type Migrator } from "./migrator.ts";
 import { findTier, type Tier } from "./tier.ts";
 import { autoFallbackNote, resolveTierBackends } from "./backends.ts";
@@ -56,6 +57,8 @@ export interface Runtime {
   tiers: Map<string, Tier>;
   store: SnapshotStore;
   metrics: Metrics;
+  /** Bytes of snapshot uploads held at once (server.max_inflight_upload_bytes). */
+  uploads: UploadBudget;
   router: Router;
   migrator: Migrator;
   /** Signing key for exported snapshots, when configured. */
@@ -144,6 +147,10 @@ export async function createRuntime(
     tiers,
     store,
     metrics,
+    uploads: new UploadBudget(
+      config.server.max_inflight_upload_bytes,
+      (used) => metrics.inflightUploadBytes.set({}, used),
+    ),
     router,
     migrator: createMigrator(config),
     sign: key ? { keyId: config.auth.snapshot_key_id, key } : undefined,
@@ -163,15 +170,9 @@ export async function createRuntime(
     startup,
     load() {
       loading ??= (async () => {
-        let salt = config.secrets.tenantSalt;
-        if (salt === "") {
-          salt = store.kind === "memory" ? crypto.randomUUID() : "kvrelay-unsalted";
-          if (store.kind !== "memory") {
-            console.warn(
-              `kvrelay: ${config.prefix_cache.tenant_salt_env} is unset; prefix keys use a public salt`,
-            );
-          }
-        }
+        // Unset → a random secret of this process: prefix keys are unguessable, and only this
+        // process can hit its own entries (configure the secret to share across processes).
+        const salt = config.secrets.tenantSalt ?? crypto.getRandomValues(new Uint8Array(32));
         const backends = resolveTierBackends(config, opts.native?.lib);
         const note = autoFallbackNote(backends);
         if (note !== null) console.error(`kvrelay: ${note}`);
@@ -246,7 +247,10 @@ export async function createRuntime(
       draining = true;
       shutdown.abort(new Error("server shutting down"));
       await rt.migrator.close();
-      for (const t of tiers.values()) t.model.native.free();
+      for (const t of tiers.values()) {
+        t.model.tokenizer.close();
+        t.model.native.free();
+      }
       tiers.clear();
       await store.close();
     },

@@ -4,6 +4,7 @@
 // admitSlot; callers keep the same Slot.
 import { UnavailableError } from "./errors.ts";
 import { QueueFullError } from "./queue.ts";
+import type { RequestContext } from "./request.ts";
 import type { Runtime } from "./runtime.ts";
 import type { Tier } from "./tier.ts";
 
@@ -59,20 +60,22 @@ export interface Slot {
 }
 
 /**
- * Waits for a generation slot on `tier` under the tier's request deadline.
+ * Waits for a generation slot on `tier` under the tier's request deadline, which counts from the
+ * request's arrival (time spent receiving its body included).
  * @param rt the runtime
  * @param tier the tier
- * @param client the client's signal
+ * @param ctx the request (client signal, arrival)
  * @returns the slot
  * @throws {QueueFullError} when the queue is full; {@link UnavailableError} on timeout,
  *   shutdown, or a client gone while queued
  */
-export async function admitSlot(rt: Runtime, tier: Tier, client?: AbortSignal): Promise<Slot> {
+export async function admitSlot(rt: Runtime, tier: Tier, ctx: RequestContext): Promise<Slot> {
+  const client = ctx.client;
   const tc = new AbortController();
-  const timer = setTimeout(
-    () => tc.abort(new Error(`timeout after ${tier.config.request_timeout_ms} ms`)),
-    tier.config.request_timeout_ms,
-  );
+  const ms = tier.config.request_timeout_ms;
+  const left = ctx.arrivalMs === undefined ? ms : ms - (performance.now() - ctx.arrivalMs);
+  if (left <= 0) tc.abort(new Error(`timeout after ${ms} ms`));
+  const timer = setTimeout(() => tc.abort(new Error(`timeout after ${ms} ms`)), Math.max(0, left));
   const parts = [tc.signal, rt.shutdownSignal];
   if (client) parts.push(client);
   const signal = AbortSignal.any(parts);

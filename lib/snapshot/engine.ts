@@ -278,7 +278,12 @@ export async function importSnapshot(
         seq = model.native.createSequence(Math.max(1, need));
         return nativeSink(seq);
       },
-    }, { verify: opts.verify, maxBytes: opts.maxBytes, codec: defaultKvCodec() });
+    }, {
+      verify: opts.verify,
+      maxBytes: opts.maxBytes,
+      codec: defaultKvCodec(),
+      cacheDtype: model.native.kvDtype,
+    });
     const s = seq as unknown as NativeSequence;
     let logits: Float32Array | null = null;
     if ((opts.prefillPending ?? true) && header.pendingTokenIds.length > 0) {

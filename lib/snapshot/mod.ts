@@ -34,6 +34,8 @@ export {
   type SnapshotMeta,
 } from "./stream.ts";
 export { NativeKvCodec } from "./native_codec.ts";
+export { checkFiniteKv } from "./finite.ts";
+export { type ReceivedSnapshot, type ReceiveOptions, receiveSnapshot } from "./receive.ts";
 export { nativeSink, nativeSource, readKvSource, writeKvSink } from "./native_chunk.ts";
 export {
   checkCompatible,

@@ -6,6 +6,7 @@
 import { type KvQuantCodec, type KvSink, type KvSource } from "./chunk.ts";
 import { checkChunkFrame, decodeChunkPayload, encodeChunk } from "./chunk.ts";
 import { SnapshotError } from "./errors.ts";
+import { checkFiniteKv } from "./finite.ts";
 import {
   type CacheDtype,
   decodeHeader,
@@ -221,6 +222,9 @@ export interface DecodeOptions {
   verify?: { keys: KeyRing; required?: boolean };
   /** q8/q4 dequantizer (required for those encodings). */
   codec?: KvQuantCodec;
+  /** The dtype the sink stores KV in: values that overflow it are refused like NaN/Inf
+   *  (default: each block's own dtype, i.e. only non-finite values are refused). */
+  cacheDtype?: CacheDtype;
 }
 
 /** Callbacks of a decode: `onHeader` decides (throw to refuse) and returns the sink. */
@@ -238,7 +242,7 @@ export interface DecodeHandler {
  * Pulls exact byte counts from a Uint8Array or a ReadableStream; counts consumed bytes. Stream
  * pieces are queued and copied once into each requested range (no quadratic re-buffering).
  */
-class ByteReader {
+export class ByteReader {
   #reader: ReadableStreamDefaultReader<Uint8Array> | null;
   #queue: Uint8Array[] = [];
   #head = 0; // bytes of #queue[0] already consumed
@@ -328,7 +332,8 @@ class ByteReader {
  * Decodes a snapshot from bytes or a stream, importing each chunk into the sink `onHeader`
  * returns as soon as the chunk is complete and checked. Checks, in order: prefix (magic, major
  * version, flags, header length limit), header CRC, header fields/limits/table/maxBytes,
- * signature (when `verify`), then per chunk: CRC, index, HMAC tag, payload; finally that no byte
+ * signature (when `verify`), then per chunk: CRC, index, HMAC tag, payload, finite values (in the
+ * stored dtype and in `opts.cacheDtype`); finally that no byte
  * follows the last chunk. Nothing sized by the header is allocated before those header checks.
  * @returns the header
  * @throws SnapshotError for every malformed, foreign or unauthenticated input; errors thrown by
@@ -409,6 +414,7 @@ export async function decodeSnapshot(
         );
       }
       if (sink.importChunk) {
+        // Decoded natively into the cache; the sink checks the values it wrote (nativeSink).
         sink.importChunk(
           header.encoding,
           header.groupSize,
@@ -419,6 +425,11 @@ export async function decodeSnapshot(
         );
       } else {
         const layers = decodeChunkPayload(shape, frame, row.tokens, opts.codec);
+        for (let l = 0; l < layers.length; l++) {
+          const { k, v, dtype } = layers[l];
+          checkFiniteKv(k, dtype, opts.cacheDtype ?? dtype, `chunk ${i} layer ${l} K`);
+          checkFiniteKv(v, dtype, opts.cacheDtype ?? dtype, `chunk ${i} layer ${l} V`);
+        }
         for (let l = 0; l < layers.length; l++) {
           sink.writeKv(l, start, row.tokens, layers[l].k, layers[l].v, layers[l].dtype);
         }

@@ -119,6 +119,32 @@ export class PrefixCache {
   }
 
   /**
+   * The same cache seen by one tenant: keys are seeded by this cache's salt and the tenant id
+   * (length-prefixed, so distinct (salt, tenant) pairs never collide), so tenants never share,
+   * hit or probe each other's entries. Counters are the view's own.
+   * @param tenant the tenant's id (any string, e.g. an API key's identity and a cache_salt)
+   * @returns a cache over the same store and model for that tenant
+   */
+  forTenant(tenant: string): PrefixCache {
+    const t = new TextEncoder().encode(tenant);
+    const salt = new Uint8Array(8 + this.#salt.length + t.length);
+    const dv = new DataView(salt.buffer);
+    dv.setUint32(0, this.#salt.length, true);
+    salt.set(this.#salt, 4);
+    dv.setUint32(4 + this.#salt.length, t.length, true);
+    salt.set(t, 8 + this.#salt.length);
+    return new PrefixCache({
+      store: this.store,
+      model: this.model,
+      tenantSalt: salt,
+      chunkTokens: this.chunkTokens,
+      encoding: this.encoding,
+      ttlMs: this.#ttlMs,
+      keyPrefix: this.#prefix,
+    });
+  }
+
+  /**
    * Keys of the full chunks of `tokens`: k_0 = SHA-256(seed ‖ ids_0), k_i = SHA-256(k_{i-1} ‖
    * ids_i), ids as u32 little-endian; seed = SHA-256(domain ‖ u32le len ‖ model fingerprint ‖
    * u32le len ‖ tenant salt).

@@ -58,8 +58,18 @@ export class Tokenizer {
   readonly fingerprint: string;
   /** The chat template from tokenizer_config.json, or null when it has none. */
   readonly chatTemplate: string | null;
+  /** Upper bound on the UTF-16 length of the text one token stands for (the longest vocabulary
+   *  entry's spelling, ≥ its decoded length for byte-level BPE and metaspace vocabularies). */
+  readonly maxTokenChars: number;
   readonly #hf: HfTokenizer;
   readonly #config: Record<string, unknown>;
+  readonly #json: Record<string, unknown> | null;
+  #worker: Worker | null = null;
+  #nextId = 0;
+  readonly #pending = new Map<
+    number,
+    { resolve: (ids: number[]) => void; reject: (e: Error) => void }
+  >();
   readonly #specialIds: Set<number>;
   #template: Template | null = null;
 
@@ -67,13 +77,20 @@ export class Tokenizer {
     hf: HfTokenizer,
     config: Record<string, unknown>,
     fingerprint: string,
+    json: Record<string, unknown> | null,
   ) {
     this.#hf = hf;
     this.#config = config;
+    this.#json = json;
     this.fingerprint = fingerprint;
     let maxId = -1;
-    for (const id of hf.get_vocab(true).values()) maxId = Math.max(maxId, id);
+    let maxChars = 1;
+    for (const [piece, id] of hf.get_vocab(true)) {
+      maxId = Math.max(maxId, id);
+      maxChars = Math.max(maxChars, piece.length);
+    }
     this.vocabSize = maxId + 1;
+    this.maxTokenChars = maxChars;
     this.#specialIds = new Set(
       [...hf.get_added_tokens_decoder().entries()].filter(([, t]) => t.special).map(([id]) => id),
     );
@@ -145,7 +162,7 @@ export class Tokenizer {
         source,
       );
     }
-    return new Tokenizer(hf, tokenizerConfig, fingerprint);
+    return new Tokenizer(hf, tokenizerConfig, fingerprint, tokenizerJson);
   }
 
   /**
@@ -176,6 +193,63 @@ export class Tokenizer {
       }
     }
     return ids;
+  }
+
+  /**
+   * Encodes text like {@link encode}, on a worker thread when the text is long (≥ `inlineChars`
+   * UTF-16 units), so a megabyte prompt does not block the caller's event loop. Same ids as
+   * `encode`: the worker runs this class on the same tokenizer files.
+   * @param text any string
+   * @param opts addSpecialTokens as for encode; inlineChars: below it, encode inline (default 4096)
+   * @returns token ids
+   * @throws {TokenizerError} as encode (the worker's message)
+   */
+  encodeAsync(
+    text: string,
+    opts: { addSpecialTokens?: boolean; inlineChars?: number } = {},
+  ): Promise<number[]> {
+    if (text.length < (opts.inlineChars ?? 4096) || this.#json === null) {
+      try {
+        return Promise.resolve(this.encode(text, opts));
+      } catch (e) {
+        return Promise.reject(e);
+      }
+    }
+    if (!this.#worker) {
+      const w = new Worker(new URL("./worker.ts", import.meta.url), { type: "module" });
+      w.onmessage = (e: MessageEvent) => {
+        const m = e.data as { id: number; ids?: number[]; error?: string };
+        const p = this.#pending.get(m.id);
+        if (!p) return;
+        this.#pending.delete(m.id);
+        if (m.ids) p.resolve(m.ids);
+        else p.reject(new TokenizerError(m.error ?? "tokenizer worker failed"));
+      };
+      w.onerror = (e: ErrorEvent) => {
+        e.preventDefault();
+        for (const p of this.#pending.values()) {
+          p.reject(new TokenizerError(`tokenizer worker failed: ${e.message}`));
+        }
+        this.#pending.clear();
+        this.#worker?.terminate();
+        this.#worker = null;
+      };
+      w.postMessage({ init: { json: this.#json, config: this.#config } });
+      this.#worker = w;
+    }
+    const id = this.#nextId++;
+    return new Promise((resolve, reject) => {
+      this.#pending.set(id, { resolve, reject });
+      this.#worker!.postMessage({ id, text, addSpecialTokens: opts.addSpecialTokens ?? false });
+    });
+  }
+
+  /** Stops the worker thread, if one was started (pending encodes fail). Idempotent. */
+  close(): void {
+    for (const p of this.#pending.values()) p.reject(new TokenizerError("tokenizer closed"));
+    this.#pending.clear();
+    this.#worker?.terminate();
+    this.#worker = null;
   }
 
   /**

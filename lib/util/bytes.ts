@@ -1,0 +1,50 @@
+// Small byte helpers used across lib/ and functions/: lowercase hex both ways and SHA-256 (Web
+// Crypto). One home, so every fingerprint, cache key and auth digest spells them the same way.
+
+/**
+ * Lowercase hex of bytes.
+ * @param bytes the bytes (a Uint8Array or an ArrayBuffer)
+ * @returns two hex digits per byte
+ */
+export function hex(bytes: Uint8Array | ArrayBuffer): string {
+  const b = bytes instanceof Uint8Array ? bytes : new Uint8Array(bytes);
+  let s = "";
+  for (const x of b) s += x.toString(16).padStart(2, "0");
+  return s;
+}
+
+/**
+ * Bytes of an even-length hex string.
+ * @param text hex digits (either case)
+ * @returns the bytes
+ * @throws {TypeError} when `text` is not an even number of hex digits
+ */
+export function fromHex(text: string): Uint8Array {
+  if (typeof text !== "string" || text.length % 2 !== 0 || !/^[0-9a-fA-F]*$/.test(text)) {
+    throw new TypeError(`expected an even number of hex digits, got ${JSON.stringify(text)}`);
+  }
+  const out = new Uint8Array(text.length / 2);
+  for (let i = 0; i < out.length; i++) out[i] = parseInt(text.slice(2 * i, 2 * i + 2), 16);
+  return out;
+}
+
+/**
+ * SHA-256 of the concatenation of `parts`.
+ * @param parts one or more byte arrays
+ * @returns the 32-byte digest
+ */
+export async function sha256(...parts: Uint8Array[]): Promise<Uint8Array> {
+  let data: Uint8Array;
+  if (parts.length === 1) data = parts[0];
+  else {
+    let n = 0;
+    for (const p of parts) n += p.length;
+    data = new Uint8Array(n);
+    let o = 0;
+    for (const p of parts) {
+      data.set(p, o);
+      o += p.length;
+    }
+  }
+  return new Uint8Array(await crypto.subtle.digest("SHA-256", data as Uint8Array<ArrayBuffer>));
+}

@@ -292,3 +292,55 @@ Deno.test("`nativeSink()` survives seeded in-frame mutations with recomputed CRC
     JSON.stringify({ kinds, imported }),
   );
 });
+
+Deno.test("`nativeSink()` refuses values that are not finite or overflow the cache's dtype, before writing", async () => {
+  const src = await loadModel(`${MODELS}tiny-fast`, { threads: 1 });
+  const half = await loadModel(`${MODELS}tiny-fast`, { kvDtype: "f16", threads: 1 });
+  const L = src.native.config.numLayers;
+  try {
+    const seq = filledSequence(src, 16, 4);
+    const f32 = await encodeSnapshot(nativeSource(seq), metaOf(src, 16), {
+      encoding: "f32",
+      chunkTokens: 16,
+      codec,
+    });
+    const { at, len } = chunk0(f32);
+    const lastLayerV = at + 8 + (L - 1) * ((len - 12) / L) + (len - 12) / L / 2; // its V block
+    const cases: [string, Uint8Array, LoadedModel, RegExp][] = [];
+    for (
+      const [what, value, model, message] of [
+        ["NaN", NaN, src, /layer 3 V: element 5 is nan; KV values must be finite/],
+        ["-Infinity", -Infinity, src, /element 5 is -inf; KV values must be finite/],
+        ["1e38 into f16", 1e38, half, /element 5 is 1e\+38, which overflows the f16 cache/],
+      ] as const
+    ) {
+      const bad = f32.slice();
+      new DataView(bad.buffer).setFloat32(lastLayerV + 4 * 5, value, true);
+      fixCrc(bad, at, len);
+      cases.push([what, bad, model, message]);
+    }
+    for (const [what, bad, model, message] of cases) {
+      const dst = model.native.createSequence(16);
+      await assert.rejects(
+        decodeSnapshot(bad, { onHeader: () => nativeSink(dst) }, { codec }),
+        (e) => e instanceof SnapshotError && e.kind === "format" && message.test(e.message),
+        what,
+      );
+      assert.equal(dst.length, 0, what);
+      dst.setLength(16);
+      for (const block of readAll(dst, L, 16)) {
+        assert(block.every((x) => x === 0), `${what}: written`);
+      }
+      dst.free();
+    }
+    // 1e38 is a finite f32: an f32 cache takes it
+    const ok = src.native.createSequence(16);
+    await decodeSnapshot(cases[2][1], { onHeader: () => nativeSink(ok) }, { codec });
+    assert.equal(ok.length, 16);
+    ok.free();
+    seq.free();
+  } finally {
+    src.native.free();
+    half.native.free();
+  }
+});

@@ -47,6 +47,12 @@ cudaError_t launch_crc32c(const uint8_t* d_data, size_t len, uint32_t* d_raw, ui
 cudaError_t launch_check_scales(const chunk::Layout& L, const uint8_t* d_frame, unsigned long long* d_bad_key,
                                 cudaStream_t stream);
 
+// Checks every decoded value of the device frame: finite, and finite once rounded to the cache
+// dtype (kvr_dtype); the first bad one in (layer, K before V, element) order lowers *d_bad_key
+// (atomicMin, caller sets UINT64_MAX) to ((2·layer + part) << 32) | element. Scales checked first.
+cudaError_t launch_check_values(const chunk::Layout& L, uint32_t cache_dtype, const uint8_t* d_frame,
+                                unsigned long long* d_bad_key, cudaStream_t stream);
+
 // Decodes the whole checked device frame into cache positions start.. of every layer (cache
 // dtype rounding to nearest even; same-type lossless chunks are copied bit for bit).
 cudaError_t launch_decode_chunk(const DevKv& kv, const chunk::Layout& L, uint32_t start, const uint8_t* d_frame,

@@ -8,6 +8,8 @@ import {
   type BackendChoice,
   type KvDtype,
   type NativeModelOptions,
+  WEIGHT_FORMATS,
+  type WeightFormat,
 } from "../native/mod.ts";
 import { MAX_SEQUENCE_TOKENS } from "../engine/mod.ts";
 
@@ -38,11 +40,12 @@ export class UsageError extends Error {
 
 // ---- option groups (spread into a command's parseOptions table) ----
 
-/** --threads N (CPU threads, 0 = all cores), --kv-dtype D, --backend B (auto|cpu|cuda) and
- *  --device N (CUDA ordinal); parsed by parseModelLoadOptions. */
+/** --threads N (CPU threads, 0 = all cores), --kv-dtype D, --weights W (bf16|q8), --backend B
+ *  (auto|cpu|cuda) and --device N (CUDA ordinal); parsed by parseModelLoadOptions. */
 export const modelLoadOptions = {
   threads: { type: "string" },
   "kv-dtype": { type: "string" },
+  weights: { type: "string" },
   backend: { type: "string" },
   device: { type: "string" },
 } as const satisfies ParseArgsConfig["options"];
@@ -50,7 +53,8 @@ export const modelLoadOptions = {
 /** Usage lines of modelLoadOptions' backend flags, for each command's usage text. */
 export const BACKEND_USAGE =
   `  --backend B          auto | cpu | cuda (default auto: CUDA when a device answers, else CPU)
-  --device N           CUDA device ordinal (default 0)`;
+  --device N           CUDA device ordinal (default 0)
+  --weights W          bf16 (as stored) | q8 (8-bit, per-32 block scales; CPU only)`;
 
 /** Commands that load one model: --model DIR (read with requireString) + modelLoadOptions. */
 export const modelOptions = {
@@ -202,15 +206,21 @@ export function parseRepairList(text: string, flag: string): number[] {
 }
 
 /**
- * Native options from modelLoadOptions (--threads, --kv-dtype, --backend, --device).
+ * Native options from modelLoadOptions (--threads, --kv-dtype, --weights, --backend, --device).
  *
- * @param values parsed values holding `threads`, `kv-dtype`, `backend` and `device`
+ * @param values parsed values holding `threads`, `kv-dtype`, `weights`, `backend` and `device`
  * @returns NativeModelOptions (threads 0 = all cores; kvDtype default f32; backend default auto,
  *   whose CPU fallback is logged only when --backend auto was given)
  * @throws {UsageError} for a bad thread count, an unknown dtype or backend, or a bad device
  */
 export function parseModelLoadOptions(
-  values: { threads?: unknown; "kv-dtype"?: unknown; backend?: unknown; device?: unknown },
+  values: {
+    threads?: unknown;
+    "kv-dtype"?: unknown;
+    weights?: unknown;
+    backend?: unknown;
+    device?: unknown;
+  },
 ): NativeModelOptions {
   const threads = parseNumber(values.threads, "threads", "int");
   if (threads !== undefined && threads < 0) {
@@ -220,6 +230,12 @@ export function parseModelLoadOptions(
   if (kv !== undefined && kv !== "f32" && kv !== "f16" && kv !== "bf16") {
     throw new UsageError(`--kv-dtype must be f32, f16 or bf16, got ${JSON.stringify(kv)}`);
   }
+  const weights = values.weights;
+  if (weights !== undefined && !(WEIGHT_FORMATS as readonly unknown[]).includes(weights)) {
+    throw new UsageError(
+      `--weights must be ${WEIGHT_FORMATS.join(" or ")}, got ${JSON.stringify(weights)}`,
+    );
+  }
   const backend = values.backend ?? "auto";
   if (typeof backend !== "string" || !(BACKEND_CHOICES as readonly string[]).includes(backend)) {
     throw new UsageError(`--backend must be auto, cpu or cuda, got ${JSON.stringify(backend)}`);
@@ -228,6 +244,7 @@ export function parseModelLoadOptions(
   return {
     threads,
     kvDtype: kv as KvDtype | undefined,
+    weights: weights as WeightFormat | undefined,
     backend: backend as BackendChoice,
     device,
     // the implicit default says nothing when it lands on the CPU; an explicit --backend auto does

@@ -82,7 +82,7 @@ Deno.test("`parseSamplingOptions()` throws a UsageError naming the flag and quot
 
 Deno.test("`parseModelLoadOptions()` reads --threads and --kv-dtype and rejects bad values with the flag and value", () => {
   const load = (...argv: string[]) => parseModelLoadOptions(parseOptions(argv, modelOptions));
-  const none = { backend: "auto", device: undefined, logAutoFallback: false };
+  const none = { backend: "auto", device: undefined, logAutoFallback: false, weights: undefined };
   assert.deepEqual(load(), { threads: undefined, kvDtype: undefined, ...none });
   assert.deepEqual(load("--threads", "0", "--kv-dtype", "bf16"), {
     threads: 0,
@@ -98,6 +98,13 @@ Deno.test("`parseModelLoadOptions()` reads --threads and --kv-dtype and rejects 
   throwsUsage(() => load("--threads=-1"), "--threads must be >= 0, got -1");
   throwsUsage(() => load("--kv-dtype", "fp8"), '--kv-dtype must be f32, f16 or bf16, got "fp8"');
   throwsUsage(() => load("--kv-dtype", "F32"), '--kv-dtype must be f32, f16 or bf16, got "F32"');
+});
+
+Deno.test("`parseModelLoadOptions()` reads --weights and rejects an unknown format with the flag and value", () => {
+  const load = (...argv: string[]) => parseModelLoadOptions(parseOptions(argv, modelOptions));
+  assert.equal(load("--weights", "q8").weights, "q8");
+  assert.equal(load("--weights=bf16").weights, "bf16");
+  throwsUsage(() => load("--weights", "q4_k"), '--weights must be bf16 or q8, got "q4_k"');
 });
 
 Deno.test("`parseModelLoadOptions()` reads --backend and --device and rejects bad values with the flag and value", () => {

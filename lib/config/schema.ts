@@ -27,6 +27,9 @@ export const tierSchema = z.strictObject({
   threads: z.number().int().min(0).max(1024).default(0),
   /** KV cache element type in memory. */
   kv_dtype: z.enum(["f32", "f16", "bf16"]).default("f32"),
+  /** Linear weights in memory: `bf16` keeps the checkpoint's precision; `q8` quantizes them at
+   *  load to 8 bits with per-32 block scales (CPU backend only; ~0.6× the bytes of bf16). */
+  weights: z.enum(["bf16", "q8"]).default("bf16"),
   /** Most tokens (prompt + generated) of one sequence. */
   max_context: positiveInt.max(32768).default(2048),
   /** Upper bound on max_tokens of one request. */

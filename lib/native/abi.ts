@@ -36,6 +36,9 @@ export const ARCH_CODE = { llama: 1, qwen2: 2, qwen3: 3 } as const;
 /** kvr_backend codes ("auto" is resolved in TypeScript: lib/native/backend.ts). */
 export const BACKEND_CODE = { cpu: 0, cuda: 1 } as const;
 
+/** kvr_weight_format codes: in-memory format of the linear weights ("bf16" = as stored). */
+export const WEIGHTS_CODE = { bf16: 0, q8: 1 } as const;
+
 /** kvr_rope_scaling codes. */
 export const ROPE_CODE = { none: 0, linear: 1, llama3: 2 } as const;
 
@@ -65,5 +68,5 @@ export const ROLE_CODE: Readonly<Record<WeightRole, number>> = {
 };
 
 /** sizeof(kvr_model_params) and sizeof(kvr_tensor_desc) in bytes. */
-export const MODEL_PARAMS_BYTES = 88;
+export const MODEL_PARAMS_BYTES = 92;
 export const TENSOR_DESC_BYTES = 64;

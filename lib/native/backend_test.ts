@@ -34,8 +34,11 @@ Deno.test("`probeBackend()` answers OK for the CPU with its model name, cores an
   assert.equal(p.status, "OK");
   const name = await cpuModelName();
   assert.ok(p.info.startsWith(`cpu: ${name}, `), p.info);
-  assert.match(p.info, /, [1-9]\d* cores, (avx2-fma-f16c|generic) kernels \(gemm [a-z0-9-]+\)$/);
-  assert.ok(p.info.endsWith(`(gemm ${cpuKernelName()})`), p.info);
+  assert.match(
+    p.info,
+    /, [1-9]\d* cores, (avx2-fma-f16c|generic) kernels \(gemm [a-z0-9-]+, q8 [a-z0-9-]+\)$/,
+  );
+  assert.ok(p.info.includes(`(gemm ${cpuKernelName()}, q8 `), p.info);
 });
 
 Deno.test("`probeBackend()` answers CUDA with a clean UNSUPPORTED reason where there is no GPU", () => {

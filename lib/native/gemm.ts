@@ -90,7 +90,7 @@ export function gemmBench(
 /**
  * The CPU kernel chosen at runtime.
  * @param lib library (default openNativeLibrary())
- * @returns "avx2-fma" or "generic"
+ * @returns "avx512", "avx2-fma" or "generic"
  */
 export function cpuKernelName(lib: NativeLibrary = openNativeLibrary()): string {
   return cString(lib.symbols.kvr_cpu_kernel_name());

@@ -7,6 +7,15 @@ import assert from "node:assert/strict";
 import { cpuKernelName, EngineError, gemmBench, gemmF32, openNativeLibrary } from "./mod.ts";
 
 const FORCED = Deno.env.get("KVRELAY_CPU_KERNEL");
+
+/** /proc/cpuinfo ("" where it does not exist). */
+function cpuInfo(): string {
+  try {
+    return Deno.readTextFileSync("/proc/cpuinfo");
+  } catch {
+    return "";
+  }
+}
 const F32_EPS = 2 ** -23;
 
 /** Deterministic values in [-1, 1) (mulberry32). */
@@ -102,14 +111,15 @@ Deno.test("`gemmF32()` gives bit-identical rows whatever m and the thread count"
 });
 
 Deno.test({
-  name: "`cpuKernelName()` names avx2-fma when the CPU has AVX2 and FMA",
+  name: "`cpuKernelName()` names avx512 with AVX-512F, else avx2-fma with AVX2 and FMA",
   ignore: FORCED !== undefined || Deno.build.os !== "linux" || Deno.build.arch !== "x86_64",
   fn() {
     // Independent oracle: the kernel's CPU feature flags as /proc/cpuinfo lists them.
     const flags = new Set(
       (Deno.readTextFileSync("/proc/cpuinfo").match(/^flags\s*:(.*)$/m)?.[1] ?? "").split(/\s+/),
     );
-    const expected = flags.has("avx2") && flags.has("fma") ? "avx2-fma" : "generic";
+    const avx2 = flags.has("avx2") && flags.has("fma");
+    const expected = avx2 && flags.has("avx512f") ? "avx512" : avx2 ? "avx2-fma" : "generic";
     assert.equal(cpuKernelName(), expected);
   },
 });
@@ -123,33 +133,47 @@ Deno.test({
 });
 
 Deno.test({
-  name: "`gemmF32()` matches the reference on the generic kernel when KVRELAY_CPU_KERNEL=generic",
-  ignore: FORCED !== undefined,
-  async fn() {
-    // The kernel is chosen once per process, so the forced run is a child `deno test` of this
-    // file with the variable set, filtered to the reference tests and the kernel-name check.
-    const file = new URL(import.meta.url).pathname;
-    const root = new URL("../../", import.meta.url).pathname;
-    const out = await new Deno.Command(Deno.execPath(), {
-      args: [
-        "test",
-        "-A",
-        "--no-check",
-        "--filter",
-        "/matches a float64 reference|bit-identical|is generic when/",
-        file,
-      ],
-      cwd: root,
-      env: { KVRELAY_CPU_KERNEL: "generic", NO_COLOR: "1" },
-      stdout: "piped",
-      stderr: "piped",
-    }).output();
-    const text = new TextDecoder().decode(out.stdout) + new TextDecoder().decode(out.stderr);
-    assert.equal(out.code, 0, `child deno test failed:\n${text}`);
-    // Four tests ran and passed (two reference tests, bit-identity, the kernel-name check).
-    assert.match(text, /ok \| 4 passed/, text);
+  name: "`cpuKernelName()` is avx2-fma when KVRELAY_CPU_KERNEL=avx2",
+  ignore: FORCED !== "avx2",
+  fn() {
+    assert.equal(cpuKernelName(), "avx2-fma");
   },
 });
+
+for (const forced of ["generic", "avx2"]) {
+  Deno.test({
+    name:
+      `\`gemmF32()\` matches the reference on the ${forced} kernel when KVRELAY_CPU_KERNEL=${forced}`,
+    ignore: FORCED !== undefined ||
+      (forced === "avx2" && !/^flags\s*:.*\bavx2\b/m.test(cpuInfo())),
+    async fn() {
+      // The kernel is chosen once per process, so the forced run is a child `deno test` of this
+      // file with the variable set, filtered to the reference tests and the kernel-name check.
+      const file = new URL(import.meta.url).pathname;
+      const root = new URL("../../", import.meta.url).pathname;
+      const out = await new Deno.Command(Deno.execPath(), {
+        args: [
+          "test",
+          "-A",
+          "--no-check",
+          "--filter",
+          `/matches a float64 reference|bit-identical|is ${
+            forced === "avx2" ? "avx2-fma" : forced
+          } when/`,
+          file,
+        ],
+        cwd: root,
+        env: { KVRELAY_CPU_KERNEL: forced, NO_COLOR: "1" },
+        stdout: "piped",
+        stderr: "piped",
+      }).output();
+      const text = new TextDecoder().decode(out.stdout) + new TextDecoder().decode(out.stderr);
+      assert.equal(out.code, 0, `child deno test failed:\n${text}`);
+      // Four tests ran and passed (two reference tests, bit-identity, the kernel-name check).
+      assert.match(text, /ok \| 4 passed/, text);
+    },
+  });
+}
 
 Deno.test("`gemmF32()` throws RangeError before FFI when a or b has the wrong length", () => {
   assert.throws(

@@ -1,4 +1,4 @@
-// Byte layouts of the C structs kvr_model_params (88 bytes) and kvr_tensor_desc (64 bytes per
+// Byte layouts of the C structs kvr_model_params (92 bytes) and kvr_tensor_desc (64 bytes per
 // row), and the NUL-separated path list, written with DataView at the offsets documented in
 // native/include/kvrelay.h (little-endian). No FFI calls here.
 
@@ -11,11 +11,19 @@ import {
   ROLE_CODE,
   ROPE_CODE,
   TENSOR_DESC_BYTES,
+  WEIGHTS_CODE,
 } from "./abi.ts";
 import type { KvDtype } from "./dtype.ts";
 
 /** A compute backend of libkvrelay (kvr_backend). */
 export type NativeBackend = keyof typeof BACKEND_CODE;
+
+/** In-memory linear-weight format (kvr_weight_format): "bf16" keeps the checkpoint's precision
+ *  (BF16 stays bf16, F32/F16 become f32); "q8" is 8-bit with per-32 block scales (CPU only). */
+export type WeightFormat = keyof typeof WEIGHTS_CODE;
+
+/** Every WeightFormat, for option checks. */
+export const WEIGHT_FORMATS = Object.keys(WEIGHTS_CODE) as WeightFormat[];
 
 /**
  * Lays out kvr_model_params for a config.
@@ -24,7 +32,8 @@ export type NativeBackend = keyof typeof BACKEND_CODE;
  * @param threads worker threads (0 = all cores)
  * @param backend compute backend (default "cpu")
  * @param device CUDA device ordinal (0 for the CPU)
- * @returns 88 bytes
+ * @param weights linear-weight format (default "bf16" = as stored)
+ * @returns 92 bytes
  */
 export function encodeModelParams(
   config: ModelConfig,
@@ -32,6 +41,7 @@ export function encodeModelParams(
   threads: number,
   backend: NativeBackend = "cpu",
   device = 0,
+  weights: WeightFormat = "bf16",
 ): Uint8Array {
   const buf = new Uint8Array(MODEL_PARAMS_BYTES);
   const v = new DataView(buf.buffer);
@@ -60,6 +70,7 @@ export function encodeModelParams(
   u32(76, threads);
   u32(80, BACKEND_CODE[backend]);
   u32(84, device);
+  u32(88, WEIGHTS_CODE[weights]);
   return buf;
 }
 

@@ -16,7 +16,14 @@ export {
   type SampleResult,
 } from "./sampler.ts";
 export { cpuKernelName, gemmBench, gemmF32 } from "./gemm.ts";
-export { encodeModelParams, encodePaths, encodeTensorTable, type NativeBackend } from "./layout.ts";
+export {
+  encodeModelParams,
+  encodePaths,
+  encodeTensorTable,
+  type NativeBackend,
+  WEIGHT_FORMATS,
+  type WeightFormat,
+} from "./layout.ts";
 export {
   BACKEND_CHOICES,
   type BackendChoice,

@@ -7,7 +7,14 @@ import { checkInt, quoteValue, U32_MAX } from "./check.ts";
 import { assertKvDtype, type KvDtype } from "./dtype.ts";
 import { BACKEND_CODE } from "./abi.ts";
 import { type BackendChoice, cString, noteAutoFallback, resolveBackend } from "./backend.ts";
-import { encodeModelParams, encodePaths, encodeTensorTable, type NativeBackend } from "./layout.ts";
+import {
+  encodeModelParams,
+  encodePaths,
+  encodeTensorTable,
+  type NativeBackend,
+  WEIGHT_FORMATS,
+  type WeightFormat,
+} from "./layout.ts";
 import { type NativeLibrary, openNativeLibrary } from "./library.ts";
 import { NativeSequence } from "./sequence.ts";
 
@@ -17,6 +24,8 @@ export interface NativeModelOptions {
   kvDtype?: KvDtype;
   /** worker threads; 0 or undefined = all available cores */
   threads?: number;
+  /** linear-weight format in memory (default "bf16" = as stored; "q8" = 8-bit, CPU only) */
+  weights?: WeightFormat;
   /** compute backend (default "cpu"); "auto" = CUDA when its probe succeeds, else the CPU (the
    *  probe's reason is logged once per process, see noteAutoFallback) */
   backend?: BackendChoice;
@@ -121,6 +130,12 @@ export class NativeModel {
     const kvDtype = opts.kvDtype ?? "f32";
     assertKvDtype(kvDtype, "kvDtype");
     const threads = checkInt("threads", opts.threads ?? 0, 0, 4096);
+    const weights = opts.weights ?? "bf16";
+    if (!WEIGHT_FORMATS.includes(weights)) {
+      throw new TypeError(
+        `weights must be one of ${WEIGHT_FORMATS.join(", ")}, got ${quoteValue(weights)}`,
+      );
+    }
     const choice = opts.backend ?? "cpu";
     if (!(choice in BACKEND_CODE) && choice !== "auto") {
       throw new TypeError(`backend must be "auto", "cpu" or "cuda", got ${quoteValue(choice)}`);
@@ -139,7 +154,14 @@ export class NativeModel {
       backend = choice;
     }
     const entries = mapWeights(checkpoint.config, checkpoint.tensors, checkpoint.dir);
-    const params = encodeModelParams(checkpoint.config, kvDtype, threads, backend, device);
+    const params = encodeModelParams(
+      checkpoint.config,
+      kvDtype,
+      threads,
+      backend,
+      device,
+      weights,
+    );
     const paths = encodePaths(checkpoint.files);
     const table = encodeTensorTable(entries, checkpoint.files);
     const out = new BigUint64Array(1);

@@ -187,6 +187,7 @@ export async function createRuntime(
               ...opts.native,
               kvDtype: tc.kv_dtype,
               threads: tc.threads,
+              weights: tc.weights,
               backend: be.backend,
               device: be.device,
             });

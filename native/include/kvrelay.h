@@ -71,7 +71,7 @@ typedef enum kvr_rope_scaling {
 } kvr_rope_scaling;
 
 /*
- * Model geometry and options. 88 bytes, all fields 4-byte, in this order:
+ * Model geometry and options. 92 bytes, all fields 4-byte, in this order:
  *   off  0 arch (u32, kvr_arch)          off  4 vocab_size (u32)
  *   off  8 hidden_size (u32)             off 12 intermediate_size (u32)
  *   off 16 num_layers (u32)              off 20 num_heads (u32)
@@ -84,6 +84,7 @@ typedef enum kvr_rope_scaling {
  *   off 68 mlp_bias (u32 0/1)            off 72 kv_dtype (u32, kvr_dtype)
  *   off 76 n_threads (u32, 0 = all available cores; CPU backend threads)
  *   off 80 backend (u32, kvr_backend)    off 84 device (u32: CUDA device ordinal, < 2^31; 0 for CPU)
+ *   off 88 weights (u32, kvr_weight_format: how linear weights are held in memory)
  * attention_bias=1 means every bias tensor the table lists for q/k/v/o is used (Qwen2 lists
  * q/k/v only; Llama with attention_bias lists all four); a listed bias with attention_bias=0 is
  * an error.
@@ -111,7 +112,21 @@ typedef struct kvr_model_params {
   uint32_t n_threads;
   uint32_t backend;
   uint32_t device;
+  uint32_t weights;
 } kvr_model_params;
+
+/*
+ * In-memory format of the linear weights (q/k/v/o, gate/up/down, lm_head), made at load from the
+ * checkpoint. NATIVE keeps the checkpoint's precision (BF16 stays bf16, F32/F16 become f32). Q8:
+ * 8-bit codes with one f32 scale per 32 input features per output (llama.cpp Q8_0-like), run
+ * with the activation quantized per 32-block and int8 dot products (AVX-512 VNNI where present);
+ * prefill dequantizes to f32. The embedding table and norms stay as they are. CPU backend only
+ * (CUDA: KVR_ERR_UNSUPPORTED).
+ */
+typedef enum kvr_weight_format {
+  KVR_WEIGHTS_NATIVE = 0,
+  KVR_WEIGHTS_Q8 = 1
+} kvr_weight_format;
 
 /* Which weight a tensor-table row is. Per-layer roles carry the layer index. */
 typedef enum kvr_tensor_role {

@@ -344,6 +344,7 @@ int64_t sample_row(const float* l, size_t n, const SamplingConfig& cfg, Xoshiro1
 
 size_t logprobs_row(const float* l, size_t n, int64_t id, double* id_logprob, size_t top,
                     int32_t* top_ids, double* top_logprobs) {
+  if (id_logprob == nullptr && top == 0) return 0;  // nothing asked: no exp pass
   double max = -kInf;
   for (size_t i = 0; i < n; ++i) {
     const double v = l[i];

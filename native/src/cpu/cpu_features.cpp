@@ -24,10 +24,14 @@ CpuFeatures detect() {
   f.avx2 = __builtin_cpu_supports("avx2");
   f.fma = __builtin_cpu_supports("fma");
   f.f16c = __builtin_cpu_supports("f16c");
+  f.avx512bw = __builtin_cpu_supports("avx512bw");
+  f.avx512vl = __builtin_cpu_supports("avx512vl");
+  f.avx512vnni = __builtin_cpu_supports("avx512vnni");
 #endif
 #endif
   const char* forced = std::getenv("KVRELAY_CPU_KERNEL");
   f.gemm_forced_generic = forced != nullptr && std::strcmp(forced, "generic") == 0;
+  f.gemm_forced_avx2 = forced != nullptr && std::strcmp(forced, "avx2") == 0;
   return f;
 }
 
@@ -60,7 +64,7 @@ const CpuFeatures& cpu_features() {
 std::string cpu_description() {
   const std::string simd = use_avx2_fma_f16c() ? "avx2-fma-f16c" : "generic";
   return "cpu: " + model_name() + ", " + std::to_string(omp_get_num_procs()) + " cores, " + simd +
-         " kernels (gemm " + kernel_name() + ")";
+         " kernels (gemm " + kernel_name() + ", q8 " + q8_kernel_name() + ")";
 }
 
 }  // namespace kvr::cpu

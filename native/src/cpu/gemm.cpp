@@ -6,6 +6,7 @@
 #include "cpu/gemm.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -14,6 +15,7 @@
 
 #include "cpu/cpu_features.h"
 #include "cpu/gemm_kernels.h"
+#include "cpu/gemm_q8.h"
 
 namespace kvr::cpu {
 
@@ -40,6 +42,7 @@ constexpr size_t kMaxWholeA = size_t{1} << 22;
 
 const KernelTable& choose_kernels() {
   // KVRELAY_CPU_KERNEL=generic and the CPU's features: cpu_features.h (the one dispatch)
+  if (use_avx512_gemm()) return detail::avx512_kernels();
   return use_avx2_gemm() ? detail::avx2_kernels() : detail::generic_kernels();
 }
 
@@ -115,6 +118,10 @@ void run_tiles(const KernelTable& kt, const float* a, size_t a_stride, size_t mc
 // the AVX2 tiles widen in registers instead (see docs/gemm.md "bf16 weights").
 const float* panel_slice(const KernelTable& kt, const PackedWeight& w, size_t p, size_t pc,
                          size_t kc, float* buf) {
+  if (w.is_q8()) {  // q8: dequantized once per slice (pc is a multiple of KC, so of 32)
+    q8::dequant_slice(w, p, pc, kc, buf);
+    return buf;
+  }
   if (!w.is_bf16()) return w.panel(p) + pc * kPanelWidth;
   kt.widen_bf16(kc * kPanelWidth, w.panel_bf16(p) + pc * kPanelWidth, buf);
   return buf;
@@ -177,6 +184,16 @@ void gemm_panels(const KernelTable& kt, const float* apack, size_t m, const Pack
 void gemv_panels(const KernelTable& kt, const float* x, const PackedWeight& w, float* y,
                  bool accumulate, size_t p0, size_t p1) {
   const size_t n = w.rows(), k = w.cols();
+  if (w.is_q8()) {  // x quantized per 32-block (as llama.cpp's q8_0 dot), integer dot products
+    thread_local std::vector<uint8_t> xq;
+    thread_local std::vector<float> dx;
+    const size_t blocks = w.q8_blocks();
+    if (xq.size() < blocks * PackedWeight::kQ8Block) xq.resize(blocks * PackedWeight::kQ8Block);
+    if (dx.size() < blocks) dx.resize(blocks);
+    q8::quantize_x(x, k, blocks, xq.data(), dx.data());
+    q8::gemv(w, xq.data(), dx.data(), p0, p1, y, accumulate);
+    return;
+  }
   const size_t stride = k * kPanelWidth;
   const size_t full_end = std::max(p0, std::min(p1, n / kPanelWidth));  // all 16 columns valid
   alignas(64) float tmp[kPanelWidth];
@@ -252,6 +269,39 @@ PackedWeight PackedWeight::pack(const float* w, size_t n, size_t k) {
   p.k_ = k;
   p.data_.resize(p.panels() * k * kPanelWidth);
   pack_panels(w, n, k, p.data_.data());
+  return p;
+}
+
+PackedWeight PackedWeight::pack_q8(const float* w, size_t n, size_t k) {
+  PackedWeight p;
+  p.n_ = n;
+  p.k_ = k;
+  p.q8_ = true;
+  const size_t P = p.panels(), B = p.q8_blocks();
+  p.data8_.assign(P * B * 512, 0);
+  p.q8_scale_.assign(P * B * 16, 0.f);
+  p.q8_corr_.assign(P * B * 16, 0);
+  for (size_t r = 0; r < n; ++r) {
+    const size_t pi = r / kPanelWidth, c = r % kPanelWidth;
+    const float* src = w + r * k;
+    for (size_t b = 0; b < B; ++b) {
+      const size_t k0 = b * kQ8Block, k1 = std::min(k, k0 + kQ8Block);
+      float amax = 0.f;
+      for (size_t i = k0; i < k1; ++i) amax = std::max(amax, std::fabs(src[i]));
+      const float d = amax / 127.f;
+      const float inv = d > 0.f ? 1.f / d : 0.f;
+      int32_t sum = 0;
+      int8_t* blk = p.data8_.data() + (pi * B + b) * 512;
+      for (size_t i = k0; i < k1; ++i) {
+        const int q = std::clamp(static_cast<int>(std::nearbyint(src[i] * inv)), -127, 127);
+        const size_t t = i - k0;
+        blk[(t / 4) * 64 + c * 4 + t % 4] = static_cast<int8_t>(q);
+        sum += q;
+      }
+      p.q8_scale_[(pi * B + b) * 16 + c] = d;
+      p.q8_corr_[(pi * B + b) * 16 + c] = 128 * sum;
+    }
+  }
   return p;
 }
 
@@ -349,5 +399,7 @@ void gemv_range(const float* x, const PackedWeight& w, float* y, bool accumulate
 }
 
 const char* kernel_name() { return kernels().name; }
+
+const char* q8_kernel_name() { return q8::kernel_name(); }
 
 }  // namespace kvr::cpu

@@ -49,12 +49,16 @@ class PackedWeight {
   static PackedWeight pack(const float* w, size_t n, size_t k);
   // Copies and repacks w (n, k) row-major bf16 bit patterns, kept as bf16. Throws std::bad_alloc.
   static PackedWeight pack_bf16(const uint16_t* w, size_t n, size_t k);
+  // Quantizes w (n, k) row-major f32 to q8 (see "q8 layout" below). Throws std::bad_alloc.
+  static PackedWeight pack_q8(const float* w, size_t n, size_t k);
   size_t rows() const { return n_; }  // n: output features
   size_t cols() const { return k_; }  // k: input features
   bool is_bf16() const { return bf16_; }
+  bool is_q8() const { return q8_; }
   // Resident bytes of the packed panels (padding columns included).
   size_t size_bytes() const {
-    return data_.size() * sizeof(float) + data16_.size() * sizeof(uint16_t);
+    return data_.size() * sizeof(float) + data16_.size() * sizeof(uint16_t) + data8_.size() +
+           q8_scale_.size() * sizeof(float) + q8_corr_.size() * sizeof(int32_t);
   }
   size_t panels() const { return (n_ + kPanelWidth - 1) / kPanelWidth; }
   // Panel p (16 output columns p*16 .. p*16+15): (k, 16) elements, k-major, 64-byte aligned.
@@ -62,10 +66,25 @@ class PackedWeight {
   const float* panel(size_t p) const { return data_.data() + p * k_ * kPanelWidth; }
   const uint16_t* panel_bf16(size_t p) const { return data16_.data() + p * k_ * kPanelWidth; }
 
+  // q8 layout (is_q8()): k padded with zeros to kq = ceil(k/32)·32 and cut into blocks of 32.
+  // Per panel and block, 512 int8 codes ordered (k/4, 16 columns, 4 consecutive k) — one 64-byte
+  // load feeds vpdpbusd 4 k-steps of all 16 columns — plus per column an f32 scale d
+  // (w ≈ d·code, d = absmax/127 of the column's 32 weights, codes in [-127, 127]) and the int32
+  // 128·Σ codes that undoes the +128 offset of unsigned activation codes.
+  static constexpr size_t kQ8Block = 32;
+  size_t q8_blocks() const { return (k_ + kQ8Block - 1) / kQ8Block; }
+  const int8_t* panel_q8(size_t p) const { return data8_.data() + p * q8_blocks() * 512; }
+  const float* panel_q8_scale(size_t p) const { return q8_scale_.data() + p * q8_blocks() * 16; }
+  const int32_t* panel_q8_corr(size_t p) const { return q8_corr_.data() + p * q8_blocks() * 16; }
+
  private:
   size_t n_ = 0;
   size_t k_ = 0;
   bool bf16_ = false;
+  bool q8_ = false;
+  std::vector<int8_t, AlignedAllocator<int8_t>> data8_;     // q8 codes, or empty
+  std::vector<float, AlignedAllocator<float>> q8_scale_;    // (panels, blocks, 16)
+  std::vector<int32_t, AlignedAllocator<int32_t>> q8_corr_;  // (panels, blocks, 16)
   std::vector<float, AlignedAllocator<float>> data_;        // f32 panels, or empty
   std::vector<uint16_t, AlignedAllocator<uint16_t>> data16_;  // bf16 panels, or empty
 };
@@ -82,6 +101,9 @@ void matmul_xwt(const float* x, size_t m, size_t ldx, const PackedWeight& w, flo
 // one parallel region can split a GEMV by panels without a fork/join of their own.
 void gemv_range(const float* x, const PackedWeight& w, float* y, bool accumulate, size_t p0,
                 size_t p1);
+
+// Name of the q8 GEMV kernel chosen at runtime ("avx512-vnni" or "generic").
+const char* q8_kernel_name();
 
 // Name of the kernel chosen at runtime for this CPU ("avx2-fma" or "generic").
 const char* kernel_name();

@@ -53,5 +53,7 @@ struct KernelTable {
 const KernelTable& generic_kernels();
 // Only valid to call kernels from this table when the CPU has AVX2 and FMA.
 const KernelTable& avx2_kernels();
+// Only valid to call kernels from this table when the CPU has AVX-512F (bit-identical to AVX2's).
+const KernelTable& avx512_kernels();
 
 }  // namespace kvr::cpu::detail

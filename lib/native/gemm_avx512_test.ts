@@ -1,0 +1,79 @@
+// The AVX-512 GEMM kernels (native/src/cpu/gemm_avx512.cpp) keep every output's summation order,
+// so the engine's logits must be bit-identical to the AVX2 kernels': compared against a child
+// process forced to AVX2 with KVRELAY_CPU_KERNEL=avx2 (prefill tiles, few-row and GEMV paths over
+// bf16 model weights, and kvr_gemm_f32 over f32 panels). Skipped where the CPU has no AVX-512 (the kernel is then not chosen).
+
+import assert from "node:assert/strict";
+import { NativeModel } from "./model.ts";
+import { cpuKernelName, gemmF32 } from "./gemm.ts";
+import { checkpoint, DEMO_DIRS, tokens } from "./test_helpers.ts";
+
+/** FNV-1a over float arrays. */
+function fnv(arrays: Float32Array[]): string {
+  let h = 0x811c9dc5;
+  for (const x of arrays) {
+    for (const b of new Uint8Array(x.buffer, x.byteOffset, x.byteLength)) {
+      h = Math.imul(h ^ b, 0x01000193) >>> 0;
+    }
+  }
+  return h.toString(16);
+}
+
+/** Logits (bf16 weights) of a 64-token allPositions prefill, a 5-token one and 8 decode steps. */
+async function logitsDigest(dir: string): Promise<string> {
+  using model = NativeModel.load(await checkpoint(dir), { threads: 2 });
+  const V = model.config.vocabSize;
+  using s = model.createSequence(96);
+  const out = [await s.prefill(tokens(64, V, 21), { allPositions: true })];
+  out.push(await s.prefill(tokens(5, V, 22), { allPositions: true }));
+  for (const t of tokens(8, V, 23)) out.push(await s.decode(t));
+  return fnv(out);
+}
+
+/** kvr_gemm_f32 (f32 panels) over GEMV, few-row, row-block and tail shapes, 1 and 2 threads. */
+function gemmDigest(): string {
+  const out: Float32Array[] = [];
+  for (const [m, n, k] of [[1, 515, 300], [5, 77, 513], [64, 160, 256], [131, 45, 70]]) {
+    const a = Float32Array.from({ length: m * k }, (_, i) => Math.sin(i * 0.37));
+    const b = Float32Array.from({ length: n * k }, (_, i) => Math.cos(i * 0.11));
+    for (const t of [1, 2]) out.push(gemmF32(m, n, k, a, b, t));
+  }
+  return fnv(out);
+}
+
+async function digests(): Promise<string[]> {
+  const d = [gemmDigest()];
+  for (const dir of DEMO_DIRS) d.push(await logitsDigest(dir));
+  return d;
+}
+
+const DIGEST_TEST = "engine logits digest per GEMM kernel (child process helper)";
+Deno.test(DIGEST_TEST, async () => {
+  const d = await digests();
+  const out = Deno.env.get("KVR_GEMM_DIGEST_OUT");
+  if (out) await Deno.writeTextFile(out, JSON.stringify({ kernel: cpuKernelName(), digests: d }));
+});
+
+Deno.test({
+  name: "the AVX-512 GEMM kernels give the AVX2 kernels' logits bit for bit",
+  ignore: cpuKernelName() !== "avx512",
+  async fn() {
+    const mine = await digests();
+    const file = await Deno.makeTempFile({ prefix: "kvr-avx512-" });
+    try {
+      const { code, stdout, stderr } = await new Deno.Command(Deno.execPath(), {
+        args: ["test", "-A", "--no-check", "--filter", DIGEST_TEST, import.meta.filename!],
+        env: { KVRELAY_CPU_KERNEL: "avx2", KVR_GEMM_DIGEST_OUT: file, NO_COLOR: "1" },
+        stdout: "piped",
+        stderr: "piped",
+      }).output();
+      const text = new TextDecoder().decode(stdout) + new TextDecoder().decode(stderr);
+      assert.equal(code, 0, `avx2 child failed:\n${text}`);
+      const child = JSON.parse(await Deno.readTextFile(file));
+      assert.equal(child.kernel, "avx2-fma", "the child did not run the AVX2 kernels");
+      assert.deepEqual(child.digests, mine);
+    } finally {
+      await Deno.remove(file);
+    }
+  },
+});

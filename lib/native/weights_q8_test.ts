@@ -1,0 +1,124 @@
+// Tests for q8 weights (`weights: "q8"`, native/src/cpu/gemm_q8.cpp): resident bytes, logits close
+// to the bf16 model's (quantization error only), the same bits at 1 and 2 threads, and the same
+// bits on every q8 kernel this machine can run (AVX-512 VNNI in-process, the portable integer
+// kernel in children forced by KVRELAY_CPU_KERNEL). Quality on real text: docs/native.md (score).
+
+import assert from "node:assert/strict";
+import { NativeModel } from "./model.ts";
+import { checkpoint, DEMO_DIRS, relDiff, tokens } from "./test_helpers.ts";
+
+/** Logits of a 40-token allPositions prefill (last row) and 12 decode steps. */
+async function run(m: NativeModel): Promise<Float32Array[]> {
+  const V = m.config.vocabSize;
+  using s = m.createSequence(64);
+  const all = await s.prefill(tokens(40, V, 9), { allPositions: true });
+  const out: Float32Array[] = [all.slice(39 * V)];
+  for (const t of tokens(12, V, 10)) out.push(await s.decode(t));
+  return out;
+}
+
+/** Logits of 16 single-token steps from an empty cache: every matrix product goes through the q8
+ *  GEMV (a multi-token prefill would also run the f32 tile GEMM, which differs per kernel). */
+async function runDecodeOnly(m: NativeModel): Promise<Float32Array[]> {
+  using s = m.createSequence(32);
+  const out: Float32Array[] = [];
+  for (const t of tokens(16, m.config.vocabSize, 12)) out.push(await s.decode(t));
+  return out;
+}
+
+/** FNV-1a over the bytes of every array: equal digests = equal bits (for child processes). */
+function digest(xs: Float32Array[]): string {
+  let h = 0x811c9dc5;
+  for (const x of xs) {
+    for (const b of new Uint8Array(x.buffer, x.byteOffset, x.byteLength)) {
+      h = Math.imul(h ^ b, 0x01000193) >>> 0;
+    }
+  }
+  return h.toString(16);
+}
+
+Deno.test("q8 weights hold fewer bytes and give logits within quantization error of bf16", async () => {
+  for (const dir of DEMO_DIRS) {
+    using bf16 = NativeModel.load(await checkpoint(dir), { threads: 1 });
+    using q8 = NativeModel.load(await checkpoint(dir), { threads: 1, weights: "q8" });
+    // Linear weights (and the tied lm_head) hold 1.25 bytes per weight: 16-column panels of
+    // 32-wide blocks, 512 code bytes + 16 f32 scales + 16 int32 sums each. The rest (embedding
+    // table in its file or f32 precision, norms) is bounded above; the bound does not assume the
+    // embedding's precision because other test modules toggle KVRELAY_WEIGHTS_F32 in this process.
+    const c = q8.config;
+    const q8Bytes = (n: number, k: number) => Math.ceil(n / 16) * Math.ceil(k / 32) * 640;
+    const qkvRows = (c.numHeads + 2 * c.numKvHeads) * c.headDim;
+    const linear = c.numLayers * (q8Bytes(qkvRows, c.hiddenSize) +
+          q8Bytes(c.hiddenSize, c.numHeads * c.headDim) +
+          q8Bytes(2 * c.intermediateSize, c.hiddenSize) +
+          q8Bytes(c.hiddenSize, c.intermediateSize)) + q8Bytes(c.vocabSize, c.hiddenSize);
+    const rest = 4 * (c.vocabSize * c.hiddenSize + (2 * c.numLayers + 1) * c.hiddenSize +
+      2 * c.numLayers * c.headDim);
+    assert.ok(
+      q8.weightBytes >= linear && q8.weightBytes <= linear + rest,
+      `${dir}: ${q8.weightBytes} bytes, expected ${linear} + at most ${rest}`,
+    );
+    const a = await run(bf16), b = await run(q8);
+    for (let s = 0; s < a.length; s++) {
+      const d = relDiff(b[s], a[s]);
+      assert.ok(d > 0 && d < 3e-2, `${dir} step ${s}: relative difference ${d}`);
+    }
+  }
+});
+
+Deno.test("q8 decode gives the same bits at 1 and 2 threads", async () => {
+  for (const dir of DEMO_DIRS) {
+    using one = NativeModel.load(await checkpoint(dir), { threads: 1, weights: "q8" });
+    using two = NativeModel.load(await checkpoint(dir), { threads: 2, weights: "q8" });
+    assert.equal(digest(await run(one)), digest(await run(two)), dir);
+  }
+});
+
+const DIGEST_TEST = "q8 logits digest (child process helper)";
+Deno.test(DIGEST_TEST, async () => {
+  const out = Deno.env.get("KVR_Q8_DIGEST_OUT");
+  const digests: string[] = [];
+  for (const dir of DEMO_DIRS) {
+    using m = NativeModel.load(await checkpoint(dir), { threads: 2, weights: "q8" });
+    const r = await runDecodeOnly(m);
+    assert.ok(r.every((x) => x.every(Number.isFinite)), dir);
+    digests.push(digest(r));
+  }
+  if (out) await Deno.writeTextFile(out, JSON.stringify(digests));
+});
+
+Deno.test({
+  name: "q8 logits are bit-identical on the generic, avx2 and default kernels",
+  ignore: Deno.env.get("KVRELAY_CPU_KERNEL") !== undefined,
+  async fn() {
+    const mine: string[] = [];
+    for (const dir of DEMO_DIRS) {
+      using m = NativeModel.load(await checkpoint(dir), { threads: 2, weights: "q8" });
+      mine.push(digest(await runDecodeOnly(m)));
+    }
+    for (const kernel of ["generic", "avx2"]) {
+      const file = await Deno.makeTempFile({ prefix: "kvr-q8-" });
+      try {
+        const { code, stdout, stderr } = await new Deno.Command(Deno.execPath(), {
+          args: ["test", "-A", "--no-check", "--filter", DIGEST_TEST, import.meta.filename!],
+          env: { KVRELAY_CPU_KERNEL: kernel, KVR_Q8_DIGEST_OUT: file, NO_COLOR: "1" },
+          stdout: "piped",
+          stderr: "piped",
+        }).output();
+        const text = new TextDecoder().decode(stdout) + new TextDecoder().decode(stderr);
+        assert.equal(code, 0, `${kernel} child failed:\n${text}`);
+        assert.deepEqual(JSON.parse(await Deno.readTextFile(file)), mine, `${kernel} kernel`);
+      } finally {
+        await Deno.remove(file);
+      }
+    }
+  },
+});
+
+Deno.test("`NativeModel.load()` rejects an unknown weights format before FFI", async () => {
+  const ck = await checkpoint(DEMO_DIRS[0]);
+  assert.throws(
+    () => NativeModel.load(ck, { weights: "q3" as "q8" }),
+    (e: unknown) => e instanceof TypeError && /weights must be one of bf16, q8/.test(e.message),
+  );
+});

@@ -1,0 +1,119 @@
+// AVX-512F micro-kernels for the packed GEMM: the AVX2 kernels (gemm_avx2.cpp) with one 16-lane
+// zmm register per panel row instead of two ymm halves — a 6x16 tile is 6 zmm accumulators, a
+// GEMV step is one FMA per panel — and bf16 panels widened exactly in registers. Every output
+// still accumulates its products in k order in one lane with FMA, then adds C once: the results
+// are bit-identical to the AVX2 kernels (lib/native/gemm_avx512_test.ts). Compiled per function
+// with target attributes; the driver calls these only when cpu_features.h says AVX-512F.
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "cpu/gemm_kernels.h"
+
+#if defined(__GNUC__) && defined(__x86_64__)
+#define KVR_AVX512_TARGET __attribute__((target("avx512f,avx2,fma")))
+#define KVR_HAVE_AVX512_KERNELS 1
+#else
+#define KVR_HAVE_AVX512_KERNELS 0
+#endif
+
+namespace kvr::cpu::detail {
+
+#if KVR_HAVE_AVX512_KERNELS
+namespace {
+
+// 16 consecutive panel elements as f32: f32 as is, bf16 widened exactly (zero-extend, << 16).
+KVR_AVX512_TARGET inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+KVR_AVX512_TARGET inline __m512 load16(const uint16_t* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  // maskz forms: GCC 12's plain ones pass an undefined vector that -Wmaybe-uninitialized rejects
+  return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, _mm512_maskz_cvtepu16_epi32(0xFFFF, h), 16));
+}
+
+// c (MR, 16) (+)= a (kc, 6)[:, :MR] · b (kc, 16); see TileFn / TileBf16Fn.
+template <int MR, typename T>
+KVR_AVX512_TARGET void tile_avx512(size_t kc, const float* a, const T* b, float* c, size_t ldc,
+                                   bool load_c) {
+  __m512 acc[MR];
+#pragma GCC unroll 6
+  for (int r = 0; r < MR; ++r) {
+    if (load_c) _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc), _MM_HINT_T0);
+    acc[r] = _mm512_setzero_ps();
+  }
+#pragma GCC unroll 4
+  for (size_t t = 0; t < kc; ++t) {
+    const __m512 bv = load16(b);
+#pragma GCC unroll 6
+    for (int r = 0; r < MR; ++r) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(a[r]), bv, acc[r]);
+    a += kTileRows;
+    b += 16;
+  }
+#pragma GCC unroll 6
+  for (int r = 0; r < MR; ++r) {
+    float* row = c + r * ldc;
+    if (load_c) acc[r] = _mm512_add_ps(acc[r], _mm512_loadu_ps(row));
+    _mm512_storeu_ps(row, acc[r]);
+  }
+}
+
+// y (16 * NP) (+)= x (kc) · NP panels; NP independent accumulator chains.
+template <int NP, typename T>
+KVR_AVX512_TARGET inline void gemv_group(size_t kc, const float* x, const T* b, size_t panel_stride,
+                                         float* y, bool load_y) {
+  __m512 acc[NP];
+#pragma GCC unroll 8
+  for (int q = 0; q < NP; ++q) acc[q] = _mm512_setzero_ps();
+  for (size_t t = 0; t < kc; ++t) {
+    const __m512 xv = _mm512_set1_ps(x[t]);
+#pragma GCC unroll 8
+    for (int q = 0; q < NP; ++q) acc[q] = _mm512_fmadd_ps(xv, load16(b + q * panel_stride + t * 16), acc[q]);
+  }
+#pragma GCC unroll 8
+  for (int q = 0; q < NP; ++q) {
+    float* out = y + q * 16;
+    if (load_y) acc[q] = _mm512_add_ps(acc[q], _mm512_loadu_ps(out));
+    _mm512_storeu_ps(out, acc[q]);
+  }
+}
+
+// See GemvFn / GemvBf16Fn: eight panels at a time (8 chains hide the FMA latency), then four,
+// then one by one.
+template <typename T>
+KVR_AVX512_TARGET void gemv_avx512(size_t kc, const float* x, const T* b, size_t panel_stride,
+                                   size_t n_panels, float* y, bool load_y) {
+  size_t q = 0;
+  for (; q + 8 <= n_panels; q += 8) gemv_group<8>(kc, x, b + q * panel_stride, panel_stride, y + q * 16, load_y);
+  for (; q + 4 <= n_panels; q += 4) gemv_group<4>(kc, x, b + q * panel_stride, panel_stride, y + q * 16, load_y);
+  for (; q < n_panels; ++q) gemv_group<1>(kc, x, b + q * panel_stride, panel_stride, y + q * 16, load_y);
+}
+
+// See WidenBf16Fn: 16 elements per iteration, scalar tail.
+KVR_AVX512_TARGET void widen_bf16_avx512(size_t count, const uint16_t* src, float* dst) {
+  size_t i = 0;
+  for (; i + 16 <= count; i += 16) _mm512_storeu_ps(dst + i, load16(src + i));
+  for (; i < count; ++i) {
+    const uint32_t u = static_cast<uint32_t>(src[i]) << 16;
+    __builtin_memcpy(dst + i, &u, sizeof(u));
+  }
+}
+
+}  // namespace
+
+const KernelTable& avx512_kernels() {
+  static const KernelTable table = {
+      "avx512",
+      {nullptr, &tile_avx512<1, float>, &tile_avx512<2, float>, &tile_avx512<3, float>,
+       &tile_avx512<4, float>, &tile_avx512<5, float>, &tile_avx512<6, float>},
+      {nullptr, &tile_avx512<1, uint16_t>, &tile_avx512<2, uint16_t>, &tile_avx512<3, uint16_t>,
+       &tile_avx512<4, uint16_t>, &tile_avx512<5, uint16_t>, &tile_avx512<6, uint16_t>},
+      &gemv_avx512<float>,
+      &gemv_avx512<uint16_t>,
+      &widen_bf16_avx512};
+  return table;
+}
+#else
+// Non-x86-64 or non-GNU compilers: no AVX-512 kernels; the dispatcher never selects this table.
+const KernelTable& avx512_kernels() { return generic_kernels(); }
+#endif
+
+}  // namespace kvr::cpu::detail

@@ -1,0 +1,169 @@
+// q8 weight kernels (see gemm_q8.h): quantizers, the portable integer GEMV and its AVX-512 VNNI
+// twin (compiled per function with a target attribute; chosen once from cpu_features.h), and the
+// slice dequantizer used by the f32 tile GEMM for prefill.
+#include "cpu/gemm_q8.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "cpu/cpu_features.h"
+#include "cpu/gemm.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define KVR_Q8_AVX512 1
+#define KVR_TARGET_AVX512_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma")))
+#else
+#define KVR_Q8_AVX512 0
+#endif
+
+namespace kvr::cpu::q8 {
+namespace {
+
+constexpr size_t kB = PackedWeight::kQ8Block;  // 32
+
+// acc (16·np) = per-column Σ over blocks of fma(dx[b]·scale, int dot, ·), np panels whose data
+// start at codes/scale/corr with the given strides between panels.
+using GemvFn = void (*)(size_t blocks, const uint8_t* xq, const float* dx, const int8_t* codes,
+                        const float* scale, const int32_t* corr, size_t np, float* acc);
+
+void gemv_generic(size_t blocks, const uint8_t* xq, const float* dx, const int8_t* codes,
+                  const float* scale, const int32_t* corr, size_t np, float* acc) {
+  for (size_t q = 0; q < np; ++q) {
+    const int8_t* cq = codes + q * blocks * 512;
+    const float* sq = scale + q * blocks * 16;
+    const int32_t* rq = corr + q * blocks * 16;
+    float a[16] = {};
+    for (size_t b = 0; b < blocks; ++b) {
+      int32_t s[16];
+      for (int c = 0; c < 16; ++c) s[c] = -rq[b * 16 + c];
+      const uint8_t* xb = xq + b * kB;
+      const int8_t* wb = cq + b * 512;
+      for (int g = 0; g < 8; ++g)
+        for (int c = 0; c < 16; ++c)
+          for (int e = 0; e < 4; ++e)
+            s[c] += static_cast<int32_t>(xb[g * 4 + e]) * wb[g * 64 + c * 4 + e];
+      for (int c = 0; c < 16; ++c)
+        a[c] = std::fma(dx[b] * sq[b * 16 + c], static_cast<float>(s[c]), a[c]);
+    }
+    std::memcpy(acc + q * 16, a, sizeof a);
+  }
+}
+
+#if KVR_Q8_AVX512
+// int32 → f32 (exact here: |dot| < 2^24). The maskz form: GCC 12's plain _mm512_cvtepi32_ps
+// passes an undefined vector that -Werror=maybe-uninitialized rejects.
+KVR_TARGET_AVX512_VNNI inline __m512 to_f32(__m512i v) { return _mm512_maskz_cvtepi32_ps(0xFFFF, v); }
+
+// One panel's block dot: 8 vpdpbusd (4 k-steps × 16 columns each) in two chains.
+KVR_TARGET_AVX512_VNNI inline __m512i block_dot(const uint8_t* xb, const int8_t* wb, const int32_t* corr) {
+  __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+  for (int g = 0; g < 8; g += 2) {
+    int32_t x0, x1;
+    std::memcpy(&x0, xb + g * 4, 4);
+    std::memcpy(&x1, xb + g * 4 + 4, 4);
+    s0 = _mm512_dpbusd_epi32(s0, _mm512_set1_epi32(x0), _mm512_load_si512(wb + g * 64));
+    s1 = _mm512_dpbusd_epi32(s1, _mm512_set1_epi32(x1), _mm512_load_si512(wb + g * 64 + 64));
+  }
+  return _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_load_si512(corr));
+}
+
+// Two panels at a time (independent dependency chains), then the rest one by one.
+KVR_TARGET_AVX512_VNNI void gemv_avx512(size_t blocks, const uint8_t* xq, const float* dx,
+                                        const int8_t* codes, const float* scale, const int32_t* corr,
+                                        size_t np, float* acc) {
+  const size_t cs = blocks * 512, ms = blocks * 16;
+  size_t q = 0;
+  for (; q + 2 <= np; q += 2) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    for (size_t b = 0; b < blocks; ++b) {
+      const __m512 d = _mm512_set1_ps(dx[b]);
+      const __m512i i0 = block_dot(xq + b * kB, codes + q * cs + b * 512, corr + q * ms + b * 16);
+      const __m512i i1 = block_dot(xq + b * kB, codes + (q + 1) * cs + b * 512, corr + (q + 1) * ms + b * 16);
+      a0 = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_load_ps(scale + q * ms + b * 16)), to_f32(i0), a0);
+      a1 = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_load_ps(scale + (q + 1) * ms + b * 16)), to_f32(i1),
+                           a1);
+    }
+    _mm512_storeu_ps(acc + q * 16, a0);
+    _mm512_storeu_ps(acc + q * 16 + 16, a1);
+  }
+  for (; q < np; ++q) {
+    __m512 a0 = _mm512_setzero_ps();
+    for (size_t b = 0; b < blocks; ++b) {
+      const __m512i i0 = block_dot(xq + b * kB, codes + q * cs + b * 512, corr + q * ms + b * 16);
+      a0 = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(dx[b]), _mm512_load_ps(scale + q * ms + b * 16)),
+                           to_f32(i0), a0);
+    }
+    _mm512_storeu_ps(acc + q * 16, a0);
+  }
+}
+#endif
+
+struct Kernel {
+  const char* name;
+  GemvFn gemv;
+};
+
+Kernel choose() {
+#if KVR_Q8_AVX512
+  if (use_avx512_vnni()) return {"avx512-vnni", &gemv_avx512};
+#endif
+  return {"generic", &gemv_generic};
+}
+
+const Kernel& kernel() {
+  static const Kernel k = choose();
+  return k;
+}
+
+}  // namespace
+
+void quantize_x(const float* x, size_t k, size_t blocks, uint8_t* codes, float* scales) {
+  for (size_t b = 0; b < blocks; ++b) {
+    const size_t k0 = b * kB, k1 = std::min(k, k0 + kB);
+    float amax = 0.f;
+    for (size_t i = k0; i < k1; ++i) amax = std::max(amax, std::fabs(x[i]));
+    const float d = amax / 127.f;
+    const float inv = d > 0.f ? 1.f / d : 0.f;
+    scales[b] = d;
+    for (size_t i = 0; i < kB; ++i) {
+      int q = 0;
+      if (k0 + i < k1) q = static_cast<int>(std::nearbyint(x[k0 + i] * inv));
+      q = std::clamp(q, -127, 127);
+      codes[k0 + i] = static_cast<uint8_t>(q + 128);
+    }
+  }
+}
+
+void gemv(const PackedWeight& w, const uint8_t* xq, const float* dx, size_t p0, size_t p1, float* y,
+          bool accumulate) {
+  if (p0 >= p1) return;
+  const size_t n = w.rows(), blocks = w.q8_blocks();
+  constexpr size_t kChunk = 16;  // panels per kernel call (acc on the stack)
+  alignas(64) float acc[kChunk * 16];
+  for (size_t p = p0; p < p1; p += kChunk) {
+    const size_t np = std::min(kChunk, p1 - p);
+    kernel().gemv(blocks, xq, dx, w.panel_q8(p), w.panel_q8_scale(p), w.panel_q8_corr(p), np, acc);
+    const size_t c0 = p * kPanelWidth, c1 = std::min(n, (p + np) * kPanelWidth);
+    if (accumulate) {
+      for (size_t c = c0; c < c1; ++c) y[c] += acc[c - c0];
+    } else {
+      std::memcpy(y + c0, acc, (c1 - c0) * sizeof(float));
+    }
+  }
+}
+
+void dequant_slice(const PackedWeight& w, size_t p, size_t pc, size_t kc, float* dst) {
+  const int8_t* codes = w.panel_q8(p);
+  const float* scale = w.panel_q8_scale(p);
+  for (size_t t = 0; t < kc; ++t) {
+    const size_t k = pc + t, b = k / kB, g = (k % kB) / 4, e = k % 4;
+    const int8_t* row = codes + b * 512 + g * 64 + e;
+    for (size_t c = 0; c < 16; ++c) dst[t * 16 + c] = scale[b * 16 + c] * static_cast<float>(row[c * 4]);
+  }
+}
+
+const char* kernel_name() { return kernel().name; }
+
+}  // namespace kvr::cpu::q8

@@ -4,6 +4,7 @@ import { benchEngine, formatEngineTable } from "./engine.ts";
 import { benchSnapshots, formatSnapshotTable } from "./snapshot.ts";
 import { benchHttp, formatHttpTable } from "./http.ts";
 import { benchMigration, formatMigrationTable } from "./migration.ts";
+import { benchBatch, formatBatchTable } from "./batch.ts";
 import { benchColdStart, formatColdStartTable } from "./coldstart.ts";
 import { machineInfo } from "./machine.ts";
 import { benchMultihost, formatMultihostTable } from "./multihost.ts";
@@ -21,6 +22,7 @@ const sections: Record<string, Section> = {
   snapshot: { run: benchSnapshots, format: formatSnapshotTable },
   migration: { run: benchMigration, format: formatMigrationTable },
   http: { run: benchHttp, format: formatHttpTable },
+  batch: { run: benchBatch, format: formatBatchTable },
   coldstart: { run: benchColdStart, format: formatColdStartTable },
   multihost: { run: benchMultihost, format: formatMultihostTable },
 };

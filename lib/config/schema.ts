@@ -45,6 +45,25 @@ export const tierSchema = z.strictObject({
   queue_depth: z.number().int().min(0).max(100000).default(16),
   /** Whole-request deadline in milliseconds (queue wait included). */
   request_timeout_ms: positiveInt.default(60000),
+  /** Continuous batching (docs/batching.md): generations share batched steps over a paged KV
+   *  pool; false runs each generation alone with its own worst-case cache. */
+  batching: z.boolean().default(true),
+  /** Memory budget of the tier's paged KV pool, MiB (must hold one max_context sequence). */
+  kv_pool_mb: z.number().gt(0).max(1048576).default(64),
+  /** Positions per KV block (power of two). */
+  kv_block_tokens: z.union([
+    z.literal(8),
+    z.literal(16),
+    z.literal(32),
+    z.literal(64),
+    z.literal(128),
+  ])
+    .default(16),
+  /** Most new tokens in one batched step (decodes count 1): bounds a prefill chunk, so a long
+   *  prompt delays running decodes by at most one such step. */
+  max_step_tokens: positiveInt.max(65536).default(256),
+  /** Most sequences in one batched step. */
+  max_batch: positiveInt.max(4096).default(64),
 });
 
 /** A projector from a lower tier's cache into a higher tier's cache, with its quality gate. */

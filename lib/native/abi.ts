@@ -5,7 +5,7 @@
 import type { WeightRole } from "../model/mod.ts";
 
 /** KVR_ABI_VERSION this binding was written against. */
-export const ABI_VERSION = 2;
+export const ABI_VERSION = 3;
 
 /** kvr_status code → name (without the KVR_ERR_ prefix). */
 export const STATUS_NAMES: Readonly<Record<number, string>> = {
@@ -19,7 +19,11 @@ export const STATUS_NAMES: Readonly<Record<number, string>> = {
   [-7]: "CORRUPT",
   [-8]: "INTERNAL",
   [-9]: "CHECKSUM",
+  [-10]: "POOL_EXHAUSTED",
 };
+
+/** KVR_ERR_POOL_EXHAUSTED: a paged sequence needs more KV blocks than its pool has free. */
+export const STATUS_POOL_EXHAUSTED = -10;
 
 /** kvr_kv_encoding codes (snapshot chunk encodings; 0–2 coincide with kvr_dtype). */
 export const ENCODING_CODE = { f32: 0, f16: 1, bf16: 2, q8: 3, q4: 4 } as const;

@@ -8,9 +8,9 @@ import { EngineError } from "./errors.ts";
 import { dtypeByteSize, type KvDtype } from "./dtype.ts";
 import { cpuKernelName } from "./gemm.ts";
 
-Deno.test("`openNativeLibrary()` opens the library once per path and checks ABI version 2", () => {
+Deno.test("`openNativeLibrary()` opens the library once per path and checks ABI version 3", () => {
   const lib = openNativeLibrary();
-  assert.equal(lib.abiVersion, 2);
+  assert.equal(lib.abiVersion, 3);
   assert.equal(openNativeLibrary(), lib);
   assert.equal(openNativeLibrary(lib.path), lib);
   assert.match(cpuKernelName(lib), /^(avx512|avx2-fma|generic)$/);

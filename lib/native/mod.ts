@@ -9,6 +9,9 @@ export { ENCODING_CODE, type KvEncoding } from "./abi.ts";
 export { NativeLibrary, openNativeLibrary } from "./library.ts";
 export { NativeModel, type NativeModelOptions } from "./model.ts";
 export { NativeSequence } from "./sequence.ts";
+export { KvPool } from "./kv_pool.ts";
+export { type BatchItem, MAX_BATCH_SEQS, MAX_BATCH_TOKENS } from "./batch.ts";
+export { STATUS_POOL_EXHAUSTED } from "./abi.ts";
 export {
   type LogprobRequest,
   NativeSampler,

@@ -17,6 +17,8 @@ import {
 } from "./layout.ts";
 import { type NativeLibrary, openNativeLibrary } from "./library.ts";
 import { NativeSequence } from "./sequence.ts";
+import { KvPool } from "./kv_pool.ts";
+import { type BatchItem, runBatchStep } from "./batch.ts";
 
 /** Options for NativeModel.load. */
 export interface NativeModelOptions {
@@ -58,6 +60,7 @@ export class NativeModel {
   #ptr: Deno.PointerObject | null;
   #freeRequested = false;
   readonly #seqs = new Set<NativeSequence>();
+  readonly #pools = new Set<KvPool>();
 
   private constructor(
     lib: NativeLibrary,
@@ -229,6 +232,78 @@ export class NativeModel {
     return seq;
   }
 
+  /**
+   * Creates a paged KV pool for this model's sequences (see {@link KvPool}).
+   * @param blocks number of blocks (>= 1)
+   * @param blockTokens positions per block, a power of two in [8, 1024] (default 16)
+   * @returns the pool (freed with the model, or by its own free())
+   * @throws RangeError for bad sizes; EngineError (OUT_OF_MEMORY) from native; Error when freed
+   */
+  createKvPool(blocks: number, blockTokens = 16): KvPool {
+    if (this.#freeRequested || this.#ptr === null) {
+      throw new Error("NativeModel.createKvPool(): the model has been freed");
+    }
+    checkInt("blocks", blocks, 1, U32_MAX);
+    checkInt("blockTokens", blockTokens, 8, 1024);
+    if ((blockTokens & (blockTokens - 1)) !== 0) {
+      throw new RangeError(`blockTokens must be a power of two in [8, 1024], got ${blockTokens}`);
+    }
+    const out = new BigUint64Array(1);
+    this.#lib.check(
+      this.#lib.symbols.kvr_kv_pool_create(this.#ptr, blocks, blockTokens, out),
+      "kvr_kv_pool_create",
+    );
+    const ptr = Deno.UnsafePointer.create(out[0]);
+    if (ptr === null) throw new Error("kvr_kv_pool_create returned OK but no pool");
+    const pool = new KvPool(
+      this,
+      this.#lib,
+      ptr,
+      (capacity) => this.#createPaged(ptr, capacity),
+      () => {
+        this.#pools.delete(pool);
+      },
+    );
+    this.#pools.add(pool);
+    return pool;
+  }
+
+  /**
+   * One native step over several sequences of this model (see {@link BatchItem}): projections
+   * as one GEMM over every new token, attention per sequence, logits only where wanted. Each
+   * sequence's result equals its own prefill of the same tokens (up to summation order).
+   * @param items sequences and their new tokens, distinct sequences
+   * @returns per item its (vocab) logits, or null where not wanted
+   * @throws TypeError/RangeError before FFI for bad items; EngineError (POOL_EXHAUSTED when a
+   *   paged sequence cannot grow — nothing changes then); Error when a sequence is freed or busy
+   */
+  batchStep(items: readonly BatchItem[]): Promise<(Float32Array | null)[]> {
+    if (this.#freeRequested || this.#ptr === null) {
+      return Promise.reject(new Error("NativeModel.batchStep(): the model has been freed"));
+    }
+    return runBatchStep(this.#lib, this, items);
+  }
+
+  #createPaged(pool: Deno.PointerObject, capacity: number): NativeSequence {
+    if (this.#freeRequested || this.#ptr === null) {
+      throw new Error("KvPool.createSequence(): the model has been freed");
+    }
+    checkInt("capacity", capacity, 1, U32_MAX);
+    const out = new BigUint64Array(1);
+    this.#lib.check(
+      this.#lib.symbols.kvr_seq_create_paged(pool, capacity, out),
+      "kvr_seq_create_paged",
+    );
+    const ptr = Deno.UnsafePointer.create(out[0]);
+    if (ptr === null) throw new Error("kvr_seq_create_paged returned OK but no sequence");
+    const seq = new NativeSequence(this, this.#lib, ptr, (s) => {
+      this.#seqs.delete(s);
+      this.#maybeRelease();
+    });
+    this.#seqs.add(seq);
+    return seq;
+  }
+
   #maybeRelease(): void {
     if (this.#freeRequested && this.#seqs.size === 0 && this.#ptr !== null) {
       this.#lib.symbols.kvr_model_free(this.#ptr);
@@ -241,6 +316,7 @@ export class NativeModel {
     if (this.#freeRequested) return;
     this.#freeRequested = true;
     for (const s of [...this.#seqs]) s.free();
+    for (const p of [...this.#pools]) p.free();
     this.#maybeRelease();
   }
 

@@ -103,6 +103,16 @@ export class NativeSequence {
     return this.#lib.symbols.kvr_seq_capacity(this.#handle("capacity"));
   }
 
+  /** KV blocks this sequence holds in its pool (0 for a contiguous cache). @throws Error when freed or busy */
+  get blocks(): number {
+    return this.#lib.symbols.kvr_seq_blocks(this.#handle("blocks"));
+  }
+
+  /** Whether free() was called (the native cache may still await an in-flight call). */
+  get freed(): boolean {
+    return this.#freeRequested;
+  }
+
   #fail(status: number, call: string): never {
     throw sequenceError(this.#lib, this.#ptr, status, call);
   }
@@ -534,6 +544,26 @@ export class NativeSequence {
       this.#inFlight = false;
       this.#settle();
     }
+  }
+
+  /**
+   * @internal For a call that holds many sequences at once (the batched step, batch.ts): marks
+   * this sequence busy (every other call throws) and returns its pointer; {@link endHold} ends
+   * it and performs a free() requested meanwhile.
+   * @param op the caller's name, for the freed/busy errors
+   * @returns the kvr_seq pointer
+   * @throws Error when the sequence is freed or another call is in flight
+   */
+  beginHold(op: string): Deno.PointerObject {
+    const ptr = this.#handle(op);
+    this.#inFlight = true;
+    return ptr;
+  }
+
+  /** @internal Ends a {@link beginHold}. */
+  endHold(): void {
+    this.#inFlight = false;
+    this.#settle();
   }
 
   #release(): void {

@@ -350,10 +350,32 @@ export const samplingSymbols = {
 } as const satisfies Deno.ForeignLibraryInterface;
 
 /** Every symbol opened by openNativeLibrary. */
+/** Paged KV pool and the batched step (issue 10). */
+export const batchSymbols = {
+  // (model, n_blocks, block_tokens, out_pool**)
+  kvr_kv_pool_create: { parameters: ["pointer", "u32", "u32", "buffer"], result: "i32" },
+  kvr_kv_pool_free: { parameters: ["pointer"], result: "void" },
+  kvr_kv_pool_blocks_total: { parameters: ["pointer"], result: "u32" },
+  kvr_kv_pool_blocks_free: { parameters: ["pointer"], result: "u32" },
+  kvr_kv_pool_block_tokens: { parameters: ["pointer"], result: "u32" },
+  kvr_kv_pool_block_bytes: { parameters: ["pointer"], result: "u64" },
+  // (pool, capacity, out_seq**)
+  kvr_seq_create_paged: { parameters: ["pointer", "u32", "buffer"], result: "i32" },
+  kvr_seq_blocks: { parameters: ["pointer"], result: "u32" },
+  // (seqs kvr_seq**, n_seqs, n_tokens u32*, tokens i32*, tokens_len, want_logits u32*,
+  //  logits_out f32*, logits_len) — worker thread
+  kvr_batch_step: {
+    parameters: ["buffer", "u32", "buffer", "buffer", "usize", "buffer", "buffer", "usize"],
+    result: "i32",
+    nonblocking: true,
+  },
+} as const satisfies Deno.ForeignLibraryInterface;
+
 export const symbols = {
   ...coreSymbols,
   ...codecSymbols,
   ...migrateSymbols,
+  ...batchSymbols,
   ...samplingSymbols,
 } as const;
 

@@ -2,6 +2,7 @@
 // signature, fingerprint before any KV is allocated), optional migration from the tier whose model
 // made it, the pending tokens plus the continuation prefilled, then the usual Generation.
 import type { GenerateOptions } from "../engine/mod.ts";
+import { Lane } from "./lane.ts";
 import { MigrationRefusedError } from "../migrate/mod.ts";
 import type { NativeSequence } from "../native/mod.ts";
 import { importSnapshot, type SnapshotHeader } from "../snapshot/mod.ts";
@@ -144,7 +145,7 @@ export async function startFromSnapshot(
       ids,
       withCacheTemperature({ ...req.options, maxTokens }, cache),
       cache,
-      seq,
+      Lane.direct(seq),
       logits,
       release,
       { all: slot.signal, client: req.ctx.client },

@@ -10,8 +10,8 @@ import {
   type GenerateResult,
 } from "../engine/mod.ts";
 import { MigrationRefusedError } from "../migrate/mod.ts";
-import type { NativeSequence } from "../native/mod.ts";
 import { prefillWithCache, type PrefixCache, StoreError } from "../store/mod.ts";
+import { Lane } from "./lane.ts";
 import { InputError, UnavailableError } from "./errors.ts";
 import type { RequestContext } from "./request.ts";
 import { requireReady, type Runtime } from "./runtime.ts";
@@ -108,7 +108,7 @@ async function ownCachedChunks(prefix: PrefixCache, keys: string[]): Promise<num
 
 /** A generation admitted and prefilled; iterate {@link Generation.tokens} once, or close it. */
 export class Generation {
-  #seq: NativeSequence | null;
+  #lane: Lane | null;
   #release: (() => void) | null;
   #closed = false;
   readonly #rt: Runtime;
@@ -124,14 +124,14 @@ export class Generation {
     readonly promptIds: number[],
     readonly options: Omit<GenerateOptions, "signal">,
     readonly cache: CacheOutcome,
-    seq: NativeSequence,
+    lane: Lane,
     logits: Float32Array,
     release: () => void,
     signals: { all: AbortSignal; client?: AbortSignal },
     startMs: number,
   ) {
     this.#rt = rt;
-    this.#seq = seq;
+    this.#lane = lane;
     this.#logits = logits;
     this.#release = release;
     this.#signal = signals.all;
@@ -145,12 +145,12 @@ export class Generation {
    * @returns the result (finishReason "abort" with abortCause when stopped early)
    */
   async *tokens(): AsyncGenerator<GenerateChunk, ServedResult> {
-    if (this.#closed || !this.#seq) throw new Error("generation already consumed or closed");
+    if (this.#closed || !this.#lane) throw new Error("generation already consumed or closed");
     const m = this.#rt.metrics;
     const labels = { tier: this.tier.name };
     let firstAt: number | undefined;
     try {
-      const loop = decodeLoop(this.#seq, this.#logits, {
+      const loop = decodeLoop(this.#lane.target, this.#logits, {
         tokenizer: this.tier.model.tokenizer,
         eosTokenIds: this.tier.model.eosTokenIds,
         contextIds: this.promptIds.slice(-8),
@@ -204,8 +204,8 @@ export class Generation {
   close(): void {
     if (this.#closed) return;
     this.#closed = true;
-    this.#seq?.free();
-    this.#seq = null;
+    this.#lane?.free();
+    this.#lane = null;
     this.#rt.metrics.activeSequences.add({ tier: this.tier.name }, -1);
     this.#release?.();
     this.#release = null;
@@ -250,24 +250,24 @@ export async function startGeneration(rt: Runtime, req: GenerationRequest): Prom
   const slot = await admitSlot(rt, tier, req.ctx);
   const { release } = slot;
   rt.metrics.activeSequences.add({ tier: tier.name }, 1);
-  let seq: NativeSequence | null = null;
+  let lane: Lane | null = null;
   try {
-    seq = tier.model.native.createSequence(promptIds.length + maxTokens);
+    lane = Lane.create(tier, promptIds.length + maxTokens);
     const { logits, cache } = await prefill(
       rt,
       tier,
-      seq,
+      lane,
       promptIds,
       req.escalate ?? true,
       req.ctx.tenant,
     );
     const options = withCacheTemperature({ ...req.options, maxTokens }, cache);
-    return new Generation(rt, tier, promptIds, options, cache, seq, logits, release, {
+    return new Generation(rt, tier, promptIds, options, cache, lane, logits, release, {
       all: slot.signal,
       client: req.ctx.client,
     }, startMs);
   } catch (e) {
-    seq?.free();
+    lane?.free();
     rt.metrics.activeSequences.add({ tier: tier.name }, -1);
     release();
     throw e;
@@ -277,7 +277,7 @@ export async function startGeneration(rt: Runtime, req: GenerationRequest): Prom
 async function prefill(
   rt: Runtime,
   tier: Tier,
-  seq: NativeSequence,
+  lane: Lane,
   ids: number[],
   escalate: boolean,
   tenant: string,
@@ -288,7 +288,7 @@ async function prefill(
   // it anything about another tenant's prompts.
   const prefix = tier.prefix?.forTenant(tenant);
   if (!prefix) {
-    return { logits: await seq.prefill(ids), cache: { source: "none", reusedTokens: 0 } };
+    return { logits: await lane.prefill([], ids), cache: { source: "none", reusedTokens: 0 } };
   }
   try {
     const C = prefix.chunkTokens;
@@ -305,7 +305,7 @@ async function prefill(
         if (n > own && n > (best?.chunks ?? 0)) best = { tier: lower, prefix: lp, chunks: n };
       }
       if (best) {
-        const migrated = await tryMigrate(rt, best, tier, seq, ids, best.chunks * C);
+        const migrated = await tryMigrate(rt, best, tier, lane, ids, best.chunks * C);
         if (migrated.ok) return { logits: migrated.logits, cache: migrated.cache };
         fallback = {
           source: "fallback",
@@ -316,7 +316,12 @@ async function prefill(
         m.fallbacks.inc({ from: best.tier.name, to: tier.name });
       }
     }
-    const r = await prefillWithCache(prefix, seq, ids);
+    const r = await prefillWithCache(
+      prefix,
+      lane.seq,
+      ids,
+      (reused) => lane.prefill(ids.slice(0, reused), ids.slice(reused)),
+    );
     if (r.reusedTokens > 0) {
       m.prefixHits.inc(labels);
       m.reusedTokens.inc(labels, r.reusedTokens);
@@ -332,8 +337,8 @@ async function prefill(
     if (!(e instanceof StoreError)) throw e;
     // The cache is an optimisation: a store failure degrades to a full prefill.
     m.errors.inc({ type: "store_degraded" });
-    if (seq.length > 0) seq.truncate(0);
-    return { logits: await seq.prefill(ids), cache: { source: "none", reusedTokens: 0 } };
+    lane.reset();
+    return { logits: await lane.prefill([], ids), cache: { source: "none", reusedTokens: 0 } };
   }
 }
 
@@ -345,7 +350,7 @@ async function tryMigrate(
   rt: Runtime,
   lower: { tier: Tier; prefix: PrefixCache },
   to: Tier,
-  target: NativeSequence,
+  lane: Lane,
   ids: number[],
   cachedTokens: number,
 ): Promise<MigrateAttempt> {
@@ -370,8 +375,8 @@ async function tryMigrate(
       }
     }
     // Projected KV for [0, keep), then repair: the target prefills the rest itself.
-    await rt.migrator.projectInto(from, to, src, keep, target);
-    const logits = await target.prefill(ids.slice(keep));
+    await rt.migrator.projectInto(from, to, src, keep, lane.seq);
+    const logits = await lane.prefill(ids.slice(0, keep), ids.slice(keep));
     rt.metrics.migrations.inc({ from: from.name, to: to.name });
     rt.metrics.reusedTokens.inc({ tier: to.name }, keep);
     return {
@@ -385,7 +390,7 @@ async function tryMigrate(
       },
     };
   } catch (e) {
-    if (target.length > 0) target.truncate(0);
+    lane.reset();
     if (e instanceof MigrationRefusedError) return { ok: false, reason: e.message };
     throw e;
   } finally {

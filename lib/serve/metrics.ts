@@ -186,6 +186,34 @@ export class Metrics {
     new Counter("kvrelay_snapshot_bytes_total", "Snapshot bytes by direction"),
   );
 
+  /** Sequences per batched step (continuous batching), per tier. */
+  readonly batchSize = this.#add(
+    new Histogram("kvrelay_batch_size", "Sequences per batched engine step", [
+      1,
+      2,
+      4,
+      8,
+      16,
+      32,
+      64,
+      128,
+    ]),
+  );
+  /** Tokens per batched step (decodes + prefill chunk), per tier. */
+  readonly stepTokens = this.#add(
+    new Counter("kvrelay_batch_step_tokens_total", "Tokens computed in batched steps by kind"),
+  );
+  /** Paged KV blocks in use, per tier. */
+  readonly kvBlocksUsed = this.#add(
+    new Gauge("kvrelay_kv_blocks_used", "Paged KV blocks held by sequences"),
+  );
+  /** Paged KV blocks free, per tier. */
+  readonly kvBlocksFree = this.#add(new Gauge("kvrelay_kv_blocks_free", "Paged KV blocks free"));
+  /** Sequences preempted (KV dropped, recomputed later) because the pool ran dry, per tier. */
+  readonly preemptions = this.#add(
+    new Counter("kvrelay_preemptions_total", "Sequences preempted for KV blocks (recomputed)"),
+  );
+
   #add<T extends Metric>(m: T): T {
     this.#all.push(m);
     return m;

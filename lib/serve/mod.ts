@@ -33,6 +33,20 @@ export {
 } from "./runtime.ts";
 export { type AbortCause, admitSlot, type Slot } from "./slot.ts";
 export {
+  ScheduledSequence,
+  Scheduler,
+  SchedulerClosedError,
+  type SchedulerCounters,
+  type SchedulerHooks,
+  type SchedulerOptions,
+  type StepEngine,
+  type StepItem,
+  type StepStats,
+} from "./scheduler.ts";
+export { nativeStepEngine } from "./native_engine.ts";
+export { createBatching, poolBlocks } from "./batching.ts";
+export { Lane } from "./lane.ts";
+export {
   abortError,
   type CacheOutcome,
   checkContext,

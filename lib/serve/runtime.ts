@@ -21,6 +21,7 @@ import { UploadBudget } from "./uploads.ts";
 import { createMigrator, type Migrator } from "./migrator.ts";
 import { findTier, type Tier } from "./tier.ts";
 import { autoFallbackNote, resolveTierBackends } from "./backends.ts";
+import { createBatching } from "./batching.ts";
 
 /** Load state of one tier. */
 export interface TierLoadState {
@@ -227,7 +228,8 @@ export async function createRuntime(
               ttlMs: config.prefix_cache.ttl_ms,
             })
             : null;
-          tiers.set(name, { name, rank, config: tc, model, queue, prefix, encoding });
+          const batch = tc.batching ? createBatching(name, tc, model.native, metrics) : null;
+          tiers.set(name, { name, rank, config: tc, model, queue, prefix, encoding, batch });
         }
         const p0 = performance.now();
         await rt.migrator.load(tiers);
@@ -249,6 +251,7 @@ export async function createRuntime(
       shutdown.abort(new Error("server shutting down"));
       await rt.migrator.close();
       for (const t of tiers.values()) {
+        t.batch?.scheduler.close();
         t.model.tokenizer.close();
         t.model.native.free();
       }

@@ -2,6 +2,8 @@
 // snapshot encoding. A type plus the lookup by name; loading tiers is runtime.ts's job.
 import type { TierConfig } from "../config/mod.ts";
 import type { LoadedModel } from "../engine/mod.ts";
+import type { KvPool, NativeSequence } from "../native/mod.ts";
+import type { Scheduler } from "./scheduler.ts";
 import type { SnapshotEncoding } from "../snapshot/mod.ts";
 import type { PrefixCache } from "../store/mod.ts";
 import { NotFoundError } from "./errors.ts";
@@ -19,6 +21,9 @@ export interface Tier {
   prefix: PrefixCache | null;
   /** Snapshot encoding this tier exports with (undefined = the cache's own dtype). */
   encoding: SnapshotEncoding | undefined;
+  /** Continuous batching: the paged KV pool and the step loop generations decode in (null when
+   *  the tier config turns batching off: each generation then decodes alone). */
+  batch: { pool: KvPool; scheduler: Scheduler<NativeSequence> } | null;
 }
 
 /**

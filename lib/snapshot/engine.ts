@@ -163,6 +163,9 @@ export interface ImportOptions {
   maxTokens?: number;
   /** Prefill the pending tokens after import (default true): `logits` is then set. */
   prefillPending?: boolean;
+  /** Makes the target sequence of `capacity` tokens (default: a contiguous one of the model;
+   *  a serving tier passes its KV pool's createSequence for a paged one). */
+  createSequence?: (capacity: number) => NativeSequence;
 }
 
 /** A restored sequence. */
@@ -275,7 +278,10 @@ export async function importSnapshot(
             `snapshot needs a ${need}-token sequence (with reserve ${reserve}), above the limit ${maxTokens}`,
           );
         }
-        seq = model.native.createSequence(Math.max(1, need));
+        const capacity = Math.max(1, need);
+        seq = opts.createSequence
+          ? opts.createSequence(capacity)
+          : model.native.createSequence(capacity);
         return nativeSink(seq);
       },
     }, {

@@ -227,6 +227,8 @@ export class PrefixCache {
  * @param cache the prefix cache (its model must own `seq`)
  * @param seq an empty sequence with capacity >= tokens.length
  * @param tokens prompt token ids (at least 1)
+ * @param prefillRest computes the tokens after the reused prefix (default seq.prefill of them);
+ *   a serving tier passes its scheduler so the prompt runs in batched steps
  * @returns last-token logits and how many tokens were reused / prefilled
  * @throws RangeError for an empty prompt or non-empty sequence; EngineError from native calls;
  *   StoreError from the store (reads and writes)
@@ -235,6 +237,7 @@ export async function prefillWithCache(
   cache: PrefixCache,
   seq: NativeSequence,
   tokens: number[],
+  prefillRest?: (reusedTokens: number) => Promise<Float32Array>,
 ): Promise<PrefillResult> {
   if (tokens.length < 1) throw new RangeError("prefillWithCache(): tokens is empty");
   if (seq.length !== 0) {
@@ -256,7 +259,9 @@ export async function prefillWithCache(
   cache.stats.hits += reused;
   cache.stats.misses += eligible - reused;
   const reusedTokens = reused * C;
-  const logits = await seq.prefill(tokens.slice(reusedTokens));
+  const logits = prefillRest
+    ? await prefillRest(reusedTokens)
+    : await seq.prefill(tokens.slice(reusedTokens));
   cache.stats.reusedTokens += reusedTokens;
   cache.stats.prefilledTokens += tokens.length - reusedTokens;
   for (let i = reused; i < allFull; i++) {

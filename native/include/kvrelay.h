@@ -30,7 +30,7 @@ extern "C" {
 #endif
 
 /* Bumped on any change of a signature or struct layout; TypeScript refuses a mismatch. */
-#define KVR_ABI_VERSION 2
+#define KVR_ABI_VERSION 3
 
 typedef enum kvr_status {
   KVR_OK = 0,
@@ -42,7 +42,8 @@ typedef enum kvr_status {
   KVR_ERR_OUT_OF_MEMORY = -6,
   KVR_ERR_CORRUPT = -7,          /* file contents inconsistent with the tensor table */
   KVR_ERR_INTERNAL = -8,
-  KVR_ERR_CHECKSUM = -9          /* a stored CRC32C does not match the bytes (snapshot chunk) */
+  KVR_ERR_CHECKSUM = -9,         /* a stored CRC32C does not match the bytes (snapshot chunk) */
+  KVR_ERR_POOL_EXHAUSTED = -10   /* a paged sequence needs KV blocks its pool does not have free */
 } kvr_status;
 
 /* Element types, shared by weights, KV cache and KV read/write buffers. */
@@ -267,6 +268,54 @@ KVR_API int32_t kvr_seq_kv_write(kvr_seq* seq, uint32_t layer, uint32_t start, u
                                  const void* v_in, size_t v_bytes);
 /* Sets length to n_tokens (<= capacity). The caller vouches positions < n_tokens hold data. */
 KVR_API int32_t kvr_seq_set_length(kvr_seq* seq, uint32_t n_tokens);
+
+/* ---- Paged KV pool and batched step (issue 10: continuous batching) — declarations below ----
+ *
+ * A pool is one model's arena of fixed-size KV blocks (block_tokens positions each, every layer's
+ * K and V: 2 · layers · kv_heads · block_tokens · head_dim · sizeof(kv_dtype) bytes per block).
+ * A paged sequence holds a block table into its pool and takes blocks as it grows (prefill,
+ * decode, kv_write, set_length, batch steps) and gives them back on truncate and free; its
+ * capacity is only a logical bound. Every other kvr_seq_* call works the same on both kinds.
+ * A call that would need more blocks than the pool has free fails with KVR_ERR_POOL_EXHAUSTED
+ * and changes nothing (no sequence of the pool is touched). The pool handle may be freed before
+ * its sequences (they keep the arena alive). Thread-safe: sequences of one pool may run on
+ * different threads.
+ */
+typedef struct kvr_kv_pool kvr_kv_pool;
+/* n_blocks >= 1; block_tokens a power of two in [8, 1024]. The arena is calloc'ed at once
+ * (pages are committed by the OS as blocks are first written). */
+KVR_API int32_t kvr_kv_pool_create(kvr_model* model, uint32_t n_blocks, uint32_t block_tokens,
+                                   kvr_kv_pool** out_pool);
+KVR_API void kvr_kv_pool_free(kvr_kv_pool* pool);
+KVR_API uint32_t kvr_kv_pool_blocks_total(const kvr_kv_pool* pool);
+KVR_API uint32_t kvr_kv_pool_blocks_free(const kvr_kv_pool* pool);
+KVR_API uint32_t kvr_kv_pool_block_tokens(const kvr_kv_pool* pool);
+/* Bytes of one block (see above); 0 for NULL. */
+KVR_API uint64_t kvr_kv_pool_block_bytes(const kvr_kv_pool* pool);
+/* A sequence of the pool's model holding no block yet; capacity (>= 1) bounds its length. */
+KVR_API int32_t kvr_seq_create_paged(kvr_kv_pool* pool, uint32_t capacity, kvr_seq** out_seq);
+/* Blocks a paged sequence holds (0 for a contiguous one or NULL). */
+KVR_API uint32_t kvr_seq_blocks(const kvr_seq* seq);
+
+/*
+ * One forward step over a batch of sequences of one model: sequence i appends n_tokens[i] (>= 1)
+ * tokens — a decode (1) or a prefill chunk (more) — taken in order from `tokens` (tokens_len =
+ * Σ n_tokens). Projections run as one GEMM over all Σ n_tokens rows; attention runs per sequence
+ * over its own cache. want_logits[i] (0/1): whether sequence i wants the logits of its last new
+ * position; those rows are written to logits_out in batch order, (Σ want_logits, vocab) row-major
+ * (logits_len >= that). Each sequence's result equals the one-sequence prefill of the same tokens
+ * up to float summation order (same greedy tokens; logits within ~1e-5 relative).
+ * Checks before any work: n_seqs in [1, 4096], pointers not NULL, sequences distinct and of one
+ * model (KVR_ERR_INVALID_ARGUMENT), token ids < vocab (KVR_ERR_OUT_OF_RANGE), each sequence's
+ * capacity (KVR_ERR_CAPACITY), Σ n_tokens <= 65536, then the blocks of every paged sequence are
+ * taken all or none (KVR_ERR_POOL_EXHAUSTED). On failure no length changes. The message goes to
+ * kvr_last_error and to every sequence of the batch. No call may run on these sequences meanwhile.
+ */
+KVR_API int32_t kvr_batch_step(kvr_seq* const* seqs, uint32_t n_seqs, const uint32_t* n_tokens,
+                               const int32_t* tokens, size_t tokens_len,
+                               const uint32_t* want_logits, float* logits_out, size_t logits_len);
+
+/* ---- end paged KV pool and batched step ---- */
 
 /* ---- KV snapshot codec (issue 3: quantize/dequantize chunks) — declarations below ---- */
 

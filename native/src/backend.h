@@ -99,6 +99,30 @@ struct ChunkSpec {
   uint32_t cache_dtype = 0;  // the sequence's kv_dtype (imported values must stay finite in it)
 };
 
+// A paged KV pool of one backend (continuous batching, docs/batching.md): a fixed arena of
+// blocks of block_tokens positions, each holding every layer's K and V for its positions.
+// Paged SeqStates hold block tables into it. Thread-safe counts; owned by shared_ptr (the
+// kvr_kv_pool handle and every paged sequence of it).
+class PoolState {
+ public:
+  virtual ~PoolState() = default;
+  virtual uint32_t blocks_total() const = 0;
+  virtual uint32_t blocks_free() const = 0;
+  virtual uint32_t block_tokens() const = 0;
+  virtual uint64_t block_bytes() const = 0;
+};
+
+// One sequence's part of a batched step (Backend::forward_batch): tokens[0..n) at positions
+// pos0.. (storage for them already reserved); logits: host (vocab) for its last row, or null;
+// spare: host (vocab) floats a backend may overwrite (for forward(), which always writes logits).
+struct BatchEntry {
+  SeqState* s = nullptr;
+  const int32_t* tokens = nullptr;
+  size_t n = 0, pos0 = 0;
+  float* logits = nullptr;
+  float* spare = nullptr;
+};
+
 // A linear KV projector as kvr_projector_apply_seq hands it to a backend (projector.cpp): shapes,
 // row-major weights on request, biases, and a slot where a device backend keeps its copy of the
 // weights for the projector's lifetime (guarded by slot_mutex).
@@ -151,6 +175,28 @@ class Backend {
   // from the host frame into positions [start, start+tokens) of every layer (start+tokens <=
   // capacity); writes nothing when a check fails. The neutral layer sets length.
   virtual void import_chunk(SeqState& s, const ChunkSpec& c, const uint8_t* frame, size_t frame_len) const;
+  // ---- Paged KV and batched steps (continuous batching, docs/batching.md) ----
+  // For a backend without them (the defaults): pools are KVR_ERR_UNSUPPORTED, reserve/shrink are
+  // no-ops (contiguous caches) and forward_batch runs forward() per entry.
+  // A pool of n_blocks (>= 1) blocks of block_tokens (power of two in [8, 1024]) positions.
+  virtual std::shared_ptr<PoolState> create_pool(uint32_t n_blocks, uint32_t block_tokens) const;
+  // A sequence state holding no block yet, growing in `pool` (created by this backend) up to
+  // `capacity` positions.
+  virtual std::unique_ptr<SeqState> create_paged_seq(const std::shared_ptr<PoolState>& pool,
+                                                     uint32_t capacity) const;
+  // Makes positions [0, tokens) (tokens <= capacity) addressable: a paged state takes the missing
+  // blocks from its pool all or none, else throws BackendError KVR_ERR_POOL_EXHAUSTED (nothing
+  // changes then). Contiguous states: no-op. Called by the neutral layer before every write.
+  virtual void reserve(SeqState& /*s*/, size_t /*tokens*/) const {}
+  // Gives back the blocks holding no position < tokens (truncate, set_length). Contiguous: no-op.
+  virtual void shrink(SeqState& /*s*/, size_t /*tokens*/) const {}
+  // Blocks a paged state holds (0 for a contiguous one).
+  virtual uint32_t blocks_held(const SeqState& /*s*/) const { return 0; }
+  // One forward step over `count` distinct sequences (validated, storage reserved): projections
+  // batched over all rows, attention per sequence. Each entry's logits equal forward() of its
+  // tokens up to summation order. The default (batch.cpp) calls forward() per entry.
+  virtual void forward_batch(const BatchEntry* entries, size_t count) const;
+
   // Empty while the backend is usable, else why not: a device fault (a CUDA kernel error leaves the
   // context unusable) fails every later call, and the model must be reloaded. Any thread
   // (kvr_model_health; /readyz answers 503 then).

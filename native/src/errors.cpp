@@ -51,6 +51,7 @@ const char* status_name(int32_t status) {
     case KVR_ERR_CORRUPT: return "KVR_ERR_CORRUPT";
     case KVR_ERR_INTERNAL: return "KVR_ERR_INTERNAL";
     case KVR_ERR_CHECKSUM: return "KVR_ERR_CHECKSUM";
+    case KVR_ERR_POOL_EXHAUSTED: return "KVR_ERR_POOL_EXHAUSTED";
     default: return "KVR_ERR_UNKNOWN";
   }
 }

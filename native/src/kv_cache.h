@@ -1,11 +1,17 @@
-// A sequence's KV cache: for every layer, K and V as (kv_heads, capacity, head_dim) in the
-// model's kv_dtype, K post-RoPE. One calloc'ed block laid out (layer, {K,V}, kv_head, pos, dim).
+// A sequence's KV cache: for every layer, K and V in the model's kv_dtype, K post-RoPE. Two
+// storages behind one address function (at/run): contiguous — one calloc'ed block laid out
+// (layer, {K,V}, kv_head, pos, dim) of `capacity` positions — or paged — a block table into a
+// shared KvPool (kv_pool.h) that grows block by block up to `capacity` positions.
 // Not the read/write API (sequence.cpp) nor attention (cpu/attention.cpp).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <memory>
+#include <vector>
+
+#include "kv_pool.h"
 
 namespace kvr {
 
@@ -13,17 +19,60 @@ struct KvCache {
   uint32_t dtype = 0;
   size_t elem = 4;  // bytes per element
   size_t layers = 0, kv_heads = 0, head_dim = 0, capacity = 0;
-  uint8_t* data = nullptr;  // owned (calloc/free)
+  uint8_t* data = nullptr;  // contiguous storage, owned (calloc/free); nullptr when paged
+  std::shared_ptr<KvPool> pool;  // paged storage: positions [i*bt, (i+1)*bt) live in table[i]
+  std::vector<uint32_t> table;
 
   KvCache() = default;
   KvCache(const KvCache&) = delete;
   KvCache& operator=(const KvCache&) = delete;
-  ~KvCache() { std::free(data); }
+  ~KvCache() {
+    std::free(data);
+    if (pool) pool->release(table.data(), table.size());
+  }
 
-  size_t head_bytes() const { return capacity * head_dim * elem; }          // one (pos, dim) plane
-  size_t plane_bytes() const { return kv_heads * head_bytes(); }            // one layer's K or V
+  bool paged() const { return pool != nullptr; }
+  size_t head_bytes() const { return capacity * head_dim * elem; }  // contiguous: one (pos, dim) plane
+  size_t plane_bytes() const { return kv_heads * head_bytes(); }    // contiguous: one layer's K or V
+  // Contiguous only: a layer's K or V plane (kv_heads, capacity, head_dim).
   uint8_t* k(size_t layer) const { return data + (2 * layer) * plane_bytes(); }
   uint8_t* v(size_t layer) const { return data + (2 * layer + 1) * plane_bytes(); }
+
+  // Address of (head_dim) elements of K (which = 0) or V (1) of kv head g at position p of a layer.
+  // Paged: p must lie in a held block (p < held_tokens()).
+  uint8_t* at(size_t layer, size_t which, size_t g, size_t p) const {
+    const size_t plane = (2 * layer + which) * kv_heads + g;
+    if (!pool) return data + plane * head_bytes() + p * head_dim * elem;
+    const size_t bt = pool->tokens_per_block;
+    return pool->data + table[p / bt] * pool->bytes_per_block + (plane * bt + p % bt) * head_dim * elem;
+  }
+  // Positions from p on that are contiguous in memory at at(.., p) (within p's block when paged).
+  size_t run(size_t p) const { return pool ? pool->tokens_per_block - p % pool->tokens_per_block : capacity - p; }
+  // Positions with storage now: capacity when contiguous, held blocks × block tokens when paged.
+  size_t held_tokens() const { return pool ? table.size() * pool->tokens_per_block : capacity; }
+  // Blocks a paged cache must add to hold positions [0, tokens) (0 when contiguous).
+  size_t blocks_needed(size_t tokens) const {
+    if (!pool) return 0;
+    const size_t want = (tokens + pool->tokens_per_block - 1) / pool->tokens_per_block;
+    return want > table.size() ? want - table.size() : 0;
+  }
+  // Makes positions [0, tokens) (tokens <= capacity) addressable: takes the missing blocks from the
+  // pool, all or none. False when the pool has too few free blocks (nothing changes then).
+  // Throws std::bad_alloc when the table cannot grow.
+  bool reserve(size_t tokens) {
+    const size_t need = blocks_needed(tokens);
+    if (need == 0) return true;
+    table.reserve(table.size() + need);
+    return pool->take(need, table);
+  }
+  // Returns the blocks holding no position < tokens to the pool (paged; no-op when contiguous).
+  void shrink(size_t tokens) {
+    if (!pool) return;
+    const size_t keep = (tokens + pool->tokens_per_block - 1) / pool->tokens_per_block;
+    if (keep >= table.size()) return;
+    pool->release(table.data() + keep, table.size() - keep);
+    table.resize(keep);
+  }
 };
 
 }  // namespace kvr

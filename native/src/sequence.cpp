@@ -64,6 +64,7 @@ int32_t prefill_impl(kvr_seq* seq, const int32_t* tokens, size_t n, uint32_t all
       return seq_fail(seq, KVR_ERR_OUT_OF_RANGE,
                       format("token id %d at index %zu is out of range [0, %zu)", tokens[i], i, m.vocab));
   }
+  m.backend->reserve(*seq->state, seq->length + n);  // paged: blocks all or none (POOL_EXHAUSTED)
   m.backend->forward(*seq->state, tokens, n, seq->length, all_positions != 0, logits);
   seq->length += static_cast<uint32_t>(n);
   return KVR_OK;
@@ -179,6 +180,7 @@ KVR_API int32_t kvr_seq_truncate(kvr_seq* seq, uint32_t n_tokens) {
     return seq_fail(seq, KVR_ERR_OUT_OF_RANGE,
                     format("truncate to %u tokens exceeds length %u", n_tokens, seq->length));
   seq->length = n_tokens;
+  seq->model->backend->shrink(*seq->state, n_tokens);  // paged: blocks past the length go back
   return KVR_OK;
 }
 
@@ -198,7 +200,9 @@ KVR_API int32_t kvr_seq_kv_write(kvr_seq* seq, uint32_t layer, uint32_t start, u
   if (!seq) return fail(KVR_ERR_INVALID_ARGUMENT, "seq is NULL");
   return kvr::guarded(seq, "kv_write", [&] {
     if (int32_t st = kvr::kv_check(seq, layer, start, count, dtype, k_in, k_bytes, v_in, v_bytes, true)) return st;
-    if (count > 0) seq->model->backend->kv_write(*seq->state, layer, start, count, dtype, k_in, v_in);
+    if (count == 0) return static_cast<int32_t>(KVR_OK);
+    seq->model->backend->reserve(*seq->state, static_cast<size_t>(start) + count);
+    seq->model->backend->kv_write(*seq->state, layer, start, count, dtype, k_in, v_in);
     return static_cast<int32_t>(KVR_OK);
   });
 }
@@ -208,8 +212,12 @@ KVR_API int32_t kvr_seq_set_length(kvr_seq* seq, uint32_t n_tokens) {
   if (n_tokens > seq->capacity)
     return seq_fail(seq, KVR_ERR_OUT_OF_RANGE,
                     format("set_length %u exceeds capacity %u", n_tokens, seq->capacity));
-  seq->length = n_tokens;
-  return KVR_OK;
+  return kvr::guarded(seq, "set_length", [&] {
+    seq->model->backend->reserve(*seq->state, n_tokens);  // paged: blocks for [0, n) all or none
+    seq->length = n_tokens;
+    seq->model->backend->shrink(*seq->state, n_tokens);
+    return static_cast<int32_t>(KVR_OK);
+  });
 }
 
 }  // extern "C"

@@ -1,4 +1,4 @@
-"""ctypes mirror of the libkvrelay C ABI (native/include/kvrelay.h, ABI 2) and a small HF checkpoint
+"""ctypes mirror of the libkvrelay C ABI (native/include/kvrelay.h, ABI 3) and a small HF checkpoint
 reader (config.json + safetensors headers → kvr_model_params + tensor table), mirroring lib/model
 and lib/native for the GPU check. Not a general binding: only what scripts/gpu_check needs."""
 
@@ -9,11 +9,12 @@ import struct
 
 import numpy as np
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 OK = 0
 STATUS_NAMES = {
     0: "OK", -1: "INVALID_ARGUMENT", -2: "OUT_OF_RANGE", -3: "CAPACITY", -4: "IO",
     -5: "UNSUPPORTED", -6: "OUT_OF_MEMORY", -7: "CORRUPT", -8: "INTERNAL",
+    -9: "CHECKSUM", -10: "POOL_EXHAUSTED",
 }
 DTYPE = {"f32": 0, "f16": 1, "bf16": 2}
 DTYPE_SIZE = {0: 4, 1: 2, 2: 2}

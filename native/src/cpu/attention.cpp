@@ -28,6 +28,12 @@ constexpr size_t kQBlock = 24;       // queries per work item (× the GQA group'
 constexpr double kMinParallelWork = 1 << 20;  // multiply-adds below which one thread is faster
 constexpr size_t kBlockMinRows = 8;  // fewer rows (decode): per-row kernel, no K transpose
 
+// Keys per tile: kTile, or the block size of a paged cache with smaller blocks, so a tile never
+// straddles two blocks (f32 tiles are then read in place from either storage).
+size_t tile_keys(const KvCache& kv) {
+  return kv.paged() ? std::min(kTile, kv.pool->tokens_per_block) : kTile;
+}
+
 struct Plan {
   bool parallel;
   size_t group, qblock, nqb, splits, items, rows_max;
@@ -42,7 +48,8 @@ Plan make_plan(const AttnArgs& a) {
   p.nqb = (a.n + p.qblock - 1) / p.qblock;
   const size_t base = a.kv_heads * p.nqb;
   const size_t want = 2 * static_cast<size_t>(std::max(a.n_threads, 1));
-  const size_t tiles = (a.pos0 + a.n + kTile - 1) / kTile;
+  const size_t tile = tile_keys(*a.kv);
+  const size_t tiles = (a.pos0 + a.n + tile - 1) / tile;
   // Multiply-adds (upper bound); small problems run on the calling thread (no fork/join).
   const double work = 2.0 * a.heads * a.n * static_cast<double>(a.pos0 + a.n) * a.head_dim;
   p.parallel = a.n_threads > 1 && work >= kMinParallelWork;
@@ -360,8 +367,9 @@ ThreadBufs thread_bufs(const Plan& p, size_t hd, float* tb) {
 void run_item(const AttnArgs& a, const Plan& p, size_t item, const ThreadBufs& tb, float* acc) {
   const size_t hd = a.head_dim;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
-  const size_t es = a.dtype == KVR_DTYPE_F32 ? 4 : 2;
-  const size_t head_bytes = a.capacity * hd * es;
+  const KvCache& kv = *a.kv;
+  const uint32_t dtype = kv.dtype;
+  const size_t tile = tile_keys(kv);
   RowTileFn row_tile = row_tile_generic;
 #if KVR_X86
   if (simd::has_avx2()) row_tile = row_tile_avx2;
@@ -374,7 +382,7 @@ void run_item(const AttnArgs& a, const Plan& p, size_t item, const ThreadBufs& t
   const size_t i0 = qb * p.qblock, i1 = std::min(a.n, i0 + p.qblock);
   const size_t rows = (i1 - i0) * p.group;
   const size_t kend = a.pos0 + i1;  // keys [0, kend) visible to the block's last query
-  const size_t ntiles = (kend + kTile - 1) / kTile;
+  const size_t ntiles = (kend + tile - 1) / tile;
   const size_t t_begin = ntiles * seg / p.splits, t_end = ntiles * (seg + 1) / p.splits;
   float* mrow = acc + p.rows_max * hd;  // (rows)
   float* lrow = mrow + p.rows_max;      // (rows)
@@ -383,19 +391,19 @@ void run_item(const AttnArgs& a, const Plan& p, size_t item, const ThreadBufs& t
     lrow[r] = 0.f;
   }
   std::fill(acc, acc + rows * hd, 0.f);
-  const uint8_t* kh = a.k + g * head_bytes;
-  const uint8_t* vh = a.v + g * head_bytes;
   for (size_t tt = t_begin; tt < t_end; ++tt) {
-    const size_t k0 = tt * kTile;
-    const size_t tl = std::min(kTile, kend - k0);
+    const size_t k0 = tt * tile;
+    const size_t tl = std::min(tile, kend - k0);
+    const uint8_t* kh = kv.at(a.layer, 0, g, k0);  // tl contiguous (tl, hd) rows
+    const uint8_t* vh = kv.at(a.layer, 1, g, k0);
     const float* kt;
     const float* vt;
-    if (a.dtype == KVR_DTYPE_F32) {
-      kt = reinterpret_cast<const float*>(kh) + k0 * hd;
-      vt = reinterpret_cast<const float*>(vh) + k0 * hd;
+    if (dtype == KVR_DTYPE_F32) {
+      kt = reinterpret_cast<const float*>(kh);
+      vt = reinterpret_cast<const float*>(vh);
     } else {
-      to_f32(kh + k0 * hd * es, a.dtype, tb.ktile, tl * hd);
-      to_f32(vh + k0 * hd * es, a.dtype, tb.vtile, tl * hd);
+      to_f32(kh, dtype, tb.ktile, tl * hd);
+      to_f32(vh, dtype, tb.vtile, tl * hd);
       kt = tb.ktile;
       vt = tb.vtile;
     }

@@ -7,15 +7,15 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kv_cache.h"
+
 namespace kvr::cpu {
 
 struct AttnArgs {
   const float* q = nullptr;      // (n, heads*head_dim) rows with stride ldq, post-RoPE
   size_t ldq = 0;
-  const uint8_t* k = nullptr;    // (kv_heads, capacity, head_dim) in dtype, post-RoPE
-  const uint8_t* v = nullptr;    // (kv_heads, capacity, head_dim) in dtype
-  uint32_t dtype = 0;            // kvr_dtype of the cache
-  size_t capacity = 0;
+  const KvCache* kv = nullptr;   // keys post-RoPE, read through kv->at (contiguous or paged)
+  size_t layer = 0;
   size_t n = 0, pos0 = 0;        // query i is at position pos0+i and sees keys [0, pos0+i]
   size_t heads = 0, kv_heads = 0, head_dim = 0;
   float* out = nullptr;          // (n, heads*head_dim) rows with stride ldo

@@ -2,7 +2,9 @@
 // (kept as bf16 when the file's are BF16, else converted to f32; KVRELAY_WEIGHTS_F32=1 forces
 // f32), runs cpu::forward on a per-sequence KV cache, and copies KV in and out with dtype
 // conversion. Arguments arrive validated (model_load.cpp, sequence.cpp).
+#include <algorithm>
 #include <cstdlib>
+#include <memory>
 #include <cstring>
 #include <initializer_list>
 #include <new>
@@ -13,11 +15,13 @@
 #include "cpu/convert.h"
 #include "cpu/cpu_backend.h"
 #include "cpu/cpu_features.h"
+#include "cpu/batch_forward.h"
 #include "cpu/forward.h"
 #include "cpu/gemm.h"
 #include "cpu/weights.h"
 #include "dtype.h"
 #include "errors.h"
+#include "kv_pool.h"
 
 namespace kvr::cpu {
 namespace {
@@ -87,25 +91,33 @@ struct Loader {
   }
 };
 
-// Copies (kv_heads, count, head_dim) between a caller buffer in `dtype` and one cache plane.
-void kv_copy(const KvCache& kv, uint8_t* plane, uint32_t start, uint32_t count, uint32_t dtype, uint8_t* buf,
-             bool to_cache) {
+// Copies (kv_heads, count, head_dim) between a caller buffer in `dtype` and the cache's K
+// (which = 0) or V (1) of one layer, run by run (a paged cache is contiguous within a block).
+void kv_copy(const KvCache& kv, size_t layer, size_t which, uint32_t start, uint32_t count, uint32_t dtype,
+             uint8_t* buf, bool to_cache) {
   const size_t hd = kv.head_dim, bes = dtype_size(dtype);
-  const size_t row_elems = static_cast<size_t>(count) * hd;
+  const size_t end = static_cast<size_t>(start) + count;
   std::vector<float> tmp;
-  if (dtype != kv.dtype) tmp.resize(row_elems);
   for (size_t g = 0; g < kv.kv_heads; ++g) {
-    uint8_t* c = plane + g * kv.head_bytes() + static_cast<size_t>(start) * hd * kv.elem;
-    uint8_t* b = buf + g * row_elems * bes;
-    if (dtype == kv.dtype) {
-      if (to_cache) std::memcpy(c, b, row_elems * bes);
-      else std::memcpy(b, c, row_elems * bes);
-    } else if (to_cache) {
-      to_f32(b, dtype, tmp.data(), row_elems);
-      from_f32(tmp.data(), kv.dtype, c, row_elems);
-    } else {
-      to_f32(c, kv.dtype, tmp.data(), row_elems);
-      from_f32(tmp.data(), dtype, b, row_elems);
+    for (size_t p = start; p < end;) {
+      const size_t len = std::min(kv.run(p), end - p);
+      const size_t elems = len * hd;
+      uint8_t* c = kv.at(layer, which, g, p);
+      uint8_t* b = buf + (g * count + (p - start)) * hd * bes;
+      if (dtype == kv.dtype) {
+        if (to_cache) std::memcpy(c, b, elems * bes);
+        else std::memcpy(b, c, elems * bes);
+      } else {
+        if (tmp.size() < elems) tmp.resize(elems);
+        if (to_cache) {
+          to_f32(b, dtype, tmp.data(), elems);
+          from_f32(tmp.data(), kv.dtype, c, elems);
+        } else {
+          to_f32(c, kv.dtype, tmp.data(), elems);
+          from_f32(tmp.data(), dtype, b, elems);
+        }
+      }
+      p += len;
     }
   }
 }
@@ -159,15 +171,76 @@ class CpuBackend final : public Backend {
   void kv_read(const SeqState& s, uint32_t layer, uint32_t start, uint32_t count, uint32_t dtype, void* k_out,
                void* v_out) const override {
     const KvCache& kv = static_cast<const CpuSeq&>(s).kv;
-    kv_copy(kv, kv.k(layer), start, count, dtype, static_cast<uint8_t*>(k_out), false);
-    kv_copy(kv, kv.v(layer), start, count, dtype, static_cast<uint8_t*>(v_out), false);
+    kv_copy(kv, layer, 0, start, count, dtype, static_cast<uint8_t*>(k_out), false);
+    kv_copy(kv, layer, 1, start, count, dtype, static_cast<uint8_t*>(v_out), false);
   }
 
   void kv_write(SeqState& s, uint32_t layer, uint32_t start, uint32_t count, uint32_t dtype, const void* k_in,
                 const void* v_in) const override {
     const KvCache& kv = static_cast<CpuSeq&>(s).kv;
-    kv_copy(kv, kv.k(layer), start, count, dtype, const_cast<uint8_t*>(static_cast<const uint8_t*>(k_in)), true);
-    kv_copy(kv, kv.v(layer), start, count, dtype, const_cast<uint8_t*>(static_cast<const uint8_t*>(v_in)), true);
+    kv_copy(kv, layer, 0, start, count, dtype, const_cast<uint8_t*>(static_cast<const uint8_t*>(k_in)), true);
+    kv_copy(kv, layer, 1, start, count, dtype, const_cast<uint8_t*>(static_cast<const uint8_t*>(v_in)), true);
+  }
+
+  std::shared_ptr<PoolState> create_pool(uint32_t n_blocks, uint32_t block_tokens) const override {
+    const size_t es = dtype_size(g_.kv_dtype());
+    auto pool = std::make_shared<KvPool>();
+    pool->dtype = g_.kv_dtype();
+    pool->elem = es;
+    pool->layers = g_.layers;
+    pool->kv_heads = g_.kv_heads;
+    pool->head_dim = g_.head_dim;
+    pool->tokens_per_block = block_tokens;
+    pool->n_blocks = n_blocks;
+    pool->bytes_per_block = 2 * g_.layers * g_.kv_heads * g_.head_dim * es * block_tokens;
+    pool->data = static_cast<uint8_t*>(std::calloc(pool->bytes_per_block * n_blocks, 1));
+    if (!pool->data)
+      throw BackendError(KVR_ERR_OUT_OF_MEMORY, format("out of memory allocating a KV pool of %u blocks x %zu bytes",
+                                                       n_blocks, pool->bytes_per_block));
+    pool->init_free_list();
+    return pool;
+  }
+
+  std::unique_ptr<SeqState> create_paged_seq(const std::shared_ptr<PoolState>& pool, uint32_t capacity) const override {
+    auto kp = std::dynamic_pointer_cast<KvPool>(pool);
+    if (!kp) throw BackendError(KVR_ERR_INVALID_ARGUMENT, "the pool belongs to another backend");
+    auto s = std::make_unique<CpuSeq>();
+    KvCache& kv = s->kv;
+    kv.dtype = kp->dtype;
+    kv.elem = kp->elem;
+    kv.layers = kp->layers;
+    kv.kv_heads = kp->kv_heads;
+    kv.head_dim = kp->head_dim;
+    kv.capacity = capacity;
+    kv.pool = std::move(kp);
+    return s;
+  }
+
+  void reserve(SeqState& s, size_t tokens) const override {
+    KvCache& kv = static_cast<CpuSeq&>(s).kv;
+    if (kv.reserve(tokens)) return;
+    throw BackendError(KVR_ERR_POOL_EXHAUSTED,
+                       format("KV pool exhausted: %zu more block(s) of %zu tokens needed for %zu positions, %zu free",
+                              kv.blocks_needed(tokens), kv.pool->tokens_per_block, tokens, kv.pool->free_count()));
+  }
+
+  void shrink(SeqState& s, size_t tokens) const override { static_cast<CpuSeq&>(s).kv.shrink(tokens); }
+
+  uint32_t blocks_held(const SeqState& s) const override {
+    return static_cast<uint32_t>(static_cast<const CpuSeq&>(s).kv.table.size());
+  }
+
+  void forward_batch(const BatchEntry* entries, size_t count) const override {
+    thread_local BatchScratch scratch;  // per worker thread, reused across steps
+    std::vector<BatchSeq> batch(count);
+    for (size_t i = 0; i < count; ++i) {
+      batch[i].kv = &static_cast<CpuSeq*>(entries[i].s)->kv;
+      batch[i].tokens = entries[i].tokens;
+      batch[i].n = entries[i].n;
+      batch[i].pos0 = entries[i].pos0;
+      batch[i].logits = entries[i].logits;
+    }
+    cpu::forward_batch(g_, w_, batch.data(), count, scratch);
   }
 
  private:

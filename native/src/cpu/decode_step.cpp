@@ -50,8 +50,7 @@ void decode_step(const ModelGeometry& m, const Weights& w, KvCache& kv, int32_t 
 
   AttnArgs aa;
   aa.ldq = ldqkv;
-  aa.dtype = kv.dtype;
-  aa.capacity = kv.capacity;
+  aa.kv = &kv;
   aa.n = 1;
   aa.pos0 = pos;
   aa.heads = m.heads;
@@ -86,7 +85,6 @@ void decode_step(const ModelGeometry& m, const Weights& w, KvCache& kv, int32_t 
   // gate and up panels line up when I is a multiple of the panel width: the thread that owns
   // gate columns [c0, c1) also owns up columns [I + c0, I + c1) and applies SwiGLU there.
   const bool fused_swiglu = I % kPanelWidth == 0;
-  const size_t es = kv.elem;
   SpinBarrier bar;
 
 #pragma omp parallel num_threads(static_cast<int>(nt))
@@ -108,24 +106,19 @@ void decode_step(const ModelGeometry& m, const Weights& w, KvCache& kv, int32_t 
 
     for (size_t l = 0; l < m.layers; ++l) {
       const LayerWeights& L = w.layer[l];
-      uint8_t* kc = kv.k(l);
-      uint8_t* vc = kv.v(l);
-
       rmsnorm(x, h, L.attn_norm.data(), H, eps);
       gemv_part(h, L.qkv, L.qkv_bias, qkv, false, q0, q1);
       bar.wait();
 
       AttnArgs la = aa;  // per thread: the shared template stays read-only
-      la.k = kc;
-      la.v = vc;
+      la.layer = l;
       for (size_t g = g0; g < g1; ++g) {
         float* kr = qkv + qd + g * hd;
         float* vr = qkv + qd + kvd + g * hd;
         if (qwen3) rmsnorm(kr, kr, L.k_norm.data(), hd, eps);
         rope(kr, cs, cs + half, half);
-        const size_t off = g * kv.head_bytes() + pos * hd * es;
-        from_f32(kr, kv.dtype, kc + off, hd);
-        from_f32(vr, kv.dtype, vc + off, hd);
+        from_f32(kr, kv.dtype, kv.at(l, 0, g, pos), hd);
+        from_f32(vr, kv.dtype, kv.at(l, 1, g, pos), hd);
         for (size_t hh = g * group; hh < (g + 1) * group; ++hh) {
           float* qr = qkv + hh * hd;
           if (qwen3) rmsnorm(qr, qr, L.q_norm.data(), hd, eps);

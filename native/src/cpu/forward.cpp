@@ -40,8 +40,7 @@ void forward_chunk(const ModelGeometry& m, const Weights& w, KvCache& kv, const 
   AttnArgs aa;
   aa.q = qkv;
   aa.ldq = ldqkv;
-  aa.dtype = kv.dtype;
-  aa.capacity = kv.capacity;
+  aa.kv = &kv;
   aa.n = n;
   aa.pos0 = pos0;
   aa.heads = m.heads;
@@ -66,11 +65,8 @@ void forward_chunk(const ModelGeometry& m, const Weights& w, KvCache& kv, const 
     rope_cos_sin_rows(m.inv_freq, pos0 + i, 1, cs + i * hd, hd);
   }
 
-  const size_t es = kv.elem;
   for (size_t l = 0; l < m.layers; ++l) {
     const LayerWeights& L = w.layer[l];
-    uint8_t* kc = kv.k(l);
-    uint8_t* vc = kv.v(l);
 
 #pragma omp parallel for num_threads(nt) schedule(static) if (par_rows)
     for (size_t i = 0; i < n; ++i) rmsnorm(x + i * H, h + i * H, L.attn_norm.data(), H, eps);
@@ -90,14 +86,12 @@ void forward_chunk(const ModelGeometry& m, const Weights& w, KvCache& kv, const 
       for (size_t hh = 0; hh < m.heads; ++hh) rope(row + hh * hd, c, c + half, half);
       for (size_t g = 0; g < m.kv_heads; ++g) {
         rope(kr + g * hd, c, c + half, half);
-        const size_t off = g * kv.head_bytes() + (pos0 + i) * hd * es;
-        from_f32(kr + g * hd, kv.dtype, kc + off, hd);
-        from_f32(vr + g * hd, kv.dtype, vc + off, hd);
+        from_f32(kr + g * hd, kv.dtype, kv.at(l, 0, g, pos0 + i), hd);
+        from_f32(vr + g * hd, kv.dtype, kv.at(l, 1, g, pos0 + i), hd);
       }
     }
 
-    aa.k = kc;
-    aa.v = vc;
+    aa.layer = l;
     attention(aa, sc.attn.data());
 
     matmul_xwt(att, n, qd, L.o, x, H, true, nt);

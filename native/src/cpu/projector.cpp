@@ -49,28 +49,31 @@ void gather_rows(const KvCache& kv, bool values, const float* tab, size_t pos0, 
                  float* out, float* tmp) {
   const size_t D = kv.head_dim, half = D / 2, H = kv.kv_heads, W = kv.layers * H * D;
   for (size_t l = 0; l < kv.layers; ++l) {
-    const uint8_t* plane = values ? kv.v(l) : kv.k(l);
     for (size_t h = 0; h < H; ++h) {
-      const uint8_t* at = plane + h * kv.head_bytes() + pos0 * D * kv.elem;  // (tokens, D)
-      const float* rows = reinterpret_cast<const float*>(at);
-      if (kv.dtype != KVR_DTYPE_F32) {
-        to_f32(at, kv.dtype, tmp, tokens * D);
-        rows = tmp;
-      }
-      for (size_t t = 0; t < tokens; ++t) {
-        const float* src = rows + t * D;
-        float* dst = out + t * W + (l * H + h) * D;
-        if (tab == nullptr) {
-          for (size_t d = 0; d < D; ++d) dst[d] = src[d];
-          continue;
+      for (size_t t0 = 0; t0 < tokens;) {  // runs of positions contiguous in the cache
+        const size_t len = std::min(kv.run(pos0 + t0), tokens - t0);
+        const uint8_t* at = kv.at(l, values ? 1 : 0, h, pos0 + t0);  // (len, D)
+        const float* rows = reinterpret_cast<const float*>(at);
+        if (kv.dtype != KVR_DTYPE_F32) {
+          to_f32(at, kv.dtype, tmp, len * D);
+          rows = tmp;
         }
-        const float* cs = tab + t * 2 * half;
-        for (size_t i = 0; i < half; ++i) {
-          const double c = cs[i], sn = cs[half + i];
-          const double a = src[i], b = src[i + half];
-          dst[i] = static_cast<float>(a * c + b * sn);
-          dst[i + half] = static_cast<float>(b * c - a * sn);
+        for (size_t t = t0; t < t0 + len; ++t) {
+          const float* src = rows + (t - t0) * D;
+          float* dst = out + t * W + (l * H + h) * D;
+          if (tab == nullptr) {
+            for (size_t d = 0; d < D; ++d) dst[d] = src[d];
+            continue;
+          }
+          const float* cs = tab + t * 2 * half;
+          for (size_t i = 0; i < half; ++i) {
+            const double c = cs[i], sn = cs[half + i];
+            const double a = src[i], b = src[i + half];
+            dst[i] = static_cast<float>(a * c + b * sn);
+            dst[i + half] = static_cast<float>(b * c - a * sn);
+          }
         }
+        t0 += len;
       }
     }
   }
@@ -83,28 +86,31 @@ void scatter_rows(KvCache& kv, bool values, const float* tab, size_t pos0, size_
                   const float* in, const float* bias, float* tmp) {
   const size_t D = kv.head_dim, half = D / 2, H = kv.kv_heads, W = kv.layers * H * D;
   for (size_t l = 0; l < kv.layers; ++l) {
-    uint8_t* plane = values ? kv.v(l) : kv.k(l);
     for (size_t h = 0; h < H; ++h) {
-      uint8_t* at = plane + h * kv.head_bytes() + pos0 * D * kv.elem;  // (tokens, D)
-      const bool direct = kv.dtype == KVR_DTYPE_F32;
-      float* rows = direct ? reinterpret_cast<float*>(at) : tmp;
-      const float* b = bias + (l * H + h) * D;
-      for (size_t t = 0; t < tokens; ++t) {
-        const float* src = in + t * W + (l * H + h) * D;
-        float* dst = rows + t * D;
-        if (tab == nullptr) {
-          for (size_t d = 0; d < D; ++d) dst[d] = src[d] + b[d];
-          continue;
+      for (size_t t0 = 0; t0 < tokens;) {  // runs of positions contiguous in the cache
+        const size_t len = std::min(kv.run(pos0 + t0), tokens - t0);
+        uint8_t* at = kv.at(l, values ? 1 : 0, h, pos0 + t0);  // (len, D)
+        const bool direct = kv.dtype == KVR_DTYPE_F32;
+        float* rows = direct ? reinterpret_cast<float*>(at) : tmp;
+        const float* b = bias + (l * H + h) * D;
+        for (size_t t = t0; t < t0 + len; ++t) {
+          const float* src = in + t * W + (l * H + h) * D;
+          float* dst = rows + (t - t0) * D;
+          if (tab == nullptr) {
+            for (size_t d = 0; d < D; ++d) dst[d] = src[d] + b[d];
+            continue;
+          }
+          const float* cs = tab + t * 2 * half;
+          for (size_t i = 0; i < half; ++i) {
+            const float c = cs[i], sn = cs[half + i];
+            const float x0 = src[i] + b[i], x1 = src[i + half] + b[i + half];
+            dst[i] = x0 * c - x1 * sn;
+            dst[i + half] = x1 * c + x0 * sn;
+          }
         }
-        const float* cs = tab + t * 2 * half;
-        for (size_t i = 0; i < half; ++i) {
-          const float c = cs[i], sn = cs[half + i];
-          const float x0 = src[i] + b[i], x1 = src[i + half] + b[i + half];
-          dst[i] = x0 * c - x1 * sn;
-          dst[i + half] = x1 * c + x0 * sn;
-        }
+        if (!direct) from_f32(tmp, kv.dtype, at, len * D);
+        t0 += len;
       }
-      if (!direct) from_f32(tmp, kv.dtype, at, tokens * D);
     }
   }
 }

@@ -1,0 +1,355 @@
+// Continuous-batching benchmark (`deno task bench batch`): in one process, through the real
+// Scheduler + native batched step (no HTTP), 2 threads —
+//   1. decode throughput: one request alone on the per-token path vs 32 concurrent requests in
+//      batched steps (aggregate decode tokens/s, p50/p99 time per output token), tiny-fast and
+//      tiny-powerful;
+//   2. chunked prefill: 16 requests decode while a 2,048-token prompt arrives; the time-per-
+//      output-token trace of the decoders and each step's composition;
+//   3. KV memory: 64 sequences of 200 tokens in the pool that 8 worst-case (max_context 2048)
+//      sequences needed, peak blocks used.
+// Medians and ratios come from the same run (the dev machine is shared and noisy).
+
+import { decodeLoop, type LoadedModel, loadModel } from "../lib/engine/mod.ts";
+import type { KvPool, NativeSequence } from "../lib/native/mod.ts";
+import { nativeStepEngine, Scheduler, type StepStats } from "../lib/serve/mod.ts";
+
+const root = new URL("../", import.meta.url).pathname;
+const THREADS = 2;
+const DECODE_TOKENS = 64;
+
+function quantile(xs: number[], q: number): number {
+  if (xs.length === 0) return NaN;
+  const s = [...xs].sort((a, b) => a - b);
+  return s[Math.min(s.length - 1, Math.max(0, Math.ceil(q * s.length) - 1))];
+}
+const r2 = (x: number) => Math.round(x * 100) / 100;
+
+function prompt(model: LoadedModel, i: number, n: number): number[] {
+  const ids: number[] = [];
+  let s = (i + 1) * 2654435761;
+  for (let k = 0; k < n; k++) {
+    s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
+    ids.push(s % model.tokenizer.vocabSize);
+  }
+  return ids;
+}
+
+/** One greedy request through the scheduler; token timestamps (ms) after the first. */
+async function scheduled(
+  model: LoadedModel,
+  sched: Scheduler<NativeSequence>,
+  pool: KvPool,
+  ids: number[],
+  maxTokens: number,
+  ready?: Promise<void>,
+  onPrefilled?: () => void,
+): Promise<number[]> {
+  const seq = pool.createSequence(ids.length + maxTokens + 1);
+  const h = sched.attach(seq);
+  try {
+    const first = await h.prefill(ids);
+    onPrefilled?.();
+    await ready;
+    const stamps: number[] = [];
+    const loop = decodeLoop(h, first, {
+      tokenizer: model.tokenizer,
+      eosTokenIds: model.eosTokenIds,
+      contextIds: ids,
+      promptTokens: ids.length,
+      startMs: performance.now(),
+    }, { maxTokens, temperature: 0, stopTokenIds: [] });
+    while (!(await loop.next()).done) stamps.push(performance.now());
+    return stamps;
+  } finally {
+    h.detach();
+    seq.free();
+  }
+}
+
+/** Decode tokens/s of one request alone on the per-token path (kvr_seq_decode). */
+async function aloneDecode(
+  model: LoadedModel,
+  ids: number[],
+): Promise<{ tps: number; tpot: number[] }> {
+  using seq = model.native.createSequence(ids.length + DECODE_TOKENS + 1);
+  let logits = await seq.prefill(ids);
+  const stamps = [performance.now()];
+  for (let i = 0; i < DECODE_TOKENS; i++) {
+    let best = 0;
+    for (let t = 1; t < logits.length; t++) if (logits[t] > logits[best]) best = t;
+    logits = await seq.decode(best);
+    stamps.push(performance.now());
+  }
+  const tpot = stamps.slice(1).map((t, i) => t - stamps[i]);
+  return { tps: DECODE_TOKENS / ((stamps[DECODE_TOKENS] - stamps[0]) / 1000), tpot };
+}
+
+/** Throughput at one concurrency through the scheduler, decode phase only. */
+async function concurrent(model: LoadedModel, n: number) {
+  const pool = model.native.createKvPool(4096, 16);
+  const sched = new Scheduler(nativeStepEngine(model.native, pool), { maxStepTokens: 256 });
+  let prefilled = 0;
+  let release!: () => void;
+  const ready = new Promise<void>((r) => release = r);
+  const t0box = { t: 0 };
+  const runs = Array.from(
+    { length: n },
+    (_, i) =>
+      scheduled(model, sched, pool, prompt(model, i, 24), DECODE_TOKENS + 1, ready, () => {
+        if (++prefilled === n) {
+          t0box.t = performance.now();
+          release();
+        }
+      }),
+  );
+  const stamps = await Promise.all(runs);
+  const end = Math.max(...stamps.map((s) => s[s.length - 1]));
+  const tpot = stamps.flatMap((s) => s.slice(1).map((t, i) => t - s[i]));
+  const tokens = stamps.reduce((a, s) => a + s.length - 1, 0);
+  sched.close();
+  pool.free();
+  return { aggregate: tokens / ((end - t0box.t) / 1000), tpot, steps: sched.counters.steps };
+}
+
+/** Result of one model's throughput comparison. */
+export interface ThroughputRow {
+  model: string;
+  aloneTps: number;
+  aloneTpotMs: { p50: number; p99: number };
+  batched1Tps: number;
+  batched32Tps: number;
+  ratio32: number;
+  tpot32Ms: { p50: number; p99: number };
+  tpotRatioP99: number;
+}
+
+async function throughput(name: string): Promise<ThroughputRow> {
+  const model = await loadModel(`${root}models/${name}`, { threads: THREADS });
+  try {
+    // Warm up, then alternate alone and batched rounds; medians of 3.
+    await aloneDecode(model, prompt(model, 99, 24));
+    const alone: { tps: number; tpot: number[] }[] = [];
+    const c1: number[] = [];
+    const c32: Awaited<ReturnType<typeof concurrent>>[] = [];
+    for (let round = 0; round < 3; round++) {
+      alone.push(await aloneDecode(model, prompt(model, round, 24)));
+      c1.push((await concurrent(model, 1)).aggregate);
+      c32.push(await concurrent(model, 32));
+    }
+    const aloneTps = quantile(alone.map((a) => a.tps), 0.5);
+    const aloneTpot = alone.flatMap((a) => a.tpot);
+    const mid = c32.sort((a, b) => a.aggregate - b.aggregate)[1];
+    const aloneP99 = quantile(aloneTpot, 0.99);
+    return {
+      model: name,
+      aloneTps: Math.round(aloneTps),
+      aloneTpotMs: { p50: r2(quantile(aloneTpot, 0.5)), p99: r2(aloneP99) },
+      batched1Tps: Math.round(quantile(c1, 0.5)),
+      batched32Tps: Math.round(mid.aggregate),
+      ratio32: r2(mid.aggregate / aloneTps),
+      tpot32Ms: { p50: r2(quantile(mid.tpot, 0.5)), p99: r2(quantile(mid.tpot, 0.99)) },
+      tpotRatioP99: r2(quantile(mid.tpot, 0.99) / aloneP99),
+    };
+  } finally {
+    model.native.free();
+  }
+}
+
+/** The chunked-prefill experiment. */
+export interface ChunkedPrefillResult {
+  model: string;
+  decoders: number;
+  promptTokens: number;
+  maxStepTokens: number;
+  /** median interval between a decoder's tokens before the prompt arrived, ms */
+  tpotBeforeMs: number;
+  /** largest interval between a decoder's tokens while the prompt was prefilled, ms */
+  tpotMaxDuringMs: number;
+  /** median step time of a decode-only step and of a step carrying a prompt chunk, ms */
+  decodeStepMs: number;
+  chunkStepMs: number;
+  /** a chunk of maxStepTokens − decoders tokens prefilled alone at the same context, ms */
+  chunkAloneMs: number;
+  /** tpotMaxDuringMs − tpotBeforeMs: what the prompt added to a decoder's next token */
+  addedDelayMs: number;
+  /** decoder 0's intervals, ms, with the step composition: [ms, prefill tokens in that step] */
+  trace: [number, number][];
+}
+
+async function chunkedPrefill(name: string): Promise<ChunkedPrefillResult> {
+  const model = await loadModel(`${root}models/${name}`, { threads: THREADS });
+  const maxStepTokens = 256, decoders = 16, promptTokens = 2048;
+  const pool = model.native.createKvPool(2048, 16);
+  const steps: (StepStats & { at: number })[] = [];
+  const sched = new Scheduler(nativeStepEngine(model.native, pool), { maxStepTokens }, {
+    onStep: (s) => steps.push({ ...s, at: performance.now() }),
+  });
+  try {
+    let arrivedAt = 0, doneAt = 0;
+    const runs = Array.from(
+      { length: decoders },
+      (_, i) => scheduled(model, sched, pool, prompt(model, i, 16), 120),
+    );
+    await new Promise((r) => setTimeout(r, 150));
+    arrivedAt = performance.now();
+    const long = scheduled(model, sched, pool, prompt(model, 777, promptTokens), 1).then(() => {
+      doneAt = performance.now();
+    });
+    const stamps = await Promise.all(runs);
+    await long;
+    const before: number[] = [], during: number[] = [];
+    for (const s of stamps) {
+      for (let i = 1; i < s.length; i++) {
+        const dt = s[i] - s[i - 1];
+        if (s[i] < arrivedAt) before.push(dt);
+        else if (s[i - 1] >= arrivedAt && s[i] <= doneAt + 1) during.push(dt);
+      }
+    }
+    const decodeSteps = steps.filter((s) => s.prefillTokens === 0).map((s) => s.ms);
+    const chunkSteps = steps.filter((s) => s.prefillTokens > 0 && s.at > arrivedAt).map((s) =>
+      s.ms
+    );
+    // A chunk alone at mid-prompt context, for the "one chunk's compute" reference.
+    using seq = model.native.createSequence(promptTokens + 1);
+    const ids = prompt(model, 777, promptTokens);
+    const chunk = maxStepTokens - decoders;
+    await seq.prefill(ids.slice(0, 1024));
+    const t0 = performance.now();
+    await seq.prefill(ids.slice(1024, 1024 + chunk));
+    const chunkAloneMs = performance.now() - t0;
+    const s0 = stamps[0];
+    const trace: [number, number][] = [];
+    for (let i = 1; i < s0.length; i++) {
+      const st = steps.find((s) => Math.abs(s.at - s0[i]) < 0.5 || s.at >= s0[i]);
+      trace.push([r2(s0[i] - s0[i - 1]), st?.prefillTokens ?? 0]);
+    }
+    const tpotBefore = quantile(before, 0.5);
+    const maxDuring = Math.max(...during);
+    return {
+      model: name,
+      decoders,
+      promptTokens,
+      maxStepTokens,
+      tpotBeforeMs: r2(tpotBefore),
+      tpotMaxDuringMs: r2(maxDuring),
+      decodeStepMs: r2(quantile(decodeSteps, 0.5)),
+      chunkStepMs: r2(quantile(chunkSteps, 0.5)),
+      chunkAloneMs: r2(chunkAloneMs),
+      addedDelayMs: r2(maxDuring - tpotBefore),
+      trace,
+    };
+  } finally {
+    sched.close();
+    pool.free();
+    model.native.free();
+  }
+}
+
+/** The KV memory experiment. */
+export interface KvMemoryResult {
+  model: string;
+  maxContext: number;
+  /** blocks 8 worst-case sequences needed (8 × max_context / block_tokens) = the pool */
+  poolBlocks: number;
+  sequences: number;
+  tokensPerSequence: number;
+  peakBlocksUsed: number;
+  preemptions: number;
+  completed: number;
+}
+
+async function kvMemory(name: string): Promise<KvMemoryResult> {
+  const model = await loadModel(`${root}models/${name}`, { threads: THREADS });
+  const maxContext = 2048, blockTokens = 16, n = 64, promptLen = 100, gen = 100;
+  const poolBlocks = 8 * maxContext / blockTokens;
+  const pool = model.native.createKvPool(poolBlocks, blockTokens);
+  let peak = 0;
+  const sched = new Scheduler(nativeStepEngine(model.native, pool), { maxStepTokens: 512 }, {
+    onStep: (s) => peak = Math.max(peak, s.blocksUsed),
+  });
+  try {
+    let completed = 0;
+    await Promise.all(Array.from({ length: n }, async (_, i) => {
+      const s = await scheduled(model, sched, pool, prompt(model, i, promptLen), gen);
+      if (s.length === gen) completed++;
+    }));
+    return {
+      model: name,
+      maxContext,
+      poolBlocks,
+      sequences: n,
+      tokensPerSequence: promptLen + gen,
+      peakBlocksUsed: peak,
+      preemptions: sched.counters.preemptions,
+      completed,
+    };
+  } finally {
+    sched.close();
+    pool.free();
+    model.native.free();
+  }
+}
+
+/** What benchBatch returns. */
+export interface BatchBenchResult {
+  threads: number;
+  decodeTokens: number;
+  throughput: ThroughputRow[];
+  chunkedPrefill: ChunkedPrefillResult;
+  kvMemory: KvMemoryResult;
+}
+
+/**
+ * Runs the three experiments (see the file comment).
+ * @returns the results
+ */
+export async function benchBatch(): Promise<BatchBenchResult> {
+  const rows: ThroughputRow[] = [];
+  for (const m of ["tiny-fast", "tiny-powerful"]) rows.push(await throughput(m));
+  return {
+    threads: THREADS,
+    decodeTokens: DECODE_TOKENS,
+    throughput: rows,
+    chunkedPrefill: await chunkedPrefill("tiny-powerful"),
+    kvMemory: await kvMemory("tiny-powerful"),
+  };
+}
+
+/**
+ * Formats the results as text tables.
+ * @param r the results
+ * @returns the tables
+ */
+export function formatBatchTable(r: BatchBenchResult): string {
+  const lines = [
+    `decode throughput (${r.threads} threads, ${r.decodeTokens} tokens per request, medians of 3 alternating rounds)`,
+    "model          alone tok/s  batched c=1  batched c=32  ratio  TPOT p99 alone  TPOT p99 c=32  ratio",
+  ];
+  for (const t of r.throughput) {
+    lines.push(
+      `${t.model.padEnd(14)} ${String(t.aloneTps).padStart(11)}  ${
+        String(t.batched1Tps).padStart(11)
+      }  ${String(t.batched32Tps).padStart(12)}  ${t.ratio32.toFixed(2).padStart(5)}  ${
+        t.aloneTpotMs.p99.toFixed(2).padStart(14)
+      }  ${t.tpot32Ms.p99.toFixed(2).padStart(13)}  ${t.tpotRatioP99.toFixed(2).padStart(5)}`,
+    );
+  }
+  const c = r.chunkedPrefill;
+  lines.push(
+    "",
+    `chunked prefill (${c.model}): ${c.decoders} decoding, a ${c.promptTokens}-token prompt arrives; step budget ${c.maxStepTokens} tokens`,
+    `  TPOT before ${c.tpotBeforeMs} ms, max while the prompt prefills ${c.tpotMaxDuringMs} ms (+${c.addedDelayMs} ms)`,
+    `  step: decode-only ${c.decodeStepMs} ms, with a chunk ${c.chunkStepMs} ms; one ${
+      c.maxStepTokens - c.decoders
+    }-token chunk alone ${c.chunkAloneMs} ms`,
+    `  decoder 0 trace [ms, prefill tokens in step]: ${
+      c.trace.map(([ms, p]) => p ? `${ms}*` : `${ms}`).join(" ")
+    }`,
+  );
+  const k = r.kvMemory;
+  lines.push(
+    "",
+    `KV memory (${k.model}): pool = 8 × max_context ${k.maxContext} = ${k.poolBlocks} blocks; ${k.sequences} sequences × ${k.tokensPerSequence} tokens: peak ${k.peakBlocksUsed} blocks used, ${k.preemptions} preemptions, ${k.completed}/${k.sequences} completed`,
+  );
+  return lines.join("\n");
+}

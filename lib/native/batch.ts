@@ -1,0 +1,119 @@
+// The batched step (kvr_batch_step): one native call advancing several sequences of one model,
+// each by its own tokens (a decode or a prefill chunk), logits only where wanted. Checks every
+// argument before FFI, holds every sequence busy until the call settles (a free() meanwhile is
+// deferred), and maps failures to EngineError. Not the scheduler that builds batches (lib/serve).
+
+import { checkInt, quoteValue } from "./check.ts";
+import { EngineError } from "./errors.ts";
+import type { NativeLibrary } from "./library.ts";
+import { cString } from "./library.ts";
+import type { NativeModel } from "./model.ts";
+import type { NativeSequence } from "./sequence.ts";
+
+/** One sequence's part of a batched step. */
+export interface BatchItem {
+  /** a sequence of the model (contiguous or paged), not freed, no call in flight */
+  seq: NativeSequence;
+  /** token ids appended at positions length.. (one for a decode, more for a prefill chunk) */
+  tokens: ArrayLike<number>;
+  /** return the logits of the last new position (else null for this item) */
+  wantLogits: boolean;
+}
+
+/** Most sequences and tokens one step takes (the native bounds). */
+export const MAX_BATCH_SEQS = 4096;
+export const MAX_BATCH_TOKENS = 65536;
+
+/**
+ * @internal Runs one batched step (use NativeModel.batchStep).
+ * @param lib the library
+ * @param model the model every sequence belongs to
+ * @param items the sequences and their tokens
+ * @returns per item its (vocab) logits, or null where not wanted
+ * @throws TypeError/RangeError before FFI for bad items, duplicates, other models, bad ids or
+ *   capacity; EngineError (e.g. POOL_EXHAUSTED) when the native call fails — no length changes
+ *   then; Error when a sequence is freed or busy
+ */
+export async function runBatchStep(
+  lib: NativeLibrary,
+  model: NativeModel,
+  items: readonly BatchItem[],
+): Promise<(Float32Array | null)[]> {
+  if (!Array.isArray(items) || items.length === 0) {
+    throw new RangeError(`batchStep(): items must be a non-empty array, got ${quoteValue(items)}`);
+  }
+  if (items.length > MAX_BATCH_SEQS) {
+    throw new RangeError(`batchStep(): at most ${MAX_BATCH_SEQS} items, got ${items.length}`);
+  }
+  const vocab = model.config.vocabSize;
+  const n = items.length;
+  const counts = new Uint32Array(n);
+  const want = new Uint32Array(n);
+  let total = 0, wanted = 0;
+  const seen = new Set<NativeSequence>();
+  items.forEach((it, i) => {
+    if (it?.seq?.model !== model) {
+      throw new TypeError(`batchStep(): items[${i}].seq is not a sequence of this model`);
+    }
+    if (seen.has(it.seq)) throw new RangeError(`batchStep(): items[${i}].seq appears twice`);
+    seen.add(it.seq);
+    const len = it.tokens?.length;
+    if (typeof len !== "number" || len < 1) {
+      throw new RangeError(`batchStep(): items[${i}].tokens must hold at least one token id`);
+    }
+    counts[i] = len;
+    want[i] = it.wantLogits ? 1 : 0;
+    total += len;
+    wanted += want[i];
+  });
+  if (total > MAX_BATCH_TOKENS) {
+    throw new RangeError(`batchStep(): ${total} tokens exceed ${MAX_BATCH_TOKENS} per step`);
+  }
+  const ids = new Int32Array(total);
+  let off = 0;
+  items.forEach((it, i) => {
+    for (let j = 0; j < it.tokens.length; j++) {
+      ids[off++] = checkInt(`batchStep(): items[${i}].tokens[${j}]`, it.tokens[j], 0, vocab - 1);
+    }
+    const length = it.seq.length, capacity = it.seq.capacity;
+    if (length + it.tokens.length > capacity) {
+      throw new RangeError(
+        `batchStep(): items[${i}]: capacity exceeded: length ${length} + ${it.tokens.length} tokens > capacity ${capacity}`,
+      );
+    }
+  });
+  const logits = new Float32Array(Math.max(1, wanted * vocab));
+  const ptrs = new BigUint64Array(n);
+  const held: NativeSequence[] = [];
+  let status = 0;
+  let message = "";
+  try {
+    items.forEach((it, i) => {
+      ptrs[i] = BigInt(Deno.UnsafePointer.value(it.seq.beginHold("batchStep")));
+      held.push(it.seq);
+    });
+    status = await lib.symbols.kvr_batch_step(
+      ptrs,
+      n,
+      counts,
+      ids,
+      BigInt(total),
+      want,
+      logits,
+      BigInt(wanted * vocab),
+    );
+    // The message is on every sequence of the batch; read it before a deferred free runs.
+    if (status !== 0) {
+      message = cString(lib.symbols.kvr_seq_last_error(Deno.UnsafePointer.create(ptrs[0])));
+    }
+  } finally {
+    for (const s of held) s.endHold();
+  }
+  if (status !== 0) throw new EngineError(status, message || lib.lastError(), "kvr_batch_step");
+  const out: (Float32Array | null)[] = [];
+  let row = 0;
+  for (let i = 0; i < n; i++) {
+    out.push(want[i] ? logits.subarray(row * vocab, ++row * vocab) : null);
+  }
+  return out;
+}

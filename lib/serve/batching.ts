@@ -1,0 +1,72 @@
+// A tier's continuous batching at run time: its paged KV pool sized from the tier's memory
+// budget (kv_pool_mb) and its Scheduler, with the scheduler's step statistics wired to the
+// metrics (batch size histogram, KV blocks used/free, preemptions). Not the scheduler itself.
+
+import type { TierConfig } from "../config/mod.ts";
+import type { NativeModel, NativeSequence } from "../native/mod.ts";
+import type { Metrics } from "./metrics.ts";
+import { nativeStepEngine } from "./native_engine.ts";
+import { Scheduler } from "./scheduler.ts";
+import type { Tier } from "./tier.ts";
+
+/**
+ * Blocks a pool of `mb` MiB holds for a model (each block: every layer's K and V for
+ * `blockTokens` positions).
+ * @param model the model
+ * @param mb budget in MiB
+ * @param blockTokens positions per block
+ * @returns whole blocks within the budget
+ */
+export function poolBlocks(model: NativeModel, mb: number, blockTokens: number): number {
+  const c = model.config;
+  const elem = model.kvDtype === "f32" ? 4 : 2;
+  const blockBytes = 2 * c.numLayers * c.numKvHeads * c.headDim * elem * blockTokens;
+  return Math.floor((mb * 2 ** 20) / blockBytes);
+}
+
+/**
+ * Creates a tier's pool and scheduler.
+ * @param name tier name (metric label, messages)
+ * @param tc the tier config
+ * @param model the tier's model
+ * @param metrics where step statistics go
+ * @returns the tier's `batch`
+ * @throws RangeError when the budget cannot hold one max_context sequence
+ */
+export function createBatching(
+  name: string,
+  tc: TierConfig,
+  model: NativeModel,
+  metrics: Metrics,
+): NonNullable<Tier["batch"]> {
+  const bt = tc.kv_block_tokens;
+  const blocks = poolBlocks(model, tc.kv_pool_mb, bt);
+  const need = Math.ceil(tc.max_context / bt);
+  if (blocks < need) {
+    throw new RangeError(
+      `tier "${name}": kv_pool_mb ${tc.kv_pool_mb} holds ${blocks} blocks of ${bt} tokens, fewer than one max_context (${tc.max_context}) sequence needs (${need})`,
+    );
+  }
+  const pool = model.createKvPool(blocks, bt);
+  const labels = { tier: name };
+  metrics.kvBlocksUsed.set(labels, 0);
+  metrics.kvBlocksFree.set(labels, blocks);
+  const scheduler = new Scheduler<NativeSequence>(nativeStepEngine(model, pool), {
+    maxBatch: tc.max_batch,
+    maxStepTokens: tc.max_step_tokens,
+  }, {
+    onStep(s) {
+      metrics.batchSize.observe(labels, s.seqs);
+      if (s.decodes > 0) metrics.stepTokens.inc({ ...labels, kind: "decode" }, s.decodes);
+      if (s.prefillTokens > 0) {
+        metrics.stepTokens.inc({ ...labels, kind: "prefill" }, s.prefillTokens);
+      }
+      metrics.kvBlocksUsed.set(labels, s.blocksUsed);
+      metrics.kvBlocksFree.set(labels, s.blocksFree);
+    },
+    onPreempt() {
+      metrics.preemptions.inc(labels);
+    },
+  });
+  return { pool, scheduler };
+}

@@ -1,0 +1,87 @@
+// A generation's engine handle: its native sequence and how its prefill and decode run — through
+// the tier's continuous-batching scheduler (a paged sequence from the tier's KV pool, stepped with
+// the other requests), or directly on a sequence of its own (batching off, snapshot imports).
+// Not the scheduler (scheduler.ts) nor the generation's decode loop (generation.ts).
+
+import type { DecodeTarget } from "../engine/mod.ts";
+import type { NativeSequence } from "../native/mod.ts";
+import type { ScheduledSequence } from "./scheduler.ts";
+import type { Tier } from "./tier.ts";
+
+/** The sequence of one generation and the way its tokens are computed. */
+export class Lane {
+  /** The native sequence (KV imports and migration write into it directly). */
+  readonly seq: NativeSequence;
+  readonly #tier: Tier | null;
+  #handle: ScheduledSequence<NativeSequence> | null = null;
+  #freed = false;
+
+  /**
+   * @param seq the sequence (owned by the lane from now on)
+   * @param tier the tier whose scheduler steps it, or null to run it directly
+   */
+  private constructor(seq: NativeSequence, tier: Tier | null) {
+    this.seq = seq;
+    this.#tier = tier?.batch ? tier : null;
+  }
+
+  /**
+   * A lane for a new generation on `tier`: a paged sequence scheduled with the others when the
+   * tier batches, else a sequence of its own.
+   * @param tier the tier
+   * @param capacity most tokens the sequence may hold
+   * @returns the lane
+   * @throws RangeError/EngineError from sequence creation
+   */
+  static create(tier: Tier, capacity: number): Lane {
+    const seq = tier.batch
+      ? tier.batch.pool.createSequence(capacity)
+      : tier.model.native.createSequence(capacity);
+    return new Lane(seq, tier);
+  }
+
+  /**
+   * A lane that runs an existing sequence directly (no scheduler).
+   * @param seq the sequence (owned by the lane from now on)
+   * @returns the lane
+   */
+  static direct(seq: NativeSequence): Lane {
+    return new Lane(seq, null);
+  }
+
+  /**
+   * Appends `rest` after the tokens already in the sequence (`known`, e.g. imported from a
+   * prefix cache or migrated: what a preemption would recompute) and returns the last logits.
+   * @param known the token ids the sequence holds now
+   * @param rest the token ids to append (at least one)
+   * @returns (vocab) logits after the last token
+   * @throws as NativeSequence.prefill or Scheduler works (SchedulerClosedError on shutdown)
+   */
+  prefill(known: readonly number[], rest: number[]): Promise<Float32Array> {
+    if (!this.#tier) return this.seq.prefill(rest);
+    this.#handle ??= this.#tier.batch!.scheduler.attach(this.seq, known);
+    return this.#handle.prefill(rest);
+  }
+
+  /** Empties the sequence (its blocks go back) and leaves the scheduler, for a fresh prefill. */
+  reset(): void {
+    this.#handle?.detach();
+    this.#handle = null;
+    if (this.seq.length > 0) this.seq.truncate(0);
+  }
+
+  /** What the decode loop drives: the scheduled handle, or the sequence itself. */
+  get target(): DecodeTarget {
+    return this.#handle ?? this.seq;
+  }
+
+  /** Leaves the scheduler and frees the sequence (its blocks return at once, or when the step
+   *  it is part of settles). Idempotent. */
+  free(): void {
+    if (this.#freed) return;
+    this.#freed = true;
+    this.#handle?.detach();
+    this.#handle = null;
+    this.seq.free();
+  }
+}

@@ -1,0 +1,25 @@
+// The StepEngine of a native model with a paged KV pool: the scheduler's view of
+// NativeModel.batchStep and KvPool (block counts, lengths, reset by truncate(0)).
+// Not the scheduler (scheduler.ts) nor the pool sizing (pool_size.ts).
+
+import { EngineError, type KvPool, type NativeModel, type NativeSequence } from "../native/mod.ts";
+import type { StepEngine, StepItem } from "./scheduler.ts";
+
+/**
+ * Wraps a model and its pool for {@link Scheduler}.
+ * @param model the model
+ * @param pool a pool of that model; every scheduled sequence comes from it
+ * @returns the engine
+ */
+export function nativeStepEngine(model: NativeModel, pool: KvPool): StepEngine<NativeSequence> {
+  return {
+    blockTokens: pool.blockTokens,
+    blocksTotal: pool.blocksTotal,
+    blocksFree: () => pool.blocksFree,
+    blocksHeld: (s) => s.blocks,
+    length: (s) => s.length,
+    reset: (s) => s.truncate(0),
+    step: (items: StepItem<NativeSequence>[]) => model.batchStep(items),
+    isPoolExhausted: (e) => e instanceof EngineError && e.codeName === "POOL_EXHAUSTED",
+  };
+}

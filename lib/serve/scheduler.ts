@@ -1,0 +1,471 @@
+// The continuous-batching scheduler of one loaded model: a step loop that gathers every attached
+// sequence's pending work (a decode token, or a prompt to prefill in bounded chunks), packs one
+// batched step (decodes first, then prefill chunks first come first served within a token
+// budget), checks KV blocks before each step (admission by free blocks; preempt-and-recompute of
+// the youngest sequence when a running one cannot grow) and resolves each work with its logits.
+// Sampling, stop conditions and streaming stay with each request (lib/engine decodeLoop drives a
+// ScheduledSequence like a NativeSequence). Engine-agnostic: see StepEngine; no HTTP here.
+
+/** One sequence's part of a step, as the engine receives it. */
+export interface StepItem<S> {
+  seq: S;
+  tokens: number[];
+  wantLogits: boolean;
+}
+
+/** What the scheduler needs from a model with a paged KV pool (lib/serve/native_engine.ts). */
+export interface StepEngine<S> {
+  /** positions per KV block */
+  readonly blockTokens: number;
+  /** blocks in the pool */
+  readonly blocksTotal: number;
+  /** blocks free now */
+  blocksFree(): number;
+  /** blocks `seq` holds now */
+  blocksHeld(seq: S): number;
+  /** tokens in `seq` now */
+  length(seq: S): number;
+  /** drops every token of `seq`, giving its blocks back (preemption) */
+  reset(seq: S): void;
+  /** advances every item's sequence by its tokens; logits per item where wanted, else null */
+  step(items: StepItem<S>[]): Promise<(Float32Array | null)[]>;
+  /** whether an error from step() means "too few free blocks" (retry after replanning) */
+  isPoolExhausted?(e: unknown): boolean;
+}
+
+/** Limits of the step loop. */
+export interface SchedulerOptions {
+  /** most sequences in one step (default 64) */
+  maxBatch?: number;
+  /** most new tokens in one step, decodes included: bounds a prefill chunk (default 256) */
+  maxStepTokens?: number;
+  /** how long a step waits for sequences that just got their result to send their next token,
+   *  in ms (default 2): sequences that take longer join the step after */
+  gatherMs?: number;
+  /** free blocks a NEW prefill must leave for running sequences to grow (default: 1/32 of the
+   *  pool, at least 1) */
+  watermarkBlocks?: number;
+}
+
+/** What one step did (for metrics and traces). */
+export interface StepStats {
+  /** sequences in the step */
+  seqs: number;
+  /** decodes (1-token works of sequences holding KV) */
+  decodes: number;
+  /** prefill tokens (chunks of prompts or of recomputed histories) */
+  prefillTokens: number;
+  /** wall time of the engine step, ms */
+  ms: number;
+  blocksUsed: number;
+  blocksFree: number;
+}
+
+/** Callbacks for metrics. */
+export interface SchedulerHooks {
+  onStep?(s: StepStats): void;
+  onPreempt?(): void;
+}
+
+/** The scheduler was closed or the sequence detached while its work waited. */
+export class SchedulerClosedError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = "SchedulerClosedError";
+  }
+}
+
+interface Work {
+  tokens: number[];
+  /** tokens of `tokens` already in the cache */
+  fed: number;
+  resolve: (logits: Float32Array) => void;
+  reject: (e: unknown) => void;
+}
+
+interface Entry<S> {
+  id: number;
+  seq: S;
+  /** tokens in the cache (for recompute after a preemption) */
+  history: number[];
+  work: Work | null;
+  detached: boolean;
+}
+
+/** A sequence attached to a scheduler: prefill/decode go through batched steps. */
+export class ScheduledSequence<S> {
+  readonly #sched: Scheduler<S>;
+  readonly #entry: Entry<S>;
+
+  /** @internal use Scheduler.attach */
+  constructor(sched: Scheduler<S>, entry: Entry<S>) {
+    this.#sched = sched;
+    this.#entry = entry;
+  }
+
+  /** The engine sequence. */
+  get seq(): S {
+    return this.#entry.seq;
+  }
+
+  /** Tokens the sequence holds as far as the scheduler knows (what a preemption recomputes). */
+  get tokens(): number {
+    return this.#entry.history.length;
+  }
+
+  /**
+   * Appends tokens (a prompt; chunked over steps) and resolves with the logits after the last.
+   * @param tokens token ids (at least one)
+   * @returns (vocab) logits
+   * @throws RangeError when empty; Error when another call is pending; SchedulerClosedError;
+   *   the engine's error when its step fails
+   */
+  prefill(tokens: ArrayLike<number>): Promise<Float32Array> {
+    return this.#sched.submit(this.#entry, Array.from(tokens));
+  }
+
+  /**
+   * Appends one token (the next decode) and resolves with its logits.
+   * @param token token id
+   * @returns (vocab) logits
+   * @throws as {@link prefill}
+   */
+  decode(token: number): Promise<Float32Array> {
+    return this.#sched.submit(this.#entry, [token]);
+  }
+
+  /** Leaves the scheduler: pending work is rejected; the caller frees the sequence. Idempotent. */
+  detach(): void {
+    this.#sched.detach(this.#entry);
+  }
+}
+
+/** Counters since creation. */
+export interface SchedulerCounters {
+  steps: number;
+  preemptions: number;
+  decodeTokens: number;
+  prefillTokens: number;
+}
+
+/** The step loop of one model (see the file comment). */
+export class Scheduler<S> {
+  readonly #engine: StepEngine<S>;
+  readonly #maxBatch: number;
+  readonly #maxStepTokens: number;
+  readonly #gatherMs: number;
+  readonly #watermark: number;
+  readonly #hooks: SchedulerHooks;
+  readonly #entries = new Map<number, Entry<S>>();
+  /** entries whose work resolved in the last step and that have not sent the next one yet */
+  readonly #expected = new Set<Entry<S>>();
+  #nextId = 0;
+  #wake: (() => void) | null = null;
+  #running = false;
+  #closed = false;
+  readonly counters: SchedulerCounters = {
+    steps: 0,
+    preemptions: 0,
+    decodeTokens: 0,
+    prefillTokens: 0,
+  };
+
+  /**
+   * @param engine the model's batched step and KV pool
+   * @param opts limits (see {@link SchedulerOptions})
+   * @param hooks metrics callbacks
+   * @throws RangeError for a limit that is not a positive integer
+   */
+  constructor(engine: StepEngine<S>, opts: SchedulerOptions = {}, hooks: SchedulerHooks = {}) {
+    this.#engine = engine;
+    this.#maxBatch = positive("maxBatch", opts.maxBatch ?? 64);
+    this.#maxStepTokens = positive("maxStepTokens", opts.maxStepTokens ?? 256);
+    this.#gatherMs = opts.gatherMs ?? 2;
+    if (!(this.#gatherMs >= 0)) throw new RangeError(`gatherMs must be >= 0, got ${opts.gatherMs}`);
+    this.#watermark = opts.watermarkBlocks ?? Math.max(1, Math.floor(engine.blocksTotal / 32));
+    this.#hooks = hooks;
+  }
+
+  /** Sequences attached now. */
+  get attached(): number {
+    return this.#entries.size;
+  }
+
+  /**
+   * Attaches a sequence. `history` lists the tokens already in its cache (e.g. imported from a
+   * prefix cache), which a preemption would recompute.
+   * @param seq the engine sequence (the caller keeps ownership and frees it after detach)
+   * @param history token ids already in the cache
+   * @returns the handle whose prefill/decode run in batched steps
+   * @throws SchedulerClosedError after close()
+   */
+  attach(seq: S, history: ArrayLike<number> = []): ScheduledSequence<S> {
+    if (this.#closed) throw new SchedulerClosedError("scheduler is closed");
+    const entry: Entry<S> = {
+      id: this.#nextId++,
+      seq,
+      history: Array.from(history),
+      work: null,
+      detached: false,
+    };
+    this.#entries.set(entry.id, entry);
+    return new ScheduledSequence(this, entry);
+  }
+
+  /** @internal ScheduledSequence.prefill/decode */
+  submit(entry: Entry<S>, tokens: number[]): Promise<Float32Array> {
+    if (entry.detached || this.#closed) {
+      return Promise.reject(new SchedulerClosedError("sequence is detached from the scheduler"));
+    }
+    if (tokens.length === 0) return Promise.reject(new RangeError("no tokens to append"));
+    if (entry.work) {
+      return Promise.reject(
+        new Error("a prefill/decode is still pending on this sequence; await it first"),
+      );
+    }
+    const total = entry.history.length + tokens.length;
+    if (Math.ceil(total / this.#engine.blockTokens) > this.#engine.blocksTotal) {
+      return Promise.reject(
+        new RangeError(
+          `a sequence of ${total} tokens needs more than the pool's ${this.#engine.blocksTotal} blocks of ${this.#engine.blockTokens}`,
+        ),
+      );
+    }
+    return new Promise<Float32Array>((resolve, reject) => {
+      entry.work = { tokens, fed: 0, resolve, reject };
+      this.#expected.delete(entry);
+      this.#kick();
+    });
+  }
+
+  /** @internal ScheduledSequence.detach */
+  detach(entry: Entry<S>): void {
+    if (entry.detached) return;
+    entry.detached = true;
+    this.#entries.delete(entry.id);
+    this.#expected.delete(entry);
+    const w = entry.work;
+    entry.work = null;
+    w?.reject(new SchedulerClosedError("sequence detached"));
+    this.#kick();
+  }
+
+  /** Rejects every pending work and refuses new ones. */
+  close(): void {
+    this.#closed = true;
+    for (const e of [...this.#entries.values()]) this.detach(e);
+  }
+
+  #kick(): void {
+    const w = this.#wake;
+    this.#wake = null;
+    w?.();
+    if (!this.#running && !this.#closed) {
+      this.#running = true;
+      queueMicrotask(() => this.#loop());
+    }
+  }
+
+  #sleep(ms?: number): Promise<void> {
+    return new Promise((resolve) => {
+      let timer: ReturnType<typeof setTimeout> | undefined;
+      this.#wake = () => {
+        if (timer !== undefined) clearTimeout(timer);
+        resolve();
+      };
+      if (ms !== undefined) {
+        timer = setTimeout(() => {
+          this.#wake = null;
+          resolve();
+        }, ms);
+      }
+    });
+  }
+
+  #pending(): Entry<S>[] {
+    const out: Entry<S>[] = [];
+    for (const e of this.#entries.values()) if (e.work) out.push(e); // Map order = admission order
+    return out;
+  }
+
+  async #loop(): Promise<void> {
+    try {
+      while (!this.#closed) {
+        if (this.#pending().length === 0) {
+          if (this.#entries.size === 0) break;
+          await this.#sleep();
+          continue;
+        }
+        // Give sequences that just got their logits a moment to send their next token, so one
+        // step carries them all (they sample synchronously; streaming may take a macrotask).
+        const deadline = performance.now() + this.#gatherMs;
+        while (this.#expected.size > 0 && performance.now() < deadline) {
+          await this.#sleep(Math.max(0, deadline - performance.now()));
+        }
+        this.#expected.clear();
+        const plan = this.#plan();
+        if (plan.length === 0) {
+          // Nothing fits until some sequence leaves or shrinks (or a new work arrives).
+          await this.#sleep(50);
+          continue;
+        }
+        if (!(await this.#step(plan))) await this.#sleep(1);
+      }
+    } finally {
+      this.#running = false;
+      if (!this.#closed && this.#pending().length > 0) this.#kick();
+    }
+  }
+
+  #blocksNeeded(e: Entry<S>, tokens: number): number {
+    const bt = this.#engine.blockTokens;
+    const want = Math.ceil((this.#engine.length(e.seq) + tokens) / bt);
+    return Math.max(0, want - this.#engine.blocksHeld(e.seq));
+  }
+
+  /** Tokens `e` can append within `blocks` more blocks. */
+  #tokensWithin(e: Entry<S>, blocks: number): number {
+    const bt = this.#engine.blockTokens;
+    return (this.#engine.blocksHeld(e.seq) + blocks) * bt - this.#engine.length(e.seq);
+  }
+
+  /** Drops the youngest block-holding sequence younger than `requester`, not in `keep` and
+   *  waiting on the scheduler (a sequence between works may be in use by its request: export,
+   *  streaming) — its pending work then starts by recomputing its tokens; null when none. */
+  #preempt(keep: Set<Entry<S>>, requester: Entry<S>): Entry<S> | null {
+    let victim: Entry<S> | null = null;
+    for (const e of this.#entries.values()) {
+      if (e.id <= requester.id || keep.has(e) || !e.work || this.#engine.blocksHeld(e.seq) === 0) {
+        continue;
+      }
+      if (!victim || e.id > victim.id) victim = e;
+    }
+    if (!victim) return null;
+    this.#engine.reset(victim.seq);
+    // Its pending work now starts with everything the cache held.
+    const w = victim.work!;
+    w.tokens = [...victim.history, ...w.tokens.slice(w.fed)];
+    w.fed = 0;
+    victim.history = [];
+    this.counters.preemptions++;
+    this.#hooks.onPreempt?.();
+    return victim;
+  }
+
+  #plan(): { entry: Entry<S>; n: number }[] {
+    const plan: { entry: Entry<S>; n: number }[] = [];
+    const inPlan = new Set<Entry<S>>();
+    let committed = 0; // blocks the plan takes so far
+    let budget = this.#maxStepTokens;
+    const pending = this.#pending();
+    const free = () => this.#engine.blocksFree() - committed;
+    // Decodes first, oldest first: a decode that cannot grow preempts the youngest younger
+    // sequence; when there is none it waits for a later step.
+    for (const e of pending) {
+      const w = e.work!;
+      if (plan.length >= this.#maxBatch || budget < 1) break;
+      if (w.tokens.length - w.fed !== 1 || this.#engine.length(e.seq) === 0) continue;
+      let need = this.#blocksNeeded(e, 1);
+      while (need > free() && this.#preempt(inPlan, e)) need = this.#blocksNeeded(e, 1);
+      if (need > free()) continue;
+      plan.push({ entry: e, n: 1 });
+      inPlan.add(e);
+      committed += need;
+      budget--;
+    }
+    // Then prefill chunks (prompts, recomputes), first come first served: a work that cannot get
+    // any block stops the scan, so later arrivals never overtake it. A NEW prompt leaves the
+    // watermark free for running sequences to grow.
+    for (const e of pending) {
+      if (inPlan.has(e) || plan.length >= this.#maxBatch || budget < 1) continue;
+      const w = e.work!;
+      const left = w.tokens.length - w.fed;
+      if (w.fed === 0 && w.tokens.length === 1 && this.#engine.length(e.seq) > 0) continue; // a waiting decode
+      const fresh = this.#engine.length(e.seq) === 0 && w.fed === 0;
+      const avail = Math.max(0, free() - (fresh ? this.#watermark : 0));
+      const n = Math.min(left, budget, this.#tokensWithin(e, avail));
+      if (n < 1) break;
+      plan.push({ entry: e, n });
+      inPlan.add(e);
+      committed += this.#blocksNeeded(e, n);
+      budget -= n;
+    }
+    if (plan.length === 0 && pending.length > 0) {
+      // Blocked: free the youngest holder younger than the oldest waiting work, if any.
+      const head = pending[0];
+      if (this.#preempt(new Set(), head)) return this.#plan();
+      const w = head.work!;
+      const total = this.#engine.length(head.seq) + w.tokens.length - w.fed;
+      if (Math.ceil(total / this.#engine.blockTokens) > this.#engine.blocksTotal) {
+        head.work = null;
+        w.reject(
+          new RangeError(
+            `a sequence of ${total} tokens needs more than the pool's ${this.#engine.blocksTotal} blocks of ${this.#engine.blockTokens}`,
+          ),
+        );
+      }
+    }
+    return plan;
+  }
+
+  /** Runs one step; false when the engine found too few blocks (nothing changed: replan). */
+  async #step(plan: { entry: Entry<S>; n: number }[]): Promise<boolean> {
+    const items: StepItem<S>[] = plan.map(({ entry, n }) => {
+      const w = entry.work!;
+      return {
+        seq: entry.seq,
+        tokens: w.tokens.slice(w.fed, w.fed + n),
+        wantLogits: w.fed + n === w.tokens.length,
+      };
+    });
+    let decodes = 0, prefill = 0;
+    plan.forEach(({ entry, n }) => {
+      if (n === 1 && entry.history.length > 0) decodes++;
+      else prefill += n;
+    });
+    const t0 = performance.now();
+    let out: (Float32Array | null)[];
+    try {
+      out = await this.#engine.step(items);
+    } catch (e) {
+      if (this.#engine.isPoolExhausted?.(e)) return false; // blocks went elsewhere meanwhile
+      for (const { entry } of plan) {
+        const w = entry.work;
+        entry.work = null;
+        w?.reject(e);
+      }
+      return true;
+    }
+    const ms = performance.now() - t0;
+    this.counters.steps++;
+    this.counters.decodeTokens += decodes;
+    this.counters.prefillTokens += prefill;
+    plan.forEach(({ entry, n }, i) => {
+      const w = entry.work;
+      if (!w) return; // detached meanwhile
+      entry.history.push(...items[i].tokens);
+      w.fed += n;
+      if (w.fed < w.tokens.length) return;
+      entry.work = null;
+      this.#expected.add(entry);
+      w.resolve(out[i]!);
+    });
+    const free = this.#engine.blocksFree();
+    this.#hooks.onStep?.({
+      seqs: plan.length,
+      decodes,
+      prefillTokens: prefill,
+      ms,
+      blocksUsed: this.#engine.blocksTotal - free,
+      blocksFree: free,
+    });
+    return true;
+  }
+}
+
+function positive(name: string, v: number): number {
+  if (!Number.isInteger(v) || v < 1) {
+    throw new RangeError(`${name} must be an integer >= 1, got ${v}`);
+  }
+  return v;
+}

@@ -1,0 +1,40 @@
+// The CPU forward pass of one batched step: several sequences of one model, each appending its
+// own new tokens (one for a decode, more for a prefill chunk) to its own KV cache. Every
+// projection runs as one GEMM over the rows of all sequences; attention runs per sequence over
+// its own cache (small ones side by side on the threads, large ones with all threads); the
+// lm_head runs only for the sequences that want logits. Inputs are validated by the caller.
+// Not the single-sequence path (forward.h), which stays as it is.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "backend.h"
+#include "cpu/weights.h"
+#include "kv_cache.h"
+
+namespace kvr::cpu {
+
+// One sequence of a step: tokens[0..n) go to positions pos0..pos0+n-1 of kv (which holds storage
+// for them: kv.held_tokens() >= pos0 + n). logits: where its last row's (vocab) logits go, or
+// nullptr for none.
+struct BatchSeq {
+  KvCache* kv = nullptr;
+  const int32_t* tokens = nullptr;
+  size_t n = 0, pos0 = 0;
+  float* logits = nullptr;
+};
+
+// Buffers of a step, reused from step to step by the caller's thread.
+struct BatchScratch {
+  std::vector<float> main;    // activations of every row
+  std::vector<float> attn;    // attention scratch (per sequence or per thread)
+  std::vector<float> logits;  // (rows wanting logits, vocab)
+};
+
+// Runs the step. Sequences must be distinct caches. Throws std::bad_alloc when scratch cannot
+// grow (caches may then hold partial writes at positions >= pos0; lengths are the caller's).
+void forward_batch(const ModelGeometry& m, const Weights& w, const BatchSeq* seqs, size_t count, BatchScratch& sc);
+
+}  // namespace kvr::cpu

@@ -210,6 +210,7 @@ KVR_HD uint32_t ceil_div(uint32_t a, uint32_t b) { return (a + b - 1) / b; }
 constexpr uint32_t kAttnWarps = 4;
 constexpr uint32_t kAttnKeyTile = 32;
 constexpr uint32_t kAttnMaxSplits = 64;
+constexpr uint32_t kAttnKeyPad = 4;  // floats of padding per K row in shared memory (float4 reads)
 
 struct AttnPlan {
   uint32_t rows_per_warp;  // 1 (decode-like) or 4 (prefill)
@@ -222,10 +223,11 @@ struct AttnPlan {
   size_t partial_floats;   // workspace for splits > 1: splits · rows · kv_heads · (head_dim + 2)
 };
 
-// Shared memory of one attention block: K tile (keys, head_dim + 1 padding) and V tile
+// Shared memory of one attention block: K tile (keys, head_dim + kAttnKeyPad) and V tile
 // (keys, head_dim) in f32, plus the warps' query rows.
 KVR_HD size_t attn_smem_bytes(uint32_t head_dim, uint32_t rows_per_warp) {
-  return sizeof(float) * (static_cast<size_t>(kAttnKeyTile) * (head_dim + 1) + static_cast<size_t>(kAttnKeyTile) * head_dim +
+  return sizeof(float) * (static_cast<size_t>(kAttnKeyTile) * (head_dim + kAttnKeyPad) +
+                          static_cast<size_t>(kAttnKeyTile) * head_dim +
                           static_cast<size_t>(kAttnWarps) * rows_per_warp * head_dim);
 }
 

@@ -21,9 +21,11 @@ template <int HD, int RPW, class Kv>
 __global__ void __launch_bounds__(kAttnWarps * 32) attn_kernel(AttnArgs a, uint32_t splits) {
   constexpr int DPL = HD / 32;  // output dims per lane
   using T = typename Kv::T;
-  extern __shared__ float smem[];
-  float* Ks = smem;                               // [kAttnKeyTile][HD + 1]
-  float* Vs = Ks + kAttnKeyTile * (HD + 1);       // [kAttnKeyTile][HD]
+  constexpr int KLD = HD + dm::kAttnKeyPad;  // K row stride: 16-byte rows, conflict-free float4 reads
+  extern __shared__ float4 smem4[];
+  float* smem = reinterpret_cast<float*>(smem4);
+  float* Ks = smem;                               // [kAttnKeyTile][KLD]
+  float* Vs = Ks + kAttnKeyTile * KLD;            // [kAttnKeyTile][HD]
   float* Qs = Vs + kAttnKeyTile * HD;             // [kAttnWarps][RPW][HD]
 
   const uint32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -72,41 +74,59 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_kernel(AttnArgs a, uint3
     for (uint32_t idx = threadIdx.x; idx < cnt * HD; idx += kAttnWarps * 32) {
       const uint32_t j = idx / HD, d = idx % HD;
       const size_t off = static_cast<size_t>(tile + j) * HD + d;
-      Ks[j * (HD + 1) + d] = Kv::load(kc + off);
+      Ks[j * KLD + d] = Kv::load(kc + off);
       Vs[j * HD + d] = Kv::load(vc + off);
     }
     __syncthreads();
 
+    // Scores: lane j dots key j with each of the warp's rows, 4 dims per shared-memory read.
     float sd[RPW];
 #pragma unroll
     for (int i = 0; i < RPW; ++i) sd[i] = 0.f;
     if (lane < cnt) {
-      const float* kr = Ks + lane * (HD + 1);
-#pragma unroll 8
-      for (int d = 0; d < HD; ++d) {
-        const float kv = kr[d];
+      const float4* kr = reinterpret_cast<const float4*>(Ks + lane * KLD);
+      const float4* q4 = reinterpret_cast<const float4*>(q_s);
+// Not unrolled: unrolling made ptxas spill a register in some variants (nvcc 13.0).
+#pragma unroll 1
+      for (int d4 = 0; d4 < HD / 4; ++d4) {
+        const float4 kv = kr[d4];
 #pragma unroll
-        for (int i = 0; i < RPW; ++i) sd[i] = fmaf(q_s[i * HD + d], kv, sd[i]);
+        for (int i = 0; i < RPW; ++i) {
+          const float4 qv = q4[i * (HD / 4) + d4];
+          sd[i] = fmaf(qv.x, kv.x, sd[i]);
+          sd[i] = fmaf(qv.y, kv.y, sd[i]);
+          sd[i] = fmaf(qv.z, kv.z, sd[i]);
+          sd[i] = fmaf(qv.w, kv.w, sd[i]);
+        }
       }
     }
+    // Online softmax per row: new max, rescale of the running sum and accumulator, p for this tile.
     const uint32_t key = tile + lane;
+    float p[RPW];
 #pragma unroll
     for (int i = 0; i < RPW; ++i) {
       const bool ok = valid[i] && lane < cnt && key <= qpos[i];
       const float s = ok ? sd[i] * scale : -INFINITY;
       const float mnew = fmaxf(m[i], warp_max(s));
+      p[i] = 0.f;
       if (mnew == -INFINITY) continue;  // warp-uniform: nothing visible to this row yet
       const float corr = m[i] == -INFINITY ? 0.f : expf(m[i] - mnew);
-      const float p = ok ? expf(s - mnew) : 0.f;
-      l[i] = l[i] * corr + warp_sum(p);
+      p[i] = ok ? expf(s - mnew) : 0.f;
+      l[i] = l[i] * corr + warp_sum(p[i]);
       m[i] = mnew;
 #pragma unroll
       for (int c = 0; c < DPL; ++c) acc[i][c] *= corr;
-      for (uint32_t j = 0; j < cnt; ++j) {
-        const float pj = __shfl_sync(0xffffffffu, p, j);
-        const float* vr = Vs + j * HD + lane;
+    }
+    // P·V: each V row read once from shared memory for all the warp's rows.
+    for (uint32_t j = 0; j < cnt; ++j) {
+      float v[DPL];
 #pragma unroll
-        for (int c = 0; c < DPL; ++c) acc[i][c] = fmaf(pj, vr[c * 32], acc[i][c]);
+      for (int c = 0; c < DPL; ++c) v[c] = Vs[j * HD + lane + 32 * c];
+#pragma unroll
+      for (int i = 0; i < RPW; ++i) {
+        const float pj = __shfl_sync(0xffffffffu, p[i], j);
+#pragma unroll
+        for (int c = 0; c < DPL; ++c) acc[i][c] = fmaf(pj, v[c], acc[i][c]);
       }
     }
   }

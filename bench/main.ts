@@ -1,16 +1,75 @@
-// `deno task bench [section...]`: runs benchmark sections (default: all), prints their tables and
-// writes bench/results/<section>-<date>.json with the machine they ran on.
+// `deno task bench [section...] [--real | --shapes=a,b] [--models=tiny-fast,..] [--formats=bf16,..]
+// [--runs=N] [--threads=N]`: runs benchmark sections (default: all but peers), prints their tables
+// and writes bench/results/<section>-<date>.json with the machine they ran on. --real (or
+// --shapes) adds the random-weight real-size shapes (scripts/make_checkpoint.ts; generated on first
+// use) to the engine and peers sections; --models picks demo models; --formats, --runs and
+// --threads apply to peers (rounds, default 7; threads, default 2).
+import { parseArgs } from "node:util";
 import { benchEngine, formatEngineTable } from "./engine.ts";
 import { benchSnapshots, formatSnapshotTable } from "./snapshot.ts";
 import { benchHttp, formatHttpTable } from "./http.ts";
 import { benchMigration, formatMigrationTable } from "./migration.ts";
+import { benchPeers, formatPeersTable } from "./peers.ts";
 import { benchBatch, formatBatchTable } from "./batch.ts";
 import { benchColdStart, formatColdStartTable } from "./coldstart.ts";
 import { machineInfo } from "./machine.ts";
 import { benchMultihost, formatMultihostTable } from "./multihost.ts";
+import { ensureShapeCheckpoint } from "../scripts/make_checkpoint.ts";
+import { REAL_SHAPES } from "../tests/fixtures/real_shapes.ts";
 
 const root = new URL("../", import.meta.url).pathname;
-const demoModels = ["tiny-fast", "tiny-balanced", "tiny-powerful"].map((m) => `${root}models/${m}`);
+const DEMO = ["tiny-fast", "tiny-balanced", "tiny-powerful"];
+
+const { values: flags, positionals } = parseArgs({
+  args: Deno.args,
+  allowPositionals: true,
+  options: {
+    real: { type: "boolean" },
+    shapes: { type: "string" },
+    runs: { type: "string" },
+    threads: { type: "string" },
+    models: { type: "string" },
+    formats: { type: "string" },
+  },
+});
+const shapeNames = flags.real
+  ? Object.keys(REAL_SHAPES)
+  : (flags.shapes ? flags.shapes.split(",").filter(Boolean) : []);
+for (const s of shapeNames) {
+  if (!(s in REAL_SHAPES)) {
+    console.error(`unknown shape "${s}"; shapes: ${Object.keys(REAL_SHAPES).join(", ")}`);
+    Deno.exit(2);
+  }
+}
+const positiveInt = (name: string, v: string | undefined, dflt: number) => {
+  if (v === undefined) return dflt;
+  const n = Number(v);
+  if (!Number.isInteger(n) || n < 1) {
+    console.error(`--${name} must be a positive integer, got "${v}"`);
+    Deno.exit(2);
+  }
+  return n;
+};
+const runs = positiveInt("runs", flags.runs, 7);
+const demoNames = flags.models === undefined
+  ? DEMO
+  : flags.models.split(",").filter((m) => m && m !== "none");
+for (const m of demoNames) {
+  if (!DEMO.includes(m)) {
+    console.error(`unknown demo model "${m}"; models: ${DEMO.join(", ")} (or none)`);
+    Deno.exit(2);
+  }
+}
+const demoModels = demoNames.map((m) => `${root}models/${m}`);
+const formats = flags.formats?.split(",").filter(Boolean);
+const threads = positiveInt("threads", flags.threads, 2);
+
+/** Generated real-size checkpoint directories asked for (written on first use). */
+async function realModels(): Promise<string[]> {
+  const dirs = [];
+  for (const s of shapeNames) dirs.push(await ensureShapeCheckpoint(s, { log: console.error }));
+  return dirs;
+}
 
 interface Section {
   run: () => Promise<object>;
@@ -18,16 +77,35 @@ interface Section {
 }
 
 const sections: Record<string, Section> = {
-  engine: { run: () => benchEngine(demoModels), format: formatEngineTable },
+  engine: {
+    run: async () => benchEngine([...demoModels, ...await realModels()]),
+    format: formatEngineTable,
+  },
   snapshot: { run: benchSnapshots, format: formatSnapshotTable },
   migration: { run: benchMigration, format: formatMigrationTable },
   http: { run: benchHttp, format: formatHttpTable },
   batch: { run: benchBatch, format: formatBatchTable },
   coldstart: { run: benchColdStart, format: formatColdStartTable },
   multihost: { run: benchMultihost, format: formatMultihostTable },
+  peers: {
+    run: async () =>
+      benchPeers({
+        models: [
+          ...demoModels.map((dir) => ({ dir, realSize: false })),
+          ...(await realModels()).map((dir) => ({ dir, realSize: true })),
+        ],
+        threads,
+        runs,
+        realRuns: Math.min(runs, 3),
+        formats,
+      }),
+    format: formatPeersTable,
+  },
 };
+// peers needs the llama.cpp npm package and minutes: only when named
+const defaults = Object.keys(sections).filter((s) => s !== "peers");
 
-const wanted = Deno.args.length ? Deno.args : Object.keys(sections);
+const wanted = positionals.length ? positionals : defaults;
 for (const name of wanted) {
   if (!(name in sections)) {
     console.error(`unknown section "${name}"; sections: ${Object.keys(sections).join(", ")}`);

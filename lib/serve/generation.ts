@@ -15,7 +15,8 @@ import { Lane } from "./lane.ts";
 import { InputError, UnavailableError } from "./errors.ts";
 import type { RequestContext } from "./request.ts";
 import { requireReady, type Runtime } from "./runtime.ts";
-import { type AbortCause, admitSlot, signalCause } from "./slot.ts";
+import { type AbortCause, admitSlot, signalCause, stoppedError } from "./slot.ts";
+import { SchedulerClosedError } from "./scheduler.ts";
 import type { Tier } from "./tier.ts";
 
 /** Where the prompt's KV came from. */
@@ -252,7 +253,7 @@ export async function startGeneration(rt: Runtime, req: GenerationRequest): Prom
   rt.metrics.activeSequences.add({ tier: tier.name }, 1);
   let lane: Lane | null = null;
   try {
-    lane = Lane.create(tier, promptIds.length + maxTokens);
+    lane = Lane.create(tier, promptIds.length + maxTokens, slot.signal);
     const { logits, cache } = await prefill(
       rt,
       tier,
@@ -270,6 +271,10 @@ export async function startGeneration(rt: Runtime, req: GenerationRequest): Prom
     lane?.free();
     rt.metrics.activeSequences.add({ tier: tier.name }, -1);
     release();
+    // A deadline, disconnect or shutdown while the prompt waited in the scheduler.
+    if (e instanceof SchedulerClosedError && slot.signal.aborted) {
+      throw stoppedError(rt, tier, req.ctx.client, `prefilling on tier "${tier.name}"`);
+    }
     throw e;
   }
 }

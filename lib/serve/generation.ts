@@ -8,6 +8,7 @@ import {
   type GenerateChunk,
   type GenerateOptions,
   type GenerateResult,
+  type StepLogprobs,
 } from "../engine/mod.ts";
 import { MigrationRefusedError } from "../migrate/mod.ts";
 import { prefillWithCache, type PrefixCache, StoreError } from "../store/mod.ts";
@@ -58,6 +59,8 @@ export interface ServedResult extends GenerateResult {
   abortCause?: AbortCause;
   /** Seconds spent decoding after the first token. */
   decodeSeconds: number;
+  /** Per generated token, when logprobs were asked for (collect() only). */
+  logprobs?: StepLogprobs[];
 }
 
 /** What to generate. */
@@ -190,14 +193,16 @@ export class Generation {
    */
   async collect(): Promise<ServedResult> {
     const it = this.tokens();
+    const logprobs: StepLogprobs[] = [];
     while (true) {
       const s = await it.next();
       if (s.done) {
         if (s.value.abortCause === "timeout" || s.value.abortCause === "shutdown") {
           throw abortError(s.value, this);
         }
-        return s.value;
+        return logprobs.length > 0 ? { ...s.value, logprobs } : s.value;
       }
+      if (s.value.logprobs) logprobs.push(s.value.logprobs);
     }
   }
 

@@ -97,5 +97,6 @@ export class Lane {
     this.#handle?.detach();
     this.#handle = null;
     this.seq.free();
+    this.#tier?.batch?.refresh();
   }
 }

@@ -15,7 +15,7 @@ Deno.test("Lane.prefill() runs through the scheduler and rejects with SchedulerC
   const model = await loadModel(`${MODELS}tiny-fast`, { threads: 1 });
   const pool = model.native.createKvPool(4, 16);
   const scheduler = new Scheduler(nativeStepEngine(model.native, pool), { watermarkBlocks: 0 });
-  const tier = { model, batch: { pool, scheduler } } as unknown as Tier;
+  const tier = { model, batch: { pool, scheduler, refresh: () => {} } } as unknown as Tier;
   try {
     const a = Lane.create(tier, 64);
     const ids = Array.from({ length: 64 }, (_, i) => (i * 13) % 4000);

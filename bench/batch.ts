@@ -16,6 +16,21 @@ import { nativeStepEngine, Scheduler, type StepStats } from "../lib/serve/mod.ts
 const root = new URL("../", import.meta.url).pathname;
 const THREADS = 2;
 const DECODE_TOKENS = 64;
+const ALONE_TOKENS = 256; // per alone run (4 runs per round)
+const ROUNDS = 5;
+
+/** CPU seconds this process has used (user + system, all threads; /proc/self/stat, Linux). The
+ * dev machine is shared by several engineers (load averages of 15–75 on 2 cores were seen), so
+ * wall-clock rates swing by 4× between runs; tokens per CPU-second are what the code controls. */
+function cpuSeconds(): number {
+  try {
+    const stat = Deno.readTextFileSync("/proc/self/stat");
+    const f = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+    return (Number(f[11]) + Number(f[12])) / 100; // utime, stime in USER_HZ (100 on Linux)
+  } catch {
+    return NaN;
+  }
+}
 
 function quantile(xs: number[], q: number): number {
   if (xs.length === 0) return NaN;
@@ -66,22 +81,32 @@ async function scheduled(
   }
 }
 
-/** Decode tokens/s of one request alone on the per-token path (kvr_seq_decode). */
+/** Decode rate of one request at a time on the per-token path (kvr_seq_decode): 4 requests of
+ * ALONE_TOKENS tokens one after the other. */
 async function aloneDecode(
   model: LoadedModel,
-  ids: number[],
-): Promise<{ tps: number; tpot: number[] }> {
-  using seq = model.native.createSequence(ids.length + DECODE_TOKENS + 1);
-  let logits = await seq.prefill(ids);
-  const stamps = [performance.now()];
-  for (let i = 0; i < DECODE_TOKENS; i++) {
-    let best = 0;
-    for (let t = 1; t < logits.length; t++) if (logits[t] > logits[best]) best = t;
-    logits = await seq.decode(best);
-    stamps.push(performance.now());
+  round: number,
+): Promise<{ tps: number; cpuTps: number; tpot: number[] }> {
+  const tpot: number[] = [];
+  let wall = 0, cpu = 0, tokens = 0;
+  for (let r = 0; r < 4; r++) {
+    const ids = prompt(model, round * 4 + r, 24);
+    using seq = model.native.createSequence(ids.length + ALONE_TOKENS + 1);
+    let logits = await seq.prefill(ids);
+    const c0 = cpuSeconds();
+    const stamps = [performance.now()];
+    for (let i = 0; i < ALONE_TOKENS; i++) {
+      let best = 0;
+      for (let t = 1; t < logits.length; t++) if (logits[t] > logits[best]) best = t;
+      logits = await seq.decode(best);
+      stamps.push(performance.now());
+    }
+    cpu += cpuSeconds() - c0;
+    wall += (stamps[ALONE_TOKENS] - stamps[0]) / 1000;
+    tokens += ALONE_TOKENS;
+    tpot.push(...stamps.slice(1).map((t, i) => t - stamps[i]));
   }
-  const tpot = stamps.slice(1).map((t, i) => t - stamps[i]);
-  return { tps: DECODE_TOKENS / ((stamps[DECODE_TOKENS] - stamps[0]) / 1000), tpot };
+  return { tps: tokens / wall, cpuTps: tokens / cpu, tpot };
 }
 
 /** Throughput at one concurrency through the scheduler, decode phase only. */
@@ -91,24 +116,32 @@ async function concurrent(model: LoadedModel, n: number) {
   let prefilled = 0;
   let release!: () => void;
   const ready = new Promise<void>((r) => release = r);
-  const t0box = { t: 0 };
+  const t0box = { t: 0, cpu: 0 };
+  const tokensEach = n === 1 ? ALONE_TOKENS : DECODE_TOKENS;
   const runs = Array.from(
     { length: n },
     (_, i) =>
-      scheduled(model, sched, pool, prompt(model, i, 24), DECODE_TOKENS + 1, ready, () => {
+      scheduled(model, sched, pool, prompt(model, i, 24), tokensEach + 1, ready, () => {
         if (++prefilled === n) {
           t0box.t = performance.now();
+          t0box.cpu = cpuSeconds();
           release();
         }
       }),
   );
   const stamps = await Promise.all(runs);
+  const cpu = cpuSeconds() - t0box.cpu;
   const end = Math.max(...stamps.map((s) => s[s.length - 1]));
   const tpot = stamps.flatMap((s) => s.slice(1).map((t, i) => t - s[i]));
   const tokens = stamps.reduce((a, s) => a + s.length - 1, 0);
   sched.close();
   pool.free();
-  return { aggregate: tokens / ((end - t0box.t) / 1000), tpot, steps: sched.counters.steps };
+  return {
+    aggregate: tokens / ((end - t0box.t) / 1000),
+    cpuTps: tokens / cpu,
+    tpot,
+    steps: sched.counters.steps,
+  };
 }
 
 /** Result of one model's throughput comparison. */
@@ -119,6 +152,10 @@ export interface ThroughputRow {
   batched1Tps: number;
   batched32Tps: number;
   ratio32: number;
+  /** decode tokens per CPU-second of the process (all threads), alone and at c=32 */
+  aloneCpuTps: number;
+  batched32CpuTps: number;
+  cpuRatio32: number;
   tpot32Ms: { p50: number; p99: number };
   tpotRatioP99: number;
 }
@@ -126,19 +163,21 @@ export interface ThroughputRow {
 async function throughput(name: string): Promise<ThroughputRow> {
   const model = await loadModel(`${root}models/${name}`, { threads: THREADS });
   try {
-    // Warm up, then alternate alone and batched rounds; medians of 3.
-    await aloneDecode(model, prompt(model, 99, 24));
-    const alone: { tps: number; tpot: number[] }[] = [];
+    // Warm up, then alternate alone and batched rounds; medians.
+    await aloneDecode(model, 99);
+    const alone: Awaited<ReturnType<typeof aloneDecode>>[] = [];
     const c1: number[] = [];
     const c32: Awaited<ReturnType<typeof concurrent>>[] = [];
-    for (let round = 0; round < 3; round++) {
-      alone.push(await aloneDecode(model, prompt(model, round, 24)));
+    for (let round = 0; round < ROUNDS; round++) {
+      alone.push(await aloneDecode(model, round));
       c1.push((await concurrent(model, 1)).aggregate);
       c32.push(await concurrent(model, 32));
     }
     const aloneTps = quantile(alone.map((a) => a.tps), 0.5);
+    const aloneCpu = quantile(alone.map((a) => a.cpuTps), 0.5);
     const aloneTpot = alone.flatMap((a) => a.tpot);
-    const mid = c32.sort((a, b) => a.aggregate - b.aggregate)[1];
+    const mid = [...c32].sort((a, b) => a.aggregate - b.aggregate)[Math.floor(ROUNDS / 2)];
+    const midCpu = quantile(c32.map((c) => c.cpuTps), 0.5);
     const aloneP99 = quantile(aloneTpot, 0.99);
     return {
       model: name,
@@ -147,6 +186,9 @@ async function throughput(name: string): Promise<ThroughputRow> {
       batched1Tps: Math.round(quantile(c1, 0.5)),
       batched32Tps: Math.round(mid.aggregate),
       ratio32: r2(mid.aggregate / aloneTps),
+      aloneCpuTps: Math.round(aloneCpu),
+      batched32CpuTps: Math.round(midCpu),
+      cpuRatio32: r2(midCpu / aloneCpu),
       tpot32Ms: { p50: r2(quantile(mid.tpot, 0.5)), p99: r2(quantile(mid.tpot, 0.99)) },
       tpotRatioP99: r2(quantile(mid.tpot, 0.99) / aloneP99),
     };
@@ -322,17 +364,26 @@ export async function benchBatch(): Promise<BatchBenchResult> {
  */
 export function formatBatchTable(r: BatchBenchResult): string {
   const lines = [
-    `decode throughput (${r.threads} threads, ${r.decodeTokens} tokens per request, medians of 3 alternating rounds)`,
-    "model          alone tok/s  batched c=1  batched c=32  ratio  TPOT p99 alone  TPOT p99 c=32  ratio",
+    `decode throughput (${r.threads} threads; alone: 4 × ${ALONE_TOKENS} tokens per round, c=32: ${r.decodeTokens} tokens each; medians of ${ROUNDS} alternating rounds)`,
+    "model          alone tok/s  batched c=1  c=32 tok/s  ratio | tok/CPU-s alone  c=32  ratio | TPOT p99 alone  c=32  ratio",
   ];
   for (const t of r.throughput) {
-    lines.push(
-      `${t.model.padEnd(14)} ${String(t.aloneTps).padStart(11)}  ${
-        String(t.batched1Tps).padStart(11)
-      }  ${String(t.batched32Tps).padStart(12)}  ${t.ratio32.toFixed(2).padStart(5)}  ${
-        t.aloneTpotMs.p99.toFixed(2).padStart(14)
-      }  ${t.tpot32Ms.p99.toFixed(2).padStart(13)}  ${t.tpotRatioP99.toFixed(2).padStart(5)}`,
-    );
+    const cells = [
+      t.model.padEnd(14),
+      String(t.aloneTps).padStart(11),
+      String(t.batched1Tps).padStart(11),
+      String(t.batched32Tps).padStart(10),
+      t.ratio32.toFixed(2).padStart(5),
+      "|",
+      String(t.aloneCpuTps).padStart(15),
+      String(t.batched32CpuTps).padStart(5),
+      t.cpuRatio32.toFixed(2).padStart(5),
+      "|",
+      t.aloneTpotMs.p99.toFixed(2).padStart(14),
+      t.tpot32Ms.p99.toFixed(2).padStart(5),
+      t.tpotRatioP99.toFixed(2).padStart(5),
+    ];
+    lines.push(cells.join("  ").replaceAll("  |  ", " | "));
   }
   const c = r.chunkedPrefill;
   lines.push(

@@ -1,8 +1,9 @@
 // Engine benchmark: prefill tokens/s at several prompt lengths and decode tokens/s at a fixed
-// context for each demo model, plus the native GEMM against the machine's fp32 FMA peak.
+// context for each demo model at 1 thread and all cores (bf16 weights as stored, and q8), plus the
+// native GEMM against the machine's fp32 FMA peak.
 // Medians over repeated runs; prompts are deterministic pseudo-random token ids.
 import { loadModel } from "../lib/engine/mod.ts";
-import { cpuKernelName, gemmBench } from "../lib/native/mod.ts";
+import { cpuKernelName, gemmBench, type WeightFormat } from "../lib/native/mod.ts";
 import { fp32PeakGflops, machineInfo, median } from "./machine.ts";
 
 const PREFILL_LENGTHS = [128, 512, 2048];
@@ -28,13 +29,19 @@ function argmax(xs: Float32Array): number {
 export interface EngineModelResult {
   model: string;
   threads: number;
+  /** linear-weight format in memory */
+  weights: WeightFormat;
   prefillTokensPerSecond: Record<string, number>;
   decodeTokensPerSecond: number;
   decodeContext: number;
 }
 
-async function benchModel(dir: string, threads: number): Promise<EngineModelResult> {
-  const model = await loadModel(dir, { threads });
+async function benchModel(
+  dir: string,
+  threads: number,
+  weights: WeightFormat,
+): Promise<EngineModelResult> {
+  const model = await loadModel(dir, { threads, weights });
   try {
     const vocab = model.checkpoint.config.vocabSize;
     const prefill: Record<string, number> = {};
@@ -68,6 +75,7 @@ async function benchModel(dir: string, threads: number): Promise<EngineModelResu
     return {
       model: model.name,
       threads: model.native.threads,
+      weights,
       prefillTokensPerSecond: prefill,
       decodeTokensPerSecond: DECODE_STEPS / median(decodeTimes),
       decodeContext: DECODE_CONTEXT,
@@ -99,7 +107,12 @@ export async function benchEngine(modelDirs: string[]): Promise<EngineBenchResul
   const info = await machineInfo();
   const threads = info.logicalCpus;
   const models: EngineModelResult[] = [];
-  for (const dir of modelDirs) models.push(await benchModel(dir, threads));
+  // 1 thread and all cores with the checkpoint's weights (2-thread decode vs 1-thread is an
+  // issue-13 target), then q8 at all cores.
+  for (const dir of modelDirs) {
+    for (const t of [...new Set([1, threads])]) models.push(await benchModel(dir, t, "bf16"));
+    models.push(await benchModel(dir, threads, "q8"));
+  }
   const gemm = [];
   for (const t of [...new Set([1, threads])]) {
     const m = 1024, n = 1024, k = 1024;
@@ -125,14 +138,16 @@ export async function benchEngine(modelDirs: string[]): Promise<EngineBenchResul
  */
 export function formatEngineTable(r: EngineBenchResult): string {
   const lines = [
-    "model          threads  prefill128  prefill512  prefill2048  decode@512   (tokens/s)",
+    "model          weights threads  prefill128  prefill512  prefill2048  decode@512   (tokens/s)",
   ];
   for (const m of r.models) {
     const p = m.prefillTokensPerSecond;
     lines.push(
-      `${m.model.padEnd(14)} ${String(m.threads).padStart(7)} ${p["128"].toFixed(0).padStart(11)} ${
-        p["512"].toFixed(0).padStart(11)
-      } ${p["2048"].toFixed(0).padStart(12)} ${m.decodeTokensPerSecond.toFixed(1).padStart(11)}`,
+      `${m.model.padEnd(14)} ${m.weights.padEnd(7)} ${String(m.threads).padStart(7)} ${
+        p["128"].toFixed(0).padStart(11)
+      } ${p["512"].toFixed(0).padStart(11)} ${p["2048"].toFixed(0).padStart(12)} ${
+        m.decodeTokensPerSecond.toFixed(1).padStart(11)
+      }`,
     );
   }
   for (const g of r.gemm) {

@@ -1,7 +1,9 @@
 // HTTP-layer benchmark: a bounded loopback load on the demo tiers through the real generate app
-// (Deno.serve on 127.0.0.1, streamed /v1/completions), reporting p50/p99 TTFT and per-request
-// tokens/s at concurrency 1, 8 and 32, error counts by status, and the per-request overhead of
-// the HTTP layer vs calling lib/engine generate() directly. Bounded: ~1 min on 2 cores.
+// (Deno.serve on 127.0.0.1, streamed /v1/completions), reporting p50/p99 TTFT, per-request
+// tokens/s, p50/p99 time per output token and aggregate tokens/s at concurrency 1, 8 and 32,
+// error counts by status, and the per-request overhead of the HTTP layer vs calling lib/engine
+// generate() directly. Tiers use the bundled config's admission (concurrency, queue_depth) and
+// continuous batching, 2 threads each. Bounded: ~1–2 min on 2 cores.
 import { parseConfig } from "../lib/config/mod.ts";
 import { generate } from "../lib/engine/mod.ts";
 import { createBaseApp } from "../functions/shared/mod.ts";
@@ -15,7 +17,8 @@ const TIERS: Record<string, string> = {
   powerful: "tiny-powerful",
 };
 const CONCURRENCY = [1, 8, 32];
-const MAX_TOKENS = 16;
+const MAX_TOKENS = 32;
+const THREADS = 2;
 const PROMPTS = [
   "It was the best of times, it was the worst of times, it was the age of wisdom",
   "Call me Ishmael. Some years ago, never mind how long precisely",
@@ -31,6 +34,8 @@ export interface LoadPoint {
   /** Non-200 responses by status (and "network" for failed fetches). */
   errors: Record<string, number>;
   ttftMs: { p50: number; p99: number };
+  /** Time between streamed tokens, ms (every interval of every request). */
+  tpotMs: { p50: number; p99: number };
   /** Per-request decode rate after the first token, tokens/s. */
   tokensPerSecond: { p50: number; p99: number };
   /** All generated tokens / wall time, tokens/s. */
@@ -72,6 +77,7 @@ async function streamOne(base: string, tier: string, prompt: string) {
   }
   let first: number | undefined;
   let tokens = 0;
+  const stamps: number[] = [];
   const dec = new TextDecoder();
   let buf = "";
   for await (const chunk of res.body!) {
@@ -85,6 +91,7 @@ async function streamOne(base: string, tier: string, prompt: string) {
       const obj = JSON.parse(frame.slice(6));
       if (obj.error) return { status: "stream_error" };
       if (obj.usage) tokens = obj.usage.completion_tokens;
+      if (obj.choices?.[0]?.text) stamps.push(performance.now());
     }
   }
   const end = performance.now();
@@ -93,6 +100,7 @@ async function streamOne(base: string, tier: string, prompt: string) {
     ttftMs: (first ?? end) - t0,
     tokens,
     decodeS: (end - (first ?? end)) / 1000,
+    tpot: stamps.slice(1).map((t, i) => t - stamps[i]),
   };
 }
 
@@ -101,6 +109,7 @@ async function loadPoint(base: string, tier: string, concurrency: number): Promi
   let next = 0;
   const ttft: number[] = [];
   const tps: number[] = [];
+  const tpot: number[] = [];
   const errors: Record<string, number> = {};
   let ok = 0;
   let totalTokens = 0;
@@ -116,6 +125,7 @@ async function loadPoint(base: string, tier: string, concurrency: number): Promi
         }
         ok++;
         ttft.push(r.ttftMs!);
+        tpot.push(...r.tpot!);
         totalTokens += r.tokens!;
         if (r.tokens! > 1 && r.decodeS! > 0) tps.push((r.tokens! - 1) / r.decodeS!);
       } catch {
@@ -130,6 +140,7 @@ async function loadPoint(base: string, tier: string, concurrency: number): Promi
     ok,
     errors,
     ttftMs: { p50: quantile(ttft, 0.5), p99: quantile(ttft, 0.99) },
+    tpotMs: { p50: quantile(tpot, 0.5), p99: quantile(tpot, 0.99) },
     tokensPerSecond: { p50: quantile(tps, 0.5), p99: quantile(tps, 0.99) },
     aggregateTokensPerSecond: Math.round((totalTokens / wallS) * 10) / 10,
     wallS: Math.round(wallS * 100) / 100,
@@ -141,13 +152,14 @@ async function loadPoint(base: string, tier: string, concurrency: number): Promi
  * @returns the load points per tier and the HTTP overhead
  */
 export async function benchHttp(): Promise<HttpBenchResult> {
+  const bundled = JSON.parse(await Deno.readTextFile(`${root}config/local.json`)).tiers;
   const tiers: Record<string, unknown> = {};
   for (const [name, dir] of Object.entries(TIERS)) {
     tiers[name] = {
       model: `${root}models/${dir}`,
-      threads: 1,
-      concurrency: 2,
-      queue_depth: 64,
+      threads: THREADS,
+      concurrency: bundled[name].concurrency,
+      queue_depth: bundled[name].queue_depth,
       max_context: 1024,
       max_new_tokens: 64,
     };
@@ -208,7 +220,7 @@ export async function benchHttp(): Promise<HttpBenchResult> {
  */
 export function formatHttpTable(r: HttpBenchResult): string {
   const lines = [
-    "tier      conc  ok/req  errors       ttft p50/p99 ms   tok/s p50/p99   agg tok/s",
+    "tier      conc  ok/req  errors       ttft p50/p99 ms   tpot p50/p99 ms   tok/s p50/p99   agg tok/s",
   ];
   for (const [tier, points] of Object.entries(r.tiers)) {
     for (const p of points) {
@@ -217,9 +229,18 @@ export function formatHttpTable(r: HttpBenchResult): string {
           `${p.ok}/${p.requests}`.padStart(6)
         }  ${JSON.stringify(p.errors).padEnd(11)}  ${
           `${p.ttftMs.p50}/${p.ttftMs.p99}`.padStart(16)
-        }  ${`${p.tokensPerSecond.p50}/${p.tokensPerSecond.p99}`.padStart(14)}  ${
-          String(p.aggregateTokensPerSecond).padStart(9)
-        }`,
+        }  ${`${p.tpotMs.p50}/${p.tpotMs.p99}`.padStart(16)}  ${
+          `${p.tokensPerSecond.p50}/${p.tokensPerSecond.p99}`.padStart(14)
+        }  ${String(p.aggregateTokensPerSecond).padStart(9)}`,
+      );
+    }
+    const one = points.find((p) => p.concurrency === 1),
+      many = points.find((p) => p.concurrency === 32);
+    if (one && many) {
+      lines.push(
+        `${tier.padEnd(9)} c=32 vs c=1: aggregate ×${
+          (many.aggregateTokensPerSecond / one.aggregateTokensPerSecond).toFixed(2)
+        }, p99 TPOT ×${(many.tpotMs.p99 / one.tpotMs.p99).toFixed(2)}`,
       );
     }
   }

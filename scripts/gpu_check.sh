@@ -14,6 +14,11 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 start=$(date +%s)
 
+# The toolkit's nvcc may not be on PATH (CMake's check_language(CUDA) looks there first).
+for d in /usr/local/cuda/bin /usr/local/cuda-*/bin; do
+  if [ -x "$d/nvcc" ] && ! command -v nvcc >/dev/null 2>&1; then export PATH="$d:$PATH"; fi
+done
+
 lib=${KVRELAY_LIB:-}
 if [ -z "$lib" ]; then
   build=build/gpu_check

@@ -10,12 +10,7 @@ import { freePort, startServer, writeConfig } from "./e2e_support.ts";
 const root = new URL("../", import.meta.url).pathname;
 const prompt = "It was the best of times, it was the worst of times, it was the age of wisdom";
 const projectorDir = `${root}models/projectors/tiny-fast--tiny-powerful`;
-let haveProjector = true;
-try {
-  Deno.statSync(`${projectorDir}/projector.json`);
-} catch {
-  haveProjector = false;
-}
+// The demo projector is committed: its absence is a failure, not a reason to skip.
 
 const json = (body: unknown) => ({
   method: "POST",
@@ -28,13 +23,11 @@ Deno.test("prefill on one process, decode on another: HTTP and shared-store hand
   const decodePort = freePort();
   const store = { store: { kind: "fs", dir: storeDir } };
   const decodeCfg = await writeConfig(
-    haveProjector ? { fast: "tiny-fast", powerful: "tiny-powerful" } : { fast: "tiny-fast" },
+    { fast: "tiny-fast", powerful: "tiny-powerful" },
     {},
     {
       ...store,
-      projectors: haveProjector
-        ? [{ from: "fast", to: "powerful", path: projectorDir, min_quality: 0.5 }]
-        : [],
+      projectors: [{ from: "fast", to: "powerful", path: projectorDir, min_quality: 0.5 }],
     },
   );
   const prefillCfg = await writeConfig({ fast: "tiny-fast" }, {}, {
@@ -96,7 +89,6 @@ Deno.test("prefill on one process, decode on another: HTTP and shared-store hand
     await t.step({
       name:
         "across tiers (fast → powerful): projected + repaired, equal to the same migration in one process",
-      ignore: !haveProjector,
       fn: async () => {
         const powerful = await loadModel(`${root}models/tiny-powerful`, { threads: 1 });
         const projector = await loadProjector(projectorDir, endpointOf(fast), endpointOf(powerful));

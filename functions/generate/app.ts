@@ -4,7 +4,7 @@
 // Tier choice is lib/router's; admission, caches and decoding are lib/serve's.
 import type { Context, Hono } from "hono";
 import { z } from "zod";
-import type { GenerateOptions } from "../../lib/engine/mod.ts";
+import type { GenerateOptions, StepLogprobs } from "../../lib/engine/mod.ts";
 import type { RouteDecision } from "../../lib/router/mod.ts";
 import {
   abortError,
@@ -27,15 +27,20 @@ import {
   createBaseApp,
   errorBody,
   generationOptions,
-  messagesSchema,
   readJson,
   requestContext,
   samplingFields,
   sseResponse,
-  tokenIdsSchema,
 } from "../shared/mod.ts";
-
-const streamOptions = z.object({ include_usage: z.boolean().optional() }).nullish();
+import {
+  chatLogprob,
+  chatSchema,
+  completionLogprobs,
+  completionSchema,
+  extraOptions,
+  refuseUnsupportedChat,
+  refuseUnsupportedCompletion,
+} from "./openai.ts";
 
 const generateSchema = z.object({
   prompt: z.string().min(1),
@@ -43,38 +48,6 @@ const generateSchema = z.object({
   cache_salt: z.string().min(1).max(256).optional(),
   tier: z.string().min(1).optional(),
   model: z.string().min(1).optional(),
-  ...samplingFields,
-});
-
-const completionSchema = z.object({
-  model: z.string().min(1).optional(),
-  prompt: z.union([
-    z.string().min(1),
-    z.array(z.string().min(1)).min(1).max(16),
-    tokenIdsSchema,
-    z.array(tokenIdsSchema).min(1).max(16),
-  ], {
-    error:
-      "must be a non-empty string, 1 to 16 non-empty strings, an array of token ids (integers >= 0), or 1 to 16 such arrays",
-  }),
-  stream: z.boolean().nullish(),
-  stream_options: streamOptions,
-  n: z.literal(1).nullish(),
-  echo: z.literal(false).nullish(),
-  user: z.string().max(256).optional(),
-  cache_salt: z.string().min(1).max(256).optional(),
-  ...samplingFields,
-});
-
-const chatSchema = z.object({
-  model: z.string().min(1).optional(),
-  messages: messagesSchema,
-  stream: z.boolean().nullish(),
-  stream_options: streamOptions,
-  n: z.literal(1).nullish(),
-  user: z.string().max(256).optional(),
-  max_completion_tokens: z.number().int().min(1).optional(),
-  cache_salt: z.string().min(1).max(256).optional(),
   ...samplingFields,
 });
 
@@ -129,6 +102,8 @@ async function plan(
     sampling: Parameters<typeof generationOptions>[1];
     /** The field `sampling.max_tokens` came from (default "max_tokens"). */
     maxTokensParam?: string;
+    /** More engine options for the chosen tier (bias, penalties, logprobs). */
+    extras?: (tier: Tier) => Partial<GenerateOptions>;
   },
 ): Promise<Planned> {
   requireReady(rt);
@@ -150,7 +125,10 @@ async function plan(
     tier = requireTier(rt, route.tier, req.param);
   }
   const ids = await promptIds(tier, req.prompt, req.promptParam);
-  const options = generationOptions(tier, req.sampling, req.maxTokensParam);
+  const options = {
+    ...generationOptions(tier, req.sampling, req.maxTokensParam),
+    ...req.extras?.(tier),
+  };
   checkContext(
     tier,
     ids.length,
@@ -262,6 +240,7 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
 
   app.post("/v1/completions", async (c) => {
     const body = completionSchema.parse(await readJson(c, rt));
+    refuseUnsupportedCompletion(body);
     const prompts: PromptInput[] = typeof body.prompt === "string"
       ? [{ text: body.prompt }]
       : typeof body.prompt[0] === "string"
@@ -271,6 +250,7 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
       : (body.prompt as number[][]).map((ids) => ({ ids }));
     const id = `cmpl-${crypto.randomUUID()}`;
     const created = Math.floor(Date.now() / 1000);
+    const logprobs = body.logprobs ?? undefined;
     // Every prompt is checked before the first one runs: a bad prompt 2 is a 400, not an error
     // after prompt 1's text (or inside a 200 stream).
     const plans: Planned[] = [];
@@ -285,6 +265,7 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
             : `prompt.${i}`,
           userId: body.user,
           sampling: body,
+          extras: (tier) => extraOptions(tier, body, logprobs),
         }),
       );
     }
@@ -303,7 +284,12 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
         const r = await gen.collect();
         promptTokens += r.promptTokens;
         completion += r.tokenIds.length;
-        choices.push({ index: i, text: r.text, finish_reason: finishReason(r), logprobs: null });
+        choices.push({
+          index: i,
+          text: r.text,
+          finish_reason: finishReason(r),
+          logprobs: logprobs === undefined ? null : completionLogprobs(gen.tier, r.logprobs ?? []),
+        });
       }
       return c.json({
         id,
@@ -324,18 +310,30 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
         for (let i = 0; i < prompts.length; i++) {
           const { gen } = i === 0 ? first : await admitOne(i);
           const model = gen.tier.name;
-          const frame = (text: string, fr: string | null) => ({
-            id,
-            object: "text_completion",
-            created,
-            model,
-            choices: [{ index: i, text, finish_reason: fr, logprobs: null }],
-            ...(includeUsage ? { usage: null } : {}),
-          });
+          let offset = 0;
+          const frame = (text: string, fr: string | null, lp?: StepLogprobs) => {
+            const f = {
+              id,
+              object: "text_completion",
+              created,
+              model,
+              choices: [{
+                index: i,
+                text,
+                finish_reason: fr,
+                logprobs: lp ? completionLogprobs(gen.tier, [lp], offset) : null,
+              }],
+              ...(includeUsage ? { usage: null } : {}),
+            };
+            offset += text.length;
+            return f;
+          };
           const it = gen.tokens();
           let step = await it.next();
           while (!step.done) {
-            if (step.value.text !== "") send(frame(step.value.text, null));
+            if (step.value.text !== "" || step.value.logprobs) {
+              send(frame(step.value.text, null, step.value.logprobs));
+            }
             step = await it.next();
           }
           const r = step.value;
@@ -362,8 +360,10 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
 
   app.post("/v1/chat/completions", async (c) => {
     const body = chatSchema.parse(await readJson(c, rt));
+    refuseUnsupportedChat(body);
     const id = `chatcmpl-${crypto.randomUUID()}`;
     const created = Math.floor(Date.now() / 1000);
+    const logprobs = body.logprobs === true ? body.top_logprobs ?? 0 : undefined;
     const planned = await plan(rt, {
       explicit: body.model,
       param: "model",
@@ -371,14 +371,17 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
       promptParam: "messages",
       userId: body.user,
       sampling: { ...body, max_tokens: body.max_completion_tokens ?? body.max_tokens },
-      maxTokensParam: body.max_completion_tokens !== undefined
-        ? "max_completion_tokens"
-        : "max_tokens",
+      maxTokensParam: body.max_completion_tokens != null ? "max_completion_tokens" : "max_tokens",
+      extras: (tier) => extraOptions(tier, body, logprobs),
     });
     const link = linkedContext(c, body.cache_salt);
     const { gen, route } = await admit(rt, link.ctx, planned, body.user);
     const model = gen.tier.name;
     const info = kvrelayInfo(gen, route);
+    const lpObject = (steps: StepLogprobs[] | undefined) =>
+      logprobs === undefined
+        ? null
+        : { content: (steps ?? []).map((s) => chatLogprob(gen.tier, s)), refusal: null };
     if (!body.stream) {
       const r = await gen.collect();
       return c.json({
@@ -390,7 +393,7 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
           index: 0,
           message: { role: "assistant", content: r.text, refusal: null },
           finish_reason: finishReason(r),
-          logprobs: null,
+          logprobs: lpObject(r.logprobs),
         }],
         usage: usage(r.promptTokens, r.tokenIds.length),
         kvrelay: info,
@@ -398,19 +401,25 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
     }
     const includeUsage = body.stream_options?.include_usage === true;
     return sseResponse(async (send) => {
-      const frame = (delta: Record<string, string>, fr: string | null) => ({
+      const frame = (
+        delta: Record<string, string>,
+        fr: string | null,
+        lp?: StepLogprobs,
+      ) => ({
         id,
         object: "chat.completion.chunk",
         created,
         model,
-        choices: [{ index: 0, delta, finish_reason: fr, logprobs: null }],
+        choices: [{ index: 0, delta, finish_reason: fr, logprobs: lp ? lpObject([lp]) : null }],
         ...(includeUsage ? { usage: null } : {}),
       });
       send(frame({ role: "assistant", content: "" }, null));
       const it = gen.tokens();
       let step = await it.next();
       while (!step.done) {
-        if (step.value.text !== "") send(frame({ content: step.value.text }, null));
+        if (step.value.text !== "" || step.value.logprobs) {
+          send(frame({ content: step.value.text }, null, step.value.logprobs));
+        }
         step = await it.next();
       }
       const r = step.value;

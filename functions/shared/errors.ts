@@ -84,6 +84,16 @@ export function toHttpError(err: unknown): HttpError | null {
   if (err instanceof HttpError) return err;
   if (err instanceof z.ZodError) {
     const issue = err.issues[0];
+    if (issue?.code === "unrecognized_keys") {
+      // OpenAI's policy for fields it does not know: refuse, naming the field.
+      const param = [...issue.path.map(String), issue.keys[0]].join(".");
+      return new HttpError(
+        400,
+        "invalid_request_error",
+        `Unrecognized request argument supplied: ${param}`,
+        param,
+      );
+    }
     const param = issue && issue.path.length > 0 ? issue.path.map(String).join(".") : "body";
     return new HttpError(
       400,

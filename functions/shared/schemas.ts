@@ -34,12 +34,12 @@ export const messagesSchema = z.array(messageSchema).min(1);
 export const tokenIdsSchema = z.array(z.number().int().min(0)).min(1);
 
 type Sampling = {
-  max_tokens?: number;
-  temperature?: number;
-  top_p?: number;
-  top_k?: number;
-  min_p?: number;
-  seed?: number;
+  max_tokens?: number | null;
+  temperature?: number | null;
+  top_p?: number | null;
+  top_k?: number | null;
+  min_p?: number | null;
+  seed?: number | null;
   stop?: string | string[] | null;
 };
 
@@ -71,7 +71,7 @@ export function generationOptions(
     topP: body.top_p ?? d.top_p,
     topK: body.top_k ?? d.top_k,
     minP: body.min_p ?? d.min_p,
-    seed: body.seed,
+    seed: body.seed ?? undefined,
     stop: body.stop == null ? undefined : typeof body.stop === "string" ? [body.stop] : body.stop,
   };
 }

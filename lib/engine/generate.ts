@@ -11,6 +11,13 @@ import type {
 import type { LoadedModel } from "./load.ts";
 import { Sampler, type SamplingOptions, validateSampling } from "./sampler.ts";
 import { StopStringMatcher } from "./stop_strings.ts";
+import {
+  type LogitOptions,
+  LogitProcessor,
+  needsLogits,
+  type StepLogprobs,
+  stepLogprobs,
+} from "./logits.ts";
 import { type Decoder, IncrementalDetokenizer } from "./detokenizer.ts";
 
 /** Tokens generated when `maxTokens` is not given. */
@@ -19,7 +26,7 @@ export const DEFAULT_MAX_TOKENS = 256;
 export const MAX_SEQUENCE_TOKENS = 32768;
 
 /** Options of one generation. */
-export interface GenerateOptions extends SamplingOptions {
+export interface GenerateOptions extends SamplingOptions, LogitOptions {
   /** Most tokens to generate, ≥ 1; default {@link DEFAULT_MAX_TOKENS}. */
   maxTokens?: number;
   /** Stop strings: the text ends just before the first one found (it is not included). */
@@ -61,6 +68,8 @@ export interface GenerateResult {
 export interface GenerateChunk {
   text: string;
   tokenId: number;
+  /** Set when `logprobs` was asked for. */
+  logprobs?: StepLogprobs;
 }
 
 /** The part of a sequence the decode loop needs (NativeSequence satisfies it). */
@@ -167,8 +176,11 @@ export async function* decodeLoop(
   let ttftMs: number | undefined;
   let finishReason: GenerateResult["finishReason"] | undefined;
   let logits = firstLogits;
+  // Bias, penalties and logprobs need each row in TypeScript: native sampling is then off.
+  const processor = needsLogits(opts) ? new LogitProcessor(opts) : null;
   // Native sampling: the same stream (seed resolved by `sampler`), drawn next to the logits.
-  const native = opts.nativeSampling !== false && target.createSampler && target.decodeSample
+  const native = !processor && opts.nativeSampling !== false && target.createSampler &&
+      target.decodeSample
     ? target.createSampler(sampler.options)
     : null;
   let next: number | undefined; // the token the last native decode step sampled
@@ -178,10 +190,16 @@ export async function* decodeLoop(
         finishReason = "abort";
         break;
       }
-      const id = next ??
-        (native
-          ? native.sample(logits, sampleWidth).token
-          : sampler.sample(logits.subarray(0, sampleWidth)));
+      let id: number;
+      let logprobs: StepLogprobs | undefined;
+      if (next !== undefined) id = next;
+      else if (native) id = native.sample(logits, sampleWidth).token;
+      else if (processor) {
+        const row = processor.process(logits.subarray(0, sampleWidth));
+        id = sampler.sample(row);
+        if (opts.logprobs !== undefined) logprobs = stepLogprobs(row, id, opts.logprobs);
+        processor.push(id);
+      } else id = sampler.sample(logits.subarray(0, sampleWidth));
       ttftMs ??= performance.now() - ctx.startMs;
       tokenIds.push(id);
       let delta: string;
@@ -202,7 +220,7 @@ export async function* decodeLoop(
         }
       }
       text += delta;
-      yield { text: delta, tokenId: id };
+      yield logprobs ? { text: delta, tokenId: id, logprobs } : { text: delta, tokenId: id };
       if (finishReason === undefined) {
         if (native) next = (await target.decodeSample!(id, native, sampleWidth)).token;
         else logits = await target.decode(id);

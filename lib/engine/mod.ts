@@ -27,4 +27,12 @@ export {
 export { DEFAULT_SCORE_CONTEXT, negLogLikelihood, type ScoreResult, scoreTokens } from "./score.ts";
 export { type StopStep, StopStringMatcher } from "./stop_strings.ts";
 export { IncrementalDetokenizer } from "./detokenizer.ts";
+export {
+  type LogitOptions,
+  LogitProcessor,
+  needsLogits,
+  type StepLogprobs,
+  stepLogprobs,
+  type TokenLogprob,
+} from "./logits.ts";
 export { randomSeed, Xoshiro128 } from "./prng.ts";

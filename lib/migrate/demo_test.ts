@@ -66,6 +66,13 @@ for (const kind of ["tiny-fast--tiny-powerful", "tiny-fast--tiny-powerful-mlp"])
       });
       assert.equal(r.mode, "project");
       assert.equal(r.migratedTokens + r.repairTokens, 100);
+      using full = powerful.native.createSequence(128);
+      const fullLogits = await full.prefill(prompt);
+      assert.equal(
+        argmaxOf(r.logits),
+        argmaxOf(fullLogits),
+        "migrate+repair's first token differs from the full prefill's",
+      );
       const next = await dst.decode(argmaxOf(r.logits));
       assert.equal(next.length, powerful.native.config.vocabSize);
     } finally {

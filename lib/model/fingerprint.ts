@@ -13,6 +13,7 @@
 // The canonical document hashed is JSON with sorted keys:
 //   {"config": {...}, "mode": "sample"|"full", "tensors": [{digest, dtype, name, nbytes, shape}], "v": 1}
 
+import { canonicalJson, hex, sha256 } from "../util/mod.ts";
 import type { ModelConfig } from "./config.ts";
 import type { TensorInfo } from "./safetensors.ts";
 
@@ -20,29 +21,8 @@ import type { TensorInfo } from "./safetensors.ts";
 export const SAMPLE_WINDOW = 4096;
 const FULL_CHUNK = 16 * 1024 * 1024;
 
-function hex(buf: ArrayBuffer): string {
-  return Array.from(new Uint8Array(buf), (b) => b.toString(16).padStart(2, "0")).join("");
-}
-
-async function sha256(data: Uint8Array<ArrayBuffer>): Promise<ArrayBuffer> {
-  return await crypto.subtle.digest("SHA-256", data);
-}
-
-/** JSON with object keys sorted at every level (arrays keep their order). */
-export function canonicalJson(value: unknown): string {
-  if (Array.isArray(value)) return `[${value.map(canonicalJson).join(",")}]`;
-  if (value !== null && typeof value === "object") {
-    const keys = Object.keys(value as object).filter((k) =>
-      (value as Record<string, unknown>)[k] !== undefined
-    ).sort();
-    return `{${
-      keys.map((k) =>
-        `${JSON.stringify(k)}:${canonicalJson((value as Record<string, unknown>)[k])}`
-      ).join(",")
-    }}`;
-  }
-  return JSON.stringify(value);
-}
+/** The one canonical JSON (lib/util), re-exported for this module's callers. */
+export { canonicalJson };
 
 /**
  * The config fields that change what the forward pass computes.

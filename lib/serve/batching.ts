@@ -68,5 +68,10 @@ export function createBatching(
       metrics.preemptions.inc(labels);
     },
   });
-  return { pool, scheduler };
+  const refresh = () => {
+    const free = pool.blocksFree;
+    metrics.kvBlocksUsed.set(labels, blocks - free);
+    metrics.kvBlocksFree.set(labels, free);
+  };
+  return { pool, scheduler, refresh };
 }

@@ -8,6 +8,7 @@ import {
   type GenerateChunk,
   type GenerateOptions,
   type GenerateResult,
+  type StepLogprobs,
 } from "../engine/mod.ts";
 import { MigrationRefusedError } from "../migrate/mod.ts";
 import { prefillWithCache, type PrefixCache, StoreError } from "../store/mod.ts";
@@ -15,7 +16,8 @@ import { Lane } from "./lane.ts";
 import { InputError, UnavailableError } from "./errors.ts";
 import type { RequestContext } from "./request.ts";
 import { requireReady, type Runtime } from "./runtime.ts";
-import { type AbortCause, admitSlot, signalCause } from "./slot.ts";
+import { type AbortCause, admitSlot, signalCause, stoppedError } from "./slot.ts";
+import { SchedulerClosedError } from "./scheduler.ts";
 import type { Tier } from "./tier.ts";
 
 /** Where the prompt's KV came from. */
@@ -57,6 +59,8 @@ export interface ServedResult extends GenerateResult {
   abortCause?: AbortCause;
   /** Seconds spent decoding after the first token. */
   decodeSeconds: number;
+  /** Per generated token, when logprobs were asked for (collect() only). */
+  logprobs?: StepLogprobs[];
 }
 
 /** What to generate. */
@@ -189,14 +193,16 @@ export class Generation {
    */
   async collect(): Promise<ServedResult> {
     const it = this.tokens();
+    const logprobs: StepLogprobs[] = [];
     while (true) {
       const s = await it.next();
       if (s.done) {
         if (s.value.abortCause === "timeout" || s.value.abortCause === "shutdown") {
           throw abortError(s.value, this);
         }
-        return s.value;
+        return logprobs.length > 0 ? { ...s.value, logprobs } : s.value;
       }
+      if (s.value.logprobs) logprobs.push(s.value.logprobs);
     }
   }
 
@@ -252,7 +258,7 @@ export async function startGeneration(rt: Runtime, req: GenerationRequest): Prom
   rt.metrics.activeSequences.add({ tier: tier.name }, 1);
   let lane: Lane | null = null;
   try {
-    lane = Lane.create(tier, promptIds.length + maxTokens);
+    lane = Lane.create(tier, promptIds.length + maxTokens, slot.signal);
     const { logits, cache } = await prefill(
       rt,
       tier,
@@ -270,6 +276,10 @@ export async function startGeneration(rt: Runtime, req: GenerationRequest): Prom
     lane?.free();
     rt.metrics.activeSequences.add({ tier: tier.name }, -1);
     release();
+    // A deadline, disconnect or shutdown while the prompt waited in the scheduler.
+    if (e instanceof SchedulerClosedError && slot.signal.aborted) {
+      throw stoppedError(rt, tier, req.ctx.client, `prefilling on tier "${tier.name}"`);
+    }
     throw e;
   }
 }

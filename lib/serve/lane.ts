@@ -5,7 +5,7 @@
 
 import type { DecodeTarget } from "../engine/mod.ts";
 import type { NativeSequence } from "../native/mod.ts";
-import type { ScheduledSequence } from "./scheduler.ts";
+import { type ScheduledSequence, SchedulerClosedError } from "./scheduler.ts";
 import type { Tier } from "./tier.ts";
 
 /** The sequence of one generation and the way its tokens are computed. */
@@ -13,16 +13,21 @@ export class Lane {
   /** The native sequence (KV imports and migration write into it directly). */
   readonly seq: NativeSequence;
   readonly #tier: Tier | null;
+  readonly #signal: AbortSignal | undefined;
   #handle: ScheduledSequence<NativeSequence> | null = null;
   #freed = false;
 
   /**
    * @param seq the sequence (owned by the lane from now on)
    * @param tier the tier whose scheduler steps it, or null to run it directly
+   * @param signal aborting it during a prefill leaves the scheduler (the waiting work rejects
+   *   with SchedulerClosedError), so a request's deadline also bounds its wait for KV blocks;
+   *   decodes are stopped by the decode loop between tokens instead
    */
-  private constructor(seq: NativeSequence, tier: Tier | null) {
+  private constructor(seq: NativeSequence, tier: Tier | null, signal?: AbortSignal) {
     this.seq = seq;
     this.#tier = tier?.batch ? tier : null;
+    this.#signal = signal;
   }
 
   /**
@@ -30,14 +35,15 @@ export class Lane {
    * tier batches, else a sequence of its own.
    * @param tier the tier
    * @param capacity most tokens the sequence may hold
+   * @param signal the request's signal (deadline, disconnect, shutdown)
    * @returns the lane
    * @throws RangeError/EngineError from sequence creation
    */
-  static create(tier: Tier, capacity: number): Lane {
+  static create(tier: Tier, capacity: number, signal?: AbortSignal): Lane {
     const seq = tier.batch
       ? tier.batch.pool.createSequence(capacity)
       : tier.model.native.createSequence(capacity);
-    return new Lane(seq, tier);
+    return new Lane(seq, tier, signal);
   }
 
   /**
@@ -57,10 +63,18 @@ export class Lane {
    * @returns (vocab) logits after the last token
    * @throws as NativeSequence.prefill or Scheduler works (SchedulerClosedError on shutdown)
    */
-  prefill(known: readonly number[], rest: number[]): Promise<Float32Array> {
-    if (!this.#tier) return this.seq.prefill(rest);
-    this.#handle ??= this.#tier.batch!.scheduler.attach(this.seq, known);
-    return this.#handle.prefill(rest);
+  async prefill(known: readonly number[], rest: number[]): Promise<Float32Array> {
+    if (!this.#tier) return await this.seq.prefill(rest);
+    const signal = this.#signal;
+    if (signal?.aborted) throw new SchedulerClosedError("the request was stopped");
+    const h = this.#handle ??= this.#tier.batch!.scheduler.attach(this.seq, known);
+    const stop = () => h.detach();
+    signal?.addEventListener("abort", stop, { once: true });
+    try {
+      return await h.prefill(rest);
+    } finally {
+      signal?.removeEventListener("abort", stop);
+    }
   }
 
   /** Empties the sequence (its blocks go back) and leaves the scheduler, for a fresh prefill. */
@@ -83,5 +97,6 @@ export class Lane {
     this.#handle?.detach();
     this.#handle = null;
     this.seq.free();
+    this.#tier?.batch?.refresh();
   }
 }

@@ -61,7 +61,8 @@ export function createMigrator(config: KvrelayConfig): Migrator {
   const loadErrors = new Map<string, string>();
   return {
     async load(tiers: ReadonlyMap<string, Tier>): Promise<void> {
-      for (const p of config.projectors) {
+      // Concurrently: their file reads overlap (part of every cold start).
+      await Promise.all(config.projectors.map(async (p) => {
         const from = tiers.get(p.from)!, to = tiers.get(p.to)!;
         const key = `${p.from}\0${p.to}`;
         try {
@@ -75,7 +76,7 @@ export function createMigrator(config: KvrelayConfig): Migrator {
           loadErrors.set(key, msg);
           console.warn(`kvrelay: ${msg}`);
         }
-      }
+      }));
     },
     gate(from: Tier, to: Tier): GateResult {
       const key = `${from.name}\0${to.name}`;

@@ -303,13 +303,24 @@ export class Scheduler<S> {
           await this.#sleep(Math.max(0, deadline - performance.now()));
         }
         this.#expected.clear();
-        const plan = this.#plan();
-        if (plan.length === 0) {
-          // Nothing fits until some sequence leaves or shrinks (or a new work arrives).
-          await this.#sleep(50);
-          continue;
+        try {
+          const plan = this.#plan();
+          if (plan.length === 0) {
+            // Nothing fits until some sequence leaves or shrinks (or a new work arrives).
+            await this.#sleep(50);
+            continue;
+          }
+          if (!(await this.#step(plan))) await this.#sleep(1);
+        } catch (e) {
+          // The engine itself failed (e.g. its pool was freed under us): nothing can run; every
+          // waiting work gets the error rather than hanging. After close() this is expected.
+          if (this.#closed) break;
+          for (const entry of this.#pending()) {
+            const w = entry.work!;
+            entry.work = null;
+            w.reject(e);
+          }
         }
-        if (!(await this.#step(plan))) await this.#sleep(1);
       }
     } finally {
       this.#running = false;
@@ -437,6 +448,7 @@ export class Scheduler<S> {
       return true;
     }
     const ms = performance.now() - t0;
+    if (this.#closed) return true; // close() already rejected every work; the engine may be gone
     this.counters.steps++;
     this.counters.decodeTokens += decodes;
     this.counters.prefillTokens += prefill;

@@ -23,7 +23,12 @@ export interface Tier {
   encoding: SnapshotEncoding | undefined;
   /** Continuous batching: the paged KV pool and the step loop generations decode in (null when
    *  the tier config turns batching off: each generation then decodes alone). */
-  batch: { pool: KvPool; scheduler: Scheduler<NativeSequence> } | null;
+  batch: {
+    pool: KvPool;
+    scheduler: Scheduler<NativeSequence>;
+    /** Sets the KV block gauges from the pool (after a sequence gave its blocks back). */
+    refresh(): void;
+  } | null;
 }
 
 /**

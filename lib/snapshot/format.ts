@@ -2,6 +2,7 @@
 // type, header encode/decode with every integer bounds-checked, and chunk-size arithmetic.
 // Pure TypeScript, no I/O, no engine: chunk payload coding lives in chunk.ts, streams in stream.ts.
 
+import { hex } from "../util/mod.ts";
 import { crc32c, crc32cUpdate } from "./crc32c.ts";
 import { SnapshotError } from "./errors.ts";
 
@@ -213,12 +214,6 @@ function hexToBytes(hex: string, what: string): Uint8Array {
   return out;
 }
 
-function bytesToHex(b: Uint8Array): string {
-  let s = "";
-  for (const x of b) s += x.toString(16).padStart(2, "0");
-  return s;
-}
-
 function checkUint(value: number, max: number, what: string, min = 0): void {
   if (!Number.isInteger(value) || value < min || value > max) {
     throw new RangeError(`${what} must be an integer in [${min}, ${max}], got ${value}`);
@@ -369,9 +364,7 @@ export function decodePrefix(bytes: Uint8Array): SnapshotPrefix {
     if (bytes[i] !== MAGIC[i]) {
       fail(
         "format",
-        `not a kvrelay snapshot: magic ${bytesToHex(bytes.subarray(0, 8))}, expected ${
-          bytesToHex(MAGIC)
-        }`,
+        `not a kvrelay snapshot: magic ${hex(bytes.subarray(0, 8))}, expected ${hex(MAGIC)}`,
       );
     }
   }
@@ -560,8 +553,8 @@ export function decodeHeader(
     versionMajor: pre.versionMajor,
     versionMinor: pre.versionMinor,
     flags: pre.flags,
-    modelFingerprint: bytesToHex(body.subarray(0, 32)),
-    tokenizerFingerprint: bytesToHex(body.subarray(32, 64)),
+    modelFingerprint: hex(body.subarray(0, 32)),
+    tokenizerFingerprint: hex(body.subarray(32, 64)),
     geometry,
     cacheDtype: DTYPE_NAMES[dtypeCode],
     encoding,

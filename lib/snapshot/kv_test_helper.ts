@@ -2,6 +2,7 @@
 // readKv/writeKv/setLength contract as NativeSequence, plus f32↔bf16/f16 conversions in plain
 // TypeScript, so the format can be tested without the engine. Test-only; not exported by mod.ts.
 
+import { mulberry32 } from "../util/mod.ts";
 import type { CacheDtype } from "./format.ts";
 
 /** f32 → bf16 bits, round to nearest even (NaN kept quiet). */
@@ -41,17 +42,8 @@ function decodeAs(dtype: CacheDtype, b: Uint8Array): Float32Array {
   return out;
 }
 
-/** Deterministic PRNG in [0, 1) (mulberry32). */
-export function rng(seed: number): () => number {
-  let s = seed >>> 0;
-  return () => {
-    s = (s + 0x6d2b79f5) >>> 0;
-    let t = s;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+/** Deterministic PRNG in [0, 1) (mulberry32, lib/util). */
+export const rng: (seed: number) => () => number = mulberry32;
 
 /** An in-memory KV cache holding values already rounded to its dtype. */
 export class MemoryKv {

@@ -1,13 +1,12 @@
 // Binds a NativeSequence's native chunk codec (kvr_seq_export_chunk / kvr_seq_import_chunk: the
 // backend encodes from and decodes into its own cache) to the KvSource / KvSink of the stream
-// codec, turning native CHECKSUM / CORRUPT failures into SnapshotError checksum / format, and
-// refusing non-finite KV once imported (checked in the cache's dtype).
+// codec, turning native CHECKSUM / CORRUPT failures (CRC; index, scales, non-finite or
+// overflowing values) into SnapshotError checksum / format.
 // Not the codec (native/src/chunk_codec.cpp) nor the format (format.ts, chunk.ts).
 
 import { EngineError, type NativeSequence } from "../native/mod.ts";
 import type { KvSink, KvSource } from "./chunk.ts";
 import { SnapshotError } from "./errors.ts";
-import { checkFiniteKv } from "./finite.ts";
 
 const KVR_ERR_CORRUPT = -7;
 const KVR_ERR_CHECKSUM = -9;
@@ -37,15 +36,9 @@ export function nativeSink(seq: NativeSequence): KvSink {
     setLength: (n) => seq.setLength(n),
     importChunk(encoding, groupSize, index, start, tokens, frame) {
       try {
+        // The native import refuses (KVR_ERR_CORRUPT, before writing anything) a value that is
+        // not finite in the frame or overflows the cache's dtype (f32 1e38 → f16 +Inf).
         seq.importChunkFrame(encoding, groupSize, index, start, tokens, frame);
-        // What landed in the cache, in the cache's own dtype: a NaN/Inf stored in the frame, or
-        // a finite value that overflowed on conversion (f32 1e38 → f16 +Inf), is refused here.
-        const dtype = seq.model.kvDtype;
-        for (let l = 0; l < seq.model.config.numLayers; l++) {
-          const { k, v } = seq.readKv(l, start, tokens, dtype);
-          checkFiniteKv(k, dtype, dtype, `chunk ${index} layer ${l} K`);
-          checkFiniteKv(v, dtype, dtype, `chunk ${index} layer ${l} V`);
-        }
       } catch (e) {
         if (e instanceof EngineError && e.code === KVR_ERR_CHECKSUM) {
           throw new SnapshotError("checksum", e.message, { cause: e });

@@ -9,7 +9,7 @@ import { EngineError, type NativeSequence } from "../native/mod.ts";
 import { crc32c } from "./crc32c.ts";
 import { SnapshotError } from "./errors.ts";
 import { type CacheDtype, decodeHeader, PREFIX_BYTES, type SnapshotEncoding } from "./format.ts";
-import { MemoryKv } from "./kv_test_helper.ts";
+import { MemoryKv, rng } from "./kv_test_helper.ts";
 import { nativeSink, nativeSource, readKvSource, writeKvSink } from "./native_chunk.ts";
 import { NativeKvCodec } from "./native_codec.ts";
 import { decodeSnapshot, encodeSnapshot, type SnapshotMeta } from "./stream.ts";
@@ -238,5 +238,109 @@ Deno.test("`exportChunkFrame()` refuses NaN KV under q8/q4 and bad arguments", a
     dst.free();
   } finally {
     model.native.free();
+  }
+});
+
+Deno.test("`nativeSink()` survives seeded in-frame mutations with recomputed CRCs: typed errors or the TypeScript decoder's KV", async () => {
+  const model = await loadModel(`${MODELS}tiny-fast`, { threads: 1 });
+  const c = model.native.config;
+  const L = c.numLayers;
+  const r = rng(0xc0dec);
+  const kinds: Record<string, number> = {};
+  let imported = 0;
+  try {
+    const seq = filledSequence(model, 24, 11);
+    for (const encoding of ENCODINGS) {
+      const good = await encodeSnapshot(nativeSource(seq), metaOf(model, 24), {
+        encoding,
+        chunkTokens: 24,
+        groupSize: 5,
+        codec,
+      });
+      const { at, len } = chunk0(good);
+      for (let i = 0; i < 300; i++) {
+        const bad = good.slice();
+        // 1–4 random byte edits anywhere in the frame's head or payload, then a valid CRC, so
+        // the native checks past the CRC (index, tokens, scales, mins, codes) see hostile bytes
+        for (let e = 1 + Math.floor(r() * 4); e > 0; e--) {
+          bad[at + Math.floor(r() * (len - 4))] = Math.floor(r() * 256);
+        }
+        if (r() < 0.9) fixCrc(bad, at, len);
+        const dst = model.native.createSequence(24), oracle = model.native.createSequence(24);
+        try {
+          await decodeSnapshot(bad, { onHeader: () => nativeSink(dst) }, { codec });
+          imported++;
+          // what was accepted is exactly what the TypeScript decoder makes of the same bytes
+          await decodeSnapshot(bad, { onHeader: () => writeKvSink(oracle) }, { codec });
+          assert.deepEqual(readAll(dst, L, 24), readAll(oracle, L, 24), `${encoding} case ${i}`);
+        } catch (e) {
+          if (!(e instanceof SnapshotError)) throw new Error(`${encoding} case ${i}: ${e}`);
+          kinds[e.kind] = (kinds[e.kind] ?? 0) + 1;
+          assert.equal(dst.length, 0, `${encoding} case ${i}: length changed on ${e.kind}`);
+        } finally {
+          dst.free();
+          oracle.free();
+        }
+      }
+    }
+    seq.free();
+  } finally {
+    model.native.free();
+  }
+  assert(
+    kinds.checksum > 0 && kinds.format > 0 && imported > 0,
+    JSON.stringify({ kinds, imported }),
+  );
+});
+
+Deno.test("`nativeSink()` refuses values that are not finite or overflow the cache's dtype, before writing", async () => {
+  const src = await loadModel(`${MODELS}tiny-fast`, { threads: 1 });
+  const half = await loadModel(`${MODELS}tiny-fast`, { kvDtype: "f16", threads: 1 });
+  const L = src.native.config.numLayers;
+  try {
+    const seq = filledSequence(src, 16, 4);
+    const f32 = await encodeSnapshot(nativeSource(seq), metaOf(src, 16), {
+      encoding: "f32",
+      chunkTokens: 16,
+      codec,
+    });
+    const { at, len } = chunk0(f32);
+    const lastLayerV = at + 8 + (L - 1) * ((len - 12) / L) + (len - 12) / L / 2; // its V block
+    const cases: [string, Uint8Array, LoadedModel, RegExp][] = [];
+    for (
+      const [what, value, model, message] of [
+        ["NaN", NaN, src, /layer 3 V: element 5 is nan; KV values must be finite/],
+        ["-Infinity", -Infinity, src, /element 5 is -inf; KV values must be finite/],
+        ["1e38 into f16", 1e38, half, /element 5 is 1e\+38, which overflows the f16 cache/],
+      ] as const
+    ) {
+      const bad = f32.slice();
+      new DataView(bad.buffer).setFloat32(lastLayerV + 4 * 5, value, true);
+      fixCrc(bad, at, len);
+      cases.push([what, bad, model, message]);
+    }
+    for (const [what, bad, model, message] of cases) {
+      const dst = model.native.createSequence(16);
+      await assert.rejects(
+        decodeSnapshot(bad, { onHeader: () => nativeSink(dst) }, { codec }),
+        (e) => e instanceof SnapshotError && e.kind === "format" && message.test(e.message),
+        what,
+      );
+      assert.equal(dst.length, 0, what);
+      dst.setLength(16);
+      for (const block of readAll(dst, L, 16)) {
+        assert(block.every((x) => x === 0), `${what}: written`);
+      }
+      dst.free();
+    }
+    // 1e38 is a finite f32: an f32 cache takes it
+    const ok = src.native.createSequence(16);
+    await decodeSnapshot(cases[2][1], { onHeader: () => nativeSink(ok) }, { codec });
+    assert.equal(ok.length, 16);
+    ok.free();
+    seq.free();
+  } finally {
+    src.native.free();
+    half.native.free();
   }
 });

@@ -8,17 +8,9 @@ import { NativeKvCodec } from "./native_codec.ts";
 import { SnapshotError } from "./errors.ts";
 import { AXIS_PER_CHANNEL, AXIS_PER_TOKEN } from "./chunk.ts";
 import { crc32cUpdate } from "./crc32c.ts";
+import { mulberry32 } from "../util/mod.ts";
 
-function rng(seed: number): () => number {
-  let s = seed >>> 0;
-  return () => {
-    s = (s + 0x6d2b79f5) >>> 0;
-    let t = s;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+const rng = mulberry32;
 
 // KV-like data: gaussian-ish values with a few outlier channels (like real keys).
 function kvBlock(h: number, t: number, d: number, seed: number): Float32Array {

@@ -15,6 +15,7 @@ import {
   SnapshotError,
 } from "../snapshot/mod.ts";
 import type { SnapshotStore } from "./store.ts";
+import { hex, sha256 } from "../util/mod.ts";
 
 const SEED_DOMAIN = new TextEncoder().encode("kvrelay-prefix-cache-v1\0");
 
@@ -58,24 +59,6 @@ export interface PrefillResult {
   logits: Float32Array;
   reusedTokens: number;
   prefilledTokens: number;
-}
-
-function hex(b: Uint8Array): string {
-  let s = "";
-  for (const x of b) s += x.toString(16).padStart(2, "0");
-  return s;
-}
-
-async function sha256(parts: Uint8Array[]): Promise<Uint8Array> {
-  let n = 0;
-  for (const p of parts) n += p.length;
-  const buf = new Uint8Array(n);
-  let o = 0;
-  for (const p of parts) {
-    buf.set(p, o);
-    o += p.length;
-  }
-  return new Uint8Array(await crypto.subtle.digest("SHA-256", buf));
 }
 
 /** A prefix cache for one model and tenant over one store. */
@@ -157,7 +140,7 @@ export class PrefixCache {
     this.#seed ??= (() => {
       const fp = new TextEncoder().encode(this.model.fingerprint);
       const len = (x: number) => new Uint8Array(new Uint32Array([x]).buffer);
-      return sha256([SEED_DOMAIN, len(fp.length), fp, len(this.#salt.length), this.#salt]);
+      return sha256(SEED_DOMAIN, len(fp.length), fp, len(this.#salt.length), this.#salt);
     })();
     let parent = await this.#seed;
     const keys: string[] = [];
@@ -167,7 +150,7 @@ export class PrefixCache {
       for (let j = 0; j < this.chunkTokens; j++) {
         dv.setUint32(4 * j, tokens[i * this.chunkTokens + j], true);
       }
-      parent = await sha256([parent, ids]);
+      parent = await sha256(parent, ids);
       keys.push(this.#prefix + hex(parent));
     }
     return keys;

@@ -407,9 +407,10 @@ KVR_API int32_t kvr_seq_export_chunk(const kvr_seq* seq, uint32_t encoding, uint
  * length, start+tokens <= capacity (KVR_ERR_OUT_OF_RANGE / KVR_ERR_CAPACITY), frame_len equal to
  * kvr_seq_chunk_bytes (KVR_ERR_INVALID_ARGUMENT). Then, before writing anything: the CRC32C
  * (KVR_ERR_CHECKSUM "chunk I checksum mismatch: stored crc32c 0x…, computed 0x…"), the stored
- * index and token count (KVR_ERR_CORRUPT), every q8/q4 scale and min (KVR_ERR_CORRUPT). Then
- * writes every layer (converted to the cache type, nearest even) and sets the length to
- * start+tokens. On failure nothing is written and the length is unchanged.
+ * index and token count (KVR_ERR_CORRUPT), every q8/q4 scale and min (KVR_ERR_CORRUPT), every
+ * decoded value finite and still finite once rounded to the cache type (KVR_ERR_CORRUPT "… KV
+ * values must be finite"). Then writes every layer (converted to the cache type, nearest even)
+ * and sets the length to start+tokens. On failure nothing is written and the length is unchanged.
  */
 KVR_API int32_t kvr_seq_import_chunk(kvr_seq* seq, uint32_t encoding, uint32_t group_size,
                                      uint32_t index, uint32_t start, uint32_t tokens,

@@ -94,8 +94,9 @@ class SeqState {
 // layout.tokens >= 1, the model's layers/heads/dim; frame_len = layout.frame_bytes().
 struct ChunkSpec {
   chunk::Layout layout;
-  uint32_t index = 0;  // stored in the frame
-  uint32_t start = 0;  // cache position of the chunk's first token
+  uint32_t index = 0;        // stored in the frame
+  uint32_t start = 0;        // cache position of the chunk's first token
+  uint32_t cache_dtype = 0;  // the sequence's kv_dtype (imported values must stay finite in it)
 };
 
 // A paged KV pool of one backend (continuous batching, docs/batching.md): a fixed arena of
@@ -169,9 +170,10 @@ class Backend {
   // KVR_ERR_INVALID_ARGUMENT for non-finite KV under q8/q4. The default (chunk_codec.cpp) goes
   // through kv_read and the CPU quantizers; a device backend overrides it to encode in place.
   virtual void export_chunk(const SeqState& s, const ChunkSpec& c, uint8_t* frame, size_t frame_len) const;
-  // Checks (CRC32C: KVR_ERR_CHECKSUM; stored index/tokens, scales, mins: KVR_ERR_CORRUPT) and then
-  // writes chunk c from the host frame into positions [start, start+tokens) of every layer
-  // (start+tokens <= capacity); writes nothing when a check fails. The neutral layer sets length.
+  // Checks (CRC32C: KVR_ERR_CHECKSUM; stored index/tokens, scales, mins, then every decoded value
+  // finite in its stored type and in the cache type: KVR_ERR_CORRUPT) and then writes chunk c
+  // from the host frame into positions [start, start+tokens) of every layer (start+tokens <=
+  // capacity); writes nothing when a check fails. The neutral layer sets length.
   virtual void import_chunk(SeqState& s, const ChunkSpec& c, const uint8_t* frame, size_t frame_len) const;
   // ---- Paged KV and batched steps (continuous batching, docs/batching.md) ----
   // For a backend without them (the defaults): pools are KVR_ERR_UNSUPPORTED, reserve/shrink are

@@ -12,6 +12,7 @@
 #include "backend.h"
 #include "common/chunk_layout.h"
 #include "cpu/kv_quant.h"
+#include "dtype.h"
 #include "errors.h"
 
 namespace kvr {
@@ -99,6 +100,38 @@ void decode_block(const Layout& L, bool is_k, const uint8_t* block, float* x, st
                      axis, L.group, x);
 }
 
+// A value decoded from a chunk is refused when it is not finite, or when rounding it to the
+// cache's type overflows (f32 1e38 into f16 or bf16 beyond its range): a NaN or Inf in a cache
+// poisons every later logit. Returns "" when fine, else the reason (for the message).
+const char* value_fault(float x, uint32_t cache_dtype) {
+  if (!(std::fabs(x) <= FLT_MAX)) return "not finite";
+  if (cache_dtype == KVR_DTYPE_BF16 && (f32_to_bf16(x) & 0x7f80u) == 0x7f80u) return "overflow";
+  if (cache_dtype == KVR_DTYPE_F16 && (f32_to_f16(x) & 0x7c00u) == 0x7c00u) return "overflow";
+  return "";
+}
+
+void check_block_values(const float* x, size_t n, uint32_t cache_dtype, uint32_t index, size_t layer,
+                        const char* part) {
+  for (size_t i = 0; i < n; ++i) {
+    const char* fault = value_fault(x[i], cache_dtype);
+    if (fault[0] == 0) continue;
+    if (fault[0] == 'n')
+      throw BackendError(KVR_ERR_CORRUPT, format("chunk %u layer %zu %s: element %zu is %g; KV values must be finite",
+                                                 index, layer, part, i, static_cast<double>(x[i])));
+    throw BackendError(KVR_ERR_CORRUPT,
+                       format("chunk %u layer %zu %s: element %zu is %g, which overflows the %s cache; KV values must "
+                              "be finite",
+                              index, layer, part, i, static_cast<double>(x[i]), dtype_name(cache_dtype)));
+  }
+}
+
+// Widens a lossless block (n elements of the encoding's type, any alignment) to f32.
+void widen_block(const uint8_t* p, size_t n, uint32_t encoding, std::vector<float>& out) {
+  out.resize(n);
+  const size_t es = encoding == KVR_DTYPE_F32 ? 4 : 2;
+  for (size_t i = 0; i < n; ++i) out[i] = load_as_f32(p + i * es, encoding);
+}
+
 }  // namespace
 
 void Backend::export_chunk(const SeqState& s, const ChunkSpec& c, uint8_t* frame, size_t frame_len) const {
@@ -150,6 +183,14 @@ void Backend::import_chunk(SeqState& s, const ChunkSpec& c, const uint8_t* frame
                        format("chunk frame says index %u/%u tokens where the table expects %u/%u", got_index,
                               got_tokens, c.index, T));
   if (L.lossless()) {
+    // Values first (nothing is written unless every value of every layer is acceptable).
+    std::vector<float> w;
+    for (size_t l = 0; l < L.layers; ++l) {
+      widen_block(frame + L.k_offset(l), L.n(), L.encoding, w);
+      check_block_values(w.data(), L.n(), c.cache_dtype, c.index, l, "K");
+      widen_block(frame + L.v_offset(l), L.n(), L.encoding, w);
+      check_block_values(w.data(), L.n(), c.cache_dtype, c.index, l, "V");
+    }
     const size_t bytes = L.k_block_bytes();
     std::vector<uint8_t> kb, vb;
     for (size_t l = 0; l < L.layers; ++l) {
@@ -181,6 +222,14 @@ void Backend::import_chunk(SeqState& s, const ChunkSpec& c, const uint8_t* frame
     }
   }
   std::vector<float> kf(L.n()), vf(L.n()), sc, mn;
+  // Decoded values next (a huge finite scale can still overflow f32 or the cache type), then the
+  // writes: the chunk is decoded twice rather than held whole.
+  for (size_t l = 0; l < L.layers; ++l) {
+    decode_block(L, true, frame + L.k_offset(l), kf.data(), sc, mn);
+    check_block_values(kf.data(), L.n(), c.cache_dtype, c.index, l, "K");
+    decode_block(L, false, frame + L.v_offset(l), vf.data(), sc, mn);
+    check_block_values(vf.data(), L.n(), c.cache_dtype, c.index, l, "V");
+  }
   for (size_t l = 0; l < L.layers; ++l) {
     decode_block(L, true, frame + L.k_offset(l), kf.data(), sc, mn);
     decode_block(L, false, frame + L.v_offset(l), vf.data(), sc, mn);

@@ -109,6 +109,7 @@ KVR_API int32_t kvr_seq_export_chunk(const kvr_seq* cseq, uint32_t encoding, uin
     if (int32_t st = kvr::check_frame(seq, fn, frame, frame_len, c.layout)) return st;
     c.index = index;
     c.start = start;
+    c.cache_dtype = seq->model->kv_dtype();
     seq->model->backend->export_chunk(*seq->state, c, frame, frame_len);
     return static_cast<int32_t>(KVR_OK);
   });
@@ -132,6 +133,7 @@ KVR_API int32_t kvr_seq_import_chunk(kvr_seq* seq, uint32_t encoding, uint32_t g
     if (int32_t st = kvr::check_frame(seq, fn, frame, frame_len, c.layout)) return st;
     c.index = index;
     c.start = start;
+    c.cache_dtype = seq->model->kv_dtype();
     seq->model->backend->reserve(*seq->state, end);  // paged: blocks all or none
     seq->model->backend->import_chunk(*seq->state, c, frame, frame_len);
     seq->length = static_cast<uint32_t>(end);

@@ -305,8 +305,13 @@ def torch_model(torch, model_dir):
     dev = torch.device("cuda")
 
     def t(name):
-        a = kvr.read_tensor(model_dir, name)
-        return None if a is None else torch.tensor(a, dtype=torch.float32).to(dev, torch.bfloat16)
+        r = kvr.read_tensor_raw(model_dir, name)
+        if r is None:
+            return None
+        dtype, a = r
+        if dtype == "BF16":  # bit patterns straight to the device: no float copy on the host
+            return torch.from_numpy(a.view(np.int16).copy()).to(dev).view(torch.bfloat16)
+        return torch.from_numpy(a.astype(np.float32)).to(dev, torch.bfloat16)
 
     heads, kvh = cfg["num_attention_heads"], cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
     hd = cfg.get("head_dim") or cfg["hidden_size"] // heads
@@ -394,7 +399,7 @@ def bench_model(rep, lib, torch, model_dir, label, deadline):
             s = m.seq(n + 1)
 
             def run():
-                s.prefill(toks[:0] if False else toks)
+                s.prefill(toks)
                 s.set_length(0)
             t = timed(run, 3 if n < 16384 else 1)
             s.close()
@@ -421,9 +426,9 @@ def bench_model(rep, lib, torch, model_dir, label, deadline):
             s = m.seq(ctx + 80)
             # fill the cache by kv_write (decode time does not depend on the values)
             p = m.params
+            kb = kvr.f32_to_bf16_bits((rng.standard_normal((p.num_kv_heads, ctx, p.head_dim)) * 0.5).astype(np.float32))
             for layer in range(p.num_layers):
-                k = (rng.standard_normal((p.num_kv_heads, ctx, p.head_dim)) * 0.5).astype(np.float32)
-                s.kv_write(layer, 0, kvr.f32_to_bf16_bits(k), kvr.f32_to_bf16_bits(k), "bf16")
+                s.kv_write(layer, 0, kb, kb, "bf16")
             s.set_length(ctx)
             s.decode(1)  # captures the graph
             steps = 64
@@ -459,7 +464,11 @@ def section_bench(rep, lib, budget, cuda_ok, workdir):
         rep.skip("bench", "torch eager baseline and ceilings", why)
     deadline = time.time() + budget
     if torch is not None:
-        bench_ceilings(rep, torch)
+        try:
+            bench_ceilings(rep, torch)
+        except Exception as e:  # noqa: BLE001
+            rep.check("bench", "ceilings measured", False, f"raised {type(e).__name__}: {e}")
+            traceback.print_exc()
     targets = [(os.path.join(ROOT, "models", d), d) for d in DEMOS]
     big = [("qwen3", dict(hidden=1024, inter=3072, layers=28, heads=16, kv_heads=8, head_dim=128, vocab=151936,
                           tie=True), "Qwen3-0.6B-shape", {"rope_theta": 1e6}),
@@ -503,23 +512,28 @@ def section_bench(rep, lib, budget, cuda_ok, workdir):
 
 
 def random_weights_torch(torch, cfg):
-    """float32 numpy weights drawn on the GPU (fast for billions of parameters)."""
+    """bf16 weights drawn on the GPU (fast for billions of parameters), as uint16 bit patterns
+    (write_safetensors stores them as they are): 2 bytes per parameter on the host."""
     from reference import random_weights
     shapes = {k: v.shape for k, v in random_weights(dict(cfg, num_hidden_layers=1, vocab_size=8), 0).items()}
     out = {}
     g = torch.Generator(device="cuda").manual_seed(5)
     H, V = cfg["hidden_size"], cfg["vocab_size"]
+
+    def bits(a):
+        return a.to(torch.bfloat16).view(torch.int16).cpu().numpy().view(np.uint16)
+
     for i in range(cfg["num_hidden_layers"]):
         for k, shp in shapes.items():
             if k.startswith("model.layers.0."):
                 name = k.replace("model.layers.0.", f"model.layers.{i}.")
                 scale = 0.1 if len(shp) == 1 else 1.0 / np.sqrt(shp[1])
                 a = torch.randn(shp, generator=g, device="cuda") * scale + (1.0 if len(shp) == 1 else 0.0)
-                out[name] = a.cpu().numpy()
-    out["model.embed_tokens.weight"] = (torch.randn((V, H), generator=g, device="cuda") * 0.5).cpu().numpy()
-    out["model.norm.weight"] = (1 + 0.1 * torch.randn(H, generator=g, device="cuda")).cpu().numpy()
+                out[name] = bits(a)
+    out["model.embed_tokens.weight"] = bits(torch.randn((V, H), generator=g, device="cuda") * 0.5)
+    out["model.norm.weight"] = bits(1 + 0.1 * torch.randn(H, generator=g, device="cuda"))
     if not cfg["tie_word_embeddings"]:
-        out["lm_head.weight"] = (torch.randn((V, H), generator=g, device="cuda") / np.sqrt(H)).cpu().numpy()
+        out["lm_head.weight"] = bits(torch.randn((V, H), generator=g, device="cuda") / np.sqrt(H))
     return out
 
 
@@ -601,25 +615,36 @@ def main():
     # budgets: correctness 35%, handoff 15%, sanitizer 15%, bench the rest
     b = ARGS.budget
     workdir = tempfile.mkdtemp(prefix="kvr_gpu_check_")
+
+    def guarded(section, fn, *args):
+        """A section that raises (a bug here, or a CUDA fault) is one failed check; the others
+        still run and the table and JSON are always written."""
+        try:
+            fn(*args)
+        except Exception as e:  # noqa: BLE001
+            rep.check(section, "section completed", False, f"raised {type(e).__name__}: {e}")
+            traceback.print_exc()
+
     try:
-        check_refusals(rep, lib, cuda_ok, cuda_info)
+        guarded("probe", check_refusals, rep, lib, cuda_ok, cuda_info)
         if "correctness" in sections:
             if cuda_ok:
-                check_cublaslt_abi(rep)
-            section_correctness(rep, lib, dut, 0.35 * b, ARGS.quick, workdir)
+                guarded("build", check_cublaslt_abi, rep)
+            guarded("correctness", section_correctness, rep, lib, dut, 0.35 * b, ARGS.quick, workdir)
         if "handoff" in sections:
-            section_handoff(rep, lib, dut, 0.15 * b, ARGS.quick, workdir, try_import_torch()[0] if cuda_ok else None)
+            guarded("handoff", section_handoff, rep, lib, dut, 0.15 * b, ARGS.quick, workdir,
+                    try_import_torch()[0] if cuda_ok else None)
         if "sanitizer" in sections:
-            section_sanitizer(rep, ARGS.lib, 0.15 * b, cuda_ok)
+            guarded("sanitizer", section_sanitizer, rep, ARGS.lib, 0.15 * b, cuda_ok)
         if "bench" in sections:
-            section_bench(rep, lib, max(30.0, b - (time.time() - t_start)), cuda_ok, workdir)
+            guarded("bench", section_bench, rep, lib, max(30.0, b - (time.time() - t_start)), cuda_ok, workdir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    rep.info["seconds"] = round(time.time() - t_start, 1)
-    print_table(rep)
-    with open(os.path.join(ARGS.out, "gpu_check.json"), "w") as f:
-        json.dump({"failed": rep.failed, "passed": rep.passed, "dry_run": not cuda_ok, "info": rep.info,
-                   "checks": rep.checks, "skipped": rep.skipped, "bench": rep.bench}, f, indent=1)
+        rep.info["seconds"] = round(time.time() - t_start, 1)
+        print_table(rep)
+        with open(os.path.join(ARGS.out, "gpu_check.json"), "w") as f:
+            json.dump({"failed": rep.failed, "passed": rep.passed, "dry_run": not cuda_ok, "info": rep.info,
+                       "checks": rep.checks, "skipped": rep.skipped, "bench": rep.bench}, f, indent=1)
     return 1 if rep.failed else 0
 
 

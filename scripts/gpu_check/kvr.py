@@ -188,6 +188,20 @@ def tensor_table(model_dir):
     return files, rows
 
 
+def read_tensor_raw(model_dir, name):
+    """A checkpoint tensor as stored: (safetensors dtype, numpy array of f32 / f16 / uint16 bf16
+    bits, shaped), or None."""
+    for path in checkpoint_files(model_dir):
+        header, base = read_header(path)
+        if name in header:
+            t = header[name]
+            a, b = t["data_offsets"]
+            raw = np.fromfile(path, dtype=np.uint8, count=b - a, offset=base + a)
+            view = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}[t["dtype"]]
+            return t["dtype"], raw.view(view).reshape(t["shape"])
+    return None
+
+
 def read_tensor(model_dir, name):
     """A checkpoint tensor as float64 (bf16/f16 widened exactly)."""
     for path in checkpoint_files(model_dir):

@@ -135,6 +135,12 @@ def write_safetensors(path, tensors, dtype):
     """tensors: {name: float32 array}; stored as dtype "F32" | "F16" | "BF16"."""
     header, blobs, off = {}, [], 0
     for name, a in tensors.items():
+        if dtype == "BF16" and getattr(a, "dtype", None) == np.uint16:
+            raw = np.ascontiguousarray(a).tobytes()  # already bf16 bit patterns
+            header[name] = {"dtype": dtype, "shape": list(a.shape), "data_offsets": [off, off + len(raw)]}
+            blobs.append(raw)
+            off += len(raw)
+            continue
         a = np.ascontiguousarray(a, dtype=np.float32)
         if dtype == "F32":
             raw = a.tobytes()

@@ -325,6 +325,29 @@ __global__ void check_scales(Layout L, const uint8_t* frame, unsigned long long*
   }
 }
 
+// The value a decoded element takes (before rounding to the cache type); frame checked.
+__device__ __forceinline__ float decoded_value(const Layout& L, const uint8_t* frame, size_t l, int part, size_t e) {
+  const uint8_t* block = frame + (part ? L.v_offset(l) : L.k_offset(l));
+  const size_t d = e % L.dim, t = (e / L.dim) % L.tokens, h = e / (L.dim * L.tokens);
+  if (L.lossless()) {
+    const uint8_t* src = block + e * L.elem_bytes();
+    if (L.elem_bytes() == 4) return load_f32_bytes(src);
+    const uint16_t u = static_cast<uint16_t>(src[0] | (src[1] << 8));
+    return L.encoding == chunk::kEncBf16 ? dm::bf16_to_f32(u) : dm::f16_to_f32(u);
+  }
+  if (L.encoding == chunk::kEncQ8) {
+    const size_t si = part ? h * L.tokens + t : h * L.dim + d;
+    const int8_t code = reinterpret_cast<const int8_t*>(block + (part ? L.q8_v_codes() : L.q8_k_codes()))[e];
+    return dm::fmul(static_cast<float>(code), load_f32_bytes(block + 4 * si));
+  }
+  const size_t g = q4_group_of(L, part, e);
+  const uint8_t byte = block[(part ? L.q4_v_codes() : L.q4_k_codes()) + e / 2];
+  const uint8_t code = (e & 1) ? byte >> 4 : byte & 0x0f;
+  const float s = load_f32_bytes(block + 4 * g);
+  const float m = load_f32_bytes(block + (part ? L.q4_v_mins() : L.q4_k_mins()) + 4 * g);
+  return dm::fadd(m, dm::fmul(static_cast<float>(code), s));
+}
+
 __device__ __forceinline__ void store_cache(uint8_t* p, uint32_t dtype, size_t i, float x) {
   if (dtype == 0) reinterpret_cast<float*>(p)[i] = x;
   else reinterpret_cast<uint16_t*>(p)[i] = dtype == 2 ? dm::f32_to_bf16(x) : dm::f32_to_f16(x);
@@ -349,26 +372,25 @@ __global__ void decode_chunk(DevKv kv, Layout L, uint32_t start, const uint8_t* 
         else reinterpret_cast<uint16_t*>(p)[dst] = static_cast<uint16_t>(src[0] | (src[1] << 8));
         continue;
       }
-      const uint16_t u = static_cast<uint16_t>(src[0] | (src[1] << 8));
-      const float x = es == 4 ? load_f32_bytes(src) : L.encoding == chunk::kEncBf16 ? dm::bf16_to_f32(u)
-                                                                                     : dm::f16_to_f32(u);
-      store_cache(p, kv.kv_dtype, dst, x);
-      continue;
     }
-    float x;
-    if (L.encoding == chunk::kEncQ8) {
-      const size_t si = part ? h * L.tokens + t : h * L.dim + d;
-      const int8_t code = reinterpret_cast<const int8_t*>(block + (part ? L.q8_v_codes() : L.q8_k_codes()))[e];
-      x = dm::fmul(static_cast<float>(code), load_f32_bytes(block + 4 * si));
-    } else {
-      const size_t g = q4_group_of(L, part, e);
-      const uint8_t byte = block[(part ? L.q4_v_codes() : L.q4_k_codes()) + e / 2];
-      const uint8_t code = (e & 1) ? byte >> 4 : byte & 0x0f;
-      const float s = load_f32_bytes(block + 4 * g);
-      const float m = load_f32_bytes(block + (part ? L.q4_v_mins() : L.q4_k_mins()) + 4 * g);
-      x = dm::fadd(m, dm::fmul(static_cast<float>(code), s));
-    }
-    store_cache(p, kv.kv_dtype, dst, x);
+    store_cache(p, kv.kv_dtype, dst, decoded_value(L, frame, l, part, e));
+  }
+}
+
+// Every decoded value finite and still finite once rounded to the cache type; the first bad one
+// in (layer, K before V, element) order lowers *bad_key to ((2·layer + part) << 32) | element.
+__global__ void check_values(Layout L, uint32_t cache_dtype, const uint8_t* frame, unsigned long long* bad_key) {
+  const size_t n = L.n(), per_layer = 2 * n, total = L.layers * per_layer;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const size_t l = i / per_layer, r = i % per_layer;
+    const int part = r >= n ? 1 : 0;
+    const size_t e = r - part * n;
+    const float x = decoded_value(L, frame, l, part, e);
+    bool ok = finite(x);
+    if (cache_dtype == 2) ok &= (dm::f32_to_bf16(x) & 0x7f80u) != 0x7f80u;
+    if (cache_dtype == 1) ok &= (dm::f32_to_f16(x) & 0x7c00u) != 0x7c00u;
+    if (!ok) atomicMin(bad_key, (static_cast<unsigned long long>(2 * l + part) << 32) | e);
   }
 }
 
@@ -408,6 +430,12 @@ cudaError_t launch_crc32c(const uint8_t* d_data, size_t len, uint32_t* d_raw, ui
   if (pieces > 0) crc_pieces<<<grid_for(pieces, kThreads), kThreads, 0, stream>>>(d_data, len, d_raw);
   crc_reduce<<<1, kReduceThreads, 0, stream>>>(d_raw, len, d_crc,
                                                store_at_end ? const_cast<uint8_t*>(d_data) + len : nullptr);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_check_values(const Layout& L, uint32_t cache_dtype, const uint8_t* d_frame,
+                                unsigned long long* d_bad_key, cudaStream_t stream) {
+  check_values<<<grid_for(L.layers * 2 * L.n(), kThreads), kThreads, 0, stream>>>(L, cache_dtype, d_frame, d_bad_key);
   return cudaGetLastError();
 }
 

@@ -15,6 +15,7 @@
 #include <vector>
 #include <algorithm>
 
+#include "dtype.h"
 #include "errors.h"
 #include "kvrelay.h"
 
@@ -33,6 +34,23 @@ float load_f32(const uint8_t* p) {
   float v;
   std::memcpy(&v, p, 4);
   return v;
+}
+
+// One decoded element of a (host) frame, as codec.cu's decoded_value computes it (for messages).
+float host_value(const chunk::Layout& L, const uint8_t* frame, size_t l, size_t part, size_t e) {
+  const uint8_t* block = frame + (part ? L.v_offset(l) : L.k_offset(l));
+  const size_t d = e % L.dim, t = (e / L.dim) % L.tokens, h = e / (L.dim * L.tokens);
+  if (L.lossless()) return load_as_f32(block + e * L.elem_bytes(), L.encoding);
+  if (L.encoding == chunk::kEncQ8) {
+    const size_t si = part ? h * L.tokens + t : h * L.dim + d;
+    const int8_t code = static_cast<int8_t>(block[(part ? L.q8_v_codes() : L.q8_k_codes()) + e]);
+    return static_cast<float>(code) * load_f32(block + 4 * si);
+  }
+  const size_t g = part ? (h * L.tokens + t) * ((L.dim + L.group - 1) / L.group) + d / L.group
+                        : (h * ((L.tokens + L.group - 1) / L.group) + t / L.group) * L.dim + d;
+  const uint8_t byte = block[(part ? L.q4_v_codes() : L.q4_k_codes()) + e / 2];
+  const float code = static_cast<float>((e & 1) ? byte >> 4 : byte & 0x0f);
+  return load_f32(block + (part ? L.q4_v_mins() : L.q4_k_mins()) + 4 * g) + code * load_f32(block + 4 * g);
 }
 
 }  // namespace
@@ -167,7 +185,9 @@ void CodecStaging::import_chunk(const DevKv& kv, const ChunkSpec& c, const uint8
   ck(launch_crc32c(static_cast<uint8_t*>(frame_), body, static_cast<uint32_t*>(raw_), d_crc, false, stream),
      "crc launch");
   ck(launch_check_scales(L, static_cast<uint8_t*>(frame_), d_key, stream), "scale check launch");
-  ck(cudaMemcpyAsync(small_, words_, 16, cudaMemcpyDeviceToHost, stream), "reading codec flags");
+  ck(cudaMemsetAsync(d_key + 1, 0xff, 8, stream), "resetting codec flags");
+  ck(launch_check_values(L, c.cache_dtype, static_cast<uint8_t*>(frame_), d_key + 1, stream), "value check launch");
+  ck(cudaMemcpyAsync(small_, words_, 24, cudaMemcpyDeviceToHost, stream), "reading codec flags");
   ck(cudaStreamSynchronize(stream), "import_chunk checks");
   uint32_t crc;
   unsigned long long key;
@@ -195,6 +215,21 @@ void CodecStaging::import_chunk(const DevKv& kv, const ChunkSpec& c, const uint8
                                        part ? "V" : "K", i, v)
                               : format("chunk %u layer %zu %s: scale %zu is %g (must be finite and >= 0)", c.index,
                                        layer, part ? "V" : "K", i, v));
+  }
+  unsigned long long vkey;
+  std::memcpy(&vkey, static_cast<uint8_t*>(small_) + 16, 8);
+  if (vkey != ~0ull) {  // the host codec's message: decode the element again here
+    const size_t sel = static_cast<size_t>(vkey >> 32), e = static_cast<size_t>(vkey & 0xffffffffu);
+    const size_t layer = sel / 2, part = sel % 2;
+    const float x = host_value(L, frame, layer, part, e);
+    const bool finite = std::fabs(x) <= FLT_MAX;
+    throw BackendError(KVR_ERR_CORRUPT,
+                       finite ? format("chunk %u layer %zu %s: element %zu is %g, which overflows the %s cache; KV "
+                                       "values must be finite",
+                                       c.index, layer, part ? "V" : "K", e, static_cast<double>(x),
+                                       c.cache_dtype == KVR_DTYPE_F16 ? "f16" : "bf16")
+                              : format("chunk %u layer %zu %s: element %zu is %g; KV values must be finite", c.index,
+                                       layer, part ? "V" : "K", e, static_cast<double>(x)));
   }
   ck(launch_decode_chunk(kv, L, c.start, static_cast<uint8_t*>(frame_), stream), "decode launch");
   ck(cudaStreamSynchronize(stream), "import_chunk");

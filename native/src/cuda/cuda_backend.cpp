@@ -492,8 +492,13 @@ void CudaBackend::run_layers(CudaSeq& s, uint32_t n, uint32_t fixed_splits) cons
   ck(launch_embed(d_tok, n, embed_, embed_bf16_, static_cast<uint32_t>(H), x, st), "embed launch");
   for (size_t l = 0; l < g_.layers; ++l) {
     const DevLayer& L = layers_[l];
-    ck(launch_rmsnorm(x, H, h, H, L.attn_norm, n, static_cast<uint32_t>(H), eps, st), "rmsnorm launch");
-    project(s, sc, h, H, n, L.qkv, nullptr, qkv, ldqkv, false);
+    // One token (decode): the RMSNorm rides in the GEMV's prologue (one launch, no pass over h).
+    if (n == 1) {
+      ck(launch_norm_gemv(L.qkv, x, L.attn_norm, eps, nullptr, qkv, false, st), "gemv launch");
+    } else {
+      ck(launch_rmsnorm(x, H, h, H, L.attn_norm, n, static_cast<uint32_t>(H), eps, st), "rmsnorm launch");
+      project(s, sc, h, H, n, L.qkv, nullptr, qkv, ldqkv, false);
+    }
     QkvPostArgs q;
     q.qkv = qkv;
     q.ldqkv = static_cast<uint32_t>(ldqkv);
@@ -531,8 +536,12 @@ void CudaBackend::run_layers(CudaSeq& s, uint32_t n, uint32_t fixed_splits) cons
     // caller passes the real context through fixed_splits = 0 and ctx below.
     ck(launch_attention(a, s.capacity, sm_count_, fixed_splits, st), "attention launch");
     project(s, sc, att, qd, n, L.o, L.o_bias, x, H, true);
-    ck(launch_rmsnorm(x, H, h, H, L.mlp_norm, n, static_cast<uint32_t>(H), eps, st), "rmsnorm launch");
-    project(s, sc, h, H, n, L.gate_up, L.gate_up_bias, gu, 2 * I, false);
+    if (n == 1) {
+      ck(launch_norm_gemv(L.gate_up, x, L.mlp_norm, eps, L.gate_up_bias, gu, false, st), "gemv launch");
+    } else {
+      ck(launch_rmsnorm(x, H, h, H, L.mlp_norm, n, static_cast<uint32_t>(H), eps, st), "rmsnorm launch");
+      project(s, sc, h, H, n, L.gate_up, L.gate_up_bias, gu, 2 * I, false);
+    }
     ck(launch_swiglu(gu, n, static_cast<uint32_t>(I), st), "swiglu launch");
     project(s, sc, gu, 2 * I, n, L.down, L.down_bias, x, H, true);
   }
@@ -583,11 +592,10 @@ void CudaBackend::decode_graph(CudaSeq& s, int32_t token, size_t pos0, float* lo
     cudaGraph_t graph = nullptr;
     try {
       run_layers(s, 1, s.decode_splits);
-      const size_t H = g_.hidden;
       const Scratch sc = scratch_layout(s.scratch.p, 1);
-      ck(launch_rmsnorm(sc.x, H, sc.h, H, final_norm_, 1, static_cast<uint32_t>(H), g_.params.rms_norm_eps, s.stream),
-         "rmsnorm launch");
-      ck(launch_gemv(lm_head_, sc.h, nullptr, static_cast<float*>(s.logits.p), false, s.stream), "gemv launch");
+      ck(launch_norm_gemv(lm_head_, sc.x, final_norm_, g_.params.rms_norm_eps, nullptr,
+                          static_cast<float*>(s.logits.p), false, s.stream),
+         "gemv launch");
     } catch (...) {
       cudaStreamEndCapture(s.stream, &graph);
       if (graph) cudaGraphDestroy(graph);

@@ -1,6 +1,7 @@
 // Host-side launchers of the GPU-resident handoff kernels (docs/gpu-handoff.md): the snapshot
 // chunk codec (codec.cu), KV projection between two device caches (projector.cu), ridge-fit
-// XᵀX / XᵀY accumulation (fit.cu) and the greedy / top-k sampling reduction (sample.cu).
+// XᵀX / XᵀY accumulation (fit.cu) and the greedy / top-k sampling reduction (sample.cu); the
+// last two are not called by the backend yet (docs/gpu-handoff.md §4).
 // Every pointer is device memory unless named *_host; every launcher enqueues on `stream` and
 // returns cudaGetLastError(). The arithmetic that must equal the CPU's bit for bit is written
 // with the uncontracted helpers of common/device_math.h. Not the backend glue (codec_host.cpp).
@@ -45,6 +46,12 @@ cudaError_t launch_crc32c(const uint8_t* d_data, size_t len, uint32_t* d_raw, ui
 // caller sets UINT64_MAX) to ((2·layer + part) · 2 + is_min) · 2^32 + index.
 cudaError_t launch_check_scales(const chunk::Layout& L, const uint8_t* d_frame, unsigned long long* d_bad_key,
                                 cudaStream_t stream);
+
+// Checks every decoded value of the device frame: finite, and finite once rounded to the cache
+// dtype (kvr_dtype); the first bad one in (layer, K before V, element) order lowers *d_bad_key
+// (atomicMin, caller sets UINT64_MAX) to ((2·layer + part) << 32) | element. Scales checked first.
+cudaError_t launch_check_values(const chunk::Layout& L, uint32_t cache_dtype, const uint8_t* d_frame,
+                                unsigned long long* d_bad_key, cudaStream_t stream);
 
 // Decodes the whole checked device frame into cache positions start.. of every layer (cache
 // dtype rounding to nearest even; same-type lossless chunks are copied bit for bit).

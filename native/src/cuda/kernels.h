@@ -100,6 +100,12 @@ cudaError_t attention_init();
 cudaError_t launch_gemv(const DevMatrix& w, const float* x, const float* bias, float* y, bool accumulate,
                         cudaStream_t stream);
 
+// Decode projection of the RMSNorm of x: y = W · (x / sqrt(mean(x²) + eps) · norm_w) [+ bias]
+// [+ y]; each warp reduces x itself (sum of squares in double, as launch_rmsnorm), so the norm
+// costs no launch and no pass through memory.
+cudaError_t launch_norm_gemv(const DevMatrix& w, const float* x, const float* norm_w, float eps, const float* bias,
+                             float* y, bool accumulate, cudaStream_t stream);
+
 // Prefill projection fallback: C (m, w.rows) = A (m, w.cols) · Wᵀ [+ bias] [+ C], tensor cores
 // (mma.sync m16n8k16 bf16, f32 accumulate) with A split into bf16 hi + lo (and W too when f32),
 // so the result carries f32-level accuracy.

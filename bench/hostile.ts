@@ -1,0 +1,150 @@
+// Hostile-client measurements for issue 11's targets (not a test; prints JSON): /healthz latency
+// percentiles while four ~1 MB prompts (refused unread) and four prompts just under the character
+// bound (tokenized on the worker) arrive at once; the server's RSS idle, during and after three
+// concurrent 250 MiB hostile snapshot uploads (random bytes, and a valid header + garbage); and
+// stalled uploads answered by the body deadline. Starts functions/main.ts with the bundled tiers.
+// Run: deno run -A bench/hostile.ts
+import { decodeHeader } from "../lib/snapshot/mod.ts";
+import { startServer, writeConfig } from "../tests/e2e_support.ts";
+
+const cfg = await writeConfig(
+  { fast: "tiny-fast", powerful: "tiny-powerful" },
+  { max_context: 2048, concurrency: 4 },
+  { server: { max_body_bytes: 2 << 20, body_timeout_ms: 3000, max_snapshot_bytes: 256 << 20 } },
+);
+const server = await startServer("functions/main.ts", { KVRELAY_CONFIG: cfg });
+const pid = server.child.pid;
+const rssMiB = async () => {
+  const s = await Deno.readTextFile(`/proc/${pid}/status`);
+  return Number(/VmRSS:\s+(\d+)/.exec(s)![1]) / 1024;
+};
+const pct = (xs: number[], p: number) => {
+  const s = [...xs].sort((a, b) => a - b);
+  return s[Math.min(s.length - 1, Math.floor(p * s.length))];
+};
+
+/** Runs `rounds` bursts of four POSTs of `prompt` from a worker (so the client's own JSON work
+ *  does not delay this thread's probes) while probing /healthz every 10 ms from here. */
+async function healthzDuring(prompt: string, rounds: number) {
+  const code = `self.onmessage = async (e) => {
+    const { base, prompt, rounds } = e.data;
+    const body = JSON.stringify({ model: "fast", prompt, max_tokens: 1 });
+    const statuses = {};
+    for (let r = 0; r < rounds; r++) {
+      const res = await Promise.all([0, 1, 2, 3].map(() => fetch(base + "/v1/completions", {
+        method: "POST", headers: { "content-type": "application/json" }, body,
+      }).then(async (x) => { await x.arrayBuffer(); return x.status; })));
+      for (const s of res) statuses[s] = (statuses[s] ?? 0) + 1;
+    }
+    self.postMessage(statuses);
+  };`;
+  const url = URL.createObjectURL(new Blob([code], { type: "application/javascript" }));
+  const worker = new Worker(url, { type: "module" });
+  const lat: number[] = [];
+  let running = true;
+  const probe = (async () => {
+    while (running) {
+      const t0 = performance.now();
+      await (await fetch(`${server.base}/healthz`)).arrayBuffer();
+      lat.push(performance.now() - t0);
+      await new Promise((r) => setTimeout(r, 10));
+    }
+  })();
+  const t0 = performance.now();
+  const statuses = await new Promise((resolve) => {
+    worker.onmessage = (e) => resolve(e.data);
+    worker.postMessage({ base: server.base, prompt, rounds });
+  });
+  const workMs = performance.now() - t0;
+  worker.terminate();
+  running = false;
+  await probe;
+  return {
+    statuses,
+    n: lat.length,
+    p50: pct(lat, 0.5),
+    p99: pct(lat, 0.99),
+    max: pct(lat, 1),
+    workMs,
+  };
+}
+
+const out: Record<string, unknown> = {
+  cpu: (await Deno.readTextFile("/proc/cpuinfo")).match(/model name\s*:\s*(.*)/)?.[1],
+};
+try {
+  const mb = "All work and no play makes Jack a dull boy. ".repeat(23832); // 1 MiB
+  out.healthz_four_1MiB_prompts_ms = await healthzDuring(mb, 20);
+  const under = "The quick brown fox jumps over the lazy dog. ".repeat(2900); // 130 KB
+  out.healthz_four_130KB_prompts_tokenized_ms = await healthzDuring(under, 3);
+
+  const idle = await rssMiB();
+  const upload = (body: ReadableStream<Uint8Array>) =>
+    fetch(`${server.base}/v1/migrate?target=fast`, {
+      method: "POST",
+      headers: { "content-type": "application/vnd.kvrelay.snapshot" },
+      body,
+    }).then(async (r) => ({ status: r.status, body: (await r.text()).slice(0, 120) }))
+      .catch((e) => ({ status: 0, body: String(e) }));
+  const hostile = (first: Uint8Array | null) => {
+    const piece = new Uint8Array(1 << 20);
+    for (let o = 0; o < piece.length; o += 65536) {
+      crypto.getRandomValues(piece.subarray(o, o + 65536));
+    }
+    let sent = 0;
+    return new ReadableStream<Uint8Array>({
+      pull(ctl) {
+        if (sent === 0 && first) ctl.enqueue(first);
+        else if (sent >= 250) return ctl.close();
+        else ctl.enqueue(piece);
+        sent++;
+      },
+    });
+  };
+  let peak = idle;
+  const sampler = setInterval(async () => peak = Math.max(peak, await rssMiB()), 50);
+  const random = await Promise.all([0, 1, 2].map(() => upload(hostile(null))));
+  // A real snapshot's prefix and header, then garbage: refused at the first chunk's CRC.
+  const snap = new Uint8Array(
+    await (await fetch(`${server.base}/v1/prefill`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ tier: "fast", prompt: "x ".repeat(600) }),
+    })).arrayBuffer(),
+  );
+  const headerEnd = decodeHeader(snap).layout.payloadStart;
+  const garbage = await Promise.all([0, 1, 2].map(() => upload(hostile(snap.slice(0, headerEnd)))));
+  clearInterval(sampler);
+  await new Promise((r) => setTimeout(r, 500));
+  out.rss_mib = { idle, peak_during_six_250MiB_hostile_uploads: peak, after: await rssMiB() };
+  out.hostile_upload_answers = { random, header_then_garbage: garbage };
+
+  // Stalled bodies: answered by the 3 s body deadline.
+  const stalled = async (path: string, type: string, bytes: Uint8Array) => {
+    const conn = await Deno.connect({ hostname: "127.0.0.1", port: server.port });
+    const head = `POST ${path} HTTP/1.1\r\nHost: x\r\nContent-Type: ${type}\r\n` +
+      `Content-Length: ${bytes.length + 1}\r\n\r\n`;
+    await conn.write(new TextEncoder().encode(head));
+    await conn.write(bytes);
+    const t0 = performance.now();
+    const buf = new Uint8Array(512);
+    const n = await conn.read(buf);
+    const ms = performance.now() - t0;
+    conn.close();
+    return {
+      path,
+      ms: Math.round(ms),
+      status: new TextDecoder().decode(buf.subarray(0, n ?? 0)).split("\r\n")[0],
+    };
+  };
+  const S = "application/vnd.kvrelay.snapshot";
+  out.stalled = await Promise.all([
+    stalled("/v1/migrate?target=fast", S, snap.slice(0, 20)),
+    stalled("/v1/migrate?target=fast", S, snap.slice(0, -1)),
+    stalled("/v1/decode", S, snap.slice(0, 20)),
+    stalled("/v1/chat/completions", "application/json", new TextEncoder().encode('{"mess')),
+  ]);
+} finally {
+  await server.stop();
+}
+console.log(JSON.stringify(out, null, 2));

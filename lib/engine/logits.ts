@@ -1,0 +1,106 @@
+// Per-request logit processing before sampling, as OpenAI's API defines it: logit_bias (added to
+// the named tokens' logits), presence and frequency penalties over the tokens generated so far
+// (logit −= count·frequency + [count > 0]·presence), and log-probabilities of the processed
+// distribution (log-softmax at temperature 1, before temperature/top-k/top-p filtering) for the
+// chosen token and the most likely alternatives. One row at a time; no sampling here.
+
+/** Logit processing and log-probability options of a generation. */
+export interface LogitOptions {
+  /** Token id → bias added to its logit (OpenAI: −100..100; −100 bans, 100 forces). */
+  logitBias?: ReadonlyMap<number, number>;
+  /** Subtracted once from the logit of every token generated at least once (−2..2). */
+  presencePenalty?: number;
+  /** Subtracted per occurrence from the logit of every generated token (−2..2). */
+  frequencyPenalty?: number;
+  /** Report the chosen token's log-probability and this many top alternatives (0..20). */
+  logprobs?: number;
+}
+
+/** A token with its log-probability. */
+export interface TokenLogprob {
+  id: number;
+  logprob: number;
+}
+
+/** The chosen token's log-probability and the top alternatives (most likely first). */
+export interface StepLogprobs extends TokenLogprob {
+  top: TokenLogprob[];
+}
+
+/**
+ * Whether `opts` change logits or need them in TypeScript (then native sampling is off).
+ * @param opts the options
+ * @returns true when any processing or logprobs are asked for
+ */
+export function needsLogits(opts: LogitOptions): boolean {
+  return (opts.logitBias?.size ?? 0) > 0 || (opts.presencePenalty ?? 0) !== 0 ||
+    (opts.frequencyPenalty ?? 0) !== 0 || opts.logprobs !== undefined;
+}
+
+/** Applies bias and penalties to logit rows, tracking the tokens generated so far. */
+export class LogitProcessor {
+  readonly #counts = new Map<number, number>();
+
+  /**
+   * @param opts bias, penalties, logprobs
+   */
+  constructor(readonly opts: LogitOptions) {}
+
+  /**
+   * The processed row (a copy; the input is not changed).
+   * @param logits one row, (width,) float32
+   * @returns bias added, penalties subtracted
+   */
+  process(logits: Float32Array): Float32Array {
+    const out = logits.slice();
+    for (const [id, b] of this.opts.logitBias ?? []) if (id < out.length) out[id] += b;
+    const fp = this.opts.frequencyPenalty ?? 0, pp = this.opts.presencePenalty ?? 0;
+    if (fp !== 0 || pp !== 0) {
+      for (const [id, n] of this.#counts) if (id < out.length) out[id] -= n * fp + pp;
+    }
+    return out;
+  }
+
+  /**
+   * Records a generated token (for the penalties of later steps).
+   * @param id the token
+   */
+  push(id: number): void {
+    this.#counts.set(id, (this.#counts.get(id) ?? 0) + 1);
+  }
+}
+
+/**
+ * Log-probabilities of a processed row (log-softmax in float64).
+ * @param logits the processed row
+ * @param chosen the sampled token
+ * @param top how many alternatives (most likely first; ties: lower id first)
+ * @returns the chosen token's log-probability and the top alternatives
+ */
+export function stepLogprobs(logits: Float32Array, chosen: number, top: number): StepLogprobs {
+  let max = -Infinity;
+  for (let i = 0; i < logits.length; i++) if (logits[i] > max) max = logits[i];
+  let sum = 0;
+  for (let i = 0; i < logits.length; i++) {
+    if (logits[i] > -Infinity) sum += Math.exp(logits[i] - max);
+  }
+  const lse = max + Math.log(sum);
+  const lp = (i: number) => (logits[i] > -Infinity ? logits[i] - lse : -Infinity);
+  const best: TokenLogprob[] = [];
+  if (top > 0) {
+    // Keep the `top` largest in a small sorted list: O(vocab · top) with top ≤ 20.
+    for (let i = 0; i < logits.length; i++) {
+      const v = logits[i];
+      if (best.length === top && !(v > logits[best[top - 1].id])) continue;
+      let j = best.length < top ? best.length : top - 1;
+      if (best.length < top) best.push({ id: i, logprob: 0 });
+      while (j > 0 && v > logits[best[j - 1].id]) {
+        best[j] = best[j - 1];
+        j--;
+      }
+      best[j] = { id: i, logprob: 0 };
+    }
+    for (const b of best) b.logprob = lp(b.id);
+  }
+  return { id: chosen, logprob: lp(chosen), top: best };
+}

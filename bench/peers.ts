@@ -61,7 +61,7 @@ export const WEIGHT_FORMATS: {
     name: "q4",
     gguf: "Q4_0",
     bytesPerWeight: 18 / 32,
-    kvrelay: { weights: "q4", maxWeightRatioToBf16: 0.6 },
+    kvrelay: { weights: "q4", maxWeightRatioToBf16: 0.75 },
   },
 ];
 

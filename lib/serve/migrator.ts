@@ -52,7 +52,7 @@ export interface Migrator {
 
 /**
  * Checks that every configured projector's kind can run in this process: an `onnx` projector
- * needs the optional onnxruntime-node part (left out of images built with KVRELAY_ONNX=0). Run
+ * needs the optional onnxruntime-node part (left out of images unless built with KVRELAY_ONNX=1). Run
  * before serving, so a deployment without the part refuses to start instead of silently never
  * migrating that pair.
  * A projector whose metadata does not read is left to `Migrator.load` (it disables the pair).

@@ -24,7 +24,7 @@ Deno.test("projectorPartProblems() names projectors.<i>.path when the ONNX part 
   assert.deepEqual(asked, [`${models}projectors/tiny-fast--tiny-powerful-mlp`]);
   assert.equal(problems.length, 1);
   assert.match(problems[0], /^projectors\.2\.path: .*tiny-fast--tiny-powerful-mlp is an onnx/);
-  assert.match(problems[0], /optional onnxruntime-node part.*KVRELAY_ONNX=0/);
+  assert.match(problems[0], /optional onnxruntime-node part.*KVRELAY_ONNX=1/);
 });
 
 Deno.test("projectorPartProblems() is empty when the ONNX part loads, and rethrows other errors", async () => {

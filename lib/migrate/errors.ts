@@ -54,7 +54,8 @@ export class OnnxRuntimeMissingError extends ProjectorFormatError {
   constructor(cause: string, path?: string) {
     super(
       "the onnx projector kind needs the optional onnxruntime-node part, which is not installed " +
-        "here (deno.json imports it; images leave it out unless built with --build-arg KVRELAY_ONNX=1; " +
+        "here (the repository's deno.json imports it; images leave it out unless built with " +
+        "--build-arg KVRELAY_ONNX=1; " +
         `see docs/migration.md): ${cause}`,
       path,
     );

@@ -62,7 +62,7 @@ export interface Migrator {
  */
 export async function projectorPartProblems(
   config: KvrelayConfig,
-  loadOnnx: (path: string) => Promise<unknown> = loadOnnxRuntime,
+  loadOnnx: () => Promise<unknown> = loadOnnxRuntime,
 ): Promise<string[]> {
   const problems: string[] = [];
   for (const [i, p] of config.projectors.entries()) {
@@ -74,7 +74,7 @@ export async function projectorPartProblems(
     }
     if (kind !== "onnx") continue;
     try {
-      await loadOnnx(p.path);
+      await loadOnnx();
     } catch (e) {
       if (!(e instanceof OnnxRuntimeMissingError)) throw e;
       problems.push(`projectors.${i}.path: ${p.path} is an onnx projector: ${e.message}`);

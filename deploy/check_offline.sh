@@ -4,7 +4,11 @@
 # native library built with -DKVR_CUDA=OFF, every entry point cached into a fresh DENO_DIR with
 # --frozen; then each function starts inside a network namespace holding only `lo`, with the
 # image's `deno run --cached-only --frozen -A` entrypoint, and must answer /readyz and a
-# completion. Needs root (ip netns), the deno binary of `npx deno@2.9.6`, cmake and g++.
+# completion. Then the ONNX projector kind: its onnxruntime-node must load and run the reference
+# graph offline from that cache; and with the package removed (as --build-arg KVRELAY_ONNX=0 does)
+# the bundled config still starts while a config with an onnx projector refuses to start (exit 2)
+# naming `projectors.0.path`. Needs root (ip netns), the deno binary of `npx deno@2.9.6`, cmake
+# and g++.
 # Usage: deploy/check_offline.sh [workdir]   (default: a new temp dir, removed at exit)
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
@@ -74,4 +78,40 @@ for tier in fast balanced powerful; do
     KVRELAY_REDIS_URL=redis://127.0.0.1:6379 KVRELAY_SNAPSHOT_KEY=offline-check-key-0123456789 \
     KVRELAY_TENANT_SALT=t KVRELAY_API_KEYS=k
 done
-echo "OK: every entry point starts from the image's cache with no network"
+
+echo "== ONNX kind offline: onnxruntime-node loads from the cache and runs the reference graph"
+mlp=models/projectors/tiny-fast--tiny-powerful-mlp
+ip netns exec "$ns" "$deno" eval --cached-only --frozen --quiet "
+  import { loadOnnxRuntime } from './lib/migrate/onnx.ts';
+  const meta = JSON.parse(Deno.readTextFileSync('$mlp/projector.json'));
+  const ort = await loadOnnxRuntime();
+  const s = await ort.InferenceSession.create('$mlp/' + meta.onnx.file);
+  const w = meta.features.source_width, f = () => new ort.Tensor('float32', new Float32Array(3 * w), [3, w]);
+  const out = await s.run({ [meta.onnx.inputs.k]: f(), [meta.onnx.inputs.v]: f() });
+  console.log('   ran offline: output dims', JSON.stringify(out[meta.onnx.outputs.k].dims));"
+
+# A config whose only projector is the ONNX one (fast -> powerful).
+"$deno" eval --quiet "
+  const c = JSON.parse(Deno.readTextFileSync('config/local.json'));
+  c.projectors = [{ ...c.projectors[0], from: 'fast', to: 'powerful', path: '../$mlp' }];
+  Deno.writeTextFileSync('config/onnx-check.json', JSON.stringify(c));"
+check functions/main.ts config/onnx-check.json
+
+echo "== without the ONNX part (as --build-arg KVRELAY_ONNX=0): deno remove onnxruntime-node"
+"$deno" remove onnxruntime-node >/dev/null 2>&1
+if grep -q onnxruntime-node deno.json deno.lock; then echo "FAILED: still in deno.json/deno.lock"; exit 1; fi
+check functions/main.ts config/local.json
+echo "== offline start with an onnx projector must refuse (exit 2) naming projectors.0.path"
+set +e
+ip netns exec "$ns" env PORT=8080 HOST=127.0.0.1 KVRELAY_CONFIG=config/onnx-check.json \
+  timeout 120 "$deno" run --cached-only --frozen -A functions/main.ts 2>"$work/server.log"
+rc=$?
+set -e
+if [ "$rc" != 2 ] || ! grep -q "projectors.0.path: .*is an onnx projector" "$work/server.log"; then
+  echo "FAILED: expected exit 2 naming projectors.0.path, got $rc"
+  cat "$work/server.log"
+  exit 1
+fi
+echo "   refused: $(grep -m1 'projectors.0.path' "$work/server.log" | cut -c1-160)..."
+echo "OK: every entry point starts from the image's cache with no network; the ONNX kind runs"
+echo "    offline from it, and an image without it refuses onnx projectors by name"

@@ -43,3 +43,21 @@ export class ProjectorFormatError extends Error {
     this.path = path;
   }
 }
+
+/** The `onnx` projector kind needs the optional onnxruntime-node part, which this installation
+ *  leaves out (an image built with KVRELAY_ONNX=0) or cannot load. */
+export class OnnxRuntimeMissingError extends ProjectorFormatError {
+  /**
+   * @param cause why loading failed (the runtime's first line)
+   * @param path the projector's .onnx file, when known
+   */
+  constructor(cause: string, path?: string) {
+    super(
+      "the onnx projector kind needs the optional onnxruntime-node part, which is not installed " +
+        "here (deno.json imports it; images built with --build-arg KVRELAY_ONNX=0 leave it out; " +
+        `see docs/migration.md): ${cause}`,
+      path,
+    );
+    this.name = "OnnxRuntimeMissingError";
+  }
+}

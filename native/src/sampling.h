@@ -24,6 +24,8 @@ class Xoshiro128 {
 
 // fdlibm's __ieee754_exp as ported in V8 (src/base/ieee754.cc), i.e. JavaScript's Math.exp.
 double js_exp(double x);
+// JavaScript's Math.log (correctly rounded), for logprobs equal to lib/engine's bit for bit.
+double js_log(double x);
 
 struct SamplingConfig {
   double temperature = 1.0;  // 0 = greedy

@@ -45,7 +45,7 @@ export class ProjectorFormatError extends Error {
 }
 
 /** The `onnx` projector kind needs the optional onnxruntime-node part, which this installation
- *  leaves out (an image built with KVRELAY_ONNX=0) or cannot load. */
+ *  leaves out (an image built without KVRELAY_ONNX=1) or cannot load. */
 export class OnnxRuntimeMissingError extends ProjectorFormatError {
   /**
    * @param cause why loading failed (the runtime's first line)
@@ -54,7 +54,8 @@ export class OnnxRuntimeMissingError extends ProjectorFormatError {
   constructor(cause: string, path?: string) {
     super(
       "the onnx projector kind needs the optional onnxruntime-node part, which is not installed " +
-        "here (deno.json imports it; images built with --build-arg KVRELAY_ONNX=0 leave it out; " +
+        "here (the repository's deno.json imports it; images leave it out unless built with " +
+        "--build-arg KVRELAY_ONNX=1; " +
         `see docs/migration.md): ${cause}`,
       path,
     );

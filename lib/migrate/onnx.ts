@@ -32,8 +32,8 @@ export interface OrtModule {
 }
 
 /** The optional part's module, as a URL computed at run time: the functions' module graph does
- *  not contain it, so an installation without onnxruntime-node (an image built with
- *  KVRELAY_ONNX=0) type-checks, caches and starts, and only an onnx projector needs it. */
+ *  not contain it, so an installation without onnxruntime-node (an image built without
+ *  KVRELAY_ONNX=1) type-checks, caches and starts, and only an onnx projector needs it. */
 const ONNX_RUNTIME_MODULE = new URL("./onnx_runtime.ts", import.meta.url).href;
 
 let runtime: Promise<OrtModule> | undefined;

@@ -1,6 +1,6 @@
 // Tests of the optional ONNX part: installed, it is the real onnxruntime-node and runs the
 // committed reference graph; left out of the installation (deno.json without it, as in an image
-// built with KVRELAY_ONNX=0), loading it is a typed error.
+// built without KVRELAY_ONNX=1), loading it is a typed error.
 import assert from "node:assert/strict";
 import ort from "./onnx_runtime.ts";
 import { readProjectorMeta } from "./artifact.ts";
@@ -26,7 +26,7 @@ Deno.test("the ONNX part, installed, opens the reference projector's graph with 
 });
 
 Deno.test("loadOnnxRuntime() throws OnnxRuntimeMissingError when the installation leaves the part out", async () => {
-  // What an image built with KVRELAY_ONNX=0 has: deno.json without onnxruntime-node (run here with
+  // What a default image (no KVRELAY_ONNX=1) has: deno.json without onnxruntime-node (run here with
   // a copy of deno.json minus that import, and no lockfile, against the normal module cache).
   const dir = await Deno.makeTempDir();
   try {
@@ -55,7 +55,7 @@ Deno.test("loadOnnxRuntime() throws OnnxRuntimeMissingError when the installatio
       r.message,
       /^p\.onnx: the onnx projector kind needs the optional onnxruntime-node/,
     );
-    assert.match(r.message, /KVRELAY_ONNX=0/);
+    assert.match(r.message, /KVRELAY_ONNX=1/);
     assert.match(r.message, /onnxruntime-node/);
   } finally {
     await Deno.remove(dir, { recursive: true });

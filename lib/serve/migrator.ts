@@ -52,7 +52,7 @@ export interface Migrator {
 
 /**
  * Checks that every configured projector's kind can run in this process: an `onnx` projector
- * needs the optional onnxruntime-node part (left out of images built with KVRELAY_ONNX=0). Run
+ * needs the optional onnxruntime-node part (left out of images unless built with KVRELAY_ONNX=1). Run
  * before serving, so a deployment without the part refuses to start instead of silently never
  * migrating that pair.
  * A projector whose metadata does not read is left to `Migrator.load` (it disables the pair).
@@ -62,7 +62,7 @@ export interface Migrator {
  */
 export async function projectorPartProblems(
   config: KvrelayConfig,
-  loadOnnx: (path: string) => Promise<unknown> = loadOnnxRuntime,
+  loadOnnx: () => Promise<unknown> = loadOnnxRuntime,
 ): Promise<string[]> {
   const problems: string[] = [];
   for (const [i, p] of config.projectors.entries()) {
@@ -74,7 +74,7 @@ export async function projectorPartProblems(
     }
     if (kind !== "onnx") continue;
     try {
-      await loadOnnx(p.path);
+      await loadOnnx();
     } catch (e) {
       if (!(e instanceof OnnxRuntimeMissingError)) throw e;
       problems.push(`projectors.${i}.path: ${p.path} is an onnx projector: ${e.message}`);

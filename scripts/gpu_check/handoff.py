@@ -10,9 +10,15 @@
               Qwen3-8B KV geometry beside a pinned device→host copy; migrate + repair(8) TTFT vs a
               full target prefill for the demo pair at 4k/16k/32k tokens, and (bench_big_migration,
               called by the bench section once it has written them) for the random-weight
-              Qwen3-0.6B shape → 8B shape checkpoints.
-Not measured here (reported as skipped, with the reason): device sampling and device fit (see
-docs/gpu-handoff.md, "status")."""
+              Qwen3-0.6B shape → Qwen3-8B shape checkpoints.
+  sampling    kvr_seq_decode_sample on the backend under test (greedy and top-k steps pick on the
+              device: sm::plan_route) vs the reference: the same sequence's logits from
+              kvr_seq_decode through kvr_sampler_sample with an identically seeded sampler —
+              identical tokens over every step, for greedy, top-k and top-k + top-p + min-p (and a
+              row-route config); timing: µs per decode_sample step vs a logits decode at the
+              Qwen3 vocabulary (bench_sampling, bench section).
+  fit         kvr_ridge_accumulate_seq on the demo pair (3 windows) on the backend under test vs the
+              CPU: G, C, yy of keys and values within 1e-6 relative."""
 
 import ctypes
 import json
@@ -43,6 +49,17 @@ def bind(lib):
         "kvr_projector_create": (I32, [P, P, P, SZ, P, SZ, P, SZ, P, SZ, P]),
         "kvr_projector_free": (None, [P]),
         "kvr_projector_apply_seq": (I32, [P, P, P, U32, U32]),
+        "kvr_sampling_default_params": (None, [P]),
+        "kvr_sampler_create": (I32, [P, P]),
+        "kvr_sampler_free": (None, [P]),
+        "kvr_sampler_last_error": (ctypes.c_char_p, [P]),
+        "kvr_sampler_sample": (I32, [P, P, SZ, U32, P, P, P, P, U32, P]),
+        "kvr_seq_decode_sample": (I32, [P, I32, P, U32, P, P, P, P, U32, P]),
+        "kvr_ridge_create": (I32, [U32, U32, P]),
+        "kvr_ridge_free": (None, [P]),
+        "kvr_ridge_last_error": (ctypes.c_char_p, [P]),
+        "kvr_ridge_stats": (I32, [P, P, SZ, P, SZ, P, SZ]),
+        "kvr_ridge_accumulate_seq": (I32, [P, P, P, P, U32, U32]),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)
@@ -260,6 +277,168 @@ def check_projection(rep, lib, dut):
               f"{res[dut][2]:.4f} vs {res['cpu'][2]:.4f}")
 
 
+class SamplingParams(ctypes.Structure):
+    _fields_ = [("temperature", ctypes.c_double), ("top_p", ctypes.c_double), ("min_p", ctypes.c_double),
+                ("seed", ctypes.c_int64), ("top_k", ctypes.c_uint32), ("reserved", ctypes.c_uint32)]
+
+
+def make_sampler(lib, temperature, top_k=0, top_p=1.0, min_p=0.0, seed=0):
+    p = SamplingParams()
+    lib.kvr_sampling_default_params(ctypes.byref(p))
+    p.temperature, p.top_k, p.top_p, p.min_p, p.seed = temperature, top_k, top_p, min_p, seed
+    out = ctypes.c_void_p()
+    st = lib.kvr_sampler_create(ctypes.byref(p), ctypes.byref(out))
+    if st != kvr.OK:
+        raise kvr.EngineError(st, lib.kvr_last_error().decode(), "kvr_sampler_create")
+    return out
+
+
+def decode_sample(seq, token, sampler):
+    out = ctypes.c_int32()
+    seq._check(seq.lib.kvr_seq_decode_sample(seq.handle, int(token), sampler, seq.m.vocab, ctypes.byref(out), None,
+                                             None, None, 0, None), "kvr_seq_decode_sample")
+    return out.value
+
+
+def sample_logits(lib, sampler, logits):
+    out = ctypes.c_int32()
+    st = lib.kvr_sampler_sample(sampler, logits.ctypes.data, logits.size, logits.size, ctypes.byref(out), None,
+                                None, None, 0, None)
+    if st != kvr.OK:
+        raise kvr.EngineError(st, lib.kvr_sampler_last_error(sampler).decode(), "kvr_sampler_sample")
+    return out.value
+
+
+SAMPLING_CONFIGS = [("greedy", dict(temperature=0.0)),
+                    ("top_k 40, T 0.8", dict(temperature=0.8, top_k=40, seed=11)),
+                    ("top_k 64, T 1.2, top_p 0.9, min_p 0.05", dict(temperature=1.2, top_k=64, top_p=0.9,
+                                                                      min_p=0.05, seed=-3)),
+                    ("top_k 1, T 1", dict(temperature=1.0, top_k=1, seed=5)),
+                    ("T 0.9 (row route)", dict(temperature=0.9, seed=7))]
+
+
+def check_sampling(rep, lib, dut, steps=24):
+    """decode_sample on the backend under test vs the reference sampler on the same logits: two
+    sequences of one model fed the same tokens; one samples in the step (device route), the other
+    decodes logits and samples them with kvr_sampler_sample (an identically seeded sampler)."""
+    model = kvr.Model(lib, os.path.join(MODELS, "tiny-fast"), "f32", dut, n_threads=2)
+    prompt = np.random.default_rng(5).integers(0, 4000, 40).astype(np.int32)
+    try:
+        for name, cfg in SAMPLING_CONFIGS:
+            a, b = model.seq(len(prompt) + steps + 1), model.seq(len(prompt) + steps + 1)
+            sa, sb = make_sampler(lib, **cfg), make_sampler(lib, **cfg)
+            try:
+                a.prefill(prompt[:-1])
+                b.prefill(prompt[:-1])
+                tok, same, first_bad = int(prompt[-1]), 0, None
+                for i in range(steps):
+                    got = decode_sample(a, tok, sa)
+                    want = sample_logits(lib, sb, b.decode(tok))
+                    if got == want:
+                        same += 1
+                    elif first_bad is None:
+                        first_bad = f"step {i}: {got} vs {want}"
+                    tok = want
+                rep.check("handoff", f"device sampling vs the reference sampler: {name}", same == steps,
+                          f"{same}/{steps} identical" + (f", first difference {first_bad}" if first_bad else ""))
+            finally:
+                lib.kvr_sampler_free(sa)
+                lib.kvr_sampler_free(sb)
+                a.close()
+                b.close()
+    finally:
+        model.close()
+
+
+def bench_sampling(rep, lib, model_dir, deadline, steps=64):
+    """µs per decode step at the checkpoint's vocabulary (the bench's Qwen3-0.6B shape: 151,936):
+    kvr_seq_decode (copies the f32 row to the host) vs kvr_seq_decode_sample greedy and top-k 50
+    (pick on the device, ≤ 64 candidates back) and plain temperature (row route). Called by
+    gpu_check.py's bench section."""
+    model = kvr.Model(lib, model_dir, "bf16", "cuda")
+    try:
+        row = {"what": f"decode step at vocab {model.vocab}, {os.path.basename(model_dir)}"}
+        for name, cfg in (("decode_logits", None), ("greedy", dict(temperature=0.0)),
+                          ("top_k50", dict(temperature=0.8, top_k=50, seed=1)),
+                          ("temperature_row", dict(temperature=0.8, seed=1))):
+            if time.time() > deadline:
+                break
+            seq = model.seq(512 + 2 * steps)
+            sampler = make_sampler(lib, **cfg) if cfg else None
+            try:
+                seq.prefill(np.arange(512, dtype=np.int32) % model.vocab)
+                for _ in range(8):  # warm-up: graph capture, staging allocation
+                    seq.decode(1) if cfg is None else decode_sample(seq, 1, sampler)
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    seq.decode(1) if cfg is None else decode_sample(seq, 1, sampler)
+                row[f"{name}_us"] = (time.perf_counter() - t0) / steps * 1e6
+            finally:
+                if sampler:
+                    lib.kvr_sampler_free(sampler)
+                seq.close()
+        if "greedy_us" in row:
+            row["device_greedy_minus_logits_decode_us"] = row["greedy_us"] - row["decode_logits_us"]
+        _bench(rep, row)
+    finally:
+        model.close()
+
+
+def fit_stats(lib, backend, windows, n_tokens):
+    """kvr_ridge_accumulate_seq over the demo pair tiny-fast → tiny-balanced on `backend`: the
+    keys' and values' (G, C, yy) after every window."""
+    src = kvr.Model(lib, os.path.join(MODELS, "tiny-fast"), "f32", backend, n_threads=2)
+    dst = kvr.Model(lib, os.path.join(MODELS, "tiny-balanced"), "f32", backend, n_threads=2)
+    sp, tp = src.params, dst.params
+    n_in = sp.num_layers * sp.num_kv_heads * sp.head_dim
+    n_out = tp.num_layers * tp.num_kv_heads * tp.head_dim
+    ridges = [ctypes.c_void_p(), ctypes.c_void_p()]
+    try:
+        for r in ridges:
+            if lib.kvr_ridge_create(n_in, n_out, ctypes.byref(r)) != kvr.OK:
+                raise kvr.EngineError(-1, lib.kvr_last_error().decode(), "kvr_ridge_create")
+        for w in windows:
+            s, t = src.seq(n_tokens), dst.seq(n_tokens)
+            try:
+                s.prefill(w)
+                t.prefill(w)
+                st = lib.kvr_ridge_accumulate_seq(ridges[0], ridges[1], s.handle, t.handle, len(w), 0)
+                if st != kvr.OK:
+                    raise kvr.EngineError(st, lib.kvr_ridge_last_error(ridges[0]).decode(), "kvr_ridge_accumulate_seq")
+            finally:
+                s.close()
+                t.close()
+        out = []
+        for r in ridges:
+            g, c, yy = np.empty((n_in + 1) ** 2), np.empty((n_in + 1) * n_out), np.empty(n_out)
+            st = lib.kvr_ridge_stats(r, g.ctypes.data, g.size, c.ctypes.data, c.size, yy.ctypes.data, yy.size)
+            if st != kvr.OK:
+                raise kvr.EngineError(st, lib.kvr_ridge_last_error(r).decode(), "kvr_ridge_stats")
+            out.append((g, c, yy))
+        return out
+    finally:
+        for r in ridges:
+            if r:
+                lib.kvr_ridge_free(r)
+        src.close()
+        dst.close()
+
+
+def check_fit(rep, lib, dut):
+    """Fit statistics accumulated on the backend under test (kvr_ridge_accumulate_seq: on the
+    device, f64 sums of exact products) vs the CPU's on the same windows. The features can differ
+    in rare elements by one f32 rounding (device de-rotation cos/sin), so the bound is relative:
+    max |Δ| / max |stat| <= 1e-6 per statistic (G, C, yy of keys and values)."""
+    rng = np.random.default_rng(13)
+    windows = [rng.integers(0, 4000, n).astype(np.int32) for n in (256, 256, 100)]
+    res = {b: fit_stats(lib, b, windows, 256) for b in ("cpu", dut)}
+    for kv, part in ((0, "keys"), (1, "values")):
+        for i, name in enumerate(("G = Σ xᵀx", "C = Σ xᵀy", "yy = Σ y²")):
+            a, c = res[dut][kv][i], res["cpu"][kv][i]
+            rel = float(np.max(np.abs(a - c)) / max(float(np.max(np.abs(c))), 1e-300))
+            rep.check("handoff", f"fit statistics vs CPU: {part} {name} (max rel diff)", rel <= 1e-6, f"{rel:.2e}")
+
+
 def random_kv_model(workdir):
     """A checkpoint with Qwen3-8B's KV geometry (36 layers, 8 kv heads, head_dim 128) and a tiny
     hidden size: only its cache matters to the codec timing."""
@@ -365,7 +544,7 @@ def bench_migration(rep, lib, dut, deadline):
 
 def bench_big_migration(rep, lib, src_dir, dst_dir, deadline):
     """migrate + repair(8) TTFT vs full target prefill on the random-weight big shapes the bench
-    section wrote (Qwen3-0.6B shape → an 8B shape), with a random all-layers linear projector
+    section wrote (Qwen3-0.6B shape → Qwen3-8B shape), with a random all-layers linear projector
     (timing only: random weights carry no quality). Called by gpu_check.py's bench section."""
     src = kvr.Model(lib, src_dir, "bf16", "cuda")
     dst = kvr.Model(lib, dst_dir, "bf16", "cuda")
@@ -407,7 +586,9 @@ def section_handoff(rep, lib, dut, budget, quick, workdir, torch=None):
     bind(lib)
     deadline = time.time() + budget
     for name, fn in (("codec", lambda: check_codec(rep, lib, dut)),
-                     ("projection", lambda: check_projection(rep, lib, dut))):
+                     ("projection", lambda: check_projection(rep, lib, dut)),
+                     ("sampling", lambda: check_sampling(rep, lib, dut)),
+                     ("fit", lambda: check_fit(rep, lib, dut))):
         try:
             fn()
         except Exception as e:  # noqa: BLE001 — one failed check, the rest still run
@@ -424,5 +605,3 @@ def section_handoff(rep, lib, dut, budget, quick, workdir, torch=None):
             fn()
         except Exception as e:  # noqa: BLE001
             rep.check("handoff", f"{name} ran", False, f"{type(e).__name__}: {e}")
-    rep.skip("handoff", "device sampling vs the reference sampler", "no device sampling kernel wired yet")
-    rep.skip("handoff", "fit statistics vs CPU", "no device fit accumulation wired yet")

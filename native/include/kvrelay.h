@@ -123,8 +123,8 @@ typedef struct kvr_model_params {
  * with the activation quantized per 32-block and int8 dot products (AVX-512 VNNI where present);
  * prefill dequantizes to f32. Q4: 4-bit codes per 32 input features per output with an f16 scale
  * and an f16 offset (w ≈ d·c + m, llama.cpp Q4_1-like, fitted by least squares), run the same
- * way. The embedding table and norms stay as they are. CPU backend only (CUDA:
- * KVR_ERR_UNSUPPORTED).
+ * way. A tied embedding is looked up in the quantized lm_head (no second copy); an untied
+ * embedding table and the norms stay as they are. CPU backend only (CUDA: KVR_ERR_UNSUPPORTED).
  */
 typedef enum kvr_weight_format {
   KVR_WEIGHTS_NATIVE = 0,

@@ -56,6 +56,14 @@ export const WEIGHT_FORMATS: {
     bytesPerWeight: 34 / 32,
     kvrelay: { weights: "q8", maxWeightRatioToBf16: 0.75 },
   },
+  {
+    // llama.cpp Q4_0 (symmetric, f16 scale per 32) against kvrelay's q4 (f16 scale + offset per
+    // 32, least-squares fit: equal or better quality, 0.625 vs 0.5625 bytes per weight)
+    name: "q4",
+    gguf: "Q4_0",
+    bytesPerWeight: 18 / 32,
+    kvrelay: { weights: "q4", maxWeightRatioToBf16: 0.75 },
+  },
 ];
 
 /** llama.cpp context settings tried; the best per column is "llama.cpp best". */

@@ -593,6 +593,9 @@ KVR_API int32_t kvr_sampler_sample(kvr_sampler* sampler, const float* logits, si
  * is checked before the decode (sampler, 1 <= width <= vocab, output buffers, then as
  * kvr_seq_decode). Only a row without a finite logit fails after it (KVR_ERR_INVALID_ARGUMENT,
  * the token is appended then). Messages go to the sequence (and the sampler for sampling ones).
+ * Results equal that two-call sequence on every backend; on a CUDA sequence greedy and top_k
+ * (<= 64) steps without logprobs pick on the device and copy back at most 64 candidates, other
+ * steps copy the row (docs/gpu-handoff.md §4).
  */
 KVR_API int32_t kvr_seq_decode_sample(kvr_seq* seq, int32_t token, kvr_sampler* sampler,
                                       uint32_t width, int32_t* token_out, double* logprob_out,

@@ -72,12 +72,7 @@ unsigned decode_step(const ModelGeometry& m, const Weights& w, KvCache& kv, int3
   aa.q = qkv;
   aa.out = att;
 
-  const size_t row = static_cast<size_t>(token) * H;
-  if (w.embed_bf16.empty()) {
-    std::copy_n(w.embed.data() + row, H, x);
-  } else {
-    to_f32(w.embed_bf16.data() + row, KVR_DTYPE_BF16, x, H);
-  }
+  embed_row(w, static_cast<size_t>(token), H, x);
   // The same bits as the prefill path and the CUDA backend (common/device_math.h).
   for (size_t d = 0; d < half; ++d)
     dm::rope_cos_sin(static_cast<uint32_t>(pos), m.inv_freq[d], &cs[d], &cs[half + d]);

@@ -363,13 +363,65 @@ PackedWeight PackedWeight::pack_q4(const float* w, size_t n, size_t k) {
 }
 
 PackedWeight PackedWeight::pack_bf16(const uint16_t* w, size_t n, size_t k) {
+  const Bf16Rows all{w, n};
+  return pack_bf16(&all, 1, k);
+}
+
+PackedWeight PackedWeight::pack_bf16(const Bf16Rows* parts, size_t n_parts, size_t k) {
   PackedWeight p;
-  p.n_ = n;
   p.k_ = k;
   p.bf16_ = true;
-  p.data16_.resize(p.panels() * k * kPanelWidth);
-  pack_panels(w, n, k, p.data16_.data());
+  const std::vector<Bf16Rows> blocks(parts, parts + n_parts);
+  for (const Bf16Rows& b : blocks) p.n_ += b.rows;
+  const size_t panels = p.panels();
+  p.data16_.resize(panels * k * kPanelWidth);  // not zeroed: every element is written below
+  uint16_t* dst = p.data16_.data();
+  // Row r's source: the block holding it (a handful of blocks: a linear scan).
+  auto source = [&](size_t r) -> const uint8_t* {
+    for (const Bf16Rows& b : blocks) {
+      if (r < b.rows) return static_cast<const uint8_t*>(b.data) + r * k * sizeof(uint16_t);
+      r -= b.rows;
+    }
+    return nullptr;  // r >= n: a padding column
+  };
+  constexpr size_t kT = 64;  // k per tile: 16 rows x 64 = 2 KiB in, 2 KiB out
+#pragma omp parallel for schedule(static) if (panels > 1)
+  for (long pl = 0; pl < static_cast<long>(panels); ++pl) {
+    const size_t pi = static_cast<size_t>(pl);
+    const uint8_t* src[kPanelWidth];
+    for (size_t c = 0; c < kPanelWidth; ++c) src[c] = source(pi * kPanelWidth + c);
+    uint16_t* panel = dst + pi * k * kPanelWidth;
+    alignas(64) uint16_t tile[kPanelWidth][kT];
+    for (size_t t0 = 0; t0 < k; t0 += kT) {
+      const size_t len = std::min(kT, k - t0);
+      for (size_t c = 0; c < kPanelWidth; ++c) {  // memcpy: the mapped rows may be unaligned
+        if (src[c] != nullptr) {
+          std::memcpy(tile[c], src[c] + t0 * sizeof(uint16_t), len * sizeof(uint16_t));
+        } else {
+          std::memset(tile[c], 0, len * sizeof(uint16_t));
+        }
+      }
+      uint16_t* out = panel + t0 * kPanelWidth;
+      for (size_t t = 0; t < len; ++t) {
+        for (size_t c = 0; c < kPanelWidth; ++c) out[t * kPanelWidth + c] = tile[c][t];
+      }
+    }
+  }
   return p;
+}
+
+void PackedWeight::row_f32(size_t r, float* out) const {
+  const size_t pi = r / kPanelWidth, c = r % kPanelWidth;
+  if (bf16_) {
+    const uint16_t* s = panel_bf16(pi) + c;
+    for (size_t t = 0; t < k_; ++t) {
+      const uint32_t u = static_cast<uint32_t>(s[t * kPanelWidth]) << 16;
+      std::memcpy(out + t, &u, sizeof(float));
+    }
+  } else {
+    const float* s = panel(pi) + c;
+    for (size_t t = 0; t < k_; ++t) out[t] = s[t * kPanelWidth];
+  }
 }
 
 void matmul_xwt(const float* x, size_t m, size_t ldx, const PackedWeight& w, float* y,
@@ -426,8 +478,15 @@ void matmul_xwt(const float* x, size_t m, size_t ldx, const PackedWeight& w, flo
   }
 
   // Many rows: split the row tiles into blocks of at most MC rows (each packs its own A once);
-  // threads share the weight panels through L3.
-  const size_t tasks = task_count(row_tiles, nt, kMC / kTileRows);
+  // threads share the weight panels through L3. q8/q4 weights dequantize every panel slice once
+  // per block, so their blocks stay as large as MC allows (one per thread at least) instead of
+  // ~4 per thread: at 128 rows on 2 threads, 8 blocks of 18 rows spent about as long
+  // dequantizing as multiplying.
+  const bool quantized = w.is_q8() || w.is_q4();
+  const size_t per_task = kMC / kTileRows;
+  const size_t tasks =
+      quantized ? std::min(row_tiles, ((row_tiles + per_task - 1) / per_task + nt - 1) / nt * nt)
+                : task_count(row_tiles, nt, per_task);
   bool failed = false;  // an exception may not leave an OpenMP region: carry it out by hand
 #pragma omp parallel for num_threads(static_cast<int>(nt)) schedule(dynamic, 1) \
     reduction(|| : failed)

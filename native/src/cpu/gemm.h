@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <new>
+#include <utility>
 #include <vector>
 
 namespace kvr::cpu {
@@ -33,6 +34,24 @@ struct AlignedAllocator {
   bool operator!=(const AlignedAllocator<U>&) const { return false; }
 };
 
+// AlignedAllocator whose resize() leaves new elements default-initialized (not zeroed), for
+// buffers a packer writes in full: zeroing first would fault in every page on one thread before
+// the (parallel) packing writes it again — at load, page faults are most of the packing time.
+template <typename T>
+struct AlignedUninitAllocator : AlignedAllocator<T> {
+  AlignedUninitAllocator() = default;
+  template <typename U>
+  AlignedUninitAllocator(const AlignedUninitAllocator<U>&) {}
+  template <typename U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <typename U, typename... A>
+  void construct(U* p, A&&... a) {
+    ::new (static_cast<void*>(p)) U(std::forward<A>(a)...);
+  }
+};
+
 // Output columns per packed micro-panel (two 8-lane ymm registers).
 constexpr size_t kPanelWidth = 16;
 
@@ -49,6 +68,17 @@ class PackedWeight {
   static PackedWeight pack(const float* w, size_t n, size_t k);
   // Copies and repacks w (n, k) row-major bf16 bit patterns, kept as bf16. Throws std::bad_alloc.
   static PackedWeight pack_bf16(const uint16_t* w, size_t n, size_t k);
+  // One (rows, k) row-major block of bf16 bit patterns; data may be unaligned (a mapped file).
+  struct Bf16Rows {
+    const void* data;
+    size_t rows;
+  };
+  // Packs the n_parts blocks stacked in order ([q; k; v], [gate; up]) as one bf16 weight of
+  // (Σ rows, k), read in place — straight from the mapped checkpoint, no staging copy — with the
+  // panels split over the OpenMP default team (each thread first-touches its own panels; the
+  // loader sets the team to the model's thread count). Same layout and bits as pack_bf16 of the
+  // stacked rows. Throws std::bad_alloc.
+  static PackedWeight pack_bf16(const Bf16Rows* parts, size_t n_parts, size_t k);
   // Quantizes w (n, k) row-major f32 to q8 (see "q8 layout" below). Throws std::bad_alloc.
   static PackedWeight pack_q8(const float* w, size_t n, size_t k);
   // Quantizes w (n, k) row-major f32 to q4 (see "q4 layout" below). Throws std::bad_alloc.
@@ -69,6 +99,9 @@ class PackedWeight {
   // panel() only for f32 weights, panel_bf16() only for bf16 ones (is_bf16()).
   const float* panel(size_t p) const { return data_.data() + p * k_ * kPanelWidth; }
   const uint16_t* panel_bf16(size_t p) const { return data16_.data() + p * k_ * kPanelWidth; }
+  // Row r < rows() (one output feature's k weights) as f32, gathered from its panel (f32 or bf16
+  // weights, exact): a tied model's embedding lookup reads the lm_head instead of a second copy.
+  void row_f32(size_t r, float* out) const;
 
   // q8 layout (is_q8()): k padded with zeros to kq = ceil(k/32)·32 and cut into blocks of 32.
   // Per panel and block, 512 int8 codes ordered (k/4, 16 columns, 4 consecutive k) — one 64-byte
@@ -104,7 +137,7 @@ class PackedWeight {
   std::vector<float, AlignedAllocator<float>> q8_scale_;    // (panels, blocks, 16)
   std::vector<int32_t, AlignedAllocator<int32_t>> q8_corr_;  // (panels, blocks, 16)
   std::vector<float, AlignedAllocator<float>> data_;        // f32 panels, or empty
-  std::vector<uint16_t, AlignedAllocator<uint16_t>> data16_;  // bf16 panels, or empty
+  std::vector<uint16_t, AlignedUninitAllocator<uint16_t>> data16_;  // bf16 panels, or empty
 };
 
 // y (m, n) with row stride ldy = x (m, k) with row stride ldx · Wᵀ; when accumulate, y += x · Wᵀ.

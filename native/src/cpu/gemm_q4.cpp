@@ -191,20 +191,62 @@ KVR_TARGET_AVX_VNNI void gemv_avxvnni(size_t blocks, const int8_t* xs, const flo
     _mm256_storeu_ps(acc + q * 16 + 8, a1);
   }
 }
+
+// Dequantization of 4 k rows of 16 columns from one 64-byte code group (nibbles at bit 8e + shift
+// of each int32 lane; shift 0 or 4 picks k < 16 or k ≥ 16 of the block) to d·c + m in f32, as the
+// scalar loop (a product, then a sum: no fma).
+KVR_TARGET_AVX512_VNNI void dequant4_avx512(const uint8_t* grp, int shift, const uint16_t* sc,
+                                            const uint16_t* mn, float* dst) {
+  const __m512i v = _mm512_maskz_srl_epi32(0xFFFF, _mm512_load_si512(grp), _mm_cvtsi32_si128(shift));
+  const __m512i m4 = _mm512_set1_epi32(0x0F);
+  const __m512 d = _mm512_maskz_cvtph_ps(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc)));
+  const __m512 m = _mm512_maskz_cvtph_ps(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(mn)));
+  for (int e = 0; e < 4; ++e) {
+    const __m512i c = _mm512_and_si512(_mm512_maskz_srli_epi32(0xFFFF, v, static_cast<unsigned>(8 * e)), m4);
+    _mm512_storeu_ps(dst + e * 16, _mm512_add_ps(_mm512_mul_ps(d, to_f32(c)), m));
+  }
+}
+
+KVR_TARGET_AVX2_Q void dequant4_avx2(const uint8_t* grp, int shift, const uint16_t* sc,
+                                     const uint16_t* mn, float* dst) {
+  const __m256i m4 = _mm256_set1_epi32(0x0F);
+  for (int h = 0; h < 2; ++h) {
+    const __m256i v = _mm256_srl_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(grp + h * 32)),
+                                       _mm_cvtsi32_si128(shift));
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + h * 8)));
+    const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mn + h * 8)));
+    for (int e = 0; e < 4; ++e) {
+      const __m256i c = _mm256_and_si256(_mm256_srli_epi32(v, 8 * e), m4);
+      _mm256_storeu_ps(dst + e * 16 + h * 8, _mm256_add_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(c)), m));
+    }
+  }
+}
 #endif
+
+void dequant4_generic(const uint8_t* grp, int shift, const uint16_t* sc, const uint16_t* mn, float* dst) {
+  for (int e = 0; e < 4; ++e)
+    for (int c = 0; c < 16; ++c) {
+      const int code = (grp[c * 4 + e] >> shift) & 15;
+      dst[e * 16 + c] = f16_to_f32(sc[c]) * static_cast<float>(code) + f16_to_f32(mn[c]);
+    }
+}
+
+using Dequant4Fn = void (*)(const uint8_t* grp, int shift, const uint16_t* sc, const uint16_t* mn,
+                            float* dst);
 
 struct Kernel {
   const char* name;
   GemvFn gemv;
+  Dequant4Fn dequant4;
 };
 
 Kernel choose() {
 #if KVR_Q4_X86
-  if (use_avx512_vnni()) return {"avx512-vnni", &gemv_avx512};
-  if (use_avx_vnni()) return {"avx-vnni", &gemv_avxvnni};
-  if (use_avx2_quant()) return {"avx2", &gemv_avx2};
+  if (use_avx512_vnni()) return {"avx512-vnni", &gemv_avx512, &dequant4_avx512};
+  if (use_avx_vnni()) return {"avx-vnni", &gemv_avxvnni, &dequant4_avx2};
+  if (use_avx2_quant()) return {"avx2", &gemv_avx2, &dequant4_avx2};
 #endif
-  return {"generic", &gemv_generic};
+  return {"generic", &gemv_generic, &dequant4_generic};
 }
 
 const Kernel& kernel() {
@@ -297,9 +339,15 @@ void dequant_slice(const PackedWeight& w, size_t p, size_t pc, size_t kc, float*
   const uint8_t* codes = w.panel_q4(p);
   const uint16_t* scale = w.panel_q4_scale(p);
   const uint16_t* mins = w.panel_q4_min(p);
+  size_t t = 0;
+  for (; t + 4 <= kc; t += 4) {  // whole groups of 4 k (pc is a multiple of 32)
+    const size_t k = pc + t, b = k / kB, r = k % kB;
+    kernel().dequant4(codes + b * 256 + ((r % 16) / 4) * 64, r < 16 ? 0 : 4, scale + b * 16,
+                      mins + b * 16, dst + t * 16);
+  }
   size_t cur_b = SIZE_MAX;
   float d[16], m[16];
-  for (size_t t = 0; t < kc; ++t) {
+  for (; t < kc; ++t) {
     const size_t k = pc + t, b = k / kB, r = k % kB;
     if (b != cur_b) {
       cur_b = b;

@@ -100,7 +100,8 @@ class PackedWeight {
   const float* panel(size_t p) const { return data_.data() + p * k_ * kPanelWidth; }
   const uint16_t* panel_bf16(size_t p) const { return data16_.data() + p * k_ * kPanelWidth; }
   // Row r < rows() (one output feature's k weights) as f32, gathered from its panel (f32 or bf16
-  // weights, exact): a tied model's embedding lookup reads the lm_head instead of a second copy.
+  // weights: exact; q8/q4: dequantized, the same values as the prefill GEMM's slices): a tied
+  // model's embedding lookup reads the lm_head instead of a second copy.
   void row_f32(size_t r, float* out) const;
 
   // q8 layout (is_q8()): k padded with zeros to kq = ceil(k/32)·32 and cut into blocks of 32.

@@ -132,6 +132,8 @@ class CudaBackend final : public Backend {
   // Projection between two sequences on this device (projector.cu + the fallback GEMM).
   bool project_linear(const SeqState& src, const Backend& src_backend, SeqState& dst, const LinearProjection& p,
                       uint32_t n_tokens) const override;
+  // Fit statistics on the device when both sequences live on it (fit.cu), else the host path.
+  void accumulate_fit(const SeqState& dst, const FitRequest& r) const override;
   // Greedy / top-k steps pick on the device and copy back ≤ 64 candidates; other steps copy the
   // row (sm::plan_route).
   int32_t forward_sample(SeqState& s, int32_t token, size_t pos0, const SampleRequest& r,
@@ -465,6 +467,62 @@ bool CudaBackend::project_linear(const SeqState& src_s, const Backend& src_backe
   }
   ck(cudaStreamSynchronize(dst.stream), "projection");
   return true;
+}
+
+void CudaBackend::accumulate_fit(const SeqState& dst_s, const FitRequest& r) const {
+  const auto* sb = dynamic_cast<const CudaBackend*>(r.src_backend);
+  if (sb == nullptr || sb->device_ != device_) return Backend::accumulate_fit(dst_s, r);  // host rows
+  ensure_healthy();
+  sb->ensure_healthy();
+  use_device();
+  const CudaSeq& src = static_cast<const CudaSeq&>(*r.src);
+  const CudaSeq& dst = static_cast<const CudaSeq&>(dst_s);
+  const ModelGeometry &sg = *r.src_geom, &dg = *r.dst_geom;
+  const size_t ws = sg.layers * sg.kv_heads * sg.head_dim, wt = dg.layers * dg.kv_heads * dg.head_dim;
+  const size_t n1 = ws + 1, stat = n1 * n1 + n1 * wt + wt;  // doubles per K/V: G, C, yy
+  // Ordered after the work queued on the source sequence (its prefill), without a host wait.
+  cudaEvent_t ready = nullptr;
+  ck(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "creating the fit event");
+  cudaError_t e = cudaEventRecord(ready, src.stream);
+  if (e == cudaSuccess) e = cudaStreamWaitEvent(dst.stream, ready, 0);
+  cudaEventDestroy(ready);
+  ck(e, "ordering the fit after the source");
+  constexpr size_t kTokens = 256;  // feature rows per slab: 2·kTokens·(ws + wt) floats
+  DevBuf feats, stats, bad;
+  ck(cudaMalloc(&feats.p, 2 * kTokens * (ws + wt) * sizeof(float)), "allocating fit features");
+  ck(cudaMalloc(&stats.p, 2 * stat * sizeof(double)), "allocating fit statistics");
+  ck(cudaMalloc(&bad.p, sizeof(uint32_t)), "allocating the fit flag");
+  ck(cudaMemsetAsync(stats.p, 0, 2 * stat * sizeof(double), dst.stream), "zeroing fit statistics");
+  ck(cudaMemsetAsync(bad.p, 0, sizeof(uint32_t), dst.stream), "zeroing the fit flag");
+  float* xk = static_cast<float*>(feats.p);
+  float* xv = xk + kTokens * ws;
+  float* yk = xv + kTokens * ws;
+  float* yv = yk + kTokens * wt;
+  double* sk = static_cast<double*>(stats.p);  // [G | C | yy] keys, then values
+  double* sv = sk + stat;
+  const DevKv skv{static_cast<uint8_t*>(src.kv.p), src.capacity, sg.kv_dtype(), sg.layers, sg.kv_heads, sg.head_dim};
+  const DevKv dkv{static_cast<uint8_t*>(dst.kv.p), dst.capacity, dg.kv_dtype(), dg.layers, dg.kv_heads, dg.head_dim};
+  const uint32_t nin = static_cast<uint32_t>(ws), nout = static_cast<uint32_t>(wt);
+  uint32_t* d_bad = static_cast<uint32_t*>(bad.p);
+  for (uint32_t start = 0; start < r.n_tokens; start += kTokens) {
+    const uint32_t m = static_cast<uint32_t>(std::min<size_t>(kTokens, r.n_tokens - start));
+    ck(launch_gather_features(skv, sb->inv_freq_, start, m, xk, xv, dst.stream), "gather launch");
+    ck(launch_gather_features(dkv, inv_freq_, start, m, yk, yv, dst.stream), "gather launch");
+    ck(launch_ridge_accumulate(xk, yk, m, nin, nout, sk, sk + n1 * n1, sk + n1 * n1 + n1 * wt, d_bad, dst.stream),
+       "fit launch");
+    ck(launch_ridge_accumulate(xv, yv, m, nin, nout, sv, sv + n1 * n1, sv + n1 * n1 + n1 * wt, d_bad, dst.stream),
+       "fit launch");
+  }
+  std::vector<double> host(2 * stat);
+  uint32_t flag = 0;
+  ck(cudaMemcpyAsync(host.data(), stats.p, host.size() * sizeof(double), cudaMemcpyDeviceToHost, dst.stream),
+     "copying fit statistics");
+  ck(cudaMemcpyAsync(&flag, d_bad, sizeof(flag), cudaMemcpyDeviceToHost, dst.stream), "copying the fit flag");
+  ck(cudaStreamSynchronize(dst.stream), "fit accumulation");
+  const double* hk = host.data();
+  const double* hv = hk + stat;
+  r.add_stats(hk, hk + n1 * n1, hk + n1 * n1 + n1 * wt, hv, hv + n1 * n1, hv + n1 * n1 + n1 * wt, r.n_tokens,
+              flag != 0);
 }
 
 uint8_t* CudaBackend::kv_layer(const CudaSeq& s, size_t layer, bool v) const {

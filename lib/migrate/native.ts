@@ -515,6 +515,29 @@ export class LinearKernel {
   }
 
   /**
+   * The key or value map as stored natively, unpacked to (nTgt, nSrc) row-major f32 — the
+   * conversion a device backend uploads (kvr_projector_weights); equals the constructor's array.
+   * @param which "k" or "v"
+   * @returns (nTgt, nSrc) f32
+   * @throws Error when freed; RangeError for another `which`
+   */
+  weights(which: "k" | "v"): Float32Array {
+    if (this.#ptr === null || this.#freeRequested) throw new Error("LinearKernel.weights(): freed");
+    if (which !== "k" && which !== "v") {
+      throw new RangeError(`weights(): which must be "k" or "v", got ${JSON.stringify(which)}`);
+    }
+    const out = new Float32Array(featureWidth(this.target) * featureWidth(this.source));
+    const st = this.#lib.symbols.kvr_projector_weights(
+      this.#ptr,
+      which === "k" ? 1 : 0,
+      out,
+      BigInt(out.length),
+    );
+    this.#lib.check(st, "kvr_projector_weights");
+    return out;
+  }
+
+  /**
    * Projects a source cache block (worker thread).
    * @param startPos position of the first token (same in both models)
    * @param src source cache block

@@ -321,6 +321,11 @@ export const migrateSymbols = {
     nonblocking: true,
   },
   // (projector, src kvr_seq*, dst kvr_seq*, n_tokens, n_threads) — worker thread
+  // (projector, keys, w_out, w_len)
+  kvr_projector_weights: {
+    parameters: ["pointer", "u32", "buffer", "usize"],
+    result: "i32",
+  },
   kvr_projector_apply_seq: {
     parameters: ["pointer", "pointer", "pointer", "u32", "u32"],
     result: "i32",

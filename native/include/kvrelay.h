@@ -516,6 +516,10 @@ KVR_API int32_t kvr_projector_create(const kvr_model_params* source,
                                      const float* wv, size_t wv_len, const float* bv,
                                      size_t bv_len, kvr_projector** out_projector);
 KVR_API void kvr_projector_free(kvr_projector* projector);
+/* Copies W_k (keys = 1) or W_v (keys = 0), (n_tgt, n_src) row-major f32, out of the projector's
+ * packed layout: the values given to kvr_projector_create, as a device backend uploads them. */
+KVR_API int32_t kvr_projector_weights(const kvr_projector* projector, uint32_t keys, float* w_out,
+                                      size_t w_len);
 /* Message of the last failed kvr_projector_apply on this projector ("" if none), any thread.
  * kvr_projector_apply is safe to call concurrently on one projector (weights are read-only). */
 KVR_API const char* kvr_projector_last_error(const kvr_projector* projector);

@@ -410,6 +410,10 @@ PackedWeight PackedWeight::pack_bf16(const Bf16Rows* parts, size_t n_parts, size
   return p;
 }
 
+void PackedWeight::unpack_f32(float* out) const {
+  for (size_t r = 0; r < n_; ++r) row_f32(r, out + r * k_);
+}
+
 void PackedWeight::row_f32(size_t r, float* out) const {
   const size_t pi = r / kPanelWidth, c = r % kPanelWidth;
   if (bf16_) {

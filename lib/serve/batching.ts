@@ -51,7 +51,7 @@ export function createBatching(
   const labels = { tier: name };
   metrics.kvBlocksUsed.set(labels, 0);
   metrics.kvBlocksFree.set(labels, blocks);
-  const scheduler = new Scheduler<NativeSequence>(nativeStepEngine(model, pool), {
+  const scheduler = new Scheduler(nativeStepEngine(model, pool), {
     maxBatch: tc.max_batch,
     maxStepTokens: tc.max_step_tokens,
   }, {

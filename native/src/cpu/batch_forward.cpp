@@ -168,19 +168,29 @@ void forward_batch(const ModelGeometry& m, const Weights& w, const BatchSeq* seq
   }
 
   if (want == 0) return;
-  // Final norm of each wanting sequence's last row, compacted, then one lm_head GEMM.
+  // Final norm of each wanting sequence's last row, compacted; then the lm_head GEMM straight
+  // into the callers' rows, one GEMM per run of rows that follow each other in memory (batch.cpp
+  // lays out returned rows and rows to sample as two such runs).
   size_t k = 0;
   for (size_t e = 0; e < count; ++e) {
     if (!seqs[e].logits) continue;
     rmsnorm(x + (row0[e] + seqs[e].n - 1) * H, h + k * H, w.final_norm.data(), H, eps);
     ++k;
   }
-  if (sc.logits.size() < want * m.vocab) sc.logits.resize(want * m.vocab);
-  matmul_xwt(h, want, H, w.lm_head, sc.logits.data(), m.vocab, false, nt);
+  size_t run0 = 0, len = 0;  // the run: compacted rows [run0, run0 + len) go to `dst`
+  float* dst = nullptr;
   k = 0;
-  for (size_t e = 0; e < count; ++e) {
-    if (!seqs[e].logits) continue;
-    std::memcpy(seqs[e].logits, sc.logits.data() + k * m.vocab, m.vocab * sizeof(float));
+  for (size_t e = 0; e <= count; ++e) {
+    if (e < count && !seqs[e].logits) continue;
+    if (e < count && dst && seqs[e].logits == dst + len * m.vocab) {
+      ++len;
+    } else {
+      if (len > 0) matmul_xwt(h + run0 * H, len, H, w.lm_head, dst, m.vocab, false, nt);
+      if (e == count) break;
+      run0 = k;
+      len = 1;
+      dst = seqs[e].logits;
+    }
     ++k;
   }
 }

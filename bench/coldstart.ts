@@ -20,6 +20,9 @@ export interface ColdStartRun {
   readyMs: number;
   /** spawn → first token of the first request (default tier, max_tokens 1). */
   firstTokenMs: number;
+  /** Resident memory of the server after the first requests (MiB, /proc/PID/status): total,
+   *  anonymous (heap: packed weights, KV) and file-backed (mapped files, the runtime). */
+  rss: { totalMiB: number; anonMiB: number; fileMiB: number };
   /** Per tier: latency of its first request (ms, after ready, one at a time). */
   tierFirstTokenMs: Record<string, number>;
   /** Inside the process (ms): runtime start (spawn → time origin), then since the origin. */
@@ -38,7 +41,7 @@ export interface ColdStartCase {
   name: string;
   load: "idle" | "loaded";
   runs: ColdStartRun[];
-  median: { listenMs: number; readyMs: number; firstTokenMs: number };
+  median: { listenMs: number; readyMs: number; firstTokenMs: number; rssMiB: number };
 }
 
 /** What benchColdStart returns. */
@@ -47,8 +50,13 @@ export interface ColdStartResult {
   cases: ColdStartCase[];
 }
 
-async function poll(url: string, until: (status: number) => boolean, deadline: number) {
-  while (performance.now() < deadline) {
+async function poll(
+  url: string,
+  until: (status: number) => boolean,
+  deadline: number,
+  alive: () => boolean,
+) {
+  while (performance.now() < deadline && alive()) {
     try {
       const res = await fetch(url);
       const body = await res.text();
@@ -70,13 +78,21 @@ async function startOnce(entry: string, config: string, tiers: string[]): Promis
     args: ["run", "-A", `${root}${entry}`],
     env: { PORT: String(port), HOST: "127.0.0.1", KVRELAY_CONFIG: config },
     stdout: "null",
-    stderr: "null",
+    stderr: "piped",
   }).spawn();
+  // Keep the server's log: when it exits early, the error says why.
+  const log = new Response(child.stderr).text();
+  let running = true;
+  const exited = child.status.then((s) => {
+    running = false;
+    return s;
+  });
+  const alive = () => running;
   try {
     const deadline = t0 + 120_000;
-    await poll(`${base}/healthz`, (s) => s === 200, deadline);
+    await poll(`${base}/healthz`, (s) => s === 200, deadline, alive);
     const listenMs = performance.now() - t0;
-    const ready = await poll(`${base}/readyz`, (s) => s === 200, deadline);
+    const ready = await poll(`${base}/readyz`, (s) => s === 200, deadline, alive);
     const readyMs = performance.now() - t0;
     const tierFirstTokenMs: Record<string, number> = {};
     let firstTokenMs = 0;
@@ -97,6 +113,7 @@ async function startOnce(entry: string, config: string, tiers: string[]): Promis
       listenMs,
       readyMs,
       firstTokenMs,
+      rss: await residentMiB(child.pid),
       tierFirstTokenMs,
       phases: {
         runtimeStart: s.timeOriginEpochMs - spawnEpoch,
@@ -109,10 +126,31 @@ async function startOnce(entry: string, config: string, tiers: string[]): Promis
         ready: s.readyMs,
       },
     };
+  } catch (e) {
+    const early = await Promise.race([exited, new Promise((r) => setTimeout(r, 50, null))]);
+    if (early === null) throw e;
+    throw new Error(`${entry} exited (${JSON.stringify(early)}) before answering: ${await log}`);
   } finally {
-    child.kill("SIGKILL");
+    try {
+      child.kill("SIGKILL");
+    } catch {
+      // already exited
+    }
     await child.status;
+    await log;
   }
+}
+
+/** VmRSS / RssAnon / RssFile of a process, MiB. */
+async function residentMiB(pid: number) {
+  const status = await Deno.readTextFile(`/proc/${pid}/status`);
+  const kib = (key: string) =>
+    Number(new RegExp(`^${key}:\\s+(\\d+) kB`, "m").exec(status)?.[1] ?? NaN);
+  return {
+    totalMiB: kib("VmRSS") / 1024,
+    anonMiB: kib("RssAnon") / 1024,
+    fileMiB: kib("RssFile") / 1024,
+  };
 }
 
 /** Two busy processes (the "loaded" condition); returns a stop function. */
@@ -140,7 +178,19 @@ export async function benchColdStart(): Promise<ColdStartResult> {
   const qwenConfig = `${tmp}/qwen.json`;
   await Deno.writeTextFile(
     qwenConfig,
-    JSON.stringify({ tiers: { qwen: { model: qwenDir, backend: "cpu", max_context: 2048 } } }),
+    JSON.stringify({
+      tiers: {
+        // bf16 KV: one 2,048-token sequence needs 224 MiB (28 layers x 8 KV heads x 128 x 2 x 2 B
+        // per token); the pool is allocated lazily, so its size costs no start-up time.
+        qwen: {
+          model: qwenDir,
+          backend: "cpu",
+          max_context: 2048,
+          kv_dtype: "bf16",
+          kv_pool_mb: 256,
+        },
+      },
+    }),
   );
   const cases = [
     {
@@ -175,6 +225,7 @@ export async function benchColdStart(): Promise<ColdStartResult> {
             listenMs: median(runs.map((r) => r.listenMs)),
             readyMs: median(runs.map((r) => r.readyMs)),
             firstTokenMs: median(runs.map((r) => r.firstTokenMs)),
+            rssMiB: median(runs.map((r) => r.rss.totalMiB)),
           },
         });
       }
@@ -195,13 +246,13 @@ const f = (x: number) => x.toFixed(0).padStart(6);
 export function formatColdStartTable(r: ColdStartResult): string {
   const lines = [
     `process start → listening → ready → first token, ms (median of ${r.runs})`,
-    "case                                        load     listen  ready  first",
+    "case                                        load     listen  ready  first  rss MiB",
   ];
   for (const c of r.cases) {
     lines.push(
       `${c.name.padEnd(43)} ${c.load.padEnd(7)} ${f(c.median.listenMs)} ${f(c.median.readyMs)} ${
         f(c.median.firstTokenMs)
-      }`,
+      } ${f(c.median.rssMiB)}`,
     );
   }
   lines.push("", "where the time went (run with the median ready time), ms:");
@@ -220,7 +271,9 @@ export function formatColdStartTable(r: ColdStartResult): string {
         p.modules.toFixed(0)
       }, listening → ${p.listening.toFixed(0)}, tiers (concurrent): ${tiers}; projectors ${
         p.projectors.toFixed(0)
-      }; ready → ${p.ready.toFixed(0)}; first request per tier: ${ttft}`,
+      }; ready → ${p.ready.toFixed(0)}; first request per tier: ${ttft}; resident ${
+        run.rss.totalMiB.toFixed(0)
+      } MiB (anon ${run.rss.anonMiB.toFixed(0)}, file ${run.rss.fileMiB.toFixed(0)})`,
     );
   }
   return lines.join("\n");

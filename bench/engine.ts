@@ -1,9 +1,15 @@
 // Engine benchmark: prefill tokens/s at several prompt lengths and decode tokens/s at a fixed
-// context for each demo model at 1 thread and all cores (bf16 weights as stored, and q8), plus the
-// native GEMM against the machine's fp32 FMA peak.
+// context for each demo model at 1 thread and all cores (bf16 weights as stored; q8 and q4 at all
+// cores), 1-thread q8/q4 decode on every quantized-kernel path the CPU has (engine_kernels.ts),
+// plus the native GEMM against the machine's fp32 FMA peak.
 // Medians over repeated runs; prompts are deterministic pseudo-random token ids.
 import { loadModel } from "../lib/engine/mod.ts";
 import { cpuKernelName, gemmBench, type WeightFormat } from "../lib/native/mod.ts";
+import {
+  benchQuantKernels,
+  formatQuantKernelTable,
+  type QuantKernelRow,
+} from "./engine_kernels.ts";
 import { fp32PeakGflops, machineInfo, median } from "./machine.ts";
 
 const PREFILL_LENGTHS = [128, 512, 2048];
@@ -88,6 +94,8 @@ async function benchModel(
 /** Result of the engine section. */
 export interface EngineBenchResult {
   models: EngineModelResult[];
+  /** 1-thread q8/q4 decode per kernel path (default, avxvnni, avx2, generic) */
+  quantKernels: QuantKernelRow[];
   gemm: {
     kernel: string;
     shape: [number, number, number];
@@ -108,11 +116,13 @@ export async function benchEngine(modelDirs: string[]): Promise<EngineBenchResul
   const threads = info.logicalCpus;
   const models: EngineModelResult[] = [];
   // 1 thread and all cores with the checkpoint's weights (2-thread decode vs 1-thread is an
-  // issue-13 target), then q8 at all cores.
+  // issue-13 target), then q8 and q4 at all cores.
   for (const dir of modelDirs) {
     for (const t of [...new Set([1, threads])]) models.push(await benchModel(dir, t, "bf16"));
     models.push(await benchModel(dir, threads, "q8"));
+    models.push(await benchModel(dir, threads, "q4"));
   }
+  const quantKernels = await benchQuantKernels(modelDirs);
   const gemm = [];
   for (const t of [...new Set([1, threads])]) {
     const m = 1024, n = 1024, k = 1024;
@@ -128,7 +138,7 @@ export async function benchEngine(modelDirs: string[]): Promise<EngineBenchResul
       ratioToPeak: peak === null ? null : gflops / peak,
     });
   }
-  return { models, gemm };
+  return { models, quantKernels, gemm };
 }
 
 /**
@@ -150,6 +160,7 @@ export function formatEngineTable(r: EngineBenchResult): string {
       }`,
     );
   }
+  lines.push(formatQuantKernelTable(r.quantKernels ?? []));
   for (const g of r.gemm) {
     lines.push(
       `gemm ${g.shape.join("x")} ${g.kernel} threads=${g.threads}: ${g.gflops.toFixed(1)} GFLOP/s` +

@@ -1,15 +1,17 @@
 // `deno task bench [section...] [--real | --shapes=a,b] [--models=tiny-fast,..] [--formats=bf16,..]
-// [--runs=N] [--threads=N]`: runs benchmark sections (default: all but peers), prints their tables
-// and writes bench/results/<section>-<date>.json with the machine they ran on. --real (or
-// --shapes) adds the random-weight real-size shapes (scripts/make_checkpoint.ts; generated on first
-// use) to the engine and peers sections; --models picks demo models; --formats, --runs and
-// --threads apply to peers (rounds, default 7; threads, default 2).
+// [--columns=prefill128,..] [--runs=N] [--threads=N] [--label=NAME]`: runs benchmark sections
+// (default: all but peers), prints their tables and writes bench/results/<section>-<date>.json with
+// the machine they ran on (peers: one file per model, peers-<model>[-<formats>][-<columns>]
+// [-<label>]-<date>.json, so split runs never overwrite each other). --real (or --shapes) adds the
+// random-weight real-size shapes (scripts/make_checkpoint.ts; generated on first use) to the engine
+// and peers sections; --models picks demo models; --formats, --columns, --runs and --threads apply
+// to peers (rounds, default 7; threads, default 2); --label tags the result files.
 import { parseArgs } from "node:util";
 import { benchEngine, formatEngineTable } from "./engine.ts";
 import { benchSnapshots, formatSnapshotTable } from "./snapshot.ts";
 import { benchHttp, formatHttpTable } from "./http.ts";
 import { benchMigration, formatMigrationTable } from "./migration.ts";
-import { benchPeers, formatPeersTable } from "./peers.ts";
+import { benchPeers, type Column, COLUMNS, formatPeersTable, type PeersResult } from "./peers.ts";
 import { benchBatch, formatBatchTable } from "./batch.ts";
 import { benchColdStart, formatColdStartTable } from "./coldstart.ts";
 import { machineInfo } from "./machine.ts";
@@ -30,6 +32,8 @@ const { values: flags, positionals } = parseArgs({
     threads: { type: "string" },
     models: { type: "string" },
     formats: { type: "string" },
+    columns: { type: "string" },
+    label: { type: "string" },
   },
 });
 const shapeNames = flags.real
@@ -63,6 +67,18 @@ for (const m of demoNames) {
 const demoModels = demoNames.map((m) => `${root}models/${m}`);
 const formats = flags.formats?.split(",").filter(Boolean);
 const threads = positiveInt("threads", flags.threads, 2);
+const columns = flags.columns?.split(",").filter(Boolean);
+for (const c of columns ?? []) {
+  if (!(COLUMNS as readonly string[]).includes(c)) {
+    console.error(`unknown column "${c}"; columns: ${COLUMNS.join(", ")}`);
+    Deno.exit(2);
+  }
+}
+const label = flags.label;
+if (label !== undefined && !/^[A-Za-z0-9_.]+$/.test(label)) {
+  console.error(`--label must be letters, digits, "_" or ".", got "${label}"`);
+  Deno.exit(2);
+}
 
 /** Generated real-size checkpoint directories asked for (written on first use). */
 async function realModels(): Promise<string[]> {
@@ -98,6 +114,7 @@ const sections: Record<string, Section> = {
         runs,
         realRuns: Math.min(runs, 3),
         formats,
+        columns: columns as Column[] | undefined,
       }),
     format: formatPeersTable,
   },
@@ -121,7 +138,20 @@ for (const name of wanted) {
   console.log(`\n== ${name}`);
   const result = await section.run();
   console.log(section.format(result as never));
-  const path = `${root}bench/results/${name}-${day}.json`;
-  await Deno.writeTextFile(path, JSON.stringify({ machine, ...result }, null, 2) + "\n");
-  console.log(`wrote ${path}`);
+  for (const [tag, part] of resultFiles(name, result)) {
+    const path = `${root}bench/results/${name}${tag}${label ? `-${label}` : ""}-${day}.json`;
+    await Deno.writeTextFile(path, JSON.stringify({ machine, ...part }, null, 2) + "\n");
+    console.log(`wrote ${path}`);
+  }
+}
+
+/** A section's result files: [name tag, content]; peers splits per model (and run subset). */
+function resultFiles(section: string, result: object): [string, object][] {
+  if (section !== "peers") return [["", result]];
+  const r = result as PeersResult;
+  const subset = [
+    formats ? `-${formats.join("+")}` : "",
+    columns ? `-${columns.map((c) => c.replace("@", "at")).join("+")}` : "",
+  ].join("");
+  return r.models.map((m) => [`-${m.model}${subset}`, { ...r, models: [m] }]);
 }

@@ -27,6 +27,7 @@ const WORK_DIR = `${root}build/peers`;
 export const COLUMNS = ["prefill128", "prefill512", "prefill2048", "decode@512"] as const;
 /** A column name. */
 export type Column = typeof COLUMNS[number];
+const ALL: readonly Column[] = COLUMNS;
 const DECODE_CONTEXT = 512;
 const DECODE_STEPS = 32;
 const CHECK_PROMPT_TOKENS = 48;
@@ -54,6 +55,14 @@ export const WEIGHT_FORMATS: {
     gguf: "Q8_0",
     bytesPerWeight: 34 / 32,
     kvrelay: { weights: "q8", maxWeightRatioToBf16: 0.75 },
+  },
+  {
+    // llama.cpp Q4_0 (symmetric, f16 scale per 32) against kvrelay's q4 (f16 scale + offset per
+    // 32, least-squares fit: equal or better quality, 0.625 vs 0.5625 bytes per weight)
+    name: "q4",
+    gguf: "Q4_0",
+    bytesPerWeight: 18 / 32,
+    kvrelay: { weights: "q4", maxWeightRatioToBf16: 0.75 },
   },
 ];
 
@@ -83,6 +92,8 @@ export interface PeersOptions {
   realRuns: number;
   /** weight formats to run (default: all of WEIGHT_FORMATS) */
   formats?: string[];
+  /** columns to time (default: all of COLUMNS), to split a slow real-size run into parts */
+  columns?: Column[];
 }
 
 type Rates = Record<Column, number>;
@@ -135,6 +146,8 @@ export interface PeersModelResult {
 /** Result of the peers section. */
 export interface PeersResult {
   threads: number;
+  /** the columns timed (a subset of COLUMNS when asked) */
+  columns: Column[];
   llamaCpp: {
     nodeLlamaCppVersion: string;
     systemInfo: string;
@@ -337,6 +350,7 @@ async function benchModel(
     !(realSize && f.demoOnly) && (!opts.formats || opts.formats.includes(f.name))
   );
   const configs = realSize ? LLAMA_CONFIGS.filter((c) => c.kvType === "f16") : LLAMA_CONFIGS;
+  const cols: readonly Column[] = opts.columns ?? ALL;
   const base = await loadCheckpoint(dir);
   const vocab = base.config.vocabSize;
   const params = [...base.tensors.values()].reduce(
@@ -449,19 +463,19 @@ async function benchModel(
       const llamaVariants = contexts.map((ctx, i) => llamaVariant(ctx, configName(configs[i])));
       log(`  screening llama.cpp ${llamaVariants.map((v) => v.name).join(" | ")}`);
       const screen = await alternate(
-        llamaVariants.map((v) => ({ v, columns: COLUMNS })),
+        llamaVariants.map((v) => ({ v, columns: cols })),
         ids,
         1,
       );
       const candidates = Object.entries(screen);
-      const bestConfig = Object.fromEntries(COLUMNS.map((c) => [
+      const bestConfig = Object.fromEntries(cols.map((c) => [
         c,
         candidates.sort((a, b) => b[1][c]! - a[1][c]!)[0][0],
       ])) as Record<Column, string>;
       const timed = [
-        ...(km ? [{ v: kvrelayVariant(km), columns: COLUMNS }] : []),
+        ...(km ? [{ v: kvrelayVariant(km), columns: cols }] : []),
         ...llamaVariants.flatMap((v) => {
-          const columns = COLUMNS.filter((c) => bestConfig[c] === v.name);
+          const columns = cols.filter((c) => bestConfig[c] === v.name);
           return columns.length ? [{ v, columns }] : [];
         }),
       ];
@@ -472,7 +486,7 @@ async function benchModel(
       );
       const rates = await alternate(timed, ids, runs);
       const llamaCpp = screen as Record<string, Rates>;
-      const llamaBest = Object.fromEntries(COLUMNS.map((c) => [c, {
+      const llamaBest = Object.fromEntries(cols.map((c) => [c, {
         tokensPerSecond: rates[bestConfig[c]][c]!,
         config: bestConfig[c],
       }])) as PeersFormatResult["llamaBest"];
@@ -496,18 +510,20 @@ async function benchModel(
         llamaBest,
         ratio: kv
           ? Object.fromEntries(
-            COLUMNS.map((c) => [c, kv[c] / llamaBest[c].tokensPerSecond]),
+            cols.map((c) => [c, kv[c] / llamaBest[c].tokensPerSecond]),
           ) as Record<
             Column,
             number
           >
           : undefined,
-        floor: {
-          weightBytesPerToken: perToken,
-          tokensPerSecond: floorRate,
-          kvrelay: kv ? kv["decode@512"] / floorRate : undefined,
-          llama: llamaBest["decode@512"].tokensPerSecond / floorRate,
-        },
+        floor: cols.includes("decode@512")
+          ? {
+            weightBytesPerToken: perToken,
+            tokensPerSecond: floorRate,
+            kvrelay: kv ? kv["decode@512"] / floorRate : undefined,
+            llama: llamaBest["decode@512"].tokensPerSecond / floorRate,
+          }
+          : undefined,
       });
     } finally {
       for (const c of contexts) c.free();
@@ -518,7 +534,7 @@ async function benchModel(
   // best vs best: kvrelay's fastest supported format vs llama.cpp's fastest format and config
   const measured = results.filter((r) => r.kvrelay);
   const bestVsBest = measured.length
-    ? Object.fromEntries(COLUMNS.map((c) => {
+    ? Object.fromEntries(cols.map((c) => {
       const k = measured.sort((a, b) => b.kvrelay![c] - a.kvrelay![c])[0];
       const l = [...results].sort((a, b) =>
         b.llamaBest[c].tokensPerSecond - a.llamaBest[c].tokensPerSecond
@@ -571,6 +587,7 @@ export async function benchPeers(
   }
   return {
     threads: opts.threads,
+    columns: [...(opts.columns ?? COLUMNS)],
     llamaCpp: {
       nodeLlamaCppVersion: NODE_LLAMA_CPP_VERSION,
       systemInfo: lib.systemInfo,
@@ -600,7 +617,7 @@ export function formatPeersTable(r: PeersResult): string {
     }; tokens/s, medians; ratio = kvrelay / llama.cpp best`,
     "",
     `${"model".padEnd(14)} ${"fmt".padEnd(5)} ${"engine".padEnd(22)} ${
-      COLUMNS.map((c) => c.padStart(12)).join("")
+      r.columns.map((c) => c.padStart(12)).join("")
     }`,
   ];
   for (const m of r.models) {
@@ -614,24 +631,24 @@ export function formatPeersTable(r: PeersResult): string {
             vals.map((v) => v.padStart(12)).join("")
           }`,
         );
-      if (f.kvrelay) row("kvrelay", COLUMNS.map((c) => fmtRate(f.kvrelay![c])));
-      else row("kvrelay", COLUMNS.map(() => "—"));
+      if (f.kvrelay) row("kvrelay", r.columns.map((c) => fmtRate(f.kvrelay![c])));
+      else row("kvrelay", r.columns.map(() => "—"));
       for (const [cfg, rates] of Object.entries(f.llamaCpp)) {
-        row(`  screen ${cfg}`, COLUMNS.map((c) => fmtRate(rates[c])));
+        row(`  screen ${cfg}`, r.columns.map((c) => fmtRate(rates[c])));
       }
-      row("llama.cpp best", COLUMNS.map((c) => fmtRate(f.llamaBest[c].tokensPerSecond)));
-      if (f.ratio) row("ratio vs best", COLUMNS.map((c) => f.ratio![c].toFixed(2)));
+      row("llama.cpp best", r.columns.map((c) => fmtRate(f.llamaBest[c].tokensPerSecond)));
+      if (f.ratio) row("ratio vs best", r.columns.map((c) => f.ratio![c].toFixed(2)));
     }
   }
   lines.push("", "kvrelay / llama.cpp best, same weight format:");
   lines.push(
-    `${"model".padEnd(14)} ${"fmt".padEnd(5)} ${COLUMNS.map((c) => c.padStart(12)).join("")}`,
+    `${"model".padEnd(14)} ${"fmt".padEnd(5)} ${r.columns.map((c) => c.padStart(12)).join("")}`,
   );
   for (const m of r.models) {
     for (const f of m.formats) {
       lines.push(
         `${m.model.padEnd(14)} ${f.format.padEnd(5)} ${
-          COLUMNS.map((c) => (f.ratio ? f.ratio[c].toFixed(2) : "—").padStart(12)).join("")
+          r.columns.map((c) => (f.ratio ? f.ratio[c].toFixed(2) : "—").padStart(12)).join("")
         }${f.kvrelaySupported ? "" : "   (kvrelay: not supported)"}`,
       );
     }
@@ -641,8 +658,8 @@ export function formatPeersTable(r: PeersResult): string {
     if (!m.bestVsBest) continue;
     lines.push(
       `${m.model.padEnd(20)} ${
-        COLUMNS.map((c) => m.bestVsBest![c].ratio.toFixed(2).padStart(12)).join("")
-      }   (llama.cpp best: ${COLUMNS.map((c) => m.bestVsBest![c].llama).join("; ")})`,
+        r.columns.map((c) => m.bestVsBest![c].ratio.toFixed(2).padStart(12)).join("")
+      }   (llama.cpp best: ${r.columns.map((c) => m.bestVsBest![c].llama).join("; ")})`,
     );
   }
   lines.push("", "quality (logits, teacher-forced path; worst relative max difference, top-1):");
@@ -667,6 +684,7 @@ export function formatPeersTable(r: PeersResult): string {
     lines.push("", "real-size shapes: resident memory and decode vs the memory-bandwidth floor");
     for (const m of real) {
       for (const f of m.formats) {
+        if (!f.floor) continue;
         const mem = f.memory;
         const mb = (x?: number) => x === undefined ? "—" : `${(x / 2 ** 20).toFixed(0)} MiB`;
         lines.push(

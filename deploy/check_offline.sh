@@ -4,7 +4,12 @@
 # native library built with -DKVR_CUDA=OFF, every entry point cached into a fresh DENO_DIR with
 # --frozen; then each function starts inside a network namespace holding only `lo`, with the
 # image's `deno run --cached-only --frozen -A` entrypoint, and must answer /readyz and a
-# completion. Needs root (ip netns), the deno binary of `npx deno@2.9.6`, cmake and g++.
+# completion. The default image leaves the ONNX part out (`deno remove onnxruntime-node` before
+# caching, as KVRELAY_ONNX=0 does): the cache must not hold it, and a config with an onnx projector
+# must refuse to start (exit 2) naming `projectors.0.path`. Then the ONNX image (KVRELAY_ONNX=1:
+# the committed deno.json/deno.lock): onnxruntime-node must load and run the reference graph
+# offline, and the ONNX config start. Needs root (ip netns), the deno binary of
+# `npx deno@2.9.6`, cmake and g++.
 # Usage: deploy/check_offline.sh [workdir]   (default: a new temp dir, removed at exit)
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
@@ -25,10 +30,18 @@ echo "== build (cmake, KVR_CUDA=OFF)"
 cmake -S . -B build/native -DCMAKE_BUILD_TYPE=Release -DKVR_CUDA=OFF >/dev/null
 cmake --build build/native --parallel >/dev/null
 export DENO_DIR="$work/deno-dir" DENO_NO_UPDATE_CHECK=1 KVRELAY_LIB="$work/app/build/native/libkvrelay.so"
-echo "== deno cache --frozen (network allowed, as in the image build)"
-"$deno" cache --frozen functions/main.ts functions/generate/main.ts functions/prefill/main.ts \
-  functions/migrate/main.ts functions/decode/main.ts
-echo "   DENO_DIR: $(du -sh "$DENO_DIR" | cut -f1)"
+cache_entries() {
+  "$deno" cache --frozen functions/main.ts functions/generate/main.ts functions/prefill/main.ts \
+    functions/migrate/main.ts functions/decode/main.ts >/dev/null 2>&1
+}
+echo "== default image (KVRELAY_ONNX=0): deno remove onnxruntime-node, deno cache --frozen"
+"$deno" remove onnxruntime-node >/dev/null 2>&1
+cache_entries
+if grep -q onnxruntime-node deno.json deno.lock || [ -e "$DENO_DIR/npm/registry.npmjs.org/onnxruntime-node" ]; then
+  echo "FAILED: onnxruntime-node still in deno.json/deno.lock or the cache"
+  exit 1
+fi
+echo "   DENO_DIR: $(du -sh "$DENO_DIR" | cut -f1) (no onnxruntime-node)"
 
 ip netns add "$ns"
 ip -n "$ns" link set lo up
@@ -74,4 +87,40 @@ for tier in fast balanced powerful; do
     KVRELAY_REDIS_URL=redis://127.0.0.1:6379 KVRELAY_SNAPSHOT_KEY=offline-check-key-0123456789 \
     KVRELAY_TENANT_SALT=t KVRELAY_API_KEYS=k
 done
-echo "OK: every entry point starts from the image's cache with no network"
+
+# A config whose only projector is the ONNX one (fast -> powerful).
+mlp=models/projectors/tiny-fast--tiny-powerful-mlp
+"$deno" eval --quiet "
+  const c = JSON.parse(Deno.readTextFileSync('config/local.json'));
+  c.projectors = [{ ...c.projectors[0], from: 'fast', to: 'powerful', path: '../$mlp' }];
+  Deno.writeTextFileSync('config/onnx-check.json', JSON.stringify(c));"
+echo "== default image, offline start with an onnx projector must refuse (exit 2) naming it"
+set +e
+ip netns exec "$ns" env PORT=8080 HOST=127.0.0.1 KVRELAY_CONFIG=config/onnx-check.json \
+  timeout 120 "$deno" run --cached-only --frozen -A functions/main.ts 2>"$work/server.log"
+rc=$?
+set -e
+if [ "$rc" != 2 ] || ! grep -q "projectors.0.path: .*is an onnx projector" "$work/server.log"; then
+  echo "FAILED: expected exit 2 naming projectors.0.path, got $rc"
+  cat "$work/server.log"
+  exit 1
+fi
+echo "   refused: $(grep -m1 'projectors.0.path' "$work/server.log" | cut -c1-150)..."
+
+echo "== ONNX image (KVRELAY_ONNX=1): the committed deno.json/deno.lock, deno cache --frozen"
+git -C "$repo" show HEAD:deno.json >deno.json
+git -C "$repo" show HEAD:deno.lock >deno.lock
+cache_entries
+echo "   DENO_DIR: $(du -sh "$DENO_DIR" | cut -f1)"
+echo "== ONNX kind offline: onnxruntime-node loads from the cache and runs the reference graph"
+ip netns exec "$ns" "$deno" eval --cached-only --frozen --quiet "
+  import { loadOnnxRuntime } from './lib/migrate/onnx.ts';
+  const meta = JSON.parse(Deno.readTextFileSync('$mlp/projector.json'));
+  const ort = await loadOnnxRuntime();
+  const s = await ort.InferenceSession.create('$mlp/' + meta.onnx.file);
+  const w = meta.features.source_width, f = () => new ort.Tensor('float32', new Float32Array(3 * w), [3, w]);
+  const out = await s.run({ [meta.onnx.inputs.k]: f(), [meta.onnx.inputs.v]: f() });
+  console.log('   ran offline: output dims', JSON.stringify(out[meta.onnx.outputs.k].dims));"
+check functions/main.ts config/onnx-check.json
+echo "OK: every entry point starts from the default image's cache with no network and refuses an"
+echo "    onnx projector by name; the ONNX image runs the ONNX kind offline"

@@ -7,10 +7,10 @@
 
 import { type Checkpoint, encodeSafetensors, readTensorBytes } from "../../lib/model/mod.ts";
 import { f16Bits, type GgmlTypeName, type GgufTensor, type GgufValue } from "./gguf.ts";
-import { quantizeQ8_0, writeGguf } from "./gguf.ts";
+import { quantizeQ4_0, quantizeQ8_0, writeGguf } from "./gguf.ts";
 
 /** Weight types a GGUF can be written in (2-D tensors; 1-D stay F32). */
-export type GgufWeightType = "F32" | "F16" | "BF16" | "Q8_0";
+export type GgufWeightType = "F32" | "F16" | "BF16" | "Q8_0" | "Q4_0";
 
 const ARCH: Record<string, string> = {
   LlamaForCausalLM: "llama",
@@ -20,7 +20,7 @@ const ARCH: Record<string, string> = {
 };
 
 // llama_ftype (llama.h) of each weight type, for general.file_type.
-const FILE_TYPE: Record<GgufWeightType, number> = { F32: 0, F16: 1, Q8_0: 7, BF16: 32 };
+const FILE_TYPE: Record<GgufWeightType, number> = { F32: 0, F16: 1, Q4_0: 2, Q8_0: 7, BF16: 32 };
 
 /**
  * The llama.cpp name of a transformers tensor.
@@ -75,6 +75,7 @@ export function toFloat32(bytes: Uint8Array, dtype: string): Float32Array {
 function encode(values: Float32Array, type: GgmlTypeName): Uint8Array {
   if (type === "F32") return new Uint8Array(values.buffer, values.byteOffset, values.byteLength);
   if (type === "Q8_0") return quantizeQ8_0(values);
+  if (type === "Q4_0") return quantizeQ4_0(values);
   const out = new Uint16Array(values.length);
   if (type === "BF16") {
     const bits = new Uint32Array(values.buffer, values.byteOffset, values.length);

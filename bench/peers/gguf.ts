@@ -1,10 +1,10 @@
 // A small GGUF (v3) writer for the peer benchmark: typed metadata key/values, tensor infos and
-// tensor data (F32, F16, BF16, Q8_0), streamed to a file one tensor at a time so a multi-GB model
+// tensor data (F32, F16, BF16, Q8_0, Q4_0), streamed to a file one tensor at a time so a multi-GB model
 // never sits in memory. It writes what llama.cpp reads; it is not a general GGUF library (no
 // reader here: the test has its own, independent one).
 
 /** ggml tensor types this writer produces (ggml.h `enum ggml_type`). */
-export const GGML_TYPE = { F32: 0, F16: 1, Q8_0: 8, BF16: 30 } as const;
+export const GGML_TYPE = { F32: 0, F16: 1, Q4_0: 2, Q8_0: 8, BF16: 30 } as const;
 /** A ggml tensor type name. */
 export type GgmlTypeName = keyof typeof GGML_TYPE;
 
@@ -50,22 +50,24 @@ export interface GgufTensor {
 /** Q8_0: blocks of 32 values, each an f16 scale + 32 int8 (34 bytes). */
 export const Q8_0_BLOCK = 32;
 const Q8_0_BYTES = 34;
+/** Q4_0: blocks of 32 values, each an f16 scale + 16 bytes of 4-bit codes (18 bytes). */
+const Q4_0_BYTES = 18;
 
 /**
  * Bytes a tensor of these dims and type takes.
  * @param dims ggml dims (ne0 first)
  * @param type tensor type
  * @returns byte count
- * @throws RangeError when Q8_0 rows are not a multiple of 32 values
+ * @throws RangeError when Q8_0 / Q4_0 rows are not a multiple of 32 values
  */
 export function ggufTensorBytes(dims: number[], type: GgmlTypeName): number {
   const n = dims.reduce((a, b) => a * b, 1);
   if (type === "F32") return 4 * n;
   if (type === "F16" || type === "BF16") return 2 * n;
   if (dims[0] % Q8_0_BLOCK !== 0) {
-    throw new RangeError(`Q8_0 needs rows of a multiple of 32 values, got ${dims[0]}`);
+    throw new RangeError(`${type} needs rows of a multiple of 32 values, got ${dims[0]}`);
   }
-  return (n / Q8_0_BLOCK) * Q8_0_BYTES;
+  return (n / Q8_0_BLOCK) * (type === "Q4_0" ? Q4_0_BYTES : Q8_0_BYTES);
 }
 
 const ALIGNMENT = 32; // general.alignment default; tensor data offsets are multiples of it
@@ -270,6 +272,42 @@ export function quantizeQ8_0(x: Float32Array): Uint8Array {
       const v = f(x[base + j] * id);
       const q = Math.sign(v) * Math.floor(Math.abs(v) + 0.5); // C roundf
       view.setInt8(b * Q8_0_BYTES + 2 + j, q);
+    }
+  }
+  return out;
+}
+
+/**
+ * Quantizes float32 rows to Q4_0 exactly as ggml's quantize_row_q4_0_ref: per block of 32, the
+ * value of largest magnitude `max` gives d = max / −8 (float32), q = min(15, trunc(x·(1/d) + 8.5)),
+ * d stored as f16; byte j holds q[j] in its low nibble and q[j + 16] in its high one.
+ * @param x values, length a multiple of 32
+ * @returns Q4_0 bytes
+ */
+export function quantizeQ4_0(x: Float32Array): Uint8Array {
+  if (x.length % Q8_0_BLOCK !== 0) {
+    throw new RangeError(`Q4_0 needs a multiple of 32 values, got ${x.length}`);
+  }
+  const nb = x.length / Q8_0_BLOCK;
+  const out = new Uint8Array(nb * Q4_0_BYTES);
+  const view = new DataView(out.buffer);
+  const f = Math.fround;
+  for (let b = 0; b < nb; b++) {
+    const base = b * Q8_0_BLOCK;
+    let amax = 0, max = 0;
+    for (let j = 0; j < Q8_0_BLOCK; j++) {
+      const v = x[base + j];
+      if (amax < Math.abs(v)) {
+        amax = Math.abs(v);
+        max = v;
+      }
+    }
+    const d = f(max / -8);
+    const id = d !== 0 ? f(1 / d) : 0;
+    view.setFloat16(b * Q4_0_BYTES, d, true);
+    const code = (v: number) => Math.min(15, Math.trunc(f(f(v * id) + 8.5))); // (int8_t) cast
+    for (let j = 0; j < 16; j++) {
+      out[b * Q4_0_BYTES + 2 + j] = code(x[base + j]) | (code(x[base + 16 + j]) << 4);
     }
   }
   return out;

@@ -3,7 +3,7 @@
 // format (scale = max|x|/127 rounded to f16, q = round-half-away(x/scale)).
 
 import assert from "node:assert/strict";
-import { f16Bits, type GgufValue, quantizeQ8_0, writeGguf } from "./gguf.ts";
+import { f16Bits, type GgufValue, quantizeQ4_0, quantizeQ8_0, writeGguf } from "./gguf.ts";
 import { parseGguf } from "./test_gguf_reader.ts";
 
 async function withTempDir(fn: (dir: string) => Promise<void>): Promise<void> {
@@ -36,6 +36,7 @@ Deno.test("writeGguf() writes metadata of every kind and tensors that an indepen
       { name: "w.f32", dims: [3, 2], type: "F32", data: () => new Uint8Array(f32.buffer) },
       { name: "w.bf16", dims: [3], type: "BF16", data: () => bf16 },
       { name: "w.q8", dims: [32, 2], type: "Q8_0", data: () => quantizeQ8_0(q8Values) },
+      { name: "w.q4", dims: [32, 2], type: "Q4_0", data: () => quantizeQ4_0(q8Values) },
     ]);
     const bytes = await Deno.readFile(path);
     assert.equal(bytes.length, total);
@@ -59,6 +60,8 @@ Deno.test("writeGguf() writes metadata of every kind and tensors that an indepen
     assert.equal(g.tensors.get("w.bf16")!.type, 30);
     assert.equal(g.tensors.get("w.q8")!.type, 8);
     assert.equal(g.tensors.get("w.q8")!.data.length, 68);
+    assert.equal(g.tensors.get("w.q4")!.type, 2);
+    assert.equal(g.tensors.get("w.q4")!.data.length, 36);
     assert.equal(g.dataStart % 32, 0);
   });
 });
@@ -115,6 +118,37 @@ Deno.test("quantizeQ8_0() stores an f16 scale of max/127 and rounded int8 values
     }
   }
   assert.throws(() => quantizeQ8_0(new Float32Array(33)), /multiple of 32/);
+});
+
+Deno.test("quantizeQ4_0() stores an f16 scale of max/−8 and 4-bit codes (low nibble j, high j+16)", () => {
+  const values = Float32Array.from(
+    { length: 96 },
+    (_, i) => Math.fround(Math.sin(i * 0.61) * (1 + (i >> 5))),
+  );
+  values.fill(0, 64, 96); // an all-zero block: scale 0, codes 8 (value 0)
+  const bytes = quantizeQ4_0(values);
+  assert.equal(bytes.length, 3 * 18);
+  const view = new DataView(bytes.buffer);
+  for (let b = 0; b < 3; b++) {
+    const block = [...values.subarray(b * 32, b * 32 + 32)];
+    // float64 statement: the signed value of largest magnitude maps to code 0 (−8·d)
+    const max = block.reduce((m, x) => Math.abs(x) > Math.abs(m) ? x : m, 0);
+    const d = max / -8;
+    const h = new DataView(new ArrayBuffer(2));
+    h.setFloat16(0, d, true);
+    assert.equal(view.getFloat16(b * 18, true), h.getFloat16(0, true), `block ${b} scale`);
+    for (let j = 0; j < 32; j++) {
+      const byte = bytes[b * 18 + 2 + (j % 16)];
+      const q = j < 16 ? byte & 15 : byte >> 4;
+      const ref = d === 0 ? 8 : Math.min(15, Math.floor(block[j] / d + 8.5));
+      // float32 vs float64 may differ only on a .5 boundary
+      assert.ok(Math.abs(q - ref) <= 1, `block ${b} value ${j}: ${q} vs ${ref}`);
+      // nearest level, except that code 15 (7·d) also takes values up to −8·d (clipped by ≤ |d|)
+      const bound = Math.abs(d) * (q === 15 ? 1.01 : 0.51) + 1e-7;
+      if (d !== 0) assert.ok(Math.abs((q - 8) * d - block[j]) <= bound, `block ${b} value ${j}`);
+    }
+  }
+  assert.throws(() => quantizeQ4_0(new Float32Array(33)), /multiple of 32/);
 });
 
 Deno.test("f16Bits() rounds to nearest even and keeps specials", () => {

@@ -27,6 +27,7 @@ const TYPE_SIZE: Record<number, [number, number]> = {
   1: [1, 2], // F16
   30: [1, 2], // BF16
   8: [32, 34], // Q8_0: 32 values per 34 bytes
+  2: [32, 18], // Q4_0: 32 values per 18 bytes
 };
 
 /**

@@ -133,7 +133,8 @@ async function respond(
       },
     });
   }
-  const sse = sseResponse(
+  return sseResponse(
+    c,
     async (send) => {
       const it = gen.tokens();
       let step = await it.next();
@@ -157,8 +158,6 @@ async function respond(
     () => ac.abort(),
     (e) => errorBody(e, c.get("requestId")).body,
   );
-  if (imported !== null) sse.headers.set("x-kvrelay-import-ms", imported);
-  return sse;
 }
 
 /**

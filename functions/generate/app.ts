@@ -304,6 +304,7 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
     const includeUsage = body.stream_options?.include_usage === true;
     const first = await admitOne(0);
     return sseResponse(
+      c,
       async (send) => {
         let promptTokens = 0;
         let completion = 0;
@@ -400,7 +401,7 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
       });
     }
     const includeUsage = body.stream_options?.include_usage === true;
-    return sseResponse(async (send) => {
+    return sseResponse(c, async (send) => {
       const frame = (
         delta: Record<string, string>,
         fr: string | null,

@@ -267,6 +267,11 @@ Deno.test("API keys: 401 without or with a wrong key, 200 with a right one; prob
       (await app.request("/v1/completions", post(body, { authorization: "Bearer k-two" }))).status,
       200,
     );
+    // Every configured key is accepted (bearerAuth's verifyToken compares against all of them).
+    assert.equal(
+      (await app.request("/v1/completions", post(body, { authorization: "Bearer k-one" }))).status,
+      200,
+    );
     assert.equal((await app.request("/healthz")).status, 200);
   } finally {
     await rt.close();

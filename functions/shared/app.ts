@@ -13,9 +13,13 @@ import { hex, sha256 } from "../../lib/util/mod.ts";
 import "./context.ts";
 import { errorHandler } from "./errors.ts";
 
-/** Largest total request-header size the app accepts (names + values); larger → 431. Deno's own
- *  HTTP parser answers an empty 400 before the app sees headers above about 64 KiB. */
+/** Largest total request-header size the app accepts (names + values); larger → JSON 431. Deno's
+ *  own HTTP/1 parser answers an empty 400 before the app runs when the request head reaches
+ *  64 KiB (docs/http.md "Headers"). */
 export const MAX_HEADER_BYTES = 32 * 1024;
+/** Most header fields the app accepts; more → JSON 431. Deno's parser refuses more than 128 lines
+ *  with an empty 400 before the app runs. */
+export const MAX_HEADER_COUNT = 100;
 
 /**
  * Which configured key a presented key is, comparing in constant time (per key: SHA-256 of both,
@@ -86,10 +90,13 @@ function authMiddleware(rt: Runtime): MiddlewareHandler {
   });
 }
 
-function headerBytes(headers: Headers): number {
-  let n = 0;
-  for (const [k, v] of headers) n += k.length + v.length + 4;
-  return n;
+function headerSize(headers: Headers): { bytes: number; count: number } {
+  let bytes = 0, count = 0;
+  for (const [k, v] of headers) {
+    bytes += k.length + v.length + 4;
+    count++;
+  }
+  return { bytes, count };
 }
 
 /**
@@ -140,16 +147,18 @@ export function createBaseApp(rt: Runtime, fn: string): Hono {
     rt.metrics.requests.inc({ function: fn, route: c.req.routePath, status: String(c.res.status) });
   });
   app.use("*", async (c, next) => {
-    const n = headerBytes(c.req.raw.headers);
-    if (n > MAX_HEADER_BYTES) {
+    const { bytes, count } = headerSize(c.req.raw.headers);
+    const over = bytes > MAX_HEADER_BYTES
+      ? `request headers total ${bytes} bytes, above the limit of ${MAX_HEADER_BYTES}`
+      : count > MAX_HEADER_COUNT
+      ? `${count} request header fields, above the limit of ${MAX_HEADER_COUNT}`
+      : null;
+    if (over !== null) {
       rt.metrics.errors.inc({ type: "invalid_request_error" });
-      return c.json({
-        error: {
-          type: "invalid_request_error",
-          message: `request headers total ${n} bytes, above the limit of ${MAX_HEADER_BYTES}`,
-          param: "headers",
-        },
-      }, 431);
+      return c.json(
+        { error: { type: "invalid_request_error", message: over, param: "headers" } },
+        431,
+      );
     }
     await next();
   });

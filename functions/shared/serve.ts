@@ -7,6 +7,7 @@ import type { Hono } from "hono";
 import { ConfigError, loadConfig } from "../../lib/config/mod.ts";
 import {
   createRuntime,
+  projectorPartProblems,
   resolveTierBackends,
   type Runtime,
   TierBackendError,
@@ -43,6 +44,14 @@ export async function serveFunctions(name: string, registers: Register[]): Promi
       Deno.exit(2);
     }
     throw e;
+  }
+  // Optional parts a configured projector needs (onnxruntime-node for kind onnx): missing → exit 2.
+  const missing = await projectorPartProblems(config);
+  if (missing.length > 0) {
+    console.error(
+      `kvrelay ${name}: refusing to start:\n${missing.map((p) => `  - ${p}`).join("\n")}`,
+    );
+    Deno.exit(2);
   }
   const rt = await createRuntime(config);
   rt.startup.modulesMs = modulesMs;

@@ -40,7 +40,7 @@ export class UsageError extends Error {
 
 // ---- option groups (spread into a command's parseOptions table) ----
 
-/** --threads N (CPU threads, 0 = all cores), --kv-dtype D, --weights W (bf16|q8), --backend B
+/** --threads N (CPU threads, 0 = all cores), --kv-dtype D, --weights W (bf16|q8|q4), --backend B
  *  (auto|cpu|cuda) and --device N (CUDA ordinal); parsed by parseModelLoadOptions. */
 export const modelLoadOptions = {
   threads: { type: "string" },
@@ -54,7 +54,8 @@ export const modelLoadOptions = {
 export const BACKEND_USAGE =
   `  --backend B          auto | cpu | cuda (default auto: CUDA when a device answers, else CPU)
   --device N           CUDA device ordinal (default 0)
-  --weights W          bf16 (as stored) | q8 (8-bit, per-32 block scales; CPU only)`;
+  --weights W          bf16 (as stored) | q8 (8-bit, per-32 block scales) | q4 (4-bit, per-32
+                       scale + offset); q8/q4 CPU only`;
 
 /** Commands that load one model: --model DIR (read with requireString) + modelLoadOptions. */
 export const modelOptions = {
@@ -233,7 +234,9 @@ export function parseModelLoadOptions(
   const weights = values.weights;
   if (weights !== undefined && !(WEIGHT_FORMATS as readonly unknown[]).includes(weights)) {
     throw new UsageError(
-      `--weights must be ${WEIGHT_FORMATS.join(" or ")}, got ${JSON.stringify(weights)}`,
+      `--weights must be ${WEIGHT_FORMATS.slice(0, -1).join(", ")} or ${
+        WEIGHT_FORMATS.at(-1)
+      }, got ${JSON.stringify(weights)}`,
     );
   }
   const backend = values.backend ?? "auto";

@@ -104,7 +104,8 @@ Deno.test("`parseModelLoadOptions()` reads --weights and rejects an unknown form
   const load = (...argv: string[]) => parseModelLoadOptions(parseOptions(argv, modelOptions));
   assert.equal(load("--weights", "q8").weights, "q8");
   assert.equal(load("--weights=bf16").weights, "bf16");
-  throwsUsage(() => load("--weights", "q4_k"), '--weights must be bf16 or q8, got "q4_k"');
+  assert.equal(load("--weights", "q4").weights, "q4");
+  throwsUsage(() => load("--weights", "q4_k"), '--weights must be bf16, q8 or q4, got "q4_k"');
 });
 
 Deno.test("`parseModelLoadOptions()` reads --backend and --device and rejects bad values with the flag and value", () => {

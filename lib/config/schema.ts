@@ -28,8 +28,9 @@ export const tierSchema = z.strictObject({
   /** KV cache element type in memory. */
   kv_dtype: z.enum(["f32", "f16", "bf16"]).default("f32"),
   /** Linear weights in memory: `bf16` keeps the checkpoint's precision; `q8` quantizes them at
-   *  load to 8 bits with per-32 block scales (CPU backend only; ~0.6× the bytes of bf16). */
-  weights: z.enum(["bf16", "q8"]).default("bf16"),
+   *  load to 8 bits with per-32 block scales (CPU backend only; ~0.6× the bytes of bf16); `q4`
+   *  to 4 bits with an f16 scale and offset per 32 (CPU only; ~0.3× the bytes of bf16). */
+  weights: z.enum(["bf16", "q8", "q4"]).default("bf16"),
   /** Most tokens (prompt + generated) of one sequence. */
   max_context: positiveInt.max(32768).default(2048),
   /** Upper bound on max_tokens of one request. */

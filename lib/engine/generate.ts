@@ -2,19 +2,20 @@
 // check stops → decode, one token at a time, streaming text deltas. It owns the sequences it
 // creates and frees them on every exit path; it does not schedule or batch several requests.
 
-import type {
+import {
+  type LogprobRequest,
   NativeSampler,
-  NativeSamplingOptions,
-  NativeSequence,
-  SampleResult,
+  type NativeSamplingOptions,
+  type NativeSequence,
+  type SampleResult,
 } from "../native/mod.ts";
 import type { LoadedModel } from "./load.ts";
 import { Sampler, type SamplingOptions, validateSampling } from "./sampler.ts";
 import { StopStringMatcher } from "./stop_strings.ts";
 import {
+  changesLogits,
   type LogitOptions,
   LogitProcessor,
-  needsLogits,
   type StepLogprobs,
   stepLogprobs,
 } from "./logits.ts";
@@ -79,7 +80,12 @@ export interface DecodeTarget {
    *  samples the next token from its own logits. Targets that transform logits in JavaScript
    *  leave these out, so the loop samples their logits in TypeScript. */
   createSampler?(opts: NativeSamplingOptions): NativeSampler;
-  decodeSample?(token: number, sampler: NativeSampler, width?: number): Promise<SampleResult>;
+  decodeSample?(
+    token: number,
+    sampler: NativeSampler,
+    width?: number,
+    req?: LogprobRequest,
+  ): Promise<SampleResult>;
 }
 
 /** Everything the decode loop needs besides the sequence. */
@@ -176,14 +182,24 @@ export async function* decodeLoop(
   let ttftMs: number | undefined;
   let finishReason: GenerateResult["finishReason"] | undefined;
   let logits = firstLogits;
-  // Bias, penalties and logprobs need each row in TypeScript: native sampling is then off.
-  const processor = needsLogits(opts) ? new LogitProcessor(opts) : null;
-  // Native sampling: the same stream (seed resolved by `sampler`), drawn next to the logits.
-  const native = !processor && opts.nativeSampling !== false && target.createSampler &&
-      target.decodeSample
-    ? target.createSampler(sampler.options)
+  // Bias and penalties change each row in TypeScript: native sampling is then off.
+  const processor = changesLogits(opts) ? new LogitProcessor(opts) : null;
+  // Logprobs alone come from the native sampler (the same bits as stepLogprobs).
+  const lpReq: LogprobRequest | undefined = opts.logprobs === undefined
+    ? undefined
+    : { logprob: true, topLogprobs: opts.logprobs };
+  // Native sampling: the same stream (seed resolved by `sampler`), drawn next to the logits when
+  // the target samples in its decode step; a target without one (a batched step, a target that
+  // transforms logits in JavaScript) still gets its logprobs from a native sampler on its rows.
+  const canNative = !processor && opts.nativeSampling !== false;
+  const stepSamples = canNative && target.createSampler !== undefined &&
+    target.decodeSample !== undefined;
+  const native = stepSamples
+    ? target.createSampler!(sampler.options)
+    : canNative && lpReq
+    ? NativeSampler.create(sampler.options)
     : null;
-  let next: number | undefined; // the token the last native decode step sampled
+  let next: SampleResult | undefined; // what the last native decode step sampled
   try {
     while (finishReason === undefined) {
       if (opts.signal?.aborted) {
@@ -192,14 +208,17 @@ export async function* decodeLoop(
       }
       let id: number;
       let logprobs: StepLogprobs | undefined;
-      if (next !== undefined) id = next;
-      else if (native) id = native.sample(logits, sampleWidth).token;
-      else if (processor) {
-        const row = processor.process(logits.subarray(0, sampleWidth));
+      if (next !== undefined || native) {
+        const r = next ?? native!.sample(logits, sampleWidth, lpReq);
+        id = r.token;
+        if (lpReq) logprobs = nativeLogprobs(r);
+      } else {
+        const raw = logits.subarray(0, sampleWidth);
+        const row = processor ? processor.process(raw) : raw;
         id = sampler.sample(row);
         if (opts.logprobs !== undefined) logprobs = stepLogprobs(row, id, opts.logprobs);
-        processor.push(id);
-      } else id = sampler.sample(logits.subarray(0, sampleWidth));
+        processor?.push(id);
+      }
       ttftMs ??= performance.now() - ctx.startMs;
       tokenIds.push(id);
       let delta: string;
@@ -222,7 +241,7 @@ export async function* decodeLoop(
       text += delta;
       yield logprobs ? { text: delta, tokenId: id, logprobs } : { text: delta, tokenId: id };
       if (finishReason === undefined) {
-        if (native) next = (await target.decodeSample!(id, native, sampleWidth)).token;
+        if (stepSamples) next = await target.decodeSample!(id, native!, sampleWidth, lpReq);
         else logits = await target.decode(id);
       }
     }
@@ -235,6 +254,16 @@ export async function* decodeLoop(
     promptTokens: ctx.promptTokens,
     finishReason,
     ttftMs: ttftMs ?? performance.now() - ctx.startMs,
+  };
+}
+
+/** A native sample's logprobs in the engine's shape (asked with logprob and topLogprobs). */
+function nativeLogprobs(r: SampleResult): StepLogprobs {
+  const ids = r.top?.ids ?? new Int32Array(0);
+  return {
+    id: r.token,
+    logprob: r.logprob!,
+    top: Array.from(ids, (id, j) => ({ id, logprob: r.top!.logprobs[j] })),
   };
 }
 

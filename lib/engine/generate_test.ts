@@ -161,6 +161,7 @@ Deno.test("`decodeLoop()` rejects bad options with RangeError/TypeError before s
 import { loadModel } from "./load.ts";
 import { continueFrom, generate, generateStream, MAX_SEQUENCE_TOKENS } from "./generate.ts";
 import { argmax } from "./sampler.ts";
+import { stepLogprobs } from "./logits.ts";
 import type { NativeSequence } from "../native/mod.ts";
 
 const PROMPT = "The Congress of the United States";
@@ -405,5 +406,76 @@ Deno.test("`decodeLoop()` samples logits in TypeScript when the target has no na
     assertEquals(steps, 4);
   } finally {
     seq.free();
+  }
+});
+
+Deno.test("`generate()` with logprobs takes them from the native sampler, equal to the TypeScript path bit for bit", async () => {
+  const m = await model();
+  const settings = [
+    { temperature: 0, logprobs: 5 },
+    { temperature: 1, logprobs: 0 },
+    { temperature: 0.8, topK: 20, logprobs: 20 },
+    { temperature: 1.1, topP: 0.9, minP: 0.02, logprobs: 3 },
+  ];
+  for (const s of settings) {
+    for (const seed of [1, 123456789]) {
+      const opts = { ...s, seed, maxTokens: 16, stopTokenIds: [] };
+      const collect = async (o: typeof opts & { nativeSampling?: boolean }) => {
+        const chunks: GenerateChunk[] = [];
+        const it = generateStream(m, PROMPT, o);
+        for (let st = await it.next(); !st.done; st = await it.next()) chunks.push(st.value);
+        return chunks;
+      };
+      const native = await collect(opts);
+      const ts = await collect({ ...opts, nativeSampling: false });
+      assertEquals(native.length, 16);
+      assertEquals(native, ts, JSON.stringify(opts));
+      for (const c of native) assertEquals(c.logprobs!.top.length, s.logprobs);
+    }
+  }
+});
+
+Deno.test("`decodeLoop()` asks the target's native decode step for logprobs; a target without one gets them from a native sampler on its rows", async () => {
+  const m = await model();
+  const ids = tok.encode(PROMPT);
+  for (const withNative of [true, false]) {
+    const seq = m.native.createSequence(64);
+    const ref = m.native.createSequence(64);
+    try {
+      const first = await seq.prefill(ids);
+      let refLogits = await ref.prefill(ids);
+      const requests: unknown[] = [];
+      const target = withNative
+        ? {
+          decode: (t: number) => seq.decode(t),
+          createSampler: (o: Parameters<NativeSequence["createSampler"]>[0]) =>
+            seq.createSampler(o),
+          decodeSample: (...a: Parameters<NativeSequence["decodeSample"]>) => {
+            requests.push(a[3]);
+            return seq.decodeSample(...a);
+          },
+        }
+        : { decode: (t: number) => seq.decode(t) };
+      const loop = decodeLoop(target, first, {
+        tokenizer: tok,
+        eosTokenIds: [EOS],
+        contextIds: [],
+        promptTokens: ids.length,
+        startMs: performance.now(),
+      }, { temperature: 0.9, seed: 5, maxTokens: 6, stopTokenIds: [], logprobs: 4 });
+      for (let s = await loop.next(); !s.done; s = await loop.next()) {
+        // Oracle: the TypeScript log-softmax of the same row (a second, identical sequence).
+        const width = Math.min(refLogits.length, tok.vocabSize);
+        assertEquals(
+          s.value.logprobs,
+          stepLogprobs(refLogits.subarray(0, width), s.value.tokenId, 4),
+        );
+        refLogits = await ref.decode(s.value.tokenId);
+      }
+      assertEquals(requests, withNative ? Array(5).fill({ logprob: true, topLogprobs: 4 }) : []);
+    } finally {
+      seq.free();
+      ref.free();
+    }
   }
 });

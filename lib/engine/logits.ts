@@ -33,8 +33,17 @@ export interface StepLogprobs extends TokenLogprob {
  * @returns true when any processing or logprobs are asked for
  */
 export function needsLogits(opts: LogitOptions): boolean {
+  return changesLogits(opts) || opts.logprobs !== undefined;
+}
+
+/**
+ * Whether `opts` change logits (bias or penalties: then sampling must happen in TypeScript).
+ * @param opts the options
+ * @returns true when a bias or a non-zero penalty is set
+ */
+export function changesLogits(opts: LogitOptions): boolean {
   return (opts.logitBias?.size ?? 0) > 0 || (opts.presencePenalty ?? 0) !== 0 ||
-    (opts.frequencyPenalty ?? 0) !== 0 || opts.logprobs !== undefined;
+    (opts.frequencyPenalty ?? 0) !== 0;
 }
 
 /** Applies bias and penalties to logit rows, tracking the tokens generated so far. */
@@ -74,7 +83,8 @@ export class LogitProcessor {
  * Log-probabilities of a processed row (log-softmax in float64).
  * @param logits the processed row
  * @param chosen the sampled token
- * @param top how many alternatives (most likely first; ties: lower id first)
+ * @param top how many alternatives (most likely first; ties: lower id first; only tokens with a
+ *   finite logit, so fewer when the row has fewer) — the native sampler's rule, bit for bit
  * @returns the chosen token's log-probability and the top alternatives
  */
 export function stepLogprobs(logits: Float32Array, chosen: number, top: number): StepLogprobs {
@@ -91,6 +101,7 @@ export function stepLogprobs(logits: Float32Array, chosen: number, top: number):
     // Keep the `top` largest in a small sorted list: O(vocab · top) with top ≤ 20.
     for (let i = 0; i < logits.length; i++) {
       const v = logits[i];
+      if (!(v > -Infinity)) continue; // impossible tokens (and NaN) are no alternatives
       if (best.length === top && !(v > logits[best[top - 1].id])) continue;
       let j = best.length < top ? best.length : top - 1;
       if (best.length < top) best.push({ id: i, logprob: 0 });

@@ -5,6 +5,8 @@ import assert from "node:assert/strict";
 import { generate } from "./generate.ts";
 import { loadModel } from "./load.ts";
 import { LogitProcessor, needsLogits, stepLogprobs } from "./logits.ts";
+import { NativeSampler } from "../native/mod.ts";
+import { mulberry32 } from "../util/mulberry32.ts";
 
 Deno.test("LogitProcessor.process() adds logit_bias and subtracts count·frequency + presence", () => {
   const p = new LogitProcessor({
@@ -123,5 +125,28 @@ Deno.test("generate() with a frequency penalty matches a step-by-step reference 
     }
   } finally {
     model.native.free();
+  }
+});
+
+Deno.test("stepLogprobs() leaves impossible tokens out of the top list and equals the native sampler's logprobs bit for bit", () => {
+  const few = new Float32Array([-Infinity, 1, NaN, 2, -Infinity]);
+  assert.deepEqual(stepLogprobs(few, 1, 4).top.map((t) => t.id), [3, 1]);
+  using native = NativeSampler.create({ temperature: 1, topK: 0, topP: 1, minP: 0, seed: 3 });
+  const rand = mulberry32(7);
+  for (let k = 0; k < 40; k++) {
+    const width = 50 + Math.floor(rand() * 5000);
+    const row = new Float32Array(width + 3);
+    for (let i = 0; i < row.length; i++) {
+      // coarse values (many ties), a few impossible tokens, one NaN now and then
+      row[i] = k % 2 ? Math.round(rand() * 8) / 4 : (rand() - 0.5) * 30;
+      if (rand() < 0.01) row[i] = -Infinity;
+    }
+    if (k % 5 === 0) row[3] = NaN;
+    const top = k % 21;
+    const r = native.sample(row, width, { logprob: true, topLogprobs: top });
+    const want = stepLogprobs(row.subarray(0, width), r.token, top);
+    assert.equal(r.logprob, want.logprob);
+    assert.deepEqual(Array.from(r.top?.ids ?? []), want.top.map((t) => t.id));
+    assert.deepEqual(Array.from(r.top?.logprobs ?? []), want.top.map((t) => t.logprob));
   }
 });

@@ -28,6 +28,7 @@ export { DEFAULT_SCORE_CONTEXT, negLogLikelihood, type ScoreResult, scoreTokens 
 export { type StopStep, StopStringMatcher } from "./stop_strings.ts";
 export { IncrementalDetokenizer } from "./detokenizer.ts";
 export {
+  changesLogits,
   type LogitOptions,
   LogitProcessor,
   needsLogits,

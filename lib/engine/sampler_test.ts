@@ -4,6 +4,7 @@
 
 import { assert, assertEquals, assertNotEquals, assertThrows } from "../tokenizer/_assert.ts";
 import { argmax, Sampler, samplingDistribution } from "./sampler.ts";
+import { mulberry32 } from "../util/mod.ts";
 
 // p by token id: id 3 is the most likely, then 0, 4, 1, 2.
 const P = [0.2, 0.1, 0.05, 0.5, 0.15];
@@ -198,8 +199,7 @@ function naiveDistribution(logits: number[], t: number, topK: number, topP: numb
 }
 
 Deno.test("`samplingDistribution()` equals a full-sort reference on wide random logits", () => {
-  let state = 12345;
-  const rand = () => ((state = (Math.imul(state, 1103515245) + 12345) >>> 0) / 2 ** 32);
+  const rand = mulberry32(12345);
   for (let trial = 0; trial < 60; trial++) {
     const vocab = 50 + Math.floor(rand() * 2000);
     const spread = [1, 10, 40][trial % 3];

@@ -43,3 +43,22 @@ export class ProjectorFormatError extends Error {
     this.path = path;
   }
 }
+
+/** The `onnx` projector kind needs the optional onnxruntime-node part, which this installation
+ *  leaves out (an image built without KVRELAY_ONNX=1) or cannot load. */
+export class OnnxRuntimeMissingError extends ProjectorFormatError {
+  /**
+   * @param cause why loading failed (the runtime's first line)
+   * @param path the projector's .onnx file, when known
+   */
+  constructor(cause: string, path?: string) {
+    super(
+      "the onnx projector kind needs the optional onnxruntime-node part, which is not installed " +
+        "here (the repository's deno.json imports it; images leave it out unless built with " +
+        "--build-arg KVRELAY_ONNX=1; " +
+        `see docs/migration.md): ${cause}`,
+      path,
+    );
+    this.name = "OnnxRuntimeMissingError";
+  }
+}

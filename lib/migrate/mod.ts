@@ -5,8 +5,10 @@
 export {
   type MigrationRefusalReason,
   MigrationRefusedError,
+  OnnxRuntimeMissingError,
   ProjectorFormatError,
 } from "./errors.ts";
+export { loadOnnxRuntime } from "./onnx.ts";
 export {
   denseWeights,
   geometryMismatch,

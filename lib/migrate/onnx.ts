@@ -1,28 +1,58 @@
-// The `onnx` projector kind: a learned KV projector run by onnxruntime-node (loaded lazily, so
-// the linear kind never pulls the 290 MB package in). Source cache → native de-rotation →
-// ONNX session (inputs/outputs named in projector.json) → native re-rotation. No fitting here.
+// The `onnx` projector kind: a learned KV projector run by onnxruntime-node, an optional part
+// (./onnx_runtime.ts) loaded only when an onnx projector is opened, so the linear kind and the
+// functions' module graph never load the 290 MB package.
+// Source cache → native de-rotation → ONNX session (inputs/outputs named in projector.json) →
+// native re-rotation. No fitting here.
 
 import type { ModelConfig } from "../model/mod.ts";
 import type { NativeLibrary } from "../native/mod.ts";
 import type { ProjectorMeta } from "./artifact.ts";
-import { ProjectorFormatError } from "./errors.ts";
+import { OnnxRuntimeMissingError, ProjectorFormatError } from "./errors.ts";
 import { type CacheBlock, featureWidth, kvFromFeatures, kvToFeatures } from "./native.ts";
 
-// Minimal structural types of the onnxruntime-node API this module uses.
-interface OrtTensor {
+// Minimal structural types of the onnxruntime-node API this module uses (onnx_runtime.ts checks
+// the real module against them).
+/** An onnxruntime tensor. */
+export interface OrtTensor {
   readonly dims: readonly number[];
   readonly data: unknown;
   readonly type: string;
 }
-interface OrtSession {
+/** An onnxruntime inference session. */
+export interface OrtSession {
   readonly inputNames: readonly string[];
   readonly outputNames: readonly string[];
   run(feeds: Record<string, OrtTensor>): Promise<Record<string, OrtTensor>>;
   release(): Promise<void>;
 }
-interface OrtModule {
+/** The part of onnxruntime-node's API used here. */
+export interface OrtModule {
   InferenceSession: { create(path: string, opts?: Record<string, unknown>): Promise<OrtSession> };
   Tensor: new (type: "float32", data: Float32Array, dims: number[]) => OrtTensor;
+}
+
+/** The optional part's module, as a URL computed at run time: the functions' module graph does
+ *  not contain it, so an installation without onnxruntime-node (an image built without
+ *  KVRELAY_ONNX=1) type-checks, caches and starts, and only an onnx projector needs it. */
+const ONNX_RUNTIME_MODULE = new URL("./onnx_runtime.ts", import.meta.url).href;
+
+let runtime: Promise<OrtModule> | undefined;
+
+/**
+ * Loads the optional onnxruntime-node part once per process.
+ * @param path the .onnx file that needs it (named in the error)
+ * @returns the module
+ * @throws OnnxRuntimeMissingError when it is not installed (e.g. a `--cached-only` run whose
+ *   cache lacks it) or does not load
+ */
+export async function loadOnnxRuntime(path?: string): Promise<OrtModule> {
+  runtime ??= import(ONNX_RUNTIME_MODULE).then((m) => m.default as OrtModule);
+  try {
+    return await runtime;
+  } catch (e) {
+    runtime = undefined;
+    throw new OnnxRuntimeMissingError((e as Error).message.split("\n")[0], path);
+  }
 }
 
 /** An ONNX KV projector session with its names and the two models' geometry. */
@@ -58,7 +88,8 @@ export class OnnxKernel {
    * @param target target config
    * @param lib native library for the RoPE transforms
    * @returns the kernel
-   * @throws ProjectorFormatError when onnxruntime-node cannot load or the graph's names differ
+   * @throws OnnxRuntimeMissingError when the optional onnxruntime-node part is not installed
+   * @throws ProjectorFormatError when the graph does not open or its names differ
    */
   static async open(
     dir: string,
@@ -69,18 +100,7 @@ export class OnnxKernel {
   ): Promise<OnnxKernel> {
     const spec = meta.onnx!;
     const path = `${dir}/${spec.file}`;
-    let ort: OrtModule;
-    try {
-      // a non-literal specifier keeps onnxruntime-node (and the Node typings it references) out of
-      // type checking; deno.json's import map still resolves it at run time
-      const specifier = "onnxruntime-node";
-      ort = (await import(specifier)) as unknown as OrtModule;
-    } catch (e) {
-      throw new ProjectorFormatError(
-        `onnxruntime-node failed to load: ${(e as Error).message}`,
-        path,
-      );
-    }
+    const ort = await loadOnnxRuntime(path);
     let session: OrtSession;
     try {
       session = await ort.InferenceSession.create(path, {

@@ -41,7 +41,7 @@ export const ARCH_CODE = { llama: 1, qwen2: 2, qwen3: 3 } as const;
 export const BACKEND_CODE = { cpu: 0, cuda: 1 } as const;
 
 /** kvr_weight_format codes: in-memory format of the linear weights ("bf16" = as stored). */
-export const WEIGHTS_CODE = { bf16: 0, q8: 1 } as const;
+export const WEIGHTS_CODE = { bf16: 0, q8: 1, q4: 2 } as const;
 
 /** kvr_rope_scaling codes. */
 export const ROPE_CODE = { none: 0, linear: 1, llama3: 2 } as const;

@@ -19,15 +19,18 @@ async function decodeRun(dir: string, threads: number, kvDtype: "f32" | "bf16") 
 }
 
 for (const kvDtype of ["f32", "bf16"] as const) {
-  Deno.test(`decode() logits are bit-identical at 1 and 2 threads, each demo model (${kvDtype} cache)`, async () => {
+  // 3 threads: GQA groups that do not divide evenly, so one group's query heads are split.
+  Deno.test(`decode() logits are bit-identical at 1, 2 and 3 threads, each demo model (${kvDtype} cache)`, async () => {
     for (const dir of DEMO_DIRS) {
       const one = await decodeRun(dir, 1, kvDtype);
-      const two = await decodeRun(dir, 2, kvDtype);
-      for (let i = 0; i < STEPS; i++) {
-        const a = one[i], b = two[i];
-        let same = a.length === b.length;
-        for (let j = 0; same && j < a.length; j++) same = Object.is(a[j], b[j]);
-        assert.ok(same, `${dir} step ${i}: 1- and 2-thread logits differ`);
+      for (const threads of [2, 3]) {
+        const many = await decodeRun(dir, threads, kvDtype);
+        for (let i = 0; i < STEPS; i++) {
+          const a = one[i], b = many[i];
+          let same = a.length === b.length;
+          for (let j = 0; same && j < a.length; j++) same = Object.is(a[j], b[j]);
+          assert.ok(same, `${dir} step ${i}: 1- and ${threads}-thread logits differ`);
+        }
       }
     }
   });
@@ -46,5 +49,32 @@ Deno.test("decode() at 2 threads matches allPositions prefill rows over many ste
   for (let i = 280; i < 300; i++) {
     const inc = await s.decode(toks[i]); // the logits of position i
     assertClose(inc, all.subarray(i * V, (i + 1) * V), 1e-4, `position ${i}`);
+  }
+});
+
+Deno.test("decode() on several sequences at once (one holds the worker pool, the others run alone) equals one at a time", async () => {
+  using m = await NativeModel.load(await checkpoint(DEMO_DIRS[2]), { threads: 2 });
+  const V = m.config.vocabSize;
+  const streams = [1, 2, 3].map((seed) => tokens(40 + STEPS, V, seed));
+  const serial: Float32Array[][] = [];
+  for (const toks of streams) {
+    using s = m.createSequence(40 + STEPS);
+    await s.prefill(toks.slice(0, 40));
+    const out = [];
+    for (let i = 0; i < STEPS; i++) out.push(await s.decode(toks[40 + i]));
+    serial.push(out);
+  }
+  const seqs = streams.map(() => m.createSequence(40 + STEPS));
+  try {
+    await Promise.all(seqs.map((s, k) => s.prefill(streams[k].slice(0, 40))));
+    for (let i = 0; i < STEPS; i++) {
+      const got = await Promise.all(seqs.map((s, k) => s.decode(streams[k][40 + i])));
+      got.forEach((g, k) => {
+        const want = serial[k][i];
+        assert.ok(g.every((x, j) => Object.is(x, want[j])), `sequence ${k} step ${i} differs`);
+      });
+    }
+  } finally {
+    for (const s of seqs) s.free();
   }
 });

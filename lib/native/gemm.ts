@@ -1,7 +1,9 @@
 // The GEMM entry points of libkvrelay for tests and benchmarks (C = A·Bᵀ in f32), and the name of
 // the runtime-selected CPU kernel. Arguments are checked before FFI. Not used by the model path.
 
+import { WEIGHTS_CODE } from "./abi.ts";
 import { checkInt, quoteValue } from "./check.ts";
+import type { WeightFormat } from "./layout.ts";
 import { cString, type NativeLibrary, openNativeLibrary } from "./library.ts";
 
 const DIM_MAX = 0x7fffffff;
@@ -85,6 +87,61 @@ export function gemmBench(
   const out = new Float64Array(1);
   lib.check(lib.symbols.kvr_gemm_bench(m, n, k, threads, iterations, out), "kvr_gemm_bench");
   return out[0];
+}
+
+/**
+ * A weight packed as the model packs it in `format` ("bf16" here means f32 as given): the values
+ * its kernels use (dequantized for q8/q4) and, when x is given, x · Wᵀ through the model's
+ * one-row GEMV (q8/q4: activation quantized per 32-block, integer dot products). For tests.
+ * @param format weight format
+ * @param n output features (rows of w)
+ * @param k input features
+ * @param w n×k values, row-major
+ * @param x k values, or undefined for the dequantized weights only
+ * @param lib library (default openNativeLibrary())
+ * @returns the n×k values the kernels use, and y (n values) when x was given
+ * @throws TypeError/RangeError for bad arguments; EngineError from native
+ */
+export function gemvQuantized(
+  format: WeightFormat,
+  n: number,
+  k: number,
+  w: Float32Array,
+  x?: Float32Array,
+  lib: NativeLibrary = openNativeLibrary(),
+): { weights: Float32Array; y?: Float32Array } {
+  if (!Object.hasOwn(WEIGHTS_CODE, format)) {
+    throw new TypeError(
+      `format must be one of ${Object.keys(WEIGHTS_CODE).join(", ")}, got ${quoteValue(format)}`,
+    );
+  }
+  checkInt("n", n, 1, DIM_MAX);
+  checkInt("k", k, 1, DIM_MAX);
+  if (!(w instanceof Float32Array) || w.length !== n * k) {
+    throw new RangeError(`w must be a Float32Array of n*k = ${n * k} values`);
+  }
+  if (x !== undefined && (!(x instanceof Float32Array) || x.length !== k)) {
+    throw new RangeError(`x must be a Float32Array of k = ${k} values`);
+  }
+  const weights = new Float32Array(n * k);
+  const y = x === undefined ? undefined : new Float32Array(n);
+  lib.check(
+    lib.symbols.kvr_gemv_quantized(
+      WEIGHTS_CODE[format],
+      n,
+      k,
+      w,
+      BigInt(w.length),
+      x ?? null,
+      BigInt(x?.length ?? 0),
+      weights,
+      BigInt(weights.length),
+      y ?? null,
+      BigInt(y?.length ?? 0),
+    ),
+    "kvr_gemv_quantized",
+  );
+  return y === undefined ? { weights } : { weights, y };
 }
 
 /**

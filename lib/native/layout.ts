@@ -19,7 +19,8 @@ import type { KvDtype } from "./dtype.ts";
 export type NativeBackend = keyof typeof BACKEND_CODE;
 
 /** In-memory linear-weight format (kvr_weight_format): "bf16" keeps the checkpoint's precision
- *  (BF16 stays bf16, F32/F16 become f32); "q8" is 8-bit with per-32 block scales (CPU only). */
+ *  (BF16 stays bf16, F32/F16 become f32); "q8" is 8-bit with per-32 block scales, "q4" 4-bit with an f16
+ *  scale and offset per 32 (both CPU only). */
 export type WeightFormat = keyof typeof WEIGHTS_CODE;
 
 /** Every WeightFormat, for option checks. */

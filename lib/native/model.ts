@@ -27,7 +27,8 @@ export interface NativeModelOptions {
   kvDtype?: KvDtype;
   /** worker threads; 0 or undefined = all available cores */
   threads?: number;
-  /** linear-weight format in memory (default "bf16" = as stored; "q8" = 8-bit, CPU only) */
+  /** linear-weight format in memory (default "bf16" = as stored; "q8" = 8-bit, "q4" = 4-bit;
+   *  q8/q4 CPU only) */
   weights?: WeightFormat;
   /** compute backend (default "cpu"); "auto" = CUDA when its probe succeeds, else the CPU (the
    *  probe's reason is logged once per process, see noteAutoFallback) */

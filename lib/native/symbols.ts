@@ -80,6 +80,23 @@ export const coreSymbols = {
     parameters: ["u32", "u32", "u32", "u32", "u32", "buffer"],
     result: "i32",
   },
+  // (weights, n, k, w, w_len, x, x_len, w_deq, w_deq_len, y, y_len)
+  kvr_gemv_quantized: {
+    parameters: [
+      "u32",
+      "u32",
+      "u32",
+      "buffer",
+      "usize",
+      "buffer",
+      "usize",
+      "buffer",
+      "usize",
+      "buffer",
+      "usize",
+    ],
+    result: "i32",
+  },
   kvr_cpu_kernel_name: { parameters: [], result: "pointer" },
 } as const satisfies Deno.ForeignLibraryInterface;
 

@@ -56,3 +56,16 @@ export function f32ToBf16Bits(x: number): number {
   const rounded = u + 0x7fff + ((u >>> 16) & 1);
   return (rounded >>> 16) & 0xffff;
 }
+
+/** The q8/q4 kernel each KVRELAY_CPU_KERNEL value must select on this CPU (/proc/cpuinfo flags),
+ *  for the forced paths the CPU can run: children forced to each compare with the default. */
+export async function forcedQuantKernels(): Promise<{ force: string; name: string }[]> {
+  const text = await Deno.readTextFile("/proc/cpuinfo").catch(() => "");
+  const flags = new Set(text.split("\n").find((l) => l.startsWith("flags"))?.split(/\s+/) ?? []);
+  const out = [{ force: "generic", name: "generic" }];
+  if (flags.has("avx2") && flags.has("fma") && flags.has("f16c")) {
+    out.push({ force: "avx2", name: "avx2" });
+    if (flags.has("avx_vnni")) out.push({ force: "avxvnni", name: "avx-vnni" });
+  }
+  return out;
+}

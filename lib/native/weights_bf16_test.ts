@@ -101,3 +101,30 @@ Deno.test({
     assert.match(text, /ok \| 2 passed/, `generic-kernel child ran no identity test:\n${text}`);
   },
 });
+
+Deno.test("`NativeModel.load()` holds a tied embedding once (the lm_head panels), bf16 or f32", async () => {
+  for (const dir of DEMO_DIRS) {
+    const ckpt = await checkpoint(dir);
+    const { vocabSize, hiddenSize, tieWordEmbeddings } = ckpt.config;
+    assert.ok(tieWordEmbeddings, `${dir}: the demo models are tied; this test needs one`);
+    // Oracle: the file's tensors, each held once. bf16 matrices stay 2 bytes per weight (panel
+    // padding adds < 16 rows per matrix); 1-D norms are widened to f32 (2 extra bytes each).
+    let fileBytes = 0, normBytes = 0;
+    for (const t of ckpt.tensors.values()) {
+      fileBytes += t.nbytes;
+      if (t.shape.length === 1) normBytes += t.nbytes;
+    }
+    const embedBytes = vocabSize * hiddenSize * 2;
+    for (const f32 of [false, true]) {
+      using m = await load(dir, f32, 1);
+      const held = f32 ? 2 * fileBytes : fileBytes + normBytes;
+      // A second copy of the embedding would add embedBytes (x2 in f32) on top.
+      const slack = (f32 ? 2 : 1) * embedBytes / 4;
+      assert.ok(
+        m.weightBytes >= held && m.weightBytes < held + slack,
+        `${dir} (${f32 ? "f32" : "bf16"}): ${m.weightBytes} weight bytes, expected ${held} ` +
+          `(+ padding < ${slack}); one embedding is ${(f32 ? 2 : 1) * embedBytes}`,
+      );
+    }
+  }
+});

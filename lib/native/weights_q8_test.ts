@@ -1,11 +1,12 @@
 // Tests for q8 weights (`weights: "q8"`, native/src/cpu/gemm_q8.cpp): resident bytes, logits close
 // to the bf16 model's (quantization error only), the same bits at 1 and 2 threads, and the same
-// bits on every q8 kernel this machine can run (AVX-512 VNNI in-process, the portable integer
-// kernel in children forced by KVRELAY_CPU_KERNEL). Quality on real text: docs/native.md (score).
+// bits on every q8 kernel this machine can run (AVX-512 VNNI in-process; the portable integer,
+// AVX2 and AVX-VNNI kernels in children forced by KVRELAY_CPU_KERNEL). Quality on real text: docs/native.md (score).
 
 import assert from "node:assert/strict";
 import { NativeModel } from "./model.ts";
-import { checkpoint, DEMO_DIRS, relDiff, tokens } from "./test_helpers.ts";
+import { probeBackend } from "./backend.ts";
+import { checkpoint, DEMO_DIRS, forcedQuantKernels, relDiff, tokens } from "./test_helpers.ts";
 
 /** Logits of a 40-token allPositions prefill (last row) and 12 decode steps. */
 async function run(m: NativeModel): Promise<Float32Array[]> {
@@ -77,6 +78,10 @@ Deno.test("q8 decode gives the same bits at 1 and 2 threads", async () => {
 const DIGEST_TEST = "q8 logits digest (child process helper)";
 Deno.test(DIGEST_TEST, async () => {
   const out = Deno.env.get("KVR_Q8_DIGEST_OUT");
+  const expect = Deno.env.get("KVR_EXPECT_KERNEL");
+  if (expect) {
+    assert.ok(probeBackend("cpu").info.includes(`q8 ${expect},`), probeBackend("cpu").info);
+  }
   const digests: string[] = [];
   for (const dir of DEMO_DIRS) {
     using m = NativeModel.load(await checkpoint(dir), { threads: 2, weights: "q8" });
@@ -88,7 +93,7 @@ Deno.test(DIGEST_TEST, async () => {
 });
 
 Deno.test({
-  name: "q8 logits are bit-identical on the generic, avx2 and default kernels",
+  name: "q8 logits are bit-identical on every kernel this CPU can run (generic, avx2, avx-vnni)",
   ignore: Deno.env.get("KVRELAY_CPU_KERNEL") !== undefined,
   async fn() {
     const mine: string[] = [];
@@ -96,12 +101,17 @@ Deno.test({
       using m = NativeModel.load(await checkpoint(dir), { threads: 2, weights: "q8" });
       mine.push(digest(await runDecodeOnly(m)));
     }
-    for (const kernel of ["generic", "avx2"]) {
+    for (const { force: kernel, name } of await forcedQuantKernels()) {
       const file = await Deno.makeTempFile({ prefix: "kvr-q8-" });
       try {
         const { code, stdout, stderr } = await new Deno.Command(Deno.execPath(), {
           args: ["test", "-A", "--no-check", "--filter", DIGEST_TEST, import.meta.filename!],
-          env: { KVRELAY_CPU_KERNEL: kernel, KVR_Q8_DIGEST_OUT: file, NO_COLOR: "1" },
+          env: {
+            KVRELAY_CPU_KERNEL: kernel,
+            KVR_EXPECT_KERNEL: name,
+            KVR_Q8_DIGEST_OUT: file,
+            NO_COLOR: "1",
+          },
           stdout: "piped",
           stderr: "piped",
         }).output();
@@ -119,6 +129,6 @@ Deno.test("`NativeModel.load()` rejects an unknown weights format before FFI", a
   const ck = await checkpoint(DEMO_DIRS[0]);
   assert.throws(
     () => NativeModel.load(ck, { weights: "q3" as "q8" }),
-    (e: unknown) => e instanceof TypeError && /weights must be one of bf16, q8/.test(e.message),
+    (e: unknown) => e instanceof TypeError && /weights must be one of bf16, q8, q4/.test(e.message),
   );
 });

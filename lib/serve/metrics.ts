@@ -17,47 +17,45 @@ abstract class Metric {
   abstract render(): string[];
 }
 
+/** One number per label set: what counters and gauges share. */
+abstract class Series extends Metric {
+  protected readonly values = new Map<string, number>();
+  /** Current value of one series (0 when never set). */
+  get(labels: Labels = {}): number {
+    return this.values.get(labelKey(labels)) ?? 0;
+  }
+  protected addTo(labels: Labels, n: number): void {
+    const k = labelKey(labels);
+    this.values.set(k, (this.values.get(k) ?? 0) + n);
+  }
+  render(): string[] {
+    return [...this.values].map(([k, v]) => `${this.name}${k ? `{${k}}` : ""} ${v}`);
+  }
+}
+
 /** A monotonically increasing count per label set. */
-export class Counter extends Metric {
-  readonly #values = new Map<string, number>();
+export class Counter extends Series {
   constructor(name: string, help: string) {
     super(name, help, "counter");
   }
   /** Adds `n` (default 1) to the series of `labels`. */
   inc(labels: Labels = {}, n = 1): void {
-    const k = labelKey(labels);
-    this.#values.set(k, (this.#values.get(k) ?? 0) + n);
-  }
-  /** Current value of one series (0 when never incremented). */
-  get(labels: Labels = {}): number {
-    return this.#values.get(labelKey(labels)) ?? 0;
-  }
-  render(): string[] {
-    return [...this.#values].map(([k, v]) => `${this.name}${k ? `{${k}}` : ""} ${v}`);
+    this.addTo(labels, n);
   }
 }
 
 /** A value that goes up and down per label set. */
-export class Gauge extends Metric {
-  readonly #values = new Map<string, number>();
+export class Gauge extends Series {
   constructor(name: string, help: string) {
     super(name, help, "gauge");
   }
   /** Sets the series of `labels` to `v`. */
   set(labels: Labels, v: number): void {
-    this.#values.set(labelKey(labels), v);
+    this.values.set(labelKey(labels), v);
   }
   /** Adds `n` (may be negative). */
   add(labels: Labels, n: number): void {
-    const k = labelKey(labels);
-    this.#values.set(k, (this.#values.get(k) ?? 0) + n);
-  }
-  /** Current value (0 when never set). */
-  get(labels: Labels = {}): number {
-    return this.#values.get(labelKey(labels)) ?? 0;
-  }
-  render(): string[] {
-    return [...this.#values].map(([k, v]) => `${this.name}${k ? `{${k}}` : ""} ${v}`);
+    this.addTo(labels, n);
   }
 }
 
@@ -99,6 +97,16 @@ export class Histogram extends Metric {
   }
 }
 
+/** Bucket upper bounds of the process's histograms (+Inf implied). */
+export const BUCKETS = {
+  /** Time to first token, seconds. */
+  ttftSeconds: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10],
+  /** Decode throughput of one request, tokens/s. */
+  tokensPerSecond: [1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500],
+  /** Sequences in one batched engine step. */
+  batchSize: [1, 2, 4, 8, 16, 32, 64, 128],
+} as const;
+
 /** The metrics of one kvrelay process, shared by every function it serves. */
 export class Metrics {
   readonly #all: Metric[] = [];
@@ -127,35 +135,12 @@ export class Metrics {
     new Counter("kvrelay_generations_aborted_total", "Generations stopped early by reason"),
   );
   /** Time to first token, seconds. */
-  readonly ttft = this.#add(
-    new Histogram("kvrelay_ttft_seconds", "Time to first token", [
-      0.005,
-      0.01,
-      0.025,
-      0.05,
-      0.1,
-      0.25,
-      0.5,
-      1,
-      2.5,
-      5,
-      10,
-    ]),
-  );
+  readonly ttft = this.#histogram("kvrelay_ttft_seconds", "Time to first token", "ttftSeconds");
   /** Decode throughput of a request, tokens/s. */
-  readonly tokensPerSecond = this.#add(
-    new Histogram("kvrelay_tokens_per_second", "Generated tokens per second per request", [
-      1,
-      5,
-      10,
-      25,
-      50,
-      100,
-      250,
-      500,
-      1000,
-      2500,
-    ]),
+  readonly tokensPerSecond = this.#histogram(
+    "kvrelay_tokens_per_second",
+    "Generated tokens per second per request",
+    "tokensPerSecond",
   );
   /** Tokens generated. */
   readonly tokens = this.#add(new Counter("kvrelay_generated_tokens_total", "Tokens generated"));
@@ -187,17 +172,10 @@ export class Metrics {
   );
 
   /** Sequences per batched step (continuous batching), per tier. */
-  readonly batchSize = this.#add(
-    new Histogram("kvrelay_batch_size", "Sequences per batched engine step", [
-      1,
-      2,
-      4,
-      8,
-      16,
-      32,
-      64,
-      128,
-    ]),
+  readonly batchSize = this.#histogram(
+    "kvrelay_batch_size",
+    "Sequences per batched engine step",
+    "batchSize",
   );
   /** Tokens per batched step (decodes + prefill chunk), per tier. */
   readonly stepTokens = this.#add(
@@ -213,6 +191,10 @@ export class Metrics {
   readonly preemptions = this.#add(
     new Counter("kvrelay_preemptions_total", "Sequences preempted for KV blocks (recomputed)"),
   );
+
+  #histogram(name: string, help: string, buckets: keyof typeof BUCKETS): Histogram {
+    return this.#add(new Histogram(name, help, BUCKETS[buckets]));
+  }
 
   #add<T extends Metric>(m: T): T {
     this.#all.push(m);

@@ -8,12 +8,15 @@ import type { KvrelayConfig, ProjectorConfig } from "../config/mod.ts";
 import type { NativeSequence } from "../native/mod.ts";
 import {
   endpointOf,
+  loadOnnxRuntime,
   loadProjector,
   migrateKv,
   migrationGate,
   type MigrationRefusalReason,
   MigrationRefusedError,
+  OnnxRuntimeMissingError,
   type Projector,
+  readProjectorMeta,
 } from "../migrate/mod.ts";
 import type { Tier } from "./tier.ts";
 
@@ -45,6 +48,39 @@ export interface Migrator {
   ): Promise<void>;
   /** Frees loaded projectors. */
   close(): Promise<void>;
+}
+
+/**
+ * Checks that every configured projector's kind can run in this process: an `onnx` projector
+ * needs the optional onnxruntime-node part (left out of images unless built with KVRELAY_ONNX=1). Run
+ * before serving, so a deployment without the part refuses to start instead of silently never
+ * migrating that pair.
+ * A projector whose metadata does not read is left to `Migrator.load` (it disables the pair).
+ * @param config the deployment config (projector paths resolved)
+ * @param loadOnnx loads the ONNX part (tests replace it)
+ * @returns one "projectors.<i>.path: ..." line per problem (empty when all is well)
+ */
+export async function projectorPartProblems(
+  config: KvrelayConfig,
+  loadOnnx: () => Promise<unknown> = loadOnnxRuntime,
+): Promise<string[]> {
+  const problems: string[] = [];
+  for (const [i, p] of config.projectors.entries()) {
+    let kind: string;
+    try {
+      kind = (await readProjectorMeta(p.path)).kind;
+    } catch {
+      continue;
+    }
+    if (kind !== "onnx") continue;
+    try {
+      await loadOnnx();
+    } catch (e) {
+      if (!(e instanceof OnnxRuntimeMissingError)) throw e;
+      problems.push(`projectors.${i}.path: ${p.path} is an onnx projector: ${e.message}`);
+    }
+  }
+  return problems;
 }
 
 /**

@@ -21,7 +21,12 @@ export { type RequestContext, tenantId } from "./request.ts";
 export { UploadBudget } from "./uploads.ts";
 export { bodyWithin, type GuardedBody } from "./deadline.ts";
 export { autoFallbackNote, resolveTierBackends, TierBackendError } from "./backends.ts";
-export { createMigrator, type GateResult, type Migrator } from "./migrator.ts";
+export {
+  createMigrator,
+  type GateResult,
+  type Migrator,
+  projectorPartProblems,
+} from "./migrator.ts";
 export {
   createRuntime,
   requireReady,

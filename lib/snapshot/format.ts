@@ -2,7 +2,7 @@
 // type, header encode/decode with every integer bounds-checked, and chunk-size arithmetic.
 // Pure TypeScript, no I/O, no engine: chunk payload coding lives in chunk.ts, streams in stream.ts.
 
-import { hex } from "../util/mod.ts";
+import { fromHex, hex } from "../util/mod.ts";
 import { crc32c, crc32cUpdate } from "./crc32c.ts";
 import { SnapshotError } from "./errors.ts";
 
@@ -209,9 +209,7 @@ function hexToBytes(hex: string, what: string): Uint8Array {
   if (typeof hex !== "string" || !/^[0-9a-f]{64}$/i.test(hex)) {
     throw new TypeError(`${what} must be 64 hex digits (SHA-256), got ${JSON.stringify(hex)}`);
   }
-  const out = new Uint8Array(32);
-  for (let i = 0; i < 32; i++) out[i] = parseInt(hex.slice(2 * i, 2 * i + 2), 16);
-  return out;
+  return fromHex(hex);
 }
 
 function checkUint(value: number, max: number, what: string, min = 0): void {

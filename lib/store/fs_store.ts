@@ -2,6 +2,7 @@
 // (temp file + fsync + rename), surviving restarts, with TTL in a header inside the same file and
 // an LRU byte budget. It is not a database: no cross-process locking (see notes on FsStore).
 
+import { hex } from "../util/mod.ts";
 import {
   type PutOptions,
   type SnapshotStore,
@@ -499,8 +500,7 @@ function fan(key: string): string {
 }
 
 function randomHex(bytes: number): string {
-  const b = crypto.getRandomValues(new Uint8Array(bytes));
-  return Array.from(b, (x) => x.toString(16).padStart(2, "0")).join("");
+  return hex(crypto.getRandomValues(new Uint8Array(bytes)));
 }
 
 function encodeHeader(expiresAt: number | undefined, payloadBytes: number): Uint8Array {

@@ -3,6 +3,8 @@
 // It holds no bytes itself and knows nothing of the snapshot format (that is lib/snapshot) or of
 // prefix-cache keys (lib/store/prefix_cache.ts builds keys and calls these stores).
 
+import { hex, sha256 } from "../util/mod.ts";
+
 /** Which backend a store is. */
 export type StoreKind = "memory" | "fs" | "redis";
 
@@ -183,10 +185,5 @@ export function validateBudget(maxBytes: unknown, what = "maxBytes"): number | u
  */
 export async function contentKey(value: Uint8Array): Promise<string> {
   validateValue(value);
-  const digest = new Uint8Array(
-    await crypto.subtle.digest("SHA-256", value as Uint8Array<ArrayBuffer>),
-  );
-  let hex = "";
-  for (const b of digest) hex += b.toString(16).padStart(2, "0");
-  return hex;
+  return hex(await sha256(value));
 }

@@ -1,7 +1,7 @@
 // Tokenizer fingerprint: hex SHA-256 over a canonical JSON of the parts of tokenizer.json that
 // decide which id a piece of text gets and what an id means. Not a hash of the file bytes:
 // whitespace, key order and the merges spelling ("a b" vs ["a","b"]) do not change it.
-import { canonicalJson } from "../util/mod.ts";
+import { canonicalJson, hex, sha256 } from "../util/mod.ts";
 
 export { canonicalJson };
 
@@ -83,6 +83,5 @@ export async function tokenizerFingerprint(
   tokenizerJson: Record<string, unknown>,
 ): Promise<string> {
   const bytes = new TextEncoder().encode(canonicalJson(fingerprintSubject(tokenizerJson)));
-  const digest = new Uint8Array(await crypto.subtle.digest("SHA-256", bytes));
-  return Array.from(digest, (b) => b.toString(16).padStart(2, "0")).join("");
+  return hex(await sha256(bytes));
 }

@@ -121,12 +121,15 @@ typedef struct kvr_model_params {
  * checkpoint. NATIVE keeps the checkpoint's precision (BF16 stays bf16, F32/F16 become f32). Q8:
  * 8-bit codes with one f32 scale per 32 input features per output (llama.cpp Q8_0-like), run
  * with the activation quantized per 32-block and int8 dot products (AVX-512 VNNI where present);
- * prefill dequantizes to f32. The embedding table and norms stay as they are. CPU backend only
- * (CUDA: KVR_ERR_UNSUPPORTED).
+ * prefill dequantizes to f32. Q4: 4-bit codes per 32 input features per output with an f16 scale
+ * and an f16 offset (w ≈ d·c + m, llama.cpp Q4_1-like, fitted by least squares), run the same
+ * way. The embedding table and norms stay as they are. CPU backend only (CUDA:
+ * KVR_ERR_UNSUPPORTED).
  */
 typedef enum kvr_weight_format {
   KVR_WEIGHTS_NATIVE = 0,
-  KVR_WEIGHTS_Q8 = 1
+  KVR_WEIGHTS_Q8 = 1,
+  KVR_WEIGHTS_Q4 = 2
 } kvr_weight_format;
 
 /* Which weight a tensor-table row is. Per-layer roles carry the layer index. */
@@ -607,6 +610,9 @@ KVR_API int32_t kvr_sampler_sample(kvr_sampler* sampler, const float* logits, si
  * is checked before the decode (sampler, 1 <= width <= vocab, output buffers, then as
  * kvr_seq_decode). Only a row without a finite logit fails after it (KVR_ERR_INVALID_ARGUMENT,
  * the token is appended then). Messages go to the sequence (and the sampler for sampling ones).
+ * Results equal that two-call sequence on every backend; on a CUDA sequence greedy and top_k
+ * (<= 64) steps without logprobs pick on the device and copy back at most 64 candidates, other
+ * steps copy the row (docs/gpu-handoff.md §4).
  */
 KVR_API int32_t kvr_seq_decode_sample(kvr_seq* seq, int32_t token, kvr_sampler* sampler,
                                       uint32_t width, int32_t* token_out, double* logprob_out,
@@ -618,7 +624,9 @@ KVR_API int32_t kvr_seq_decode_sample(kvr_seq* seq, int32_t token, kvr_sampler* 
 /* ---- Test and benchmark hooks — not for production callers ----
  * Entry points and environment switches that exist so tests and `deno task bench` can reach
  * internals; production code (lib/serve, functions/) never uses them.
- *   KVRELAY_CPU_KERNEL=generic   GEMM uses the portable micro-kernel (read once per process).
+ *   KVRELAY_CPU_KERNEL=generic   GEMM uses the portable micro-kernel (read once per process);
+ *                      =avx2     AVX-512 and AVX-VNNI off (AVX2 GEMM, AVX2 q8/q4 kernels);
+ *                      =avxvnni  AVX-512 off (AVX2 GEMM, AVX-VNNI q8/q4 kernels where present).
  *   KVRELAY_WEIGHTS_F32=1        BF16 checkpoint weights are widened to f32 at load (per load).
  *   KVRELAY_PROJECT_VIA_COPIES=1 kvr_projector_apply_seq takes the backend-neutral copy path even
  *                                for two CPU sequences (per call; compared with the fast path).
@@ -630,6 +638,15 @@ KVR_API int32_t kvr_seq_decode_sample(kvr_seq* seq, int32_t token, kvr_sampler* 
 KVR_API int32_t kvr_gemm_f32(uint32_t m, uint32_t n, uint32_t k, const float* a, size_t a_len,
                              const float* b, size_t b_len, float* c, size_t c_len,
                              uint32_t n_threads);
+/*
+ * Packs w (n, k) row-major f32 in the weight format `weights` (kvr_weight_format; NATIVE = f32)
+ * as the model does. When w_deq is not NULL, writes the values the kernels use (n, k) there (the
+ * dequantized weights); when y is not NULL, y (n) = x (k) · Wᵀ through the model's one-row GEMV
+ * (q8/q4: activation quantized per 32-block, integer dots) on the calling thread.
+ */
+KVR_API int32_t kvr_gemv_quantized(uint32_t weights, uint32_t n, uint32_t k, const float* w,
+                                   size_t w_len, const float* x, size_t x_len, float* w_deq,
+                                   size_t w_deq_len, float* y, size_t y_len);
 /*
  * Times `iterations` runs of the model's GEMM on a pre-packed B (m, n, k), returning the median
  * seconds per run in *out_seconds. Inputs are filled deterministically inside the library.

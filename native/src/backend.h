@@ -123,6 +123,21 @@ struct BatchEntry {
   float* spare = nullptr;
 };
 
+// A sampling decode step's request (kvr_seq_decode_sample, validated by the neutral layer): the
+// sampler (settings, PRNG stream; sampler.h), 1 <= width <= vocab, and the output buffers
+// (token_out non-null; top arrays non-null when top_len > 0; logprob_out / top_count_out optional).
+struct SampleRequest {
+  kvr_sampler* sampler = nullptr;
+  uint32_t width = 0;
+  int32_t* token_out = nullptr;
+  double* logprob_out = nullptr;
+  int32_t* top_ids = nullptr;
+  double* top_logprobs = nullptr;
+  uint32_t top_len = 0;
+  uint32_t* top_count_out = nullptr;
+  bool wants_logprobs() const { return logprob_out != nullptr || top_len > 0; }
+};
+
 // A linear KV projector as kvr_projector_apply_seq hands it to a backend (projector.cpp): shapes,
 // row-major weights on request, biases, and a slot where a device backend keeps its copy of the
 // weights for the projector's lifetime (guarded by slot_mutex).
@@ -196,6 +211,16 @@ class Backend {
   // batched over all rows, attention per sequence. Each entry's logits equal forward() of its
   // tokens up to summation order. The default (batch.cpp) calls forward() per entry.
   virtual void forward_batch(const BatchEntry* entries, size_t count) const;
+
+  // One decode step that samples: appends `token` at pos0 (like forward with n = 1; storage
+  // reserved) and picks the next token from the first r.width logits of that position with
+  // r.sampler, exactly as kvr_sampler_sample on that row would (same token, same PRNG advance,
+  // same logprobs). Returns the sampling status (KVR_OK, or the sampler's error with the token
+  // appended); backend failures throw. `spare`: host (vocab) floats the backend may overwrite.
+  // The default (sample_step.cpp) runs forward() into spare and the CPU sampler; the CUDA backend
+  // keeps the row on the device for greedy and top-k steps (common/sample_math.h plan_route).
+  virtual int32_t forward_sample(SeqState& s, int32_t token, size_t pos0, const SampleRequest& r,
+                                 float* spare) const;
 
   // Empty while the backend is usable, else why not: a device fault (a CUDA kernel error leaves the
   // context unusable) fails every later call, and the model must be reloaded. Any thread

@@ -1,5 +1,6 @@
 // C ABI face of the CPU GEMM (kvrelay.h): kvr_gemm_f32 (checked C = A·Bᵀ for tests),
-// kvr_gemm_bench (median time of the model's packed kernel) and kvr_cpu_kernel_name.
+// kvr_gemm_bench (median time of the model's packed kernel), kvr_gemv_quantized (a q8/q4
+// weight's dequantized values and quantized GEMV, for tests) and kvr_cpu_kernel_name.
 // Argument checking lives here; the kernels (native/src/cpu/gemm*.cpp) trust their shapes.
 #include <omp.h>
 
@@ -153,6 +154,53 @@ KVR_API int32_t kvr_gemm_bench(uint32_t m, uint32_t n, uint32_t k, uint32_t n_th
                                  n, k));
   } catch (...) {
     return kvr::fail(KVR_ERR_INTERNAL, "kvr_gemm_bench: unexpected exception");
+  }
+  return KVR_OK;
+}
+
+KVR_API int32_t kvr_gemv_quantized(uint32_t weights, uint32_t n, uint32_t k, const float* w,
+                                   size_t w_len, const float* x, size_t x_len, float* w_deq,
+                                   size_t w_deq_len, float* y, size_t y_len) {
+  if (w == nullptr || (y != nullptr && x == nullptr)) {
+    return kvr::fail(KVR_ERR_INVALID_ARGUMENT, "kvr_gemv_quantized: null w, or y without x");
+  }
+  if (weights > KVR_WEIGHTS_Q4) {
+    return kvr::fail(KVR_ERR_INVALID_ARGUMENT,
+                     kvr::format("weights %u is not a kvr_weight_format (0 f32, 1 q8, 2 q4)", weights));
+  }
+  if (int32_t st = check_dims(1, n, k); st != KVR_OK) return st;
+  size_t nk = 0;
+  if (!mul_size(n, k, &nk) || nk > kBenchMaxFloats) {
+    return kvr::fail(KVR_ERR_OUT_OF_RANGE,
+                     kvr::format("kvr_gemv_quantized: n=%u k=%u exceeds %zu weights", n, k, kBenchMaxFloats));
+  }
+  if (w_len < nk) {
+    return kvr::fail(KVR_ERR_OUT_OF_RANGE, kvr::format("w has %zu floats, n*k = %zu needed", w_len, nk));
+  }
+  if (w_deq != nullptr && w_deq_len < nk) {
+    return kvr::fail(KVR_ERR_OUT_OF_RANGE, kvr::format("w_deq has %zu floats, n*k = %zu needed", w_deq_len, nk));
+  }
+  if (y != nullptr && (x_len < k || y_len < n)) {
+    return kvr::fail(KVR_ERR_OUT_OF_RANGE,
+                     kvr::format("x has %zu floats (k = %u needed), y %zu (n = %u needed)", x_len, k, y_len, n));
+  }
+  if ((w_deq != nullptr && (overlaps(w_deq, nk * 4, w, nk * 4) ||
+                            (x != nullptr && overlaps(w_deq, nk * 4, x, size_t{k} * 4)))) ||
+      (y != nullptr && (overlaps(y, size_t{n} * 4, w, nk * 4) || overlaps(y, size_t{n} * 4, x, size_t{k} * 4) ||
+                        (w_deq != nullptr && overlaps(y, size_t{n} * 4, w_deq, nk * 4))))) {
+    return kvr::fail(KVR_ERR_INVALID_ARGUMENT, "kvr_gemv_quantized: output buffers overlap inputs");
+  }
+  try {
+    using kvr::cpu::PackedWeight;
+    const PackedWeight pw = weights == KVR_WEIGHTS_Q8   ? PackedWeight::pack_q8(w, n, k)
+                            : weights == KVR_WEIGHTS_Q4 ? PackedWeight::pack_q4(w, n, k)
+                                                        : PackedWeight::pack(w, n, k);
+    if (w_deq != nullptr) kvr::cpu::dequantize(pw, w_deq);
+    if (y != nullptr) kvr::cpu::matmul_xwt(x, 1, k, pw, y, n, false, 1);
+  } catch (const std::bad_alloc&) {
+    return kvr::fail(KVR_ERR_OUT_OF_MEMORY, "kvr_gemv_quantized: cannot allocate the packed weight");
+  } catch (...) {
+    return kvr::fail(KVR_ERR_INTERNAL, "kvr_gemv_quantized: unexpected exception");
   }
   return KVR_OK;
 }

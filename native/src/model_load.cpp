@@ -111,10 +111,13 @@ int32_t validate_params(const kvr_model_params& p) {
   if (p.n_threads > 4096)
     return fail(KVR_ERR_INVALID_ARGUMENT, format("n_threads %u is out of range (0..4096)", p.n_threads));
   if (int32_t st = check_backend_device(p.backend, p.device)) return st;
-  if (p.weights > KVR_WEIGHTS_Q8)
-    return fail(KVR_ERR_INVALID_ARGUMENT, format("weights %u is not a kvr_weight_format (0 native, 1 q8)", p.weights));
+  if (p.weights > KVR_WEIGHTS_Q4)
+    return fail(KVR_ERR_INVALID_ARGUMENT,
+                format("weights %u is not a kvr_weight_format (0 native, 1 q8, 2 q4)", p.weights));
   if (p.weights != KVR_WEIGHTS_NATIVE && p.backend != KVR_BACKEND_CPU)
-    return fail(KVR_ERR_UNSUPPORTED, format("weights %u (q8) is implemented on the CPU backend only", p.weights));
+    return fail(KVR_ERR_UNSUPPORTED,
+                format("weights %u (%s) is implemented on the CPU backend only", p.weights,
+                       p.weights == KVR_WEIGHTS_Q8 ? "q8" : "q4"));
   return KVR_OK;
 }
 

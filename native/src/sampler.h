@@ -29,4 +29,10 @@ int32_t sampler_run(kvr_sampler* s, const float* logits, size_t width, int32_t* 
                     double* logprob_out, int32_t* top_ids, double* top_logprobs, uint32_t top_len,
                     uint32_t* top_count_out);
 
+// The step's token from a device's reduced row (common/sample_math.h plan_route): kGreedy takes
+// ids[0]; kTopK draws from the m candidates (sample_candidates). m == 0: no finite logit among
+// the `width` values (same message as sampler_run).
+int32_t sampler_run_candidates(kvr_sampler* s, sm::Route route, const float* vals, const int32_t* ids, size_t m,
+                               size_t width, int32_t* token_out);
+
 }  // namespace kvr

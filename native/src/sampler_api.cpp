@@ -39,6 +39,18 @@ int32_t sampler_run(kvr_sampler* s, const float* logits, size_t width, int32_t* 
   return KVR_OK;
 }
 
+int32_t sampler_run_candidates(kvr_sampler* s, sm::Route route, const float* vals, const int32_t* ids, size_t m,
+                               size_t width, int32_t* token_out) {
+  const int64_t id = m == 0                       ? -1
+                     : route == sm::Route::kGreedy ? ids[0]
+                                                   : sample_candidates(vals, ids, m, s->cfg, s->rng, s->scratch);
+  if (id < 0)
+    return sampler_fail(s, KVR_ERR_INVALID_ARGUMENT,
+                        format("sampling: no finite logit among %zu values", width));
+  *token_out = static_cast<int32_t>(id);
+  return KVR_OK;
+}
+
 int32_t sampler_check_out(kvr_sampler* s, const int32_t* token_out, const int32_t* top_ids,
                           const double* top_logprobs, uint32_t top_len) {
   if (!token_out) return sampler_fail(s, KVR_ERR_INVALID_ARGUMENT, "token_out is NULL");

@@ -15,50 +15,15 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-uint32_t rotl(uint32_t x, int k) { return (x << k) | (x >> (32 - k)); }
-
 // Ids sort by logit descending, ties by lower id (sampler.ts: logits[b] - logits[a] || a - b).
 struct ByLogit {
   const float* l;
   bool operator()(int32_t a, int32_t b) const {
-    const double la = l[a], lb = l[b];
-    return la > lb || (la == lb && a < b);
+    return sm::before(l[a], a, l[b], b);  // float order = the double order of sampler.ts
   }
 };
 
 }  // namespace
-
-Xoshiro128::Xoshiro128(int64_t seed) {
-  const uint32_t lo = static_cast<uint32_t>(static_cast<uint64_t>(seed));
-  const uint32_t hi = static_cast<uint32_t>(static_cast<uint64_t>(seed >> 32));  // floor(seed/2³²)
-  uint32_t x = lo ^ (hi * 0x9e3779b9u);
-  for (int i = 0; i < 4; ++i) {
-    x += 0x9e3779b9u;
-    uint32_t z = x;
-    z = (z ^ (z >> 16)) * 0x85ebca6bu;
-    z = (z ^ (z >> 13)) * 0xc2b2ae35u;
-    s_[i] = z ^ (z >> 16);
-  }
-  if ((s_[0] | s_[1] | s_[2] | s_[3]) == 0) s_[0] = 1;
-}
-
-uint32_t Xoshiro128::next_u32() {
-  const uint32_t result = rotl(s_[1] * 5, 7) * 9;
-  const uint32_t t = s_[1] << 9;
-  s_[2] ^= s_[0];
-  s_[3] ^= s_[1];
-  s_[1] ^= s_[2];
-  s_[0] ^= s_[3];
-  s_[2] ^= t;
-  s_[3] = rotl(s_[3], 11);
-  return result;
-}
-
-double Xoshiro128::next_double() {
-  const uint32_t hi = next_u32() >> 5;  // 27 bits
-  const uint32_t lo = next_u32() >> 6;  // 26 bits
-  return (static_cast<double>(hi) * 67108864.0 + lo) / 9007199254740992.0;
-}
 
 namespace {
 
@@ -114,6 +79,12 @@ const double kC3 = static_cast<double>(logq(static_cast<__float128>(2)) / 256 -
 // results too close to a rounding midpoint to decide and for the overflow/subnormal ranges.
 // V8's Math.exp is correctly rounded (0 differences in 200k random arguments), so this matches it
 // bit for bit; glibc's exp differs in ~0.1% of arguments and is not used.
+// log(x) rounded correctly to nearest: the quad-precision libquadmath log rounded once (wrong only
+// within ~2^-110 of a rounding midpoint). V8's Math.log is correctly rounded (0 differences from
+// this in 1M random arguments over [1e-300, 1e300]; glibc's log differs in ~0.01%). Called once
+// per row, so its ~1 µs does not matter.
+double js_log(double x) { return static_cast<double>(logq(static_cast<__float128>(x))); }
+
 double js_exp(double x) {
   if (std::isnan(x)) return x;
   if (x > 709.0 || x < -708.0) {
@@ -342,6 +313,31 @@ int64_t sample_row(const float* l, size_t n, const SamplingConfig& cfg, Xoshiro1
   return sc.ids[m - 1];  // u within rounding of 1
 }
 
+int64_t sample_candidates(const float* vals, const int32_t* ids, size_t m, const SamplingConfig& cfg,
+                          Xoshiro128& rng, SamplingScratch& sc) {
+  if (m == 0) return -1;
+  const int64_t j = sample_row(vals, m, cfg, rng, sc);  // compact index: ties keep the id order
+  return j < 0 ? -1 : ids[j];
+}
+
+size_t select_candidates(const float* l, size_t n, size_t k, float* vals, int32_t* ids) {
+  size_t count = 0;
+  for (size_t i = 0; i < n && k > 0; ++i) {
+    if (!sm::selectable(l[i])) continue;
+    const int32_t c = static_cast<int32_t>(i);
+    if (count == k && !sm::before(l[i], c, vals[k - 1], ids[k - 1])) continue;
+    size_t pos = count < k ? count++ : k - 1;
+    while (pos > 0 && sm::before(l[i], c, vals[pos - 1], ids[pos - 1])) {
+      vals[pos] = vals[pos - 1];
+      ids[pos] = ids[pos - 1];
+      --pos;
+    }
+    vals[pos] = l[i];
+    ids[pos] = c;
+  }
+  return count;
+}
+
 size_t logprobs_row(const float* l, size_t n, int64_t id, double* id_logprob, size_t top,
                     int32_t* top_ids, double* top_logprobs) {
   if (id_logprob == nullptr && top == 0) return 0;  // nothing asked: no exp pass
@@ -355,10 +351,12 @@ size_t logprobs_row(const float* l, size_t n, int64_t id, double* id_logprob, si
     const double v = l[i];
     if (v > -kInf) total += js_exp(v - max);
   }
-  const double log_total = std::log(total);
+  // The same expression as lib/engine/logits.ts stepLogprobs (max + Math.log(sum), then
+  // logit − lse), so both give the same bits: the HTTP logprobs may come from either.
+  const double lse = max + js_log(total);
   auto lp = [&](int64_t i) {
     const double v = l[i];
-    return v > -kInf ? (v - max) - log_total : -kInf;
+    return v > -kInf ? v - lse : -kInf;
   };
   if (id_logprob != nullptr) *id_logprob = id >= 0 ? lp(id) : -kInf;
   if (top == 0) return 0;

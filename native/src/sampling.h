@@ -9,21 +9,27 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/sample_math.h"
+
 namespace kvr {
 
-// xoshiro128** seeded through splitmix32 exactly as Xoshiro128 in lib/engine/prng.ts.
+// xoshiro128** seeded through splitmix32 exactly as Xoshiro128 in lib/engine/prng.ts (the
+// arithmetic is common/sample_math.h, shared with the device).
 class Xoshiro128 {
  public:
-  explicit Xoshiro128(int64_t seed);
-  uint32_t next_u32();
-  double next_double();  // 53 random bits in [0, 1)
+  explicit Xoshiro128(int64_t seed) : x_(sm::xoshiro_seed(seed)) {}
+  uint32_t next_u32() { return sm::xoshiro_next(x_); }
+  double next_double() { return sm::xoshiro_double(x_); }  // 53 random bits in [0, 1)
+  const sm::Xoshiro& state() const { return x_; }
 
  private:
-  uint32_t s_[4];
+  sm::Xoshiro x_;
 };
 
 // fdlibm's __ieee754_exp as ported in V8 (src/base/ieee754.cc), i.e. JavaScript's Math.exp.
 double js_exp(double x);
+// JavaScript's Math.log (correctly rounded), for logprobs equal to lib/engine's bit for bit.
+double js_log(double x);
 
 struct SamplingConfig {
   double temperature = 1.0;  // 0 = greedy
@@ -45,6 +51,18 @@ int64_t argmax_row(const float* logits, size_t n);
 // One token from logits[0..n) with cfg (temperature > 0) and rng; -1 when no logit is finite.
 int64_t sample_row(const float* logits, size_t n, const SamplingConfig& cfg, Xoshiro128& rng,
                    SamplingScratch& scratch);
+
+// The same draw as sample_row on a row whose candidates were reduced to vals/ids[0..m): the best
+// m = min(top_k, finite logits) of the row in candidate order (sm::before), as the device's
+// top-k selection returns them. Requires cfg.top_k >= 1 and temperature > 0: then sample_row's
+// result depends only on those entries (its kept set is a prefix of them and the max is the
+// first), so the token and the PRNG stream equal sample_row's on the full row. -1 when m == 0.
+int64_t sample_candidates(const float* vals, const int32_t* ids, size_t m, const SamplingConfig& cfg,
+                          Xoshiro128& rng, SamplingScratch& scratch);
+
+// The host reference of the device selection: the best min(k, selectable) logits of
+// logits[0..n) in candidate order into vals/ids (NaN and -inf never selected); returns how many.
+size_t select_candidates(const float* logits, size_t n, size_t k, float* vals, int32_t* ids);
 
 // Log-softmax (temperature 1, no filters, float64) of token `id` over logits[0..n), and the
 // `top` most likely ids (logit descending, ties lower id first; fewer when fewer are finite)

@@ -42,6 +42,16 @@ int32_t guarded(kvr_seq* seq, const char* what, F&& f) {
   }
 }
 
+int32_t check_tokens(kvr_seq* seq, const int32_t* tokens, size_t n) {
+  const size_t vocab = seq->model->vocab;
+  for (size_t i = 0; i < n; ++i) {
+    if (tokens[i] < 0 || static_cast<size_t>(tokens[i]) >= vocab)
+      return seq_fail(seq, KVR_ERR_OUT_OF_RANGE,
+                      format("token id %d at index %zu is out of range [0, %zu)", tokens[i], i, vocab));
+  }
+  return KVR_OK;
+}
+
 int32_t prefill_impl(kvr_seq* seq, const int32_t* tokens, size_t n, uint32_t all_positions, float* logits,
                      size_t logits_len) {
   const Model& m = *seq->model;
@@ -59,15 +69,26 @@ int32_t prefill_impl(kvr_seq* seq, const int32_t* tokens, size_t n, uint32_t all
     return seq_fail(seq, KVR_ERR_INVALID_ARGUMENT,
                     format("logits_len %zu is too small: need %zu (%s x vocab %zu)", logits_len, need,
                            all_positions ? "n_tokens" : "1", m.vocab));
-  for (size_t i = 0; i < n; ++i) {
-    if (tokens[i] < 0 || static_cast<size_t>(tokens[i]) >= m.vocab)
-      return seq_fail(seq, KVR_ERR_OUT_OF_RANGE,
-                      format("token id %d at index %zu is out of range [0, %zu)", tokens[i], i, m.vocab));
-  }
+  if (int32_t st = check_tokens(seq, tokens, n)) return st;
   m.backend->reserve(*seq->state, seq->length + n);  // paged: blocks all or none (POOL_EXHAUSTED)
   m.backend->forward(*seq->state, tokens, n, seq->length, all_positions != 0, logits);
   seq->length += static_cast<uint32_t>(n);
   return KVR_OK;
+}
+
+// The sampling decode step: the token is checked and appended (Backend::forward_sample); the
+// sampling status comes back with the token appended (kvrelay.h kvr_seq_decode_sample).
+int32_t decode_sample_impl(kvr_seq* seq, int32_t token, const SampleRequest& r) {
+  const Model& m = *seq->model;
+  if (seq->capacity - seq->length < 1)
+    return seq_fail(seq, KVR_ERR_CAPACITY,
+                    format("prefill of 1 tokens at length %u exceeds capacity %u", seq->length, seq->capacity));
+  if (int32_t st = check_tokens(seq, &token, 1)) return st;
+  if (seq->logits.size() < m.vocab) seq->logits.resize(m.vocab);
+  m.backend->reserve(*seq->state, seq->length + 1);
+  const int32_t st = m.backend->forward_sample(*seq->state, token, seq->length, r, seq->logits.data());
+  seq->length += 1;
+  return st == KVR_OK ? KVR_OK : seq_fail(seq, st, r.sampler->last_error);
 }
 
 // Shared checks of kv_read / kv_write. bytes_each: required k_bytes (= v_bytes).
@@ -165,12 +186,16 @@ KVR_API int32_t kvr_seq_decode_sample(kvr_seq* seq, int32_t token, kvr_sampler* 
       return seq_fail(seq, KVR_ERR_INVALID_ARGUMENT, format("width must be in [1, vocab %zu], got %u", vocab, width));
     if (int32_t st = kvr::sampler_check_out(sampler, token_out, top_ids, top_logprobs, top_len))
       return seq_fail(seq, st, sampler->last_error);
-    if (seq->logits.size() < vocab) seq->logits.resize(vocab);
-    if (int32_t st = kvr::prefill_impl(seq, &token, 1, 0, seq->logits.data(), vocab)) return st;
-    if (int32_t st = kvr::sampler_run(sampler, seq->logits.data(), width, token_out, logprob_out, top_ids,
-                                      top_logprobs, top_len, top_count_out))
-      return seq_fail(seq, st, sampler->last_error);
-    return KVR_OK;
+    kvr::SampleRequest r;
+    r.sampler = sampler;
+    r.width = width;
+    r.token_out = token_out;
+    r.logprob_out = logprob_out;
+    r.top_ids = top_ids;
+    r.top_logprobs = top_logprobs;
+    r.top_len = top_len;
+    r.top_count_out = top_count_out;
+    return kvr::decode_sample_impl(seq, token, r);
   });
 }
 

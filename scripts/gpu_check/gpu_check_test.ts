@@ -48,7 +48,7 @@ Deno.test("gpu_check.py --dry-run passes its correctness and probe checks on the
   }
 });
 
-Deno.test("gpu_check.py --dry-run passes its handoff checks (golden-snapshot codec, projection) on the CPU backend", async () => {
+Deno.test("gpu_check.py --dry-run passes its handoff checks (golden-snapshot codec, projection, sampling) on the CPU backend", async () => {
   const out = await Deno.makeTempDir({ prefix: "gpu_check_handoff_" });
   try {
     const { code, stdout, stderr } = await new Deno.Command("python3", {
@@ -78,6 +78,8 @@ Deno.test("gpu_check.py --dry-run passes its handoff checks (golden-snapshot cod
     assert.equal(names.filter((n) => /byte-identical to the golden file/.test(n)).length, 7);
     assert.equal(names.filter((n) => /restores the CPU's KV/.test(n)).length, 7);
     assert.ok(names.some((n) => /KL\(full ‖ migrated\)/.test(n)), names.join("\n"));
+    // decode_sample vs the reference sampler for every sampling configuration
+    assert.equal(names.filter((n) => /device sampling vs the reference sampler/.test(n)).length, 5);
   } finally {
     await Deno.remove(out, { recursive: true });
   }

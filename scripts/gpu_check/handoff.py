@@ -10,9 +10,14 @@
               Qwen3-8B KV geometry beside a pinned device→host copy; migrate + repair(8) TTFT vs a
               full target prefill for the demo pair at 4k/16k/32k tokens, and (bench_big_migration,
               called by the bench section once it has written them) for the random-weight
-              Qwen3-0.6B shape → 8B shape checkpoints.
-Not measured here (reported as skipped, with the reason): device sampling and device fit (see
-docs/gpu-handoff.md, "status")."""
+              Qwen3-0.6B shape → Qwen3-8B shape checkpoints.
+  sampling    kvr_seq_decode_sample on the backend under test (greedy and top-k steps pick on the
+              device: sm::plan_route) vs the reference: the same sequence's logits from
+              kvr_seq_decode through kvr_sampler_sample with an identically seeded sampler —
+              identical tokens over every step, for greedy, top-k and top-k + top-p + min-p (and a
+              row-route config); timing: µs per decode_sample step vs a logits decode at the
+              Qwen3 vocabulary (bench_sampling, bench section).
+Not measured here (reported as skipped, with the reason): device fit (docs/gpu-handoff.md)."""
 
 import ctypes
 import json
@@ -43,6 +48,12 @@ def bind(lib):
         "kvr_projector_create": (I32, [P, P, P, SZ, P, SZ, P, SZ, P, SZ, P]),
         "kvr_projector_free": (None, [P]),
         "kvr_projector_apply_seq": (I32, [P, P, P, U32, U32]),
+        "kvr_sampling_default_params": (None, [P]),
+        "kvr_sampler_create": (I32, [P, P]),
+        "kvr_sampler_free": (None, [P]),
+        "kvr_sampler_last_error": (ctypes.c_char_p, [P]),
+        "kvr_sampler_sample": (I32, [P, P, SZ, U32, P, P, P, P, U32, P]),
+        "kvr_seq_decode_sample": (I32, [P, I32, P, U32, P, P, P, P, U32, P]),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)
@@ -260,6 +271,113 @@ def check_projection(rep, lib, dut):
               f"{res[dut][2]:.4f} vs {res['cpu'][2]:.4f}")
 
 
+class SamplingParams(ctypes.Structure):
+    _fields_ = [("temperature", ctypes.c_double), ("top_p", ctypes.c_double), ("min_p", ctypes.c_double),
+                ("seed", ctypes.c_int64), ("top_k", ctypes.c_uint32), ("reserved", ctypes.c_uint32)]
+
+
+def make_sampler(lib, temperature, top_k=0, top_p=1.0, min_p=0.0, seed=0):
+    p = SamplingParams()
+    lib.kvr_sampling_default_params(ctypes.byref(p))
+    p.temperature, p.top_k, p.top_p, p.min_p, p.seed = temperature, top_k, top_p, min_p, seed
+    out = ctypes.c_void_p()
+    st = lib.kvr_sampler_create(ctypes.byref(p), ctypes.byref(out))
+    if st != kvr.OK:
+        raise kvr.EngineError(st, lib.kvr_last_error().decode(), "kvr_sampler_create")
+    return out
+
+
+def decode_sample(seq, token, sampler):
+    out = ctypes.c_int32()
+    seq._check(seq.lib.kvr_seq_decode_sample(seq.handle, int(token), sampler, seq.m.vocab, ctypes.byref(out), None,
+                                             None, None, 0, None), "kvr_seq_decode_sample")
+    return out.value
+
+
+def sample_logits(lib, sampler, logits):
+    out = ctypes.c_int32()
+    st = lib.kvr_sampler_sample(sampler, logits.ctypes.data, logits.size, logits.size, ctypes.byref(out), None,
+                                None, None, 0, None)
+    if st != kvr.OK:
+        raise kvr.EngineError(st, lib.kvr_sampler_last_error(sampler).decode(), "kvr_sampler_sample")
+    return out.value
+
+
+SAMPLING_CONFIGS = [("greedy", dict(temperature=0.0)),
+                    ("top_k 40, T 0.8", dict(temperature=0.8, top_k=40, seed=11)),
+                    ("top_k 64, T 1.2, top_p 0.9, min_p 0.05", dict(temperature=1.2, top_k=64, top_p=0.9,
+                                                                      min_p=0.05, seed=-3)),
+                    ("top_k 1, T 1", dict(temperature=1.0, top_k=1, seed=5)),
+                    ("T 0.9 (row route)", dict(temperature=0.9, seed=7))]
+
+
+def check_sampling(rep, lib, dut, steps=24):
+    """decode_sample on the backend under test vs the reference sampler on the same logits: two
+    sequences of one model fed the same tokens; one samples in the step (device route), the other
+    decodes logits and samples them with kvr_sampler_sample (an identically seeded sampler)."""
+    model = kvr.Model(lib, os.path.join(MODELS, "tiny-fast"), "f32", dut, n_threads=2)
+    prompt = np.random.default_rng(5).integers(0, 4000, 40).astype(np.int32)
+    try:
+        for name, cfg in SAMPLING_CONFIGS:
+            a, b = model.seq(len(prompt) + steps + 1), model.seq(len(prompt) + steps + 1)
+            sa, sb = make_sampler(lib, **cfg), make_sampler(lib, **cfg)
+            try:
+                a.prefill(prompt[:-1])
+                b.prefill(prompt[:-1])
+                tok, same, first_bad = int(prompt[-1]), 0, None
+                for i in range(steps):
+                    got = decode_sample(a, tok, sa)
+                    want = sample_logits(lib, sb, b.decode(tok))
+                    if got == want:
+                        same += 1
+                    elif first_bad is None:
+                        first_bad = f"step {i}: {got} vs {want}"
+                    tok = want
+                rep.check("handoff", f"device sampling vs the reference sampler: {name}", same == steps,
+                          f"{same}/{steps} identical" + (f", first difference {first_bad}" if first_bad else ""))
+            finally:
+                lib.kvr_sampler_free(sa)
+                lib.kvr_sampler_free(sb)
+                a.close()
+                b.close()
+    finally:
+        model.close()
+
+
+def bench_sampling(rep, lib, model_dir, deadline, steps=64):
+    """µs per decode step at the checkpoint's vocabulary (the bench's Qwen3-0.6B shape: 151,936):
+    kvr_seq_decode (copies the f32 row to the host) vs kvr_seq_decode_sample greedy and top-k 50
+    (pick on the device, ≤ 64 candidates back) and plain temperature (row route). Called by
+    gpu_check.py's bench section."""
+    model = kvr.Model(lib, model_dir, "bf16", "cuda")
+    try:
+        row = {"what": f"decode step at vocab {model.vocab}, {os.path.basename(model_dir)}"}
+        for name, cfg in (("decode_logits", None), ("greedy", dict(temperature=0.0)),
+                          ("top_k50", dict(temperature=0.8, top_k=50, seed=1)),
+                          ("temperature_row", dict(temperature=0.8, seed=1))):
+            if time.time() > deadline:
+                break
+            seq = model.seq(512 + 2 * steps)
+            sampler = make_sampler(lib, **cfg) if cfg else None
+            try:
+                seq.prefill(np.arange(512, dtype=np.int32) % model.vocab)
+                for _ in range(8):  # warm-up: graph capture, staging allocation
+                    seq.decode(1) if cfg is None else decode_sample(seq, 1, sampler)
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    seq.decode(1) if cfg is None else decode_sample(seq, 1, sampler)
+                row[f"{name}_us"] = (time.perf_counter() - t0) / steps * 1e6
+            finally:
+                if sampler:
+                    lib.kvr_sampler_free(sampler)
+                seq.close()
+        if "greedy_us" in row:
+            row["device_greedy_minus_logits_decode_us"] = row["greedy_us"] - row["decode_logits_us"]
+        _bench(rep, row)
+    finally:
+        model.close()
+
+
 def random_kv_model(workdir):
     """A checkpoint with Qwen3-8B's KV geometry (36 layers, 8 kv heads, head_dim 128) and a tiny
     hidden size: only its cache matters to the codec timing."""
@@ -365,7 +483,7 @@ def bench_migration(rep, lib, dut, deadline):
 
 def bench_big_migration(rep, lib, src_dir, dst_dir, deadline):
     """migrate + repair(8) TTFT vs full target prefill on the random-weight big shapes the bench
-    section wrote (Qwen3-0.6B shape → an 8B shape), with a random all-layers linear projector
+    section wrote (Qwen3-0.6B shape → Qwen3-8B shape), with a random all-layers linear projector
     (timing only: random weights carry no quality). Called by gpu_check.py's bench section."""
     src = kvr.Model(lib, src_dir, "bf16", "cuda")
     dst = kvr.Model(lib, dst_dir, "bf16", "cuda")
@@ -407,7 +525,8 @@ def section_handoff(rep, lib, dut, budget, quick, workdir, torch=None):
     bind(lib)
     deadline = time.time() + budget
     for name, fn in (("codec", lambda: check_codec(rep, lib, dut)),
-                     ("projection", lambda: check_projection(rep, lib, dut))):
+                     ("projection", lambda: check_projection(rep, lib, dut)),
+                     ("sampling", lambda: check_sampling(rep, lib, dut))):
         try:
             fn()
         except Exception as e:  # noqa: BLE001 — one failed check, the rest still run
@@ -424,5 +543,4 @@ def section_handoff(rep, lib, dut, budget, quick, workdir, torch=None):
             fn()
         except Exception as e:  # noqa: BLE001
             rep.check("handoff", f"{name} ran", False, f"{type(e).__name__}: {e}")
-    rep.skip("handoff", "device sampling vs the reference sampler", "no device sampling kernel wired yet")
     rep.skip("handoff", "fit statistics vs CPU", "no device fit accumulation wired yet")

@@ -99,12 +99,7 @@ void forward_batch(const ModelGeometry& m, const Weights& w, const BatchSeq* seq
 #pragma omp parallel for num_threads(nt) schedule(static) if (par_rows)
   for (size_t r = 0; r < rows; ++r) {
     const BatchSeq& s = seqs[seq_of[r]];
-    const size_t tok = static_cast<size_t>(s.tokens[pos_of[r] - s.pos0]) * H;
-    if (w.embed_bf16.empty()) {
-      std::copy_n(w.embed.data() + tok, H, x + r * H);
-    } else {
-      to_f32(w.embed_bf16.data() + tok, KVR_DTYPE_BF16, x + r * H, H);
-    }
+    embed_row(w, static_cast<size_t>(s.tokens[pos_of[r] - s.pos0]), H, x + r * H);
     for (size_t d = 0; d < half; ++d)  // the same bits as forward.cpp (common/device_math.h)
       dm::rope_cos_sin(static_cast<uint32_t>(pos_of[r]), m.inv_freq[d], &cs[r * hd + d], &cs[r * hd + half + d]);
   }

@@ -2,6 +2,8 @@
 // (kept as bf16 when the file's are BF16, else converted to f32; KVRELAY_WEIGHTS_F32=1 forces
 // f32), runs cpu::forward on a per-sequence KV cache, and copies KV in and out with dtype
 // conversion. Arguments arrive validated (model_load.cpp, sequence.cpp).
+#include <omp.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <memory>
@@ -62,18 +64,16 @@ struct Loader {
   }
   // Packs the parts stacked in order (each (rows_i, cols) row-major) as one weight of
   // (sum rows_i, cols): bf16 panels when keep_bf16 and every part is BF16, else f32.
+  // quant: KVR_WEIGHTS_NATIVE, or Q8 / Q4 to quantize (from an f32 staging copy freed on return).
   static PackedWeight packed(std::initializer_list<const TensorView*> parts, size_t cols, bool keep_bf16,
-                             bool q8) {
+                             uint32_t quant) {
+    const bool q8 = quant != KVR_WEIGHTS_NATIVE;
     size_t rows = 0;
     for (const TensorView* p : parts) rows += p->rows;
-    if (!q8 && keep_bf16 && all_bf16(parts)) {
-      std::vector<uint16_t> w(rows * cols);
-      size_t r = 0;
-      for (const TensorView* p : parts) {
-        read_bf16(*p, w.data() + r * cols);
-        r += p->rows;
-      }
-      return PackedWeight::pack_bf16(w.data(), rows, cols);
+    if (!q8 && keep_bf16 && all_bf16(parts)) {  // packed from the mapped file: no staging copy
+      std::vector<PackedWeight::Bf16Rows> blocks;
+      for (const TensorView* p : parts) blocks.push_back({p->data, p->rows});
+      return PackedWeight::pack_bf16(blocks.data(), blocks.size(), cols);
     }
     std::vector<float> w(rows * cols);
     size_t r = 0;
@@ -81,6 +81,7 @@ struct Loader {
       read(*p, w.data() + r * cols);
       r += p->rows;
     }
+    if (quant == KVR_WEIGHTS_Q4) return PackedWeight::pack_q4(w.data(), rows, cols);
     return q8 ? PackedWeight::pack_q8(w.data(), rows, cols) : PackedWeight::pack(w.data(), rows, cols);
   }
   static std::vector<float> vec(const TensorView* d) {
@@ -251,21 +252,30 @@ class CpuBackend final : public Backend {
     const char* force_f32_env = std::getenv("KVRELAY_WEIGHTS_F32");
     const bool keep_bf16 = !(force_f32_env != nullptr && std::strcmp(force_f32_env, "1") == 0);
     const kvr_model_params& p = g_.params;
-    const bool q8 = p.weights == KVR_WEIGHTS_Q8;  // linear weights (and lm_head) quantized
+    const uint32_t quant = p.weights;                // linear weights (and lm_head): q8 / q4 / as stored
+    const bool quantized = quant != KVR_WEIGHTS_NATIVE;
+    // Packers run on the model's thread count: the OpenMP default team of this (loading) thread,
+    // restored on return.
+    struct RestoreThreads {
+      int n;
+      ~RestoreThreads() { omp_set_num_threads(n); }
+    } restore{omp_get_max_threads()};
+    omp_set_num_threads(g_.n_threads);
     Loader ld{t};
     const TensorView& embed = ld.row(KVR_T_EMBED, 0);
-    if (keep_bf16 && Loader::all_bf16({&embed})) {
+    if (p.tie_word_embeddings && !quantized) {
+      // Tied and exact: the packed lm_head is the only copy; lookups gather rows from its panels
+      // (weights.h embed_row). Qwen3-0.6B: 297 MiB bf16 held once instead of twice.
+      w_.lm_head = Loader::packed({&embed}, g_.hidden, keep_bf16, KVR_WEIGHTS_NATIVE);
+    } else if (keep_bf16 && Loader::all_bf16({&embed})) {
       w_.embed_bf16.resize(g_.vocab * g_.hidden);
       Loader::read_bf16(embed, w_.embed_bf16.data());
-      if (p.tie_word_embeddings && !q8)
-        w_.lm_head = PackedWeight::pack_bf16(w_.embed_bf16.data(), g_.vocab, g_.hidden);
     } else {
       w_.embed = Loader::vec(&embed);
-      if (p.tie_word_embeddings && !q8) w_.lm_head = PackedWeight::pack(w_.embed.data(), g_.vocab, g_.hidden);
     }
-    if (p.tie_word_embeddings && q8) w_.lm_head = Loader::packed({&embed}, g_.hidden, keep_bf16, true);
+    if (p.tie_word_embeddings && quantized) w_.lm_head = Loader::packed({&embed}, g_.hidden, keep_bf16, quant);
     w_.final_norm = Loader::vec(t.find(KVR_T_FINAL_NORM));
-    if (!p.tie_word_embeddings) w_.lm_head = Loader::packed({t.find(KVR_T_LM_HEAD)}, g_.hidden, keep_bf16, q8);
+    if (!p.tie_word_embeddings) w_.lm_head = Loader::packed({t.find(KVR_T_LM_HEAD)}, g_.hidden, keep_bf16, quant);
     w_.layer.resize(g_.layers);
     for (size_t l = 0; l < g_.layers; ++l) {
       LayerWeights& L = w_.layer[l];
@@ -274,7 +284,7 @@ class CpuBackend final : public Backend {
       L.q_norm = Loader::vec(t.find(KVR_T_Q_NORM, l));  // present for Qwen3 only
       L.k_norm = Loader::vec(t.find(KVR_T_K_NORM, l));
       const size_t qkv_rows = g_.q_dim + 2 * g_.kv_dim;
-      L.qkv = Loader::packed({t.find(KVR_T_Q, l), t.find(KVR_T_K, l), t.find(KVR_T_V, l)}, g_.hidden, keep_bf16, q8);
+      L.qkv = Loader::packed({t.find(KVR_T_Q, l), t.find(KVR_T_K, l), t.find(KVR_T_V, l)}, g_.hidden, keep_bf16, quant);
       if (p.attention_bias) {
         L.qkv_bias.resize(qkv_rows);
         Loader::read(ld.row(KVR_T_Q_BIAS, l), L.qkv_bias.data());
@@ -282,15 +292,15 @@ class CpuBackend final : public Backend {
         Loader::read(ld.row(KVR_T_V_BIAS, l), L.qkv_bias.data() + g_.q_dim + g_.kv_dim);
         L.o_bias = Loader::vec(t.find(KVR_T_O_BIAS, l));
       }
-      L.o = Loader::packed({t.find(KVR_T_O, l)}, g_.q_dim, keep_bf16, q8);
-      L.gate_up = Loader::packed({t.find(KVR_T_GATE, l), t.find(KVR_T_UP, l)}, g_.hidden, keep_bf16, q8);
+      L.o = Loader::packed({t.find(KVR_T_O, l)}, g_.q_dim, keep_bf16, quant);
+      L.gate_up = Loader::packed({t.find(KVR_T_GATE, l), t.find(KVR_T_UP, l)}, g_.hidden, keep_bf16, quant);
       if (p.mlp_bias) {
         L.gate_up_bias.resize(2 * g_.inter);
         Loader::read(ld.row(KVR_T_GATE_BIAS, l), L.gate_up_bias.data());
         Loader::read(ld.row(KVR_T_UP_BIAS, l), L.gate_up_bias.data() + g_.inter);
         L.down_bias = Loader::vec(t.find(KVR_T_DOWN_BIAS, l));
       }
-      L.down = Loader::packed({t.find(KVR_T_DOWN, l)}, g_.inter, keep_bf16, q8);
+      L.down = Loader::packed({t.find(KVR_T_DOWN, l)}, g_.inter, keep_bf16, quant);
     }
   }
 

@@ -4,6 +4,10 @@
 
 #include <omp.h>
 
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+#include <cpuid.h>
+#endif
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -27,11 +31,16 @@ CpuFeatures detect() {
   f.avx512bw = __builtin_cpu_supports("avx512bw");
   f.avx512vl = __builtin_cpu_supports("avx512vl");
   f.avx512vnni = __builtin_cpu_supports("avx512vnni");
+  // GCC 12's __builtin_cpu_supports("avxvnni") answers 0 on CPUs that have it: read CPUID leaf
+  // 7 subleaf 1 (EAX bit 4) directly; the OS's YMM state is implied by avx2 above.
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (f.avx2 && __get_cpuid_count(7, 1, &a, &b, &c, &d)) f.avxvnni = (a >> 4) & 1u;
 #endif
 #endif
   const char* forced = std::getenv("KVRELAY_CPU_KERNEL");
   f.gemm_forced_generic = forced != nullptr && std::strcmp(forced, "generic") == 0;
   f.gemm_forced_avx2 = forced != nullptr && std::strcmp(forced, "avx2") == 0;
+  f.gemm_forced_avxvnni = forced != nullptr && std::strcmp(forced, "avxvnni") == 0;
   return f;
 }
 
@@ -64,7 +73,8 @@ const CpuFeatures& cpu_features() {
 std::string cpu_description() {
   const std::string simd = use_avx2_fma_f16c() ? "avx2-fma-f16c" : "generic";
   return "cpu: " + model_name() + ", " + std::to_string(omp_get_num_procs()) + " cores, " + simd +
-         " kernels (gemm " + kernel_name() + ", q8 " + q8_kernel_name() + ")";
+         " kernels (gemm " + kernel_name() + ", q8 " + q8_kernel_name() + ", q4 " + q4_kernel_name() +
+         ")";
 }
 
 }  // namespace kvr::cpu

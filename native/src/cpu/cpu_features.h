@@ -12,10 +12,14 @@ struct CpuFeatures {
   bool avx2 = false, fma = false, f16c = false, sse42 = false, avx512f = false;
   // AVX-512 BW/VL and VNNI (vpdpbusd): the q8 weight kernels (gemm_q8.cpp).
   bool avx512bw = false, avx512vl = false, avx512vnni = false;
-  // The GEMM's generic kernel is forced by the environment KVRELAY_CPU_KERNEL=generic (read once);
-  // KVRELAY_CPU_KERNEL=avx2 keeps the AVX-512 kernels off (to test the AVX2 path on any machine).
+  // AVX-VNNI (VEX-encoded vpdpbusd on ymm, CPUID 7.1 EAX bit 4): q8/q4 kernels without AVX-512.
+  bool avxvnni = false;
+  // The environment KVRELAY_CPU_KERNEL (read once) narrows the choice so one machine tests every
+  // path it has: `generic` forces the portable kernels; `avx2` keeps AVX-512 and AVX-VNNI off
+  // (an AVX2-only machine); `avxvnni` keeps AVX-512 off (AVX2 + AVX-VNNI, Alder Lake-like).
   bool gemm_forced_generic = false;
   bool gemm_forced_avx2 = false;
+  bool gemm_forced_avxvnni = false;
 };
 
 // Detected once per process. A build with -DKVR_FORCE_GENERIC reports no AVX2/FMA/F16C (tests
@@ -36,14 +40,25 @@ inline bool use_avx2_gemm() {
 // is generic or avx2.
 inline bool use_avx512_gemm() {
   const CpuFeatures& f = cpu_features();
-  return f.avx512f && use_avx2_gemm() && !f.gemm_forced_avx2;
+  return f.avx512f && use_avx2_gemm() && !f.gemm_forced_avx2 && !f.gemm_forced_avxvnni;
 }
-// q8 weight kernels with AVX-512 VNNI (F/BW/VL + vpdpbusd), unless KVRELAY_CPU_KERNEL is
-// generic or avx2.
+// q8/q4 weight kernels with AVX-512 VNNI (F/BW/VL + vpdpbusd), unless KVRELAY_CPU_KERNEL is
+// generic, avx2 or avxvnni.
 inline bool use_avx512_vnni() {
   const CpuFeatures& f = cpu_features();
   return f.avx512f && f.avx512bw && f.avx512vl && f.avx512vnni && !f.gemm_forced_generic &&
-         !f.gemm_forced_avx2;
+         !f.gemm_forced_avx2 && !f.gemm_forced_avxvnni;
+}
+// q8/q4 weight kernels on ymm (AVX2 + FMA + F16C for the f16 scales of q4), unless
+// KVRELAY_CPU_KERNEL=generic.
+inline bool use_avx2_quant() {
+  const CpuFeatures& f = cpu_features();
+  return f.avx2 && f.fma && f.f16c && !f.gemm_forced_generic;
+}
+// ... with AVX-VNNI's ymm vpdpbusd instead of vpmaddubsw/vpmaddwd, unless KVRELAY_CPU_KERNEL=avx2.
+inline bool use_avx_vnni() {
+  const CpuFeatures& f = cpu_features();
+  return f.avxvnni && use_avx2_quant() && !f.gemm_forced_avx2;
 }
 // CRC32C with the SSE4.2 crc32 instruction.
 inline bool use_sse42_crc() { return cpu_features().sse42; }

@@ -2,10 +2,9 @@
 // weight panels (each thread owns a fixed column range of every projection), attention by KV
 // head, and the small row ops are either fused into the owner's range (biases, SwiGLU) or
 // recomputed by every thread into its own buffer (RMSNorm of one row: cheaper than a barrier).
-// Five barriers per layer: after QKV, attention, O, gate/up+SwiGLU and down.
+// Four barriers per layer (after attention, O, gate/up+SwiGLU and down) when GQA groups divide
+// evenly over the threads, five otherwise (also after QKV).
 #include "cpu/decode_step.h"
-
-#include <omp.h>
 
 #include <algorithm>
 #include <chrono>
@@ -17,6 +16,7 @@
 #include "cpu/gemm.h"
 #include "cpu/ops.h"
 #include "cpu/spin_barrier.h"
+#include "cpu/worker_pool.h"
 
 namespace kvr::cpu {
 namespace {
@@ -39,8 +39,8 @@ void gemv_part(const float* x, const PackedWeight& w, const std::vector<float>& 
 
 }  // namespace
 
-void decode_step(const ModelGeometry& m, const Weights& w, KvCache& kv, int32_t token, size_t pos, float* logits, Scratch& sc,
-                 int n_threads) {
+unsigned decode_step(const ModelGeometry& m, const Weights& w, KvCache& kv, int32_t token, size_t pos, float* logits,
+                     Scratch& sc, int n_threads) {
   const size_t H = m.hidden, I = m.inter, hd = m.head_dim, half = hd / 2;
   const size_t qd = m.q_dim, kvd = m.kv_dim, ldqkv = qd + 2 * kvd;
   const size_t group = m.heads / m.kv_heads;
@@ -72,12 +72,7 @@ void decode_step(const ModelGeometry& m, const Weights& w, KvCache& kv, int32_t 
   aa.q = qkv;
   aa.out = att;
 
-  const size_t row = static_cast<size_t>(token) * H;
-  if (w.embed_bf16.empty()) {
-    std::copy_n(w.embed.data() + row, H, x);
-  } else {
-    to_f32(w.embed_bf16.data() + row, KVR_DTYPE_BF16, x, H);
-  }
+  embed_row(w, static_cast<size_t>(token), H, x);
   // The same bits as the prefill path and the CUDA backend (common/device_math.h).
   for (size_t d = 0; d < half; ++d)
     dm::rope_cos_sin(static_cast<uint32_t>(pos), m.inv_freq[d], &cs[d], &cs[half + d]);
@@ -87,44 +82,113 @@ void decode_step(const ModelGeometry& m, const Weights& w, KvCache& kv, int32_t 
   const bool fused_swiglu = I % kPanelWidth == 0;
   SpinBarrier bar;
 
-#pragma omp parallel num_threads(static_cast<int>(nt))
-  {
-    const size_t T = static_cast<size_t>(omp_get_num_threads());
-    const size_t t = static_cast<size_t>(omp_get_thread_num());
-    bar.arm(static_cast<unsigned>(T));
+  // Attention is split by query head: thread t owns a contiguous head range (whole GQA groups when
+  // they divide evenly, else near-equal ranges that may cut a group), computes those heads' q
+  // columns of the QKV projection itself, and the k/v columns, k-norm, RoPE and cache write of every
+  // group whose first head it owns. When every group lies within one thread, no thread reads what
+  // another wrote before attention and the QKV barrier is skipped. Needs head_dim % 16 == 0 (heads
+  // map to whole weight panels) and groups below the attention kernel's 8-row block path (a subset
+  // of a group then runs the same per-row kernel as the whole group).
+  const bool by_head = hd % kPanelWidth == 0 && group < 8;
+  auto head_range = [&](size_t T, size_t t, size_t* h0, size_t* h1) {
+    if (m.kv_heads % T == 0 || !by_head) {
+      size_t g0, g1;
+      split(m.kv_heads, T, t, &g0, &g1);
+      *h0 = g0 * group;
+      *h1 = g1 * group;
+    } else {
+      split(m.heads, T, t, h0, h1);
+    }
+  };
+
+  auto body = [&](unsigned team_thread, unsigned team) {
+    const size_t T = team;
+    const size_t t = team_thread;
+    bar.arm(team);
     float* h = hbase + t * h_each;
     float* as = sc.attn.data() + t * attn_each;
-    size_t q0, q1, o0, o1, g0, g1, d0, d1, v0, v1;
+    size_t q0, q1, o0, o1, d0, d1, v0, v1;
     split(w.layer.empty() ? 0 : w.layer[0].qkv.panels(), T, t, &q0, &q1);
     split(w.layer.empty() ? 0 : w.layer[0].o.panels(), T, t, &o0, &o1);
     split(w.layer.empty() ? 0 : w.layer[0].down.panels(), T, t, &d0, &d1);
-    split(m.kv_heads, T, t, &g0, &g1);
     split(w.lm_head.panels(), T, t, &v0, &v1);
     size_t u0, u1;  // gate/up panels (fused: gate panel range; else all panels)
     split(fused_swiglu ? I / kPanelWidth : (w.layer.empty() ? 0 : w.layer[0].gate_up.panels()), T, t,
           &u0, &u1);
+    size_t h0, h1;  // attention heads of this thread
+    head_range(T, t, &h0, &h1);
+    const size_t og0 = (h0 + group - 1) / group, og1 = (h1 + group - 1) / group;  // k/v groups
+    bool aligned = true;  // every group's heads on one thread: no QKV barrier
+    for (size_t u = 0; u < T; ++u) {
+      size_t a0, a1;
+      head_range(T, u, &a0, &a1);
+      aligned = aligned && a0 % group == 0 && a1 % group == 0;
+    }
+    const size_t pw = kPanelWidth;
 
     for (size_t l = 0; l < m.layers; ++l) {
       const LayerWeights& L = w.layer[l];
       rmsnorm(x, h, L.attn_norm.data(), H, eps);
-      gemv_part(h, L.qkv, L.qkv_bias, qkv, false, q0, q1);
-      bar.wait();
+      if (!by_head) {
+        gemv_part(h, L.qkv, L.qkv_bias, qkv, false, q0, q1);
+        bar.wait();
+      } else {
+        gemv_part(h, L.qkv, L.qkv_bias, qkv, false, h0 * hd / pw, h1 * hd / pw);
+        gemv_part(h, L.qkv, L.qkv_bias, qkv, false, (qd + og0 * hd) / pw, (qd + og1 * hd) / pw);
+        gemv_part(h, L.qkv, L.qkv_bias, qkv, false, (qd + kvd + og0 * hd) / pw,
+                  (qd + kvd + og1 * hd) / pw);
+        for (size_t g = og0; g < og1; ++g) {
+          float* kr = qkv + qd + g * hd;
+          if (qwen3) rmsnorm(kr, kr, L.k_norm.data(), hd, eps);
+          rope(kr, cs, cs + half, half);
+          from_f32(kr, kv.dtype, kv.at(l, 0, g, pos), hd);
+          from_f32(qkv + qd + kvd + g * hd, kv.dtype, kv.at(l, 1, g, pos), hd);
+        }
+        if (!aligned) bar.wait();  // a group's keys are written by another thread
+      }
 
       AttnArgs la = aa;  // per thread: the shared template stays read-only
       la.layer = l;
-      for (size_t g = g0; g < g1; ++g) {
-        float* kr = qkv + qd + g * hd;
-        float* vr = qkv + qd + kvd + g * hd;
-        if (qwen3) rmsnorm(kr, kr, L.k_norm.data(), hd, eps);
-        rope(kr, cs, cs + half, half);
-        from_f32(kr, kv.dtype, kv.at(l, 0, g, pos), hd);
-        from_f32(vr, kv.dtype, kv.at(l, 1, g, pos), hd);
-        for (size_t hh = g * group; hh < (g + 1) * group; ++hh) {
+      if (!by_head) {
+        size_t g0, g1;
+        split(m.kv_heads, T, t, &g0, &g1);
+        for (size_t g = g0; g < g1; ++g) {
+          float* kr = qkv + qd + g * hd;
+          float* vr = qkv + qd + kvd + g * hd;
+          if (qwen3) rmsnorm(kr, kr, L.k_norm.data(), hd, eps);
+          rope(kr, cs, cs + half, half);
+          from_f32(kr, kv.dtype, kv.at(l, 0, g, pos), hd);
+          from_f32(vr, kv.dtype, kv.at(l, 1, g, pos), hd);
+          for (size_t hh = g * group; hh < (g + 1) * group; ++hh) {
+            float* qr = qkv + hh * hd;
+            if (qwen3) rmsnorm(qr, qr, L.q_norm.data(), hd, eps);
+            rope(qr, cs, cs + half, half);
+          }
+          attention_group(la, g, as);
+        }
+      } else {
+        for (size_t hh = h0; hh < h1; ++hh) {
           float* qr = qkv + hh * hd;
           if (qwen3) rmsnorm(qr, qr, L.q_norm.data(), hd, eps);
           rope(qr, cs, cs + half, half);
         }
-        attention_group(la, g, as);
+        for (size_t g = h0 / group; g * group < h1; ++g) {
+          const size_t r0 = std::max(h0, g * group) - g * group;
+          const size_t r1 = std::min(h1, (g + 1) * group) - g * group;
+          if (r1 <= r0) continue;
+          if (r0 == 0 && r1 == group) {
+            attention_group(la, g, as);
+            continue;
+          }
+          // Rows [r0, r1) of group g as a group of r1 − r0 heads: attention_group reads query
+          // (and writes output) head g·s + i, so shift q and out to land on head g·group + r0 + i.
+          const size_t sub = r1 - r0, shift = (g * (group - sub) + r0) * hd;
+          AttnArgs sa = la;
+          sa.heads = m.kv_heads * sub;
+          sa.q = qkv + shift;
+          sa.out = att + shift;
+          attention_group(sa, g, as);
+        }
       }
       bar.wait();
 
@@ -153,7 +217,11 @@ void decode_step(const ModelGeometry& m, const Weights& w, KvCache& kv, int32_t 
 
     rmsnorm(x, h, w.final_norm.data(), H, eps);
     gemv_range(h, w.lm_head, logits, false, v0, v1);
-  }
+  };
+  using Body = decltype(body);
+  return WorkerPool::shared().run(
+      static_cast<unsigned>(nt),
+      [](void* ctx, unsigned t, unsigned team) { (*static_cast<Body*>(ctx))(t, team); }, &body);
 }
 
 void decode_tuned(const ModelGeometry& m, const Weights& w, KvCache& kv, int32_t token, size_t pos, float* logits, Scratch& sc,
@@ -167,8 +235,12 @@ void decode_tuned(const ModelGeometry& m, const Weights& w, KvCache& kv, int32_t
   const bool probing = tu.step < DecodeTuner::kProbe;
   const int variant = probing ? static_cast<int>(tu.step % 2) : (tu.chosen == 1 ? 0 : 1);
   const auto t0 = std::chrono::steady_clock::now();
-  decode_step(m, w, kv, token, pos, logits, sc, variant == 0 ? 1 : many);
+  const unsigned want = variant == 0 ? 1 : static_cast<unsigned>(many);
+  const unsigned used = decode_step(m, w, kv, token, pos, logits, sc, static_cast<int>(want));
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // A step that ran alone because another sequence held the pool says nothing about the choice:
+  // it is not counted, and the probe step is repeated.
+  if (probing && used != want) return;
   if (probing) {
     tu.probe_time[variant][tu.step / 2] = dt;
     if (tu.step + 1 == DecodeTuner::kProbe) {

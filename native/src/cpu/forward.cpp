@@ -55,12 +55,7 @@ void forward_chunk(const ModelGeometry& m, const Weights& w, KvCache& kv, const 
   // Embeddings and RoPE tables (double precision angles, rounded to f32).
 #pragma omp parallel for num_threads(nt) schedule(static) if (par_rows)
   for (size_t i = 0; i < n; ++i) {
-    const size_t row = static_cast<size_t>(tokens[i]) * H;
-    if (w.embed_bf16.empty()) {
-      std::copy_n(w.embed.data() + row, H, x + i * H);
-    } else {
-      to_f32(w.embed_bf16.data() + row, KVR_DTYPE_BF16, x + i * H, H);
-    }
+    embed_row(w, static_cast<size_t>(tokens[i]), H, x + i * H);
     // The CUDA backend computes the same bits (common/device_math.h via rope.h).
     rope_cos_sin_rows(m.inv_freq, pos0 + i, 1, cs + i * hd, hd);
   }

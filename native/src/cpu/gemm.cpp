@@ -15,11 +15,18 @@
 
 #include "cpu/cpu_features.h"
 #include "cpu/gemm_kernels.h"
+#include "cpu/gemm_q4.h"
 #include "cpu/gemm_q8.h"
 
 namespace kvr::cpu {
 
 namespace {
+
+float bits_to_f32(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
 
 using detail::KernelTable;
 using detail::kTileRows;
@@ -122,6 +129,10 @@ const float* panel_slice(const KernelTable& kt, const PackedWeight& w, size_t p,
     q8::dequant_slice(w, p, pc, kc, buf);
     return buf;
   }
+  if (w.is_q4()) {  // q4: likewise
+    q4::dequant_slice(w, p, pc, kc, buf);
+    return buf;
+  }
   if (!w.is_bf16()) return w.panel(p) + pc * kPanelWidth;
   kt.widen_bf16(kc * kPanelWidth, w.panel_bf16(p) + pc * kPanelWidth, buf);
   return buf;
@@ -192,6 +203,20 @@ void gemv_panels(const KernelTable& kt, const float* x, const PackedWeight& w, f
     if (dx.size() < blocks) dx.resize(blocks);
     q8::quantize_x(x, k, blocks, xq.data(), dx.data());
     q8::gemv(w, xq.data(), dx.data(), p0, p1, y, accumulate);
+    return;
+  }
+  if (w.is_q4()) {  // the same activation quantizer, as signed codes plus dx·Σcode per block
+    thread_local std::vector<uint8_t> xq;
+    thread_local std::vector<int8_t> xs;
+    thread_local std::vector<float> dx, dxs;
+    thread_local std::vector<int32_t> sx;
+    const size_t blocks = w.q8_blocks(), kq = blocks * PackedWeight::kQ8Block;
+    if (xq.size() < kq) xq.resize(kq), xs.resize(kq);
+    if (dx.size() < blocks) dx.resize(blocks), dxs.resize(blocks), sx.resize(blocks);
+    q8::quantize_x(x, k, blocks, xq.data(), dx.data(), sx.data());
+    for (size_t i = 0; i < kq; ++i) xs[i] = static_cast<int8_t>(static_cast<int>(xq[i]) - 128);
+    for (size_t b = 0; b < blocks; ++b) dxs[b] = dx[b] * static_cast<float>(sx[b]);
+    q4::gemv(w, xs.data(), dx.data(), dxs.data(), p0, p1, y, accumulate);
     return;
   }
   const size_t stride = k * kPanelWidth;
@@ -305,14 +330,98 @@ PackedWeight PackedWeight::pack_q8(const float* w, size_t n, size_t k) {
   return p;
 }
 
-PackedWeight PackedWeight::pack_bf16(const uint16_t* w, size_t n, size_t k) {
+PackedWeight PackedWeight::pack_q4(const float* w, size_t n, size_t k) {
   PackedWeight p;
   p.n_ = n;
   p.k_ = k;
-  p.bf16_ = true;
-  p.data16_.resize(p.panels() * k * kPanelWidth);
-  pack_panels(w, n, k, p.data16_.data());
+  p.q4_ = true;
+  const size_t P = p.panels(), B = p.q8_blocks();
+  p.data4_.assign(P * B * 256, 0);
+  p.q4_scale_.assign(P * B * 16, 0);
+  p.q4_min_.assign(P * B * 16, 0);
+  // Rows are independent (a least-squares fit per 32-block): split them over the cores, as the
+  // fit costs a few passes per weight at load.
+#pragma omp parallel for schedule(static)
+  for (long rl = 0; rl < static_cast<long>(n); ++rl) {
+    const size_t r = static_cast<size_t>(rl), pi = r / kPanelWidth, c = r % kPanelWidth;
+    const float* src = w + r * k;
+    for (size_t b = 0; b < B; ++b) {
+      const size_t k0 = b * kQ8Block, len = std::min(k, k0 + kQ8Block) - k0;
+      uint8_t codes[kQ8Block];
+      const size_t mi = (pi * B + b) * 16 + c;
+      q4::fit_block(src + k0, len, codes, &p.q4_scale_[mi], &p.q4_min_[mi]);
+      uint8_t* blk = p.data4_.data() + (pi * B + b) * 256;
+      // A byte holds two k of one row (low and high nibble): threads never share a byte.
+      for (size_t t = 0; t < len; ++t) {
+        const size_t j = (t % 16) / 4, e = t % 4;
+        const uint8_t v = static_cast<uint8_t>(codes[t] << (t < 16 ? 0 : 4));
+        blk[j * 64 + c * 4 + e] |= v;
+      }
+    }
+  }
   return p;
+}
+
+PackedWeight PackedWeight::pack_bf16(const uint16_t* w, size_t n, size_t k) {
+  const Bf16Rows all{w, n};
+  return pack_bf16(&all, 1, k);
+}
+
+PackedWeight PackedWeight::pack_bf16(const Bf16Rows* parts, size_t n_parts, size_t k) {
+  PackedWeight p;
+  p.k_ = k;
+  p.bf16_ = true;
+  const std::vector<Bf16Rows> blocks(parts, parts + n_parts);
+  for (const Bf16Rows& b : blocks) p.n_ += b.rows;
+  const size_t panels = p.panels();
+  p.data16_.resize(panels * k * kPanelWidth);  // not zeroed: every element is written below
+  uint16_t* dst = p.data16_.data();
+  // Row r's source: the block holding it (a handful of blocks: a linear scan).
+  auto source = [&](size_t r) -> const uint8_t* {
+    for (const Bf16Rows& b : blocks) {
+      if (r < b.rows) return static_cast<const uint8_t*>(b.data) + r * k * sizeof(uint16_t);
+      r -= b.rows;
+    }
+    return nullptr;  // r >= n: a padding column
+  };
+  constexpr size_t kT = 64;  // k per tile: 16 rows x 64 = 2 KiB in, 2 KiB out
+#pragma omp parallel for schedule(static) if (panels > 1)
+  for (long pl = 0; pl < static_cast<long>(panels); ++pl) {
+    const size_t pi = static_cast<size_t>(pl);
+    const uint8_t* src[kPanelWidth];
+    for (size_t c = 0; c < kPanelWidth; ++c) src[c] = source(pi * kPanelWidth + c);
+    uint16_t* panel = dst + pi * k * kPanelWidth;
+    alignas(64) uint16_t tile[kPanelWidth][kT];
+    for (size_t t0 = 0; t0 < k; t0 += kT) {
+      const size_t len = std::min(kT, k - t0);
+      for (size_t c = 0; c < kPanelWidth; ++c) {  // memcpy: the mapped rows may be unaligned
+        if (src[c] != nullptr) {
+          std::memcpy(tile[c], src[c] + t0 * sizeof(uint16_t), len * sizeof(uint16_t));
+        } else {
+          std::memset(tile[c], 0, len * sizeof(uint16_t));
+        }
+      }
+      uint16_t* out = panel + t0 * kPanelWidth;
+      for (size_t t = 0; t < len; ++t) {
+        for (size_t c = 0; c < kPanelWidth; ++c) out[t * kPanelWidth + c] = tile[c][t];
+      }
+    }
+  }
+  return p;
+}
+
+void PackedWeight::row_f32(size_t r, float* out) const {
+  const size_t pi = r / kPanelWidth, c = r % kPanelWidth;
+  if (bf16_) {
+    const uint16_t* s = panel_bf16(pi) + c;
+    for (size_t t = 0; t < k_; ++t) {
+      const uint32_t u = static_cast<uint32_t>(s[t * kPanelWidth]) << 16;
+      std::memcpy(out + t, &u, sizeof(float));
+    }
+  } else {
+    const float* s = panel(pi) + c;
+    for (size_t t = 0; t < k_; ++t) out[t] = s[t * kPanelWidth];
+  }
 }
 
 void matmul_xwt(const float* x, size_t m, size_t ldx, const PackedWeight& w, float* y,
@@ -369,8 +478,15 @@ void matmul_xwt(const float* x, size_t m, size_t ldx, const PackedWeight& w, flo
   }
 
   // Many rows: split the row tiles into blocks of at most MC rows (each packs its own A once);
-  // threads share the weight panels through L3.
-  const size_t tasks = task_count(row_tiles, nt, kMC / kTileRows);
+  // threads share the weight panels through L3. q8/q4 weights dequantize every panel slice once
+  // per block, so their blocks stay as large as MC allows (one per thread at least) instead of
+  // ~4 per thread: at 128 rows on 2 threads, 8 blocks of 18 rows spent about as long
+  // dequantizing as multiplying.
+  const bool quantized = w.is_q8() || w.is_q4();
+  const size_t per_task = kMC / kTileRows;
+  const size_t tasks =
+      quantized ? std::min(row_tiles, ((row_tiles + per_task - 1) / per_task + nt - 1) / nt * nt)
+                : task_count(row_tiles, nt, per_task);
   bool failed = false;  // an exception may not leave an OpenMP region: carry it out by hand
 #pragma omp parallel for num_threads(static_cast<int>(nt)) schedule(dynamic, 1) \
     reduction(|| : failed)
@@ -398,8 +514,30 @@ void gemv_range(const float* x, const PackedWeight& w, float* y, bool accumulate
   gemv_panels(kernels(), x, w, y, accumulate, p0, p1);
 }
 
+void dequantize(const PackedWeight& w, float* out) {
+  const size_t n = w.rows(), k = w.cols();
+  alignas(64) float buf[kKC * kPanelWidth];
+  for (size_t p = 0; p < w.panels(); ++p) {
+    for (size_t pc = 0; pc < k; pc += kKC) {
+      const size_t kc = std::min(kKC, k - pc);
+      const float* s = panel_slice(kernels(), w, p, pc, kc, buf);
+      if (w.is_bf16()) {  // panel_slice widens bf16 only for the generic table: widen here
+        for (size_t t = 0; t < kc * kPanelWidth; ++t) {
+          buf[t] = bits_to_f32(static_cast<uint32_t>(w.panel_bf16(p)[pc * kPanelWidth + t]) << 16);
+        }
+        s = buf;
+      }
+      for (size_t c = 0; c < kPanelWidth && p * kPanelWidth + c < n; ++c) {
+        for (size_t t = 0; t < kc; ++t) out[(p * kPanelWidth + c) * k + pc + t] = s[t * kPanelWidth + c];
+      }
+    }
+  }
+}
+
 const char* kernel_name() { return kernels().name; }
 
 const char* q8_kernel_name() { return q8::kernel_name(); }
+
+const char* q4_kernel_name() { return q4::kernel_name(); }
 
 }  // namespace kvr::cpu

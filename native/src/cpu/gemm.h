@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <new>
+#include <utility>
 #include <vector>
 
 namespace kvr::cpu {
@@ -33,6 +34,24 @@ struct AlignedAllocator {
   bool operator!=(const AlignedAllocator<U>&) const { return false; }
 };
 
+// AlignedAllocator whose resize() leaves new elements default-initialized (not zeroed), for
+// buffers a packer writes in full: zeroing first would fault in every page on one thread before
+// the (parallel) packing writes it again — at load, page faults are most of the packing time.
+template <typename T>
+struct AlignedUninitAllocator : AlignedAllocator<T> {
+  AlignedUninitAllocator() = default;
+  template <typename U>
+  AlignedUninitAllocator(const AlignedUninitAllocator<U>&) {}
+  template <typename U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <typename U, typename... A>
+  void construct(U* p, A&&... a) {
+    ::new (static_cast<void*>(p)) U(std::forward<A>(a)...);
+  }
+};
+
 // Output columns per packed micro-panel (two 8-lane ymm registers).
 constexpr size_t kPanelWidth = 16;
 
@@ -49,22 +68,40 @@ class PackedWeight {
   static PackedWeight pack(const float* w, size_t n, size_t k);
   // Copies and repacks w (n, k) row-major bf16 bit patterns, kept as bf16. Throws std::bad_alloc.
   static PackedWeight pack_bf16(const uint16_t* w, size_t n, size_t k);
+  // One (rows, k) row-major block of bf16 bit patterns; data may be unaligned (a mapped file).
+  struct Bf16Rows {
+    const void* data;
+    size_t rows;
+  };
+  // Packs the n_parts blocks stacked in order ([q; k; v], [gate; up]) as one bf16 weight of
+  // (Σ rows, k), read in place — straight from the mapped checkpoint, no staging copy — with the
+  // panels split over the OpenMP default team (each thread first-touches its own panels; the
+  // loader sets the team to the model's thread count). Same layout and bits as pack_bf16 of the
+  // stacked rows. Throws std::bad_alloc.
+  static PackedWeight pack_bf16(const Bf16Rows* parts, size_t n_parts, size_t k);
   // Quantizes w (n, k) row-major f32 to q8 (see "q8 layout" below). Throws std::bad_alloc.
   static PackedWeight pack_q8(const float* w, size_t n, size_t k);
+  // Quantizes w (n, k) row-major f32 to q4 (see "q4 layout" below). Throws std::bad_alloc.
+  static PackedWeight pack_q4(const float* w, size_t n, size_t k);
   size_t rows() const { return n_; }  // n: output features
   size_t cols() const { return k_; }  // k: input features
   bool is_bf16() const { return bf16_; }
   bool is_q8() const { return q8_; }
+  bool is_q4() const { return q4_; }
   // Resident bytes of the packed panels (padding columns included).
   size_t size_bytes() const {
     return data_.size() * sizeof(float) + data16_.size() * sizeof(uint16_t) + data8_.size() +
-           q8_scale_.size() * sizeof(float) + q8_corr_.size() * sizeof(int32_t);
+           q8_scale_.size() * sizeof(float) + q8_corr_.size() * sizeof(int32_t) + data4_.size() +
+           q4_scale_.size() * sizeof(uint16_t) + q4_min_.size() * sizeof(uint16_t);
   }
   size_t panels() const { return (n_ + kPanelWidth - 1) / kPanelWidth; }
   // Panel p (16 output columns p*16 .. p*16+15): (k, 16) elements, k-major, 64-byte aligned.
   // panel() only for f32 weights, panel_bf16() only for bf16 ones (is_bf16()).
   const float* panel(size_t p) const { return data_.data() + p * k_ * kPanelWidth; }
   const uint16_t* panel_bf16(size_t p) const { return data16_.data() + p * k_ * kPanelWidth; }
+  // Row r < rows() (one output feature's k weights) as f32, gathered from its panel (f32 or bf16
+  // weights, exact): a tied model's embedding lookup reads the lm_head instead of a second copy.
+  void row_f32(size_t r, float* out) const;
 
   // q8 layout (is_q8()): k padded with zeros to kq = ceil(k/32)·32 and cut into blocks of 32.
   // Per panel and block, 512 int8 codes ordered (k/4, 16 columns, 4 consecutive k) — one 64-byte
@@ -77,16 +114,30 @@ class PackedWeight {
   const float* panel_q8_scale(size_t p) const { return q8_scale_.data() + p * q8_blocks() * 16; }
   const int32_t* panel_q8_corr(size_t p) const { return q8_corr_.data() + p * q8_blocks() * 16; }
 
+  // q4 layout (is_q4()): the same blocks of 32 (q8_blocks()). Per column and block, w ≈ d·c + m
+  // with c in [0, 15] and d, m f16 (llama.cpp Q4_1-like; d and m fitted by least squares at
+  // load, gemm_q4.cpp). Per panel and block 256 bytes of codes: byte j·64 + col·4 + e holds
+  // k = 4j + e in its low nibble and k = 16 + 4j + e in its high nibble (j < 4) — one 64-byte
+  // load, masked and shifted, feeds two vpdpbusd of all 16 columns; then 16 f16 d and 16 f16 m.
+  // 0.625 bytes per weight.
+  const uint8_t* panel_q4(size_t p) const { return data4_.data() + p * q8_blocks() * 256; }
+  const uint16_t* panel_q4_scale(size_t p) const { return q4_scale_.data() + p * q8_blocks() * 16; }
+  const uint16_t* panel_q4_min(size_t p) const { return q4_min_.data() + p * q8_blocks() * 16; }
+
  private:
   size_t n_ = 0;
   size_t k_ = 0;
   bool bf16_ = false;
   bool q8_ = false;
+  bool q4_ = false;
+  std::vector<uint8_t, AlignedAllocator<uint8_t>> data4_;      // q4 nibbles, or empty
+  std::vector<uint16_t, AlignedAllocator<uint16_t>> q4_scale_;  // (panels, blocks, 16) f16 d
+  std::vector<uint16_t, AlignedAllocator<uint16_t>> q4_min_;    // (panels, blocks, 16) f16 m
   std::vector<int8_t, AlignedAllocator<int8_t>> data8_;     // q8 codes, or empty
   std::vector<float, AlignedAllocator<float>> q8_scale_;    // (panels, blocks, 16)
   std::vector<int32_t, AlignedAllocator<int32_t>> q8_corr_;  // (panels, blocks, 16)
   std::vector<float, AlignedAllocator<float>> data_;        // f32 panels, or empty
-  std::vector<uint16_t, AlignedAllocator<uint16_t>> data16_;  // bf16 panels, or empty
+  std::vector<uint16_t, AlignedUninitAllocator<uint16_t>> data16_;  // bf16 panels, or empty
 };
 
 // y (m, n) with row stride ldy = x (m, k) with row stride ldx · Wᵀ; when accumulate, y += x · Wᵀ.
@@ -102,8 +153,14 @@ void matmul_xwt(const float* x, size_t m, size_t ldx, const PackedWeight& w, flo
 void gemv_range(const float* x, const PackedWeight& w, float* y, bool accumulate, size_t p0,
                 size_t p1);
 
-// Name of the q8 GEMV kernel chosen at runtime ("avx512-vnni" or "generic").
+// out (n, k) row-major = the values the kernels use for w (q8/q4: dequantized as the prefill
+// GEMM does; f32/bf16: as packed).
+void dequantize(const PackedWeight& w, float* out);
+
+// Name of the q8 / q4 GEMV kernels chosen at runtime ("avx512-vnni", "avx-vnni", "avx2" or
+// "generic").
 const char* q8_kernel_name();
+const char* q4_kernel_name();
 
 // Name of the kernel chosen at runtime for this CPU ("avx2-fma" or "generic").
 const char* kernel_name();

@@ -1,6 +1,7 @@
-// q8 weight kernels (see gemm_q8.h): quantizers, the portable integer GEMV and its AVX-512 VNNI
-// twin (compiled per function with a target attribute; chosen once from cpu_features.h), and the
-// slice dequantizer used by the f32 tile GEMM for prefill.
+// q8 weight kernels (see gemm_q8.h): quantizers, the portable integer GEMV and its AVX-512 VNNI,
+// AVX-VNNI and AVX2 twins (compiled per function with target attributes; chosen once from
+// cpu_features.h; all give the same exact int32 block dots, so the same bits), and the slice
+// dequantizer used by the f32 tile GEMM for prefill.
 #include "cpu/gemm_q8.h"
 
 #include <algorithm>
@@ -14,6 +15,8 @@
 #include <immintrin.h>
 #define KVR_Q8_AVX512 1
 #define KVR_TARGET_AVX512_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma")))
+#define KVR_TARGET_AVX2_Q __attribute__((target("avx2,fma,f16c")))
+#define KVR_TARGET_AVX_VNNI __attribute__((target("avx2,fma,f16c,avxvnni")))
 #else
 #define KVR_Q8_AVX512 0
 #endif
@@ -98,18 +101,125 @@ KVR_TARGET_AVX512_VNNI void gemv_avx512(size_t blocks, const uint8_t* xq, const 
     _mm512_storeu_ps(acc + q * 16, a0);
   }
 }
+
+// AVX2 (no VNNI): vpmaddubsw needs an unsigned operand and saturates at int16, so the activation
+// goes back to its signed code q (code ^ 0x80) and the sign trick of llama.cpp keeps each pair
+// sum |q_x|·(±q_w) + … ≤ 2·127·127 < 2^15: maddubs(|q_x|, sign(q_w, q_x)), then vpmaddwd with
+// ones widens to int32. The result is Σ q_x·q_w — the VNNI dot minus the 128·Σ q_w correction —
+// exactly, so the bits match the other kernels. One ymm holds 8 columns × 4 k (half a panel row
+// group: bytes g·64 + h·32 of the block).
+KVR_TARGET_AVX2_Q inline void block_dot_avx2(const uint8_t* xb, const int8_t* wb, __m256i* s0,
+                                             __m256i* s1) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
+  for (int g = 0; g < 8; ++g) {
+    uint32_t x4;
+    std::memcpy(&x4, xb + g * 4, 4);
+    const __m256i xs = _mm256_set1_epi32(static_cast<int32_t>(x4 ^ 0x80808080u));
+    const __m256i ax = _mm256_sign_epi8(xs, xs);
+    const __m256i w0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(wb + g * 64));
+    const __m256i w1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(wb + g * 64 + 32));
+    a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(w0, xs)), ones));
+    a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(w1, xs)), ones));
+  }
+  *s0 = a0;
+  *s1 = a1;
+}
+
+KVR_TARGET_AVX2_Q void gemv_avx2(size_t blocks, const uint8_t* xq, const float* dx, const int8_t* codes,
+                                 const float* scale, const int32_t* /*corr*/, size_t np, float* acc) {
+  const size_t cs = blocks * 512, ms = blocks * 16;
+  for (size_t q = 0; q < np; ++q) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    for (size_t b = 0; b < blocks; ++b) {
+      __m256i s0, s1;
+      block_dot_avx2(xq + b * kB, codes + q * cs + b * 512, &s0, &s1);
+      const __m256 d = _mm256_set1_ps(dx[b]);
+      const float* sc = scale + q * ms + b * 16;
+      a0 = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_load_ps(sc)), _mm256_cvtepi32_ps(s0), a0);
+      a1 = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_load_ps(sc + 8)), _mm256_cvtepi32_ps(s1), a1);
+    }
+    _mm256_storeu_ps(acc + q * 16, a0);
+    _mm256_storeu_ps(acc + q * 16 + 8, a1);
+  }
+}
+
+// AVX-VNNI: the AVX-512 kernel's unsigned-activation vpdpbusd on ymm halves of each panel.
+KVR_TARGET_AVX_VNNI void gemv_avxvnni(size_t blocks, const uint8_t* xq, const float* dx,
+                                      const int8_t* codes, const float* scale, const int32_t* corr,
+                                      size_t np, float* acc) {
+  const size_t cs = blocks * 512, ms = blocks * 16;
+  for (size_t q = 0; q < np; ++q) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    for (size_t b = 0; b < blocks; ++b) {
+      const uint8_t* xb = xq + b * kB;
+      const int8_t* wb = codes + q * cs + b * 512;
+      __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+      for (int g = 0; g < 8; ++g) {
+        int32_t x4;
+        std::memcpy(&x4, xb + g * 4, 4);
+        const __m256i xs = _mm256_set1_epi32(x4);
+        s0 = _mm256_dpbusd_avx_epi32(s0, xs, _mm256_load_si256(reinterpret_cast<const __m256i*>(wb + g * 64)));
+        s1 = _mm256_dpbusd_avx_epi32(s1, xs, _mm256_load_si256(reinterpret_cast<const __m256i*>(wb + g * 64 + 32)));
+      }
+      const int32_t* cr = corr + q * ms + b * 16;
+      s0 = _mm256_sub_epi32(s0, _mm256_load_si256(reinterpret_cast<const __m256i*>(cr)));
+      s1 = _mm256_sub_epi32(s1, _mm256_load_si256(reinterpret_cast<const __m256i*>(cr + 8)));
+      const __m256 d = _mm256_set1_ps(dx[b]);
+      const float* sc = scale + q * ms + b * 16;
+      a0 = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_load_ps(sc)), _mm256_cvtepi32_ps(s0), a0);
+      a1 = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_load_ps(sc + 8)), _mm256_cvtepi32_ps(s1), a1);
+    }
+    _mm256_storeu_ps(acc + q * 16, a0);
+    _mm256_storeu_ps(acc + q * 16 + 8, a1);
+  }
+}
+
+// Dequantization of 4 k rows (one 64-byte group of 16 columns × 4 k) to f32: byte e of each int32
+// lane is column c's code for k = 4g + e; scale · code exactly as the scalar loop. (maskz shifts:
+// GCC 12's plain forms trip -Werror, as for to_f32.)
+KVR_TARGET_AVX512_VNNI void dequant4_avx512(const int8_t* grp, const float* scale, float* dst) {
+  const __m512i v = _mm512_load_si512(grp);
+  const __m512 s = _mm512_load_ps(scale);
+  _mm512_storeu_ps(dst, _mm512_mul_ps(s, to_f32(_mm512_maskz_srai_epi32(0xFFFF, _mm512_maskz_slli_epi32(0xFFFF, v, 24), 24))));
+  _mm512_storeu_ps(dst + 16, _mm512_mul_ps(s, to_f32(_mm512_maskz_srai_epi32(0xFFFF, _mm512_maskz_slli_epi32(0xFFFF, v, 16), 24))));
+  _mm512_storeu_ps(dst + 32, _mm512_mul_ps(s, to_f32(_mm512_maskz_srai_epi32(0xFFFF, _mm512_maskz_slli_epi32(0xFFFF, v, 8), 24))));
+  _mm512_storeu_ps(dst + 48, _mm512_mul_ps(s, to_f32(_mm512_maskz_srai_epi32(0xFFFF, v, 24))));
+}
+
+KVR_TARGET_AVX2_Q void dequant4_avx2(const int8_t* grp, const float* scale, float* dst) {
+  for (int h = 0; h < 2; ++h) {
+    const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(grp + h * 32));
+    const __m256 s = _mm256_load_ps(scale + h * 8);
+    float* o = dst + h * 8;
+    _mm256_storeu_ps(o, _mm256_mul_ps(s, _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(v, 24), 24))));
+    _mm256_storeu_ps(o + 16, _mm256_mul_ps(s, _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(v, 16), 24))));
+    _mm256_storeu_ps(o + 32, _mm256_mul_ps(s, _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(v, 8), 24))));
+    _mm256_storeu_ps(o + 48, _mm256_mul_ps(s, _mm256_cvtepi32_ps(_mm256_srai_epi32(v, 24))));
+  }
+}
 #endif
+
+void dequant4_generic(const int8_t* grp, const float* scale, float* dst) {
+  for (int e = 0; e < 4; ++e)
+    for (int c = 0; c < 16; ++c) dst[e * 16 + c] = scale[c] * static_cast<float>(grp[c * 4 + e]);
+}
+
+using Dequant4Fn = void (*)(const int8_t* grp, const float* scale, float* dst);
 
 struct Kernel {
   const char* name;
   GemvFn gemv;
+  Dequant4Fn dequant4;
 };
 
 Kernel choose() {
 #if KVR_Q8_AVX512
-  if (use_avx512_vnni()) return {"avx512-vnni", &gemv_avx512};
+  if (use_avx512_vnni()) return {"avx512-vnni", &gemv_avx512, &dequant4_avx512};
+  if (use_avx_vnni()) return {"avx-vnni", &gemv_avxvnni, &dequant4_avx2};
+  if (use_avx2_quant()) return {"avx2", &gemv_avx2, &dequant4_avx2};
 #endif
-  return {"generic", &gemv_generic};
+  return {"generic", &gemv_generic, &dequant4_generic};
 }
 
 const Kernel& kernel() {
@@ -119,7 +229,8 @@ const Kernel& kernel() {
 
 }  // namespace
 
-void quantize_x(const float* x, size_t k, size_t blocks, uint8_t* codes, float* scales) {
+void quantize_x(const float* x, size_t k, size_t blocks, uint8_t* codes, float* scales,
+                int32_t* sums) {
   for (size_t b = 0; b < blocks; ++b) {
     const size_t k0 = b * kB, k1 = std::min(k, k0 + kB);
     float amax = 0.f;
@@ -127,12 +238,15 @@ void quantize_x(const float* x, size_t k, size_t blocks, uint8_t* codes, float* 
     const float d = amax / 127.f;
     const float inv = d > 0.f ? 1.f / d : 0.f;
     scales[b] = d;
+    int32_t sum = 0;
     for (size_t i = 0; i < kB; ++i) {
       int q = 0;
       if (k0 + i < k1) q = static_cast<int>(std::nearbyint(x[k0 + i] * inv));
       q = std::clamp(q, -127, 127);
       codes[k0 + i] = static_cast<uint8_t>(q + 128);
+      sum += q;
     }
+    if (sums != nullptr) sums[b] = sum;
   }
 }
 
@@ -157,7 +271,12 @@ void gemv(const PackedWeight& w, const uint8_t* xq, const float* dx, size_t p0, 
 void dequant_slice(const PackedWeight& w, size_t p, size_t pc, size_t kc, float* dst) {
   const int8_t* codes = w.panel_q8(p);
   const float* scale = w.panel_q8_scale(p);
-  for (size_t t = 0; t < kc; ++t) {
+  size_t t = 0;
+  for (; t + 4 <= kc; t += 4) {  // whole groups of 4 k (pc is a multiple of 32)
+    const size_t k = pc + t, b = k / kB, g = (k % kB) / 4;
+    kernel().dequant4(codes + b * 512 + g * 64, scale + b * 16, dst + t * 16);
+  }
+  for (; t < kc; ++t) {
     const size_t k = pc + t, b = k / kB, g = (k % kB) / 4, e = k % 4;
     const int8_t* row = codes + b * 512 + g * 64 + e;
     for (size_t c = 0; c < 16; ++c) dst[t * 16 + c] = scale[b * 16 + c] * static_cast<float>(row[c * 4]);

@@ -7,7 +7,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "cpu/convert.h"
 #include "cpu/gemm.h"
+#include "dtype.h"
 
 namespace kvr::cpu {
 
@@ -27,13 +29,27 @@ struct LayerWeights {
 };
 
 struct Weights {
-  // Token lookup table (vocab, hidden) row-major: exactly one of the two is non-empty
-  // (embed_bf16 when the checkpoint's embedding is BF16 and KVRELAY_WEIGHTS_F32 is not 1).
+  // Token lookup table (vocab, hidden) row-major: at most one of the two is non-empty
+  // (embed_bf16 when the checkpoint's embedding is BF16 and KVRELAY_WEIGHTS_F32 is not 1). Both
+  // are empty when the embedding is tied and lm_head holds it exactly (not quantized): lookups
+  // then read the lm_head panels (embed_row), so the table is held once, not twice.
   std::vector<float> embed;          // f32
   std::vector<uint16_t> embed_bf16;  // bf16 bit patterns, widened exactly on lookup
   std::vector<float> final_norm;     // (hidden)
-  PackedWeight lm_head;              // (vocab, hidden); a packed copy of the embedding when tied
+  PackedWeight lm_head;              // (vocab, hidden); the embedding itself when tied
   std::vector<LayerWeights> layer;
 };
+
+// x (hidden floats) = the embedding row of token tok, exact (bf16 widened).
+inline void embed_row(const Weights& w, size_t tok, size_t hidden, float* x) {
+  if (!w.embed_bf16.empty()) {
+    to_f32(w.embed_bf16.data() + tok * hidden, KVR_DTYPE_BF16, x, hidden);
+  } else if (!w.embed.empty()) {
+    const float* row = w.embed.data() + tok * hidden;
+    for (size_t i = 0; i < hidden; ++i) x[i] = row[i];
+  } else {
+    w.lm_head.row_f32(tok, x);
+  }
+}
 
 }  // namespace kvr::cpu

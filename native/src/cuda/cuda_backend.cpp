@@ -21,8 +21,10 @@
 #include "cuda/cublaslt.h"
 #include "cuda/kernels.h"
 #include "cuda/status.h"
+#include "common/sample_math.h"
 #include "dtype.h"
 #include "errors.h"
+#include "sampler.h"
 
 namespace kvr::cuda {
 namespace {
@@ -68,6 +70,17 @@ struct DevLayer {
 
 class CudaBackend;
 
+// What a device sampling step copies back (forward_sample): the greedy token or the best `count`
+// candidates in order — at most 520 bytes instead of the (vocab) f32 row.
+struct SampleOut {
+  int32_t token;
+  uint32_t count;
+  int32_t ids[sm::kMaxCandidates];
+  float vals[sm::kMaxCandidates];
+};
+constexpr size_t kSampleScratchOffset = 1024;
+static_assert(sizeof(SampleOut) <= kSampleScratchOffset, "sample staging layout");
+
 struct CudaSeq final : SeqState {
   const CudaBackend* b = nullptr;
   int device = 0;
@@ -86,6 +99,8 @@ struct CudaSeq final : SeqState {
   uint32_t decode_splits = 1;
   cudaGraphExec_t graph = nullptr;
   std::unique_ptr<CodecStaging> codec;  // snapshot chunk codec staging (codec_host.cpp), on demand
+  DevBuf sample;          // [SampleOut | 1 KiB | sample_scratch_bytes(vocab)], on demand
+  PinnedBuf sample_host;  // SampleOut
   ~CudaSeq() override {
     cudaSetDevice(device);
     if (graph) cudaGraphExecDestroy(graph);
@@ -117,6 +132,10 @@ class CudaBackend final : public Backend {
   // Projection between two sequences on this device (projector.cu + the fallback GEMM).
   bool project_linear(const SeqState& src, const Backend& src_backend, SeqState& dst, const LinearProjection& p,
                       uint32_t n_tokens) const override;
+  // Greedy / top-k steps pick on the device and copy back ≤ 64 candidates; other steps copy the
+  // row (sm::plan_route).
+  int32_t forward_sample(SeqState& s, int32_t token, size_t pos0, const SampleRequest& r,
+                         float* spare) const override;
   std::string failure() const override {
     if (!failed_.load()) return {};
     std::lock_guard<std::mutex> lock(fail_mu_);
@@ -580,7 +599,8 @@ void CudaBackend::run_chunk(CudaSeq& s, const int32_t* tokens, size_t n, size_t 
 }
 
 // One decode step through the sequence's graph: captured on the first step (layers + final norm
-// + lm_head GEMV into s.logits), replayed afterwards; token and position come from s.io.
+// + lm_head GEMV into s.logits), replayed afterwards; token and position come from s.io. With
+// logits_out null the step is only enqueued and the row stays on the device.
 void CudaBackend::decode_graph(CudaSeq& s, int32_t token, size_t pos0, float* logits_out) const {
   int32_t* io = static_cast<int32_t*>(s.io_host.p);
   const uint32_t p32 = static_cast<uint32_t>(pos0);
@@ -607,10 +627,46 @@ void CudaBackend::decode_graph(CudaSeq& s, int32_t token, size_t pos0, float* lo
     ck(e, "cudaGraphInstantiate");
   }
   ck(cudaGraphLaunch(s.graph, s.stream), "cudaGraphLaunch");
+  if (logits_out == nullptr) return;  // the row stays in s.logits (forward_sample), not waited for
   ck(cudaMemcpyAsync(s.logits_host.p, s.logits.p, g_.vocab * sizeof(float), cudaMemcpyDeviceToHost, s.stream),
      "copying logits");
   ck(cudaStreamSynchronize(s.stream), "decode");
   std::memcpy(logits_out, s.logits_host.p, g_.vocab * sizeof(float));
+}
+
+int32_t CudaBackend::forward_sample(SeqState& ss, int32_t token, size_t pos0, const SampleRequest& r,
+                                    float* spare) const {
+  const kvr_sampler& smp = *r.sampler;
+  const sm::RoutePlan plan = sm::plan_route(smp.cfg.temperature, smp.cfg.top_k, r.width, r.wants_logprobs());
+  if (plan.route == sm::Route::kRow) return Backend::forward_sample(ss, token, pos0, r, spare);
+  ensure_healthy();
+  use_device();
+  CudaSeq& s = static_cast<CudaSeq&>(ss);
+  if (!s.sample.p) {
+    const size_t bytes = kSampleScratchOffset + sample_scratch_bytes(static_cast<uint32_t>(g_.vocab));
+    ck(cudaMalloc(&s.sample.p, bytes), "allocating sampling scratch");
+    s.sample.bytes = bytes;
+  }
+  if (!s.sample_host.p) {
+    ck(cudaHostAlloc(&s.sample_host.p, sizeof(SampleOut), cudaHostAllocDefault), "allocating pinned sampling staging");
+    s.sample_host.bytes = sizeof(SampleOut);
+  }
+  decode_graph(s, token, pos0, nullptr);
+  auto* d = static_cast<SampleOut*>(s.sample.p);
+  const bool topk = plan.route == sm::Route::kTopK;
+  ck(launch_sample_reduce(static_cast<const float*>(s.logits.p), r.width, topk ? plan.k : 0, &d->token, d->ids,
+                          d->vals, &d->count, static_cast<uint8_t*>(s.sample.p) + kSampleScratchOffset, s.stream),
+     "sampling launch");
+  ck(cudaMemcpyAsync(s.sample_host.p, d, sizeof(SampleOut), cudaMemcpyDeviceToHost, s.stream),
+     "copying the sampled candidates");
+  ck(cudaStreamSynchronize(s.stream), "decode_sample");
+  const SampleOut& h = *static_cast<const SampleOut*>(s.sample_host.p);
+  if (!topk) {
+    const int32_t id = h.token;
+    return sampler_run_candidates(r.sampler, plan.route, nullptr, &id, id < 0 ? 0 : 1, r.width, r.token_out);
+  }
+  const size_t m = std::min<size_t>(h.count, plan.k);
+  return sampler_run_candidates(r.sampler, plan.route, h.vals, h.ids, m, r.width, r.token_out);
 }
 
 void CudaBackend::forward(SeqState& ss, const int32_t* tokens, size_t n, size_t pos0, bool all_positions,

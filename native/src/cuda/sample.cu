@@ -1,18 +1,20 @@
-// The exact part of a sampling step on the device (docs/gpu-handoff.md §4): the greedy token and
-// the `top` largest logits of one row by (value descending, id ascending), NaN as -inf and -inf
-// never selected — the order of the CPU sampler's ByLogit. A top-k draw depends only on those
-// entries and the max, so the CPU sampler run on them gives the same token; plain temperature /
-// top-p / min-p and logprobs need the whole row (its float64 sum) and stay on the host.
+// The device part of a sampling decode step (docs/gpu-handoff.md §4): the greedy token and the
+// `top` largest logits of one row by (value descending, id ascending), NaN as -inf and -inf never
+// selected — the candidate order of common/sample_math.h, which the CPU sampler sorts by too. A
+// top-k draw depends only on those entries (sampling.cpp sample_candidates), so the host draws
+// from ≤ 64 candidates instead of copying the row. Tiling constants: sample_math.h.
 // Two passes: each block selects its segment's top entries, one block merges them.
-// Compiled, not run; not yet called by the backend (kvr_seq_decode_sample still copies logits).
+// Compiled, not run (no GPU was lent while it was written).
 #include <cstdint>
 
+#include "common/sample_math.h"
 #include "cuda/handoff.h"
 
 namespace kvr::cuda {
 namespace {
 
-constexpr int kThreads = 1024, kItems = 4, kSegment = kThreads * kItems, kMaxTop = 64;
+constexpr int kThreads = sm::kSelectThreads, kItems = sm::kSelectItems, kSegment = sm::kSelectSegment,
+              kMaxTop = sm::kMaxCandidates;
 constexpr float kNegInf = -__builtin_huge_valf();
 
 struct Cand {
@@ -21,7 +23,7 @@ struct Cand {
 };
 
 __device__ __forceinline__ bool better(Cand a, Cand b) {
-  return a.v > b.v || (a.v == b.v && a.id >= 0 && (b.id < 0 || a.id < b.id));
+  return a.id >= 0 && (b.id < 0 || sm::before(a.v, a.id, b.v, b.id));
 }
 
 __device__ __forceinline__ Cand warp_best(Cand c) {
@@ -48,7 +50,7 @@ __device__ void select_top(const float* vals, const int32_t* ids, uint32_t base,
     if (x != x) x = kNegInf;  // NaN counts as -inf
     v[q] = x;
     id[q] = i < n ? (ids ? ids[i] : static_cast<int32_t>(base + i)) : -1;
-    if (!(v[q] > kNegInf)) id[q] = -1;  // never selected
+    if (!sm::selectable(v[q])) id[q] = -1;  // never selected
   }
   uint32_t count = 0;
   for (uint32_t round = 0; round < top; ++round) {
@@ -108,7 +110,7 @@ __global__ void select_final(const float* seg_v, const int32_t* seg_id, uint32_t
 }  // namespace
 
 size_t sample_scratch_bytes(uint32_t width) {
-  const size_t segments = (static_cast<size_t>(width) + kSegment - 1) / kSegment;
+  const size_t segments = sm::select_segments(width);
   return segments * kMaxTop * (sizeof(float) + sizeof(int32_t));
 }
 
@@ -116,8 +118,8 @@ cudaError_t launch_sample_reduce(const float* logits, uint32_t width, uint32_t t
                                  int32_t* d_top_ids, float* d_top_logits, uint32_t* d_top_count, void* d_scratch,
                                  cudaStream_t stream) {
   const uint32_t k = top == 0 ? 1 : top;  // greedy needs the best one
-  const uint32_t segments = (width + kSegment - 1) / kSegment;
-  if (width == 0 || k > kMaxTop || static_cast<size_t>(segments) * k > kSegment) return cudaErrorInvalidValue;
+  const uint32_t segments = sm::select_segments(width);
+  if (!sm::select_fits(width, k)) return cudaErrorInvalidValue;
   float* seg_v = static_cast<float*>(d_scratch);
   int32_t* seg_id = reinterpret_cast<int32_t*>(seg_v + static_cast<size_t>(segments) * kMaxTop);
   select_segments<<<segments, kThreads, 0, stream>>>(logits, width, k, seg_v, seg_id);

@@ -1,0 +1,153 @@
+// Oracle tests of the q8/q4 weight formats at the single-product level (kvr_gemv_quantized): the
+// dequantized weights against the quantization rules (q8 nearest code; q4 at most 16 levels per
+// block and no worse than min/max scaling), and the quantized GEMV against a float64 dot of the
+// dequantized weights with the activation quantized here in TypeScript. Shapes include k and n
+// tails. The same checks rerun in children forced to each kernel path (KVRELAY_CPU_KERNEL).
+
+import assert from "node:assert/strict";
+import { gemvQuantized } from "./gemm.ts";
+import type { WeightFormat } from "./layout.ts";
+import { probeBackend } from "./backend.ts";
+import { forcedQuantKernels } from "./test_helpers.ts";
+
+const SHAPES: [number, number][] = [[37, 100], [64, 256], [16, 32], [5, 7], [48, 1000]];
+
+/** Deterministic values: uniform in [-1, 1) per row scale, with an outlier every 97 elements. */
+function values(count: number, seed: number): Float32Array {
+  let s = seed >>> 0;
+  const out = new Float32Array(count);
+  for (let i = 0; i < count; i++) {
+    s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
+    const u = s / 2 ** 32 * 2 - 1;
+    out[i] = (i % 97 === 13 ? 6 : 1) * u * (0.02 + (i % 7) * 0.01);
+  }
+  return out;
+}
+
+/** Round half to even (the C side's nearbyint under the default rounding mode). */
+function roundEven(v: number): number {
+  const r = Math.round(v);
+  return Math.abs(v % 1) === 0.5 && r % 2 !== 0 ? r - 1 : r;
+}
+
+/** The activation quantizer's rule (gemm_q8.h): per 32-block d = absmax/127, q = rint(x/d). */
+function quantizeX(x: Float32Array): { q: Int32Array; d: Float64Array } {
+  const blocks = Math.ceil(x.length / 32);
+  const q = new Int32Array(x.length), d = new Float64Array(blocks);
+  for (let b = 0; b < blocks; b++) {
+    let amax = 0;
+    for (let i = b * 32; i < Math.min(x.length, b * 32 + 32); i++) {
+      amax = Math.max(amax, Math.abs(x[i]));
+    }
+    const db = Math.fround(amax / 127), inv = db > 0 ? Math.fround(1 / db) : 0;
+    d[b] = db;
+    for (let i = b * 32; i < Math.min(x.length, b * 32 + 32); i++) {
+      q[i] = Math.max(-127, Math.min(127, roundEven(Math.fround(x[i] * inv))));
+    }
+  }
+  return { q, d };
+}
+
+/** Checks the dequantized weights of one format against its rule; throws naming the block. */
+function checkWeights(
+  format: WeightFormat,
+  n: number,
+  k: number,
+  w: Float32Array,
+  deq: Float32Array,
+) {
+  for (let r = 0; r < n; r++) {
+    for (let k0 = 0; k0 < k; k0 += 32) {
+      const k1 = Math.min(k, k0 + 32);
+      const at = `${format} ${n}x${k} row ${r} block ${k0 / 32}`;
+      let mn = Infinity, mx = -Infinity, amax = 0, err = 0;
+      const levels = new Set<number>();
+      for (let i = k0; i < k1; i++) {
+        const v = w[r * k + i];
+        mn = Math.min(mn, v);
+        mx = Math.max(mx, v);
+        amax = Math.max(amax, Math.abs(v));
+        err += (v - deq[r * k + i]) ** 2;
+        levels.add(deq[r * k + i]);
+      }
+      if (format === "q8") {
+        const d = Math.fround(amax / 127);
+        for (let i = k0; i < k1; i++) {
+          const e = Math.abs(w[r * k + i] - deq[r * k + i]);
+          assert.ok(e <= d * 0.5 * (1 + 1e-5), `${at}: error ${e} > d/2 = ${d / 2}`);
+        }
+      } else {
+        assert.ok(levels.size <= 16, `${at}: ${levels.size} distinct values`);
+        // Plain min/max scaling (d = range/15, m = min) in float64 is the fit's starting point;
+        // f16 rounding of d and m may cost a hair, the least-squares refits only gain.
+        const d = (mx - mn) / 15;
+        let minmax = 0;
+        for (let i = k0; i < k1; i++) {
+          const c = d > 0 ? Math.round((w[r * k + i] - mn) / d) : 0;
+          minmax += (w[r * k + i] - (mn + c * d)) ** 2;
+        }
+        assert.ok(err <= minmax * 1.02 + 1e-12, `${at}: squared error ${err} > min/max ${minmax}`);
+      }
+    }
+  }
+}
+
+const ORACLE_TEST =
+  "quantized GEMV equals a float64 dot of the dequantized weights and quantized activation";
+Deno.test(ORACLE_TEST, () => {
+  const expect = Deno.env.get("KVR_EXPECT_KERNEL");
+  if (expect) {
+    assert.ok(probeBackend("cpu").info.includes(`q4 ${expect})`), probeBackend("cpu").info);
+  }
+  for (const format of ["q8", "q4"] as const) {
+    for (const [n, k] of SHAPES) {
+      const w = values(n * k, n * 31 + k), x = values(k, k * 7 + 1);
+      const { weights: deq, y } = gemvQuantized(format, n, k, w, x);
+      checkWeights(format, n, k, w, deq);
+      const { q, d } = quantizeX(x);
+      for (let j = 0; j < n; j++) {
+        let ref = 0, mag = 0;
+        for (let i = 0; i < k; i++) {
+          const t = d[Math.floor(i / 32)] * deq[j * k + i] * q[i];
+          ref += t;
+          mag += Math.abs(t);
+        }
+        // f32 per-block scale products and accumulation: a few ulps of the magnitude.
+        assert.ok(
+          Math.abs(y![j] - ref) <= 1e-6 * mag + 1e-30,
+          `${format} ${n}x${k} output ${j}: ${y![j]} vs float64 ${ref} (magnitude ${mag})`,
+        );
+      }
+    }
+  }
+});
+
+Deno.test("bf16 (f32 given) weights pass through kvr_gemv_quantized unchanged", () => {
+  const w = values(5 * 7, 3);
+  assert.deepEqual(gemvQuantized("bf16", 5, 7, w).weights, w);
+});
+
+Deno.test("gemvQuantized rejects an unknown format and wrong lengths before FFI", () => {
+  const w = values(16 * 32, 1);
+  assert.throws(() => gemvQuantized("q3" as WeightFormat, 16, 32, w), /format must be one of/);
+  assert.throws(() => gemvQuantized("q4", 16, 31, w), /w must be a Float32Array of n\*k/);
+  assert.throws(() => gemvQuantized("q4", 16, 32, w, new Float32Array(31)), /x must be/);
+});
+
+Deno.test({
+  name: "quantized GEMV oracle holds on every kernel this CPU can run (generic, avx2, avx-vnni)",
+  ignore: Deno.env.get("KVRELAY_CPU_KERNEL") !== undefined,
+  async fn() {
+    for (const { force: kernel, name } of await forcedQuantKernels()) {
+      const { code, stdout, stderr } = await new Deno.Command(Deno.execPath(), {
+        args: ["test", "-A", "--no-check", "--filter", ORACLE_TEST, import.meta.filename!],
+        env: { KVRELAY_CPU_KERNEL: kernel, KVR_EXPECT_KERNEL: name, NO_COLOR: "1" },
+        stdout: "piped",
+        stderr: "piped",
+      }).output();
+      const text = new TextDecoder().decode(stdout) + new TextDecoder().decode(stderr);
+      assert.equal(code, 0, `${kernel} child failed:\n${text}`);
+      assert.match(text, /1 passed/, `${kernel} child ran no test:\n${text}`);
+    }
+  },
+});

@@ -47,7 +47,14 @@ export interface ColdStartCase {
 /** What benchColdStart returns. */
 export interface ColdStartResult {
   runs: number;
+  /** /proc/loadavg (1, 5, 15 min) before the first start and after the last one. */
+  loadAvg: { before: number[]; after: number[] };
   cases: ColdStartCase[];
+}
+
+async function loadAvg(): Promise<number[]> {
+  const text = await Deno.readTextFile("/proc/loadavg").catch(() => "");
+  return text.split(" ").slice(0, 3).map(Number);
 }
 
 async function poll(
@@ -207,6 +214,7 @@ export async function benchColdStart(): Promise<ColdStartResult> {
     },
   ];
   const out: ColdStartCase[] = [];
+  const before = await loadAvg();
   try {
     for (const load of ["idle", "loaded"] as const) {
       for (const c of cases) {
@@ -233,7 +241,7 @@ export async function benchColdStart(): Promise<ColdStartResult> {
   } finally {
     await Deno.remove(tmp, { recursive: true });
   }
-  return { runs: RUNS, cases: out };
+  return { runs: RUNS, loadAvg: { before, after: await loadAvg() }, cases: out };
 }
 
 const f = (x: number) => x.toFixed(0).padStart(6);
@@ -245,7 +253,9 @@ const f = (x: number) => x.toFixed(0).padStart(6);
  */
 export function formatColdStartTable(r: ColdStartResult): string {
   const lines = [
-    `process start → listening → ready → first token, ms (median of ${r.runs})`,
+    `process start → listening → ready → first token, ms (median of ${r.runs}); load average ${
+      r.loadAvg.before.join(" ")
+    } before, ${r.loadAvg.after.join(" ")} after`,
     "case                                        load     listen  ready  first  rss MiB",
   ];
   for (const c of r.cases) {

@@ -163,3 +163,51 @@ Deno.test("fit, eval-migration and compare CLIs print their JSON last lines on t
     await Deno.remove(out, { recursive: true });
   }
 });
+
+Deno.test("`fit --backend cuda` fails with the CUDA probe's reason and writes nothing; `--backend cpu` fits; a bad backend is a usage error", async () => {
+  const { probeBackend } = await import("../native/mod.ts");
+  const models = `${root}models`;
+  const out = await Deno.makeTempDir({ prefix: "kvr-fit-backend-" });
+  try {
+    const base = [
+      "fit",
+      "--source",
+      `${models}/tiny-fast`,
+      "--target",
+      `${models}/tiny-balanced`,
+      "--corpus",
+      text,
+      "--tokens",
+      "256",
+      "--heldout-tokens",
+      "128",
+      "--window",
+      "128",
+      "--lambda",
+      "0.01",
+      "--source-layers",
+      "all",
+      "--threads",
+      "1",
+    ];
+    const probe = probeBackend("cuda");
+    if (probe.ok) {
+      console.log(`  CUDA device present (${probe.info}): the no-device case is not exercised`);
+    } else {
+      const cuda = await cli([...base, "--out", `${out}/cuda`, "--backend", "cuda"]);
+      assert.equal(cuda.code, 1, cuda.stderr);
+      assert.equal(cuda.stdout, "");
+      assert.ok(cuda.stderr.includes(`UNSUPPORTED, -5): ${probe.info}`), cuda.stderr);
+      assert.equal(cuda.stderr.trimEnd().split("\n").length, 1, cuda.stderr);
+      await assert.rejects(() => Deno.stat(`${out}/cuda/projector.json`), Deno.errors.NotFound);
+    }
+    const cpu = await cli([...base, "--out", `${out}/cpu`, "--backend", "cpu"]);
+    assert.equal(cpu.code, 0, cpu.stderr);
+    assert.equal((await readProjectorMeta(`${out}/cpu`)).kind, "linear");
+    const bad = await cli([...base, "--out", `${out}/bad`, "--backend", "gpu"]);
+    assert.equal(bad.code, 2, bad.stderr);
+    assert.ok(bad.stderr.includes('--backend must be auto, cpu or cuda, got "gpu"'), bad.stderr);
+  } finally {
+    await Deno.remove(out, { recursive: true });
+  }
+});

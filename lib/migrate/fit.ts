@@ -1,5 +1,6 @@
 // Fitting a linear KV projector (DESIGN §6): run both models over calibration windows, strip
-// RoPE from keys, stream float64 XᵀX/XᵀY into native accumulators (train and held-out splits),
+// RoPE from keys, stream float64 XᵀX/XᵀY into native accumulators straight from the two caches
+// (RidgeAccumulator.accumulateSequences: on the device for CUDA models; train and held-out splits),
 // then per target layer and per K/V choose source layers and λ on the held-out split and solve
 // by Cholesky. Temperature is fitted afterwards on held-out windows. No file I/O (see CLI).
 
@@ -8,7 +9,7 @@ import type { NativeSequence } from "../native/mod.ts";
 import { type LayerMapEntry, type LayerWeights, modelRef, type ProjectorMeta } from "./artifact.ts";
 import { MigrationRefusedError } from "./errors.ts";
 import { evaluateMigration } from "./evaluate.ts";
-import { featureWidth, kvToFeatures, readCacheBlock, RidgeAccumulator } from "./native.ts";
+import { featureWidth, RidgeAccumulator } from "./native.ts";
 import type { Projector } from "./projector.ts";
 import { LinearKernel } from "./native.ts";
 import { denseWeights } from "./artifact.ts";
@@ -45,11 +46,9 @@ export interface FitResult {
   layers: LayerWeights[];
 }
 
-async function windowFeatures(seq: NativeSequence, window: number[]) {
+async function prefillWindow(seq: NativeSequence, window: number[]): Promise<void> {
   seq.truncate(0);
   await seq.prefill(window);
-  const b = readCacheBlock(seq, 0, window.length);
-  return kvToFeatures(seq.model.config, 0, window.length, b.k, b.v);
 }
 
 function layerFeatures(layers: number[], per: number): number[] {
@@ -180,10 +179,11 @@ export async function fitLinearProjector(
     const total = nTrain + nHeld;
     for (let w = 0; w < total; w++) {
       const window = Array.from({ length: win }, (_, i) => ids[w * win + i]);
-      const x = await windowFeatures(sseq, window), y = await windowFeatures(tseq, window);
+      await prefillWindow(sseq, window);
+      await prefillWindow(tseq, window);
       const [k, v] = w < nTrain ? [accs.trainK, accs.trainV] : [accs.heldK, accs.heldV];
-      await k.accumulate(x.k, y.k, win);
-      await v.accumulate(x.v, y.v, win);
+      // features never cross into JavaScript: native (CPU) or device (CUDA) accumulation
+      await RidgeAccumulator.accumulateSequences(k, v, sseq, tseq, win);
       opts.onProgress?.("calibration windows", w + 1, total);
     }
     sseq.free();

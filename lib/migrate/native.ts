@@ -252,6 +252,78 @@ export class RidgeAccumulator {
   }
 
   /**
+   * Adds the fit rows of positions [0, count) of two sequences over the same token ids in native
+   * memory (kvr_ridge_accumulate_seq, on a worker thread): keys into `k`, values into `v`, x =
+   * the source's features, y = the target's (RoPE stripped) — the statistics of
+   * kvToFeatures(readCacheBlock(...)) of both + accumulate(), without moving features through
+   * JavaScript. On a CUDA target with both sequences on its device the statistics are
+   * accumulated there (float64). All four handles are busy until it settles.
+   * @param k keys accumulator (nIn = source layers·kvHeads·headDim, nOut = the target's)
+   * @param v values accumulator, same shape, not k
+   * @param src source model's sequence (length >= count)
+   * @param dst target model's sequence (length >= count)
+   * @param count tokens (>= 1)
+   * @param threads host worker threads (0 = all cores)
+   * @throws TypeError for non-NativeSequence arguments; RangeError for a bad count, shapes that
+   *   do not fit, k === v or src === dst; Error when freed or busy; EngineError from native (e.g.
+   *   a non-finite feature; neither accumulator changes then)
+   */
+  static async accumulateSequences(
+    k: RidgeAccumulator,
+    v: RidgeAccumulator,
+    src: NativeSequence,
+    dst: NativeSequence,
+    count: number,
+    threads = 0,
+  ): Promise<void> {
+    for (const [name, seq] of [["src", src], ["dst", dst]] as const) {
+      if (!(seq instanceof NativeSequence)) {
+        throw new TypeError(`accumulateSequences(): ${name} must be a NativeSequence`);
+      }
+    }
+    if (k === v) throw new RangeError("accumulateSequences(): k and v are the same accumulator");
+    if (src === dst) {
+      throw new RangeError("accumulateSequences(): src and dst are the same sequence");
+    }
+    const sc = src.model.config, tc = dst.model.config;
+    const nIn = featureWidth(sc), nOut = featureWidth(tc);
+    for (const [name, acc] of [["k", k], ["v", v]] as const) {
+      if (acc.nIn !== nIn || acc.nOut !== nOut) {
+        throw new RangeError(
+          `accumulateSequences(): ${name} is ${acc.nIn}→${acc.nOut}, the sequences need ${nIn}→${nOut}`,
+        );
+      }
+    }
+    checkCount("count", count, 1);
+    checkCount("threads", threads, 0, 4096);
+    if (src.length < count || dst.length < count) {
+      throw new RangeError(
+        `accumulateSequences(): count ${count} exceeds a length (source ${src.length}, target ${dst.length})`,
+      );
+    }
+    const kp = k.#handle("accumulateSequences"), vp = v.#handle("accumulateSequences");
+    const sym = k.#lib.symbols;
+    k.#busy = v.#busy = true;
+    let st: number;
+    try {
+      st = await src.runWithHandle(
+        "accumulateSequences",
+        (sp) =>
+          dst.runWithHandle(
+            "accumulateSequences",
+            (dp) => sym.kvr_ridge_accumulate_seq(kp, vp, sp, dp, count, threads),
+          ),
+      );
+    } finally {
+      k.#busy = v.#busy = false;
+    }
+    const error = st !== 0 ? cstr(sym.kvr_ridge_last_error(kp)) : "";
+    if (k.#freeRequested) k.free();
+    if (v.#freeRequested) v.free();
+    if (st !== 0) throw new EngineError(st, error, "kvr_ridge_accumulate_seq");
+  }
+
+  /**
    * Copies the statistics.
    * @returns g ((nIn+1)², bias index nIn), c ((nIn+1), nOut), yy (nOut) and rows
    */
@@ -440,6 +512,29 @@ export class LinearKernel {
     );
     lib.check(st, "kvr_projector_create");
     this.#ptr = Deno.UnsafePointer.create(out[0]) as Deno.PointerObject;
+  }
+
+  /**
+   * The key or value map as stored natively, unpacked to (nTgt, nSrc) row-major f32 — the
+   * conversion a device backend uploads (kvr_projector_weights); equals the constructor's array.
+   * @param which "k" or "v"
+   * @returns (nTgt, nSrc) f32
+   * @throws Error when freed; RangeError for another `which`
+   */
+  weights(which: "k" | "v"): Float32Array {
+    if (this.#ptr === null || this.#freeRequested) throw new Error("LinearKernel.weights(): freed");
+    if (which !== "k" && which !== "v") {
+      throw new RangeError(`weights(): which must be "k" or "v", got ${JSON.stringify(which)}`);
+    }
+    const out = new Float32Array(featureWidth(this.target) * featureWidth(this.source));
+    const st = this.#lib.symbols.kvr_projector_weights(
+      this.#ptr,
+      which === "k" ? 1 : 0,
+      out,
+      BigInt(out.length),
+    );
+    this.#lib.check(st, "kvr_projector_weights");
+    return out;
   }
 
   /**

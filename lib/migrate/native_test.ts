@@ -643,3 +643,27 @@ Deno.test("LinearKernel.applySeq() holds both sequences busy and defers free() o
     for (const d of dirs) await Deno.remove(d, { recursive: true });
   }
 });
+
+Deno.test("LinearKernel.weights() returns the constructor's maps exactly: the packed → row-major conversion of the device upload", async () => {
+  const { s, t, dirs } = await seqPair("f32", "f32");
+  try {
+    // Target widths 24 and 40 are not multiples of the 16-row panels: the last panel is partial.
+    for (const [layers, headDim] of [[3, 8], [5, 8], [2, 16]]) {
+      const sc = s.native.config;
+      const tc = { ...t.native.config, numLayers: layers, numKvHeads: 1, headDim };
+      const ns = featureWidth(sc), nt = featureWidth(tc);
+      const rand = mulberry32(77 + layers);
+      const wk = Float32Array.from({ length: nt * ns }, () => randn(rand));
+      const wv = Float32Array.from({ length: nt * ns }, () => randn(rand));
+      const b = new Float32Array(nt);
+      using kern = new LinearKernel(sc, tc, wk, b, wv, b);
+      assert.deepEqual(kern.weights("k"), wk, `k, ${nt} rows`);
+      assert.deepEqual(kern.weights("v"), wv, `v, ${nt} rows`);
+      assert.throws(() => kern.weights("x" as "k"), RangeError);
+    }
+  } finally {
+    s.native.free();
+    t.native.free();
+    for (const d of dirs) await Deno.remove(d, { recursive: true });
+  }
+});

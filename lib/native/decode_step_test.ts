@@ -6,7 +6,7 @@ import assert from "node:assert/strict";
 import { NativeModel } from "./model.ts";
 import { assertClose, checkpoint, DEMO_DIRS, tokens } from "./test_helpers.ts";
 
-const STEPS = 24; // > the tuner's 8 probe steps, so both of its thread counts run
+const STEPS = 24; // > the tuner's 16 probe steps, so both of its thread counts run
 
 async function decodeRun(dir: string, threads: number, kvDtype: "f32" | "bf16") {
   using m = await NativeModel.load(await checkpoint(dir), { threads, kvDtype });

@@ -235,6 +235,12 @@ export const migrateSymbols = {
     result: "i32",
     nonblocking: true,
   },
+  // (k_ridge, v_ridge, src_seq, dst_seq, n_tokens, n_threads)
+  kvr_ridge_accumulate_seq: {
+    parameters: ["pointer", "pointer", "pointer", "pointer", "u32", "u32"],
+    result: "i32",
+    nonblocking: true,
+  },
   kvr_ridge_rows: { parameters: ["pointer"], result: "u64" },
   // (ridge, g, g_len, c, c_len, yy, yy_len)
   kvr_ridge_stats: {
@@ -315,6 +321,11 @@ export const migrateSymbols = {
     nonblocking: true,
   },
   // (projector, src kvr_seq*, dst kvr_seq*, n_tokens, n_threads) — worker thread
+  // (projector, keys, w_out, w_len)
+  kvr_projector_weights: {
+    parameters: ["pointer", "u32", "buffer", "usize"],
+    result: "i32",
+  },
   kvr_projector_apply_seq: {
     parameters: ["pointer", "pointer", "pointer", "u32", "u32"],
     result: "i32",

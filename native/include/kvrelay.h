@@ -123,8 +123,8 @@ typedef struct kvr_model_params {
  * with the activation quantized per 32-block and int8 dot products (AVX-512 VNNI where present);
  * prefill dequantizes to f32. Q4: 4-bit codes per 32 input features per output with an f16 scale
  * and an f16 offset (w ≈ d·c + m, llama.cpp Q4_1-like, fitted by least squares), run the same
- * way. The embedding table and norms stay as they are. CPU backend only (CUDA:
- * KVR_ERR_UNSUPPORTED).
+ * way. A tied embedding is looked up in the quantized lm_head (no second copy); an untied
+ * embedding table and the norms stay as they are. CPU backend only (CUDA: KVR_ERR_UNSUPPORTED).
  */
 typedef enum kvr_weight_format {
   KVR_WEIGHTS_NATIVE = 0,
@@ -479,6 +479,18 @@ KVR_API const char* kvr_ridge_last_error(const kvr_ridge* ridge);
 KVR_API int32_t kvr_ridge_accumulate(kvr_ridge* ridge, const float* x, size_t x_len,
                                      const float* y, size_t y_len, uint32_t rows,
                                      uint32_t n_threads);
+/*
+ * Adds the fit rows of positions [0, n_tokens) of two sequences of the same token ids: src of the
+ * source model, dst of the target. Keys into k_ridge: x = src's key features, y = dst's (RoPE
+ * stripped, as kvr_kv_to_features gives them); values into v_ridge the same way. n_in = source
+ * layers*kv_heads*head_dim, n_out = the target's; 1 <= n_tokens <= both lengths. The statistics
+ * are those of kvr_kv_to_features of both caches + kvr_ridge_accumulate (the CPU backend runs
+ * exactly that); a CUDA target with both sequences on its device accumulates on the device in
+ * float64 (exact f32×f32 products, f64 sums: equal up to summation order). A non-finite feature
+ * is KVR_ERR_INVALID_ARGUMENT and neither accumulator changes. Messages: kvr_ridge_last_error(k_ridge).
+ */
+KVR_API int32_t kvr_ridge_accumulate_seq(kvr_ridge* k_ridge, kvr_ridge* v_ridge, const kvr_seq* src,
+                                         const kvr_seq* dst, uint32_t n_tokens, uint32_t n_threads);
 /* Rows accumulated so far. */
 KVR_API uint64_t kvr_ridge_rows(const kvr_ridge* ridge);
 /* Copies the statistics: g ((n_in+1)², last row/col = the bias column), c ((n_in+1), n_out),
@@ -521,6 +533,10 @@ KVR_API int32_t kvr_projector_create(const kvr_model_params* source,
                                      const float* wv, size_t wv_len, const float* bv,
                                      size_t bv_len, kvr_projector** out_projector);
 KVR_API void kvr_projector_free(kvr_projector* projector);
+/* Copies W_k (keys = 1) or W_v (keys = 0), (n_tgt, n_src) row-major f32, out of the projector's
+ * packed layout: the values given to kvr_projector_create, as a device backend uploads them. */
+KVR_API int32_t kvr_projector_weights(const kvr_projector* projector, uint32_t keys, float* w_out,
+                                      size_t w_len);
 /* Message of the last failed kvr_projector_apply on this projector ("" if none), any thread.
  * kvr_projector_apply is safe to call concurrently on one projector (weights are read-only). */
 KVR_API const char* kvr_projector_last_error(const kvr_projector* projector);

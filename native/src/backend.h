@@ -138,6 +138,30 @@ struct SampleRequest {
   bool wants_logprobs() const { return logprob_out != nullptr || top_len > 0; }
 };
 
+class Backend;
+
+// kvr_ridge_accumulate_seq handed to the target sequence's backend (ridge_seq.cpp): fit rows of
+// positions [0, n_tokens) of two sequences — x = the source's features, y = the target's (keys
+// de-rotated by each model's RoPE, values as they are; cpu/projector.h cache_to_features layout
+// (tokens, layers·kv_heads·head_dim)) — for keys and for values, delivered through one of the
+// sinks exactly once. The sinks check finiteness of everything before adding anything.
+struct FitRequest {
+  const SeqState* src = nullptr;        // the source sequence's state
+  const Backend* src_backend = nullptr; // its backend
+  const ModelGeometry* src_geom = nullptr;
+  const ModelGeometry* dst_geom = nullptr;
+  uint32_t n_tokens = 0;                // >= 1, <= both lengths
+  int n_threads = 1;                    // host threads
+  // Host rows: x (rows, n_in) / y (rows, n_out) f32 for keys (k) and values (v).
+  std::function<void(const float* xk, const float* yk, const float* xv, const float* yv, size_t rows)> add_rows;
+  // Statistics a device accumulated over `rows` rows, f64: g ((n_in+1)², row-major, entries i <= j;
+  // index n_in = the bias column), c ((n_in+1), n_out), yy (n_out), for keys then values; `bad`:
+  // a non-finite feature was seen (the sink refuses and adds nothing).
+  std::function<void(const double* gk, const double* ck, const double* yyk, const double* gv, const double* cv,
+                     const double* yyv, uint64_t rows, bool bad)>
+      add_stats;
+};
+
 // A linear KV projector as kvr_projector_apply_seq hands it to a backend (projector.cpp): shapes,
 // row-major weights on request, biases, and a slot where a device backend keeps its copy of the
 // weights for the projector's lifetime (guarded by slot_mutex).
@@ -221,6 +245,13 @@ class Backend {
   // keeps the row on the device for greedy and top-k steps (common/sample_math.h plan_route).
   virtual int32_t forward_sample(SeqState& s, int32_t token, size_t pos0, const SampleRequest& r,
                                  float* spare) const;
+
+  // Fit statistics straight from two sequences (kvr_ridge_accumulate_seq); `dst` is this
+  // backend's. The default (ridge_seq.cpp, what the CPU backend runs): kv_read of every layer of
+  // both → cache_to_features → r.add_rows (the CPU float64 Gram update). The CUDA backend, with
+  // both sequences on its device, gathers the features and accumulates G/C/yy in f64 there
+  // (fit.cu) and calls r.add_stats.
+  virtual void accumulate_fit(const SeqState& dst, const FitRequest& r) const;
 
   // Empty while the backend is usable, else why not: a device fault (a CUDA kernel error leaves the
   // context unusable) fails every later call, and the model must be reloaded. Any thread

@@ -107,16 +107,6 @@ void project_via_copies(const kvr_projector& p, const kvr_seq& src, kvr_seq& dst
   }
 }
 
-// Unpacks a packed f32 weight (panels of 16 output rows, k-major) into (n, k) row-major.
-void unpack_rows(const kvr::cpu::PackedWeight& w, float* out) {
-  const size_t n = w.rows(), k = w.cols(), pw = kvr::cpu::kPanelWidth;
-  for (size_t p = 0; p < w.panels(); ++p) {
-    const float* panel = w.panel(p);
-    for (size_t j = 0; j < pw && p * pw + j < n; ++j)
-      for (size_t i = 0; i < k; ++i) out[(p * pw + j) * k + i] = panel[i * pw + j];
-  }
-}
-
 // The target backend's own projection (both sequences on one GPU), or false for the copy path.
 bool project_on_backend(kvr_projector& p, const kvr_seq& src, kvr_seq& dst, uint32_t n_tokens) {
   kvr::LinearProjection lp;
@@ -126,7 +116,7 @@ bool project_on_backend(kvr_projector& p, const kvr_seq& src, kvr_seq& dst, uint
   lp.dst_layers = p.dst.layers;
   lp.dst_heads = p.dst.heads;
   lp.dst_dim = p.dst.dim;
-  lp.weights = [&p](bool keys, float* out) { unpack_rows(keys ? p.wk : p.wv, out); };
+  lp.weights = [&p](bool keys, float* out) { (keys ? p.wk : p.wv).unpack_f32(out); };
   lp.bk = p.bk.data();
   lp.bv = p.bv.data();
   lp.slot = &p.device_weights;
@@ -185,6 +175,16 @@ KVR_API int32_t kvr_projector_create(const kvr_model_params* source,
 }
 
 KVR_API void kvr_projector_free(kvr_projector* projector) { delete projector; }
+
+KVR_API int32_t kvr_projector_weights(const kvr_projector* projector, uint32_t keys, float* w_out, size_t w_len) {
+  const char* fn = "kvr_projector_weights";
+  if (projector == nullptr) return fail(KVR_ERR_INVALID_ARGUMENT, format("%s: projector is NULL", fn));
+  if (keys > 1) return fail(KVR_ERR_INVALID_ARGUMENT, format("%s: keys must be 0 or 1, got %u", fn, keys));
+  const kvr::cpu::PackedWeight& w = keys ? projector->wk : projector->wv;
+  KVR_TRY(check_buf(fn, "w_out", w_out, w_len, w.rows() * w.cols()));
+  w.unpack_f32(w_out);
+  return KVR_OK;
+}
 
 KVR_API const char* kvr_projector_last_error(const kvr_projector* cprojector) {
   if (cprojector == nullptr) return "";

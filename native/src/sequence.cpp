@@ -14,7 +14,6 @@
 #include "sequence.h"  // struct kvr_seq
 
 namespace kvr {
-namespace {
 
 int32_t seq_fail(kvr_seq* seq, int32_t status, const std::string& msg) {
   fail(status, msg);
@@ -26,21 +25,7 @@ int32_t seq_fail(kvr_seq* seq, int32_t status, const std::string& msg) {
   return status;
 }
 
-// Runs f, converting exceptions to statuses recorded on seq.
-template <class F>
-int32_t guarded(kvr_seq* seq, const char* what, F&& f) {
-  try {
-    return f();
-  } catch (const BackendError& e) {
-    return seq_fail(seq, e.status, e.message);
-  } catch (const std::bad_alloc&) {
-    return seq_fail(seq, KVR_ERR_OUT_OF_MEMORY, format("out of memory in %s", what));
-  } catch (const std::exception& e) {
-    return seq_fail(seq, KVR_ERR_INTERNAL, format("internal error in %s: %s", what, e.what()));
-  } catch (...) {
-    return seq_fail(seq, KVR_ERR_INTERNAL, format("internal error in %s", what));
-  }
-}
+namespace {
 
 int32_t check_tokens(kvr_seq* seq, const int32_t* tokens, size_t n) {
   const size_t vocab = seq->model->vocab;
@@ -166,20 +151,20 @@ KVR_API const char* kvr_seq_last_error(const kvr_seq* seq) { return seq ? seq->l
 KVR_API int32_t kvr_seq_prefill(kvr_seq* seq, const int32_t* tokens, size_t n_tokens, uint32_t all_positions,
                                 float* logits_out, size_t logits_len) {
   if (!seq) return fail(KVR_ERR_INVALID_ARGUMENT, "seq is NULL");
-  return kvr::guarded(seq, "prefill",
+  return kvr::seq_guarded(seq, "prefill",
                       [&] { return kvr::prefill_impl(seq, tokens, n_tokens, all_positions, logits_out, logits_len); });
 }
 
 KVR_API int32_t kvr_seq_decode(kvr_seq* seq, int32_t token, float* logits_out, size_t logits_len) {
   if (!seq) return fail(KVR_ERR_INVALID_ARGUMENT, "seq is NULL");
-  return kvr::guarded(seq, "decode", [&] { return kvr::prefill_impl(seq, &token, 1, 0, logits_out, logits_len); });
+  return kvr::seq_guarded(seq, "decode", [&] { return kvr::prefill_impl(seq, &token, 1, 0, logits_out, logits_len); });
 }
 
 KVR_API int32_t kvr_seq_decode_sample(kvr_seq* seq, int32_t token, kvr_sampler* sampler, uint32_t width,
                                       int32_t* token_out, double* logprob_out, int32_t* top_ids,
                                       double* top_logprobs, uint32_t top_len, uint32_t* top_count_out) {
   if (!seq) return fail(KVR_ERR_INVALID_ARGUMENT, "seq is NULL");
-  return kvr::guarded(seq, "decode_sample", [&]() -> int32_t {
+  return kvr::seq_guarded(seq, "decode_sample", [&]() -> int32_t {
     const size_t vocab = seq->model->vocab;
     if (!sampler) return seq_fail(seq, KVR_ERR_INVALID_ARGUMENT, "sampler is NULL");
     if (width == 0 || width > vocab)
@@ -213,7 +198,7 @@ KVR_API int32_t kvr_seq_kv_read(const kvr_seq* cseq, uint32_t layer, uint32_t st
                                 void* k_out, size_t k_bytes, void* v_out, size_t v_bytes) {
   if (!cseq) return fail(KVR_ERR_INVALID_ARGUMENT, "seq is NULL");
   kvr_seq* seq = const_cast<kvr_seq*>(cseq);  // only last_error is written
-  return kvr::guarded(seq, "kv_read", [&] {
+  return kvr::seq_guarded(seq, "kv_read", [&] {
     if (int32_t st = kvr::kv_check(seq, layer, start, count, dtype, k_out, k_bytes, v_out, v_bytes, false)) return st;
     if (count > 0) seq->model->backend->kv_read(*seq->state, layer, start, count, dtype, k_out, v_out);
     return static_cast<int32_t>(KVR_OK);
@@ -223,7 +208,7 @@ KVR_API int32_t kvr_seq_kv_read(const kvr_seq* cseq, uint32_t layer, uint32_t st
 KVR_API int32_t kvr_seq_kv_write(kvr_seq* seq, uint32_t layer, uint32_t start, uint32_t count, uint32_t dtype,
                                  const void* k_in, size_t k_bytes, const void* v_in, size_t v_bytes) {
   if (!seq) return fail(KVR_ERR_INVALID_ARGUMENT, "seq is NULL");
-  return kvr::guarded(seq, "kv_write", [&] {
+  return kvr::seq_guarded(seq, "kv_write", [&] {
     if (int32_t st = kvr::kv_check(seq, layer, start, count, dtype, k_in, k_bytes, v_in, v_bytes, true)) return st;
     if (count == 0) return static_cast<int32_t>(KVR_OK);
     seq->model->backend->reserve(*seq->state, static_cast<size_t>(start) + count);
@@ -237,7 +222,7 @@ KVR_API int32_t kvr_seq_set_length(kvr_seq* seq, uint32_t n_tokens) {
   if (n_tokens > seq->capacity)
     return seq_fail(seq, KVR_ERR_OUT_OF_RANGE,
                     format("set_length %u exceeds capacity %u", n_tokens, seq->capacity));
-  return kvr::guarded(seq, "set_length", [&] {
+  return kvr::seq_guarded(seq, "set_length", [&] {
     seq->model->backend->reserve(*seq->state, n_tokens);  // paged: blocks for [0, n) all or none
     seq->length = n_tokens;
     seq->model->backend->shrink(*seq->state, n_tokens);

@@ -15,45 +15,20 @@
 namespace kvr {
 namespace {
 
-int32_t chunk_fail(kvr_seq* seq, int32_t status, const std::string& msg) {
-  fail(status, msg);
-  try {
-    seq->last_error = msg;
-  } catch (...) {
-    seq->last_error.clear();
-  }
-  return status;
-}
-
-template <class F>
-int32_t chunk_guarded(kvr_seq* seq, const char* what, F&& f) {
-  try {
-    return f();
-  } catch (const BackendError& e) {
-    return chunk_fail(seq, e.status, e.message);
-  } catch (const std::bad_alloc&) {
-    return chunk_fail(seq, KVR_ERR_OUT_OF_MEMORY, format("out of memory in %s", what));
-  } catch (const std::exception& e) {
-    return chunk_fail(seq, KVR_ERR_INTERNAL, format("internal error in %s: %s", what, e.what()));
-  } catch (...) {
-    return chunk_fail(seq, KVR_ERR_INTERNAL, format("internal error in %s", what));
-  }
-}
-
 // Builds the layout of a `tokens`-token chunk of seq's model, or a status on a bad encoding/group.
 int32_t make_layout(kvr_seq* seq, const char* fn, uint32_t encoding, uint32_t group, uint32_t tokens,
                     chunk::Layout* out) {
   if (encoding > chunk::kEncQ4)
-    return chunk_fail(seq, KVR_ERR_INVALID_ARGUMENT,
+    return seq_fail(seq, KVR_ERR_INVALID_ARGUMENT,
                       format("%s: encoding %u is not a kvr_kv_encoding (0 f32, 1 f16, 2 bf16, 3 q8, 4 q4)", fn,
                              encoding));
   if (encoding == chunk::kEncQ4 && (group == 0 || group > chunk::kMaxGroup))
-    return chunk_fail(seq, KVR_ERR_INVALID_ARGUMENT,
+    return seq_fail(seq, KVR_ERR_INVALID_ARGUMENT,
                       format("%s: q4 group_size %u outside [1, %u]", fn, group, chunk::kMaxGroup));
   if (encoding != chunk::kEncQ4 && group != 0)
-    return chunk_fail(seq, KVR_ERR_INVALID_ARGUMENT,
+    return seq_fail(seq, KVR_ERR_INVALID_ARGUMENT,
                       format("%s: group_size must be 0 for encoding %u, got %u", fn, encoding, group));
-  if (tokens == 0) return chunk_fail(seq, KVR_ERR_INVALID_ARGUMENT, format("%s: tokens must be >= 1, got 0", fn));
+  if (tokens == 0) return seq_fail(seq, KVR_ERR_INVALID_ARGUMENT, format("%s: tokens must be >= 1, got 0", fn));
   const Model& m = *seq->model;
   out->encoding = encoding;
   out->group = group;
@@ -66,9 +41,9 @@ int32_t make_layout(kvr_seq* seq, const char* fn, uint32_t encoding, uint32_t gr
 }
 
 int32_t check_frame(kvr_seq* seq, const char* fn, const void* frame, size_t frame_len, const chunk::Layout& L) {
-  if (!frame) return chunk_fail(seq, KVR_ERR_INVALID_ARGUMENT, format("%s: frame is NULL", fn));
+  if (!frame) return seq_fail(seq, KVR_ERR_INVALID_ARGUMENT, format("%s: frame is NULL", fn));
   if (frame_len != L.frame_bytes())
-    return chunk_fail(seq, KVR_ERR_INVALID_ARGUMENT,
+    return seq_fail(seq, KVR_ERR_INVALID_ARGUMENT,
                       format("%s: frame_len %zu, expected %zu for %zu tokens", fn, frame_len, L.frame_bytes(),
                              L.tokens));
   return KVR_OK;
@@ -98,12 +73,12 @@ KVR_API int32_t kvr_seq_export_chunk(const kvr_seq* cseq, uint32_t encoding, uin
   const char* fn = "kvr_seq_export_chunk";
   if (!cseq) return fail(KVR_ERR_INVALID_ARGUMENT, "kvr_seq_export_chunk: seq is NULL");
   kvr_seq* seq = const_cast<kvr_seq*>(cseq);  // only last_error is written
-  return kvr::chunk_guarded(seq, fn, [&] {
+  return kvr::seq_guarded(seq, fn, [&] {
     kvr::ChunkSpec c;
     if (int32_t st = kvr::make_layout(seq, fn, encoding, group_size, tokens, &c.layout)) return st;
     const uint64_t end = static_cast<uint64_t>(start) + tokens;
     if (end > seq->length)
-      return kvr::chunk_fail(seq, KVR_ERR_OUT_OF_RANGE,
+      return kvr::seq_fail(seq, KVR_ERR_OUT_OF_RANGE,
                              format("%s: range [%u, %llu) exceeds length %u", fn, start, (unsigned long long)end,
                                     seq->length));
     if (int32_t st = kvr::check_frame(seq, fn, frame, frame_len, c.layout)) return st;
@@ -119,15 +94,15 @@ KVR_API int32_t kvr_seq_import_chunk(kvr_seq* seq, uint32_t encoding, uint32_t g
                                      uint32_t start, uint32_t tokens, const uint8_t* frame, size_t frame_len) {
   const char* fn = "kvr_seq_import_chunk";
   if (!seq) return fail(KVR_ERR_INVALID_ARGUMENT, "kvr_seq_import_chunk: seq is NULL");
-  return kvr::chunk_guarded(seq, fn, [&] {
+  return kvr::seq_guarded(seq, fn, [&] {
     kvr::ChunkSpec c;
     if (int32_t st = kvr::make_layout(seq, fn, encoding, group_size, tokens, &c.layout)) return st;
     if (start > seq->length)
-      return kvr::chunk_fail(seq, KVR_ERR_OUT_OF_RANGE,
+      return kvr::seq_fail(seq, KVR_ERR_OUT_OF_RANGE,
                              format("%s: start %u is past the length %u", fn, start, seq->length));
     const uint64_t end = static_cast<uint64_t>(start) + tokens;
     if (end > seq->capacity)
-      return kvr::chunk_fail(seq, KVR_ERR_CAPACITY,
+      return kvr::seq_fail(seq, KVR_ERR_CAPACITY,
                              format("%s: range [%u, %llu) exceeds capacity %u", fn, start, (unsigned long long)end,
                                     seq->capacity));
     if (int32_t st = kvr::check_frame(seq, fn, frame, frame_len, c.layout)) return st;

@@ -48,7 +48,7 @@ Deno.test("gpu_check.py --dry-run passes its correctness and probe checks on the
   }
 });
 
-Deno.test("gpu_check.py --dry-run passes its handoff checks (golden-snapshot codec, projection, sampling) on the CPU backend", async () => {
+Deno.test("gpu_check.py --dry-run passes its handoff checks (golden-snapshot codec, projection, sampling, fit) on the CPU backend", async () => {
   const out = await Deno.makeTempDir({ prefix: "gpu_check_handoff_" });
   try {
     const { code, stdout, stderr } = await new Deno.Command("python3", {
@@ -80,6 +80,8 @@ Deno.test("gpu_check.py --dry-run passes its handoff checks (golden-snapshot cod
     assert.ok(names.some((n) => /KL\(full ‖ migrated\)/.test(n)), names.join("\n"));
     // decode_sample vs the reference sampler for every sampling configuration
     assert.equal(names.filter((n) => /device sampling vs the reference sampler/.test(n)).length, 5);
+    // fit statistics (G, C, yy of keys and values) vs the CPU's
+    assert.equal(names.filter((n) => /fit statistics vs CPU/.test(n)).length, 6);
   } finally {
     await Deno.remove(out, { recursive: true });
   }

@@ -253,7 +253,6 @@ class CpuBackend final : public Backend {
     const bool keep_bf16 = !(force_f32_env != nullptr && std::strcmp(force_f32_env, "1") == 0);
     const kvr_model_params& p = g_.params;
     const uint32_t quant = p.weights;                // linear weights (and lm_head): q8 / q4 / as stored
-    const bool quantized = quant != KVR_WEIGHTS_NATIVE;
     // Packers run on the model's thread count: the OpenMP default team of this (loading) thread,
     // restored on return.
     struct RestoreThreads {
@@ -263,17 +262,18 @@ class CpuBackend final : public Backend {
     omp_set_num_threads(g_.n_threads);
     Loader ld{t};
     const TensorView& embed = ld.row(KVR_T_EMBED, 0);
-    if (p.tie_word_embeddings && !quantized) {
-      // Tied and exact: the packed lm_head is the only copy; lookups gather rows from its panels
-      // (weights.h embed_row). Qwen3-0.6B: 297 MiB bf16 held once instead of twice.
-      w_.lm_head = Loader::packed({&embed}, g_.hidden, keep_bf16, KVR_WEIGHTS_NATIVE);
+    if (p.tie_word_embeddings) {
+      // Tied: the packed lm_head is the only copy; lookups gather rows from its panels
+      // (weights.h embed_row). Qwen3-0.6B: 297 MiB bf16 held once instead of twice. With q8/q4
+      // weights the lookups read the quantized rows (as llama.cpp's quantized token_embd): no
+      // bf16 table is left beside the quantized lm_head.
+      w_.lm_head = Loader::packed({&embed}, g_.hidden, keep_bf16, quant);
     } else if (keep_bf16 && Loader::all_bf16({&embed})) {
       w_.embed_bf16.resize(g_.vocab * g_.hidden);
       Loader::read_bf16(embed, w_.embed_bf16.data());
     } else {
       w_.embed = Loader::vec(&embed);
     }
-    if (p.tie_word_embeddings && quantized) w_.lm_head = Loader::packed({&embed}, g_.hidden, keep_bf16, quant);
     w_.final_norm = Loader::vec(t.find(KVR_T_FINAL_NORM));
     if (!p.tie_word_embeddings) w_.lm_head = Loader::packed({t.find(KVR_T_LM_HEAD)}, g_.hidden, keep_bf16, quant);
     w_.layer.resize(g_.layers);

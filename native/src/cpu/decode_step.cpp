@@ -1,32 +1,33 @@
-// Decode step (see decode_step.h). Every thread runs the whole layer loop; the GEMVs are split by
-// weight panels (each thread owns a fixed column range of every projection), attention by KV
-// head, and the small row ops are either fused into the owner's range (biases, SwiGLU) or
-// recomputed by every thread into its own buffer (RMSNorm of one row: cheaper than a barrier).
-// Four barriers per layer (after attention, O, gate/up+SwiGLU and down) when GQA groups divide
-// evenly over the threads, five otherwise (also after QKV).
+// Decode step (see decode_step.h). Every thread runs the whole layer loop and takes units of work
+// from per-stage counters (dynamic claiming): a unit is a chunk of weight panels of a GEMV, or one
+// GQA group's QKV columns + q/k norm + RoPE + KV write + attention. A thread waits only for the
+// stage's units to be *finished*, not for every thread to arrive, so a thread the OS takes off its
+// core for a while holds up at most the unit it is in (the partner takes the rest). Which thread
+// computes a unit never changes its bits (each output column and each attention row is summed by
+// one thread in a fixed order), so results equal the 1-thread step. RMSNorm of the one row is
+// recomputed by each thread into its own buffer, once per stage it takes a unit in.
 #include "cpu/decode_step.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <mutex>
+#include <unordered_map>
 
 #include "common/device_math.h"
 #include "cpu/attention.h"
 #include "cpu/convert.h"
 #include "cpu/gemm.h"
 #include "cpu/ops.h"
-#include "cpu/spin_barrier.h"
+#include "cpu/futex.h"
 #include "cpu/worker_pool.h"
 
 namespace kvr::cpu {
 namespace {
 
-// Range i of `parts` near-equal ranges of [0, count).
-void split(size_t count, size_t parts, size_t i, size_t* begin, size_t* end) {
-  const size_t base = count / parts, extra = count % parts;
-  *begin = i * base + std::min(i, extra);
-  *end = *begin + base + (i < extra ? 1 : 0);
-}
+// Waits for a stage's last unit spin this long before sleeping on a futex: a stage's units are
+// tens of microseconds, and a spinner keeps its core from a partner that the OS has preempted.
+constexpr int kSpinMicros = 20;
 
 // Panels [p0, p1) of w for y (+)= x · Wᵀ, then the bias on the same columns.
 void gemv_part(const float* x, const PackedWeight& w, const std::vector<float>& bias, float* y,
@@ -35,6 +36,21 @@ void gemv_part(const float* x, const PackedWeight& w, const std::vector<float>& 
   if (bias.empty() || p0 >= p1) return;
   const size_t c0 = p0 * kPanelWidth, c1 = std::min(p1 * kPanelWidth, w.rows());
   add_inplace(y + c0, bias.data() + c0, c1 - c0);
+}
+
+// The last tuner choice per model (keyed by Weights::uid). choice != 0 stores; returns the stored
+// choice (0: none yet).
+int shared_choice(uint64_t model, int choice) {
+  static std::mutex mu;
+  static std::unordered_map<uint64_t, int> last;
+  std::lock_guard<std::mutex> lock(mu);
+  if (choice != 0) {
+    if (last.size() > 64) last.clear();  // bounded: models come and go
+    last[model] = choice;
+    return choice;
+  }
+  const auto it = last.find(model);
+  return it == last.end() ? 0 : it->second;
 }
 
 }  // namespace
@@ -47,6 +63,7 @@ unsigned decode_step(const ModelGeometry& m, const Weights& w, KvCache& kv, int3
   const float eps = m.params.rms_norm_eps;
   const bool qwen3 = m.params.arch == KVR_ARCH_QWEN3;
   const size_t nt = static_cast<size_t>(std::max(n_threads, 1));
+  const size_t pw = kPanelWidth;
 
   AttnArgs aa;
   aa.ldq = ldqkv;
@@ -72,151 +89,180 @@ unsigned decode_step(const ModelGeometry& m, const Weights& w, KvCache& kv, int3
   aa.q = qkv;
   aa.out = att;
 
+  // Attention stages. Fused (head_dim a multiple of 16, so a head's columns are whole panels, and
+  // enough GQA groups to go round): one unit per group — its q/k/v columns of the QKV projection,
+  // k-norm, RoPE, KV write, q-norm, RoPE and attention_group, nothing read from another unit.
+  // Else three stages: QKV panel chunks; per group k/v processing and KV write; attention per
+  // query head (a group of one head with shifted q/out pointers: the same per-row kernel as the
+  // whole group when the group is below the kernel's 8-row block path) or per group.
+  const bool fused_attn = hd % pw == 0 && (m.kv_heads % nt == 0 || m.kv_heads >= 2 * nt);
+  const bool head_units = group < 8;
+  // gate and up panels line up when I is a multiple of the panel width: a unit of gate panels
+  // [a, b) also computes up panels [I/16 + a, I/16 + b) and applies SwiGLU there.
+  const bool fused_swiglu = I % pw == 0;
+  const size_t per_layer = (fused_attn ? 4 : 6) + (fused_swiglu ? 0 : 1);
+  const size_t n_stages = m.layers * per_layer + 1;
+  if (sc.stage_count < n_stages) {
+    sc.stages.reset(new StageCounter[n_stages]);
+    sc.stage_count = n_stages;
+  }
+  for (size_t i = 0; i < n_stages; ++i) {  // published to the workers by the pool's region start
+    sc.stages[i].done.v.store(0, std::memory_order_relaxed);
+    for (auto& c : sc.stages[i].next) c.v.store(0, std::memory_order_relaxed);
+  }
+  constexpr uint32_t kShares = StageCounter::kShares;
+  const uint32_t shares = static_cast<uint32_t>(std::min<size_t>(nt, kShares));
+  std::atomic<uint32_t> sleepers{0};
+
   embed_row(w, static_cast<size_t>(token), H, x);
   // The same bits as the prefill path and the CUDA backend (common/device_math.h).
   for (size_t d = 0; d < half; ++d)
     dm::rope_cos_sin(static_cast<uint32_t>(pos), m.inv_freq[d], &cs[d], &cs[half + d]);
 
-  // gate and up panels line up when I is a multiple of the panel width: the thread that owns
-  // gate columns [c0, c1) also owns up columns [I + c0, I + c1) and applies SwiGLU there.
-  const bool fused_swiglu = I % kPanelWidth == 0;
-  SpinBarrier bar;
+  // Panel chunks: about 2 units per thread per GEMV (each claim and completion is an atomic on a
+  // line both cores write, ~0.1–0.2 µs; more, smaller units would balance better), at least 2
+  // panels.
+  auto chunk_of = [&](size_t panels) { return std::max<size_t>(2, panels / (2 * nt)); };
+  const size_t qkv_panels = w.layer.empty() ? 0 : w.layer[0].qkv.panels();
+  const size_t o_panels = w.layer.empty() ? 0 : w.layer[0].o.panels();
+  const size_t down_panels = w.layer.empty() ? 0 : w.layer[0].down.panels();
+  const size_t gu_panels = fused_swiglu ? I / pw : (w.layer.empty() ? 0 : w.layer[0].gate_up.panels());
+  const size_t qkv_chunk = chunk_of(qkv_panels), o_chunk = chunk_of(o_panels);
+  const size_t down_chunk = chunk_of(down_panels), gu_chunk = chunk_of(gu_panels);
+  const size_t head_chunk = std::max<size_t>(8, w.lm_head.panels() / (4 * nt));
+  auto units = [](size_t count, size_t chunk) { return static_cast<uint32_t>((count + chunk - 1) / chunk); };
+  const size_t swiglu_chunk = 256;
 
-  // Attention is split by query head: thread t owns a contiguous head range (whole GQA groups when
-  // they divide evenly, else near-equal ranges that may cut a group), computes those heads' q
-  // columns of the QKV projection itself, and the k/v columns, k-norm, RoPE and cache write of every
-  // group whose first head it owns. When every group lies within one thread, no thread reads what
-  // another wrote before attention and the QKV barrier is skipped. Needs head_dim % 16 == 0 (heads
-  // map to whole weight panels) and groups below the attention kernel's 8-row block path (a subset
-  // of a group then runs the same per-row kernel as the whole group).
-  const bool by_head = hd % kPanelWidth == 0 && group < 8;
-  auto head_range = [&](size_t T, size_t t, size_t* h0, size_t* h1) {
-    if (m.kv_heads % T == 0 || !by_head) {
-      size_t g0, g1;
-      split(m.kv_heads, T, t, &g0, &g1);
-      *h0 = g0 * group;
-      *h1 = g1 * group;
-    } else {
-      split(m.heads, T, t, h0, h1);
-    }
-  };
-
-  auto body = [&](unsigned team_thread, unsigned team) {
-    const size_t T = team;
+  auto body = [&](unsigned team_thread, unsigned) {
     const size_t t = team_thread;
-    bar.arm(team);
     float* h = hbase + t * h_each;
     float* as = sc.attn.data() + t * attn_each;
-    size_t q0, q1, o0, o1, d0, d1, v0, v1;
-    split(w.layer.empty() ? 0 : w.layer[0].qkv.panels(), T, t, &q0, &q1);
-    split(w.layer.empty() ? 0 : w.layer[0].o.panels(), T, t, &o0, &o1);
-    split(w.layer.empty() ? 0 : w.layer[0].down.panels(), T, t, &d0, &d1);
-    split(w.lm_head.panels(), T, t, &v0, &v1);
-    size_t u0, u1;  // gate/up panels (fused: gate panel range; else all panels)
-    split(fused_swiglu ? I / kPanelWidth : (w.layer.empty() ? 0 : w.layer[0].gate_up.panels()), T, t,
-          &u0, &u1);
-    size_t h0, h1;  // attention heads of this thread
-    head_range(T, t, &h0, &h1);
-    const size_t og0 = (h0 + group - 1) / group, og1 = (h1 + group - 1) / group;  // k/v groups
-    bool aligned = true;  // every group's heads on one thread: no QKV barrier
-    for (size_t u = 0; u < T; ++u) {
-      size_t a0, a1;
-      head_range(T, u, &a0, &a1);
-      aligned = aligned && a0 % group == 0 && a1 % group == 0;
-    }
-    const size_t pw = kPanelWidth;
+    StageCounter* st = sc.stages.get();
+    // Runs `unit(u)` for every unit this thread claims of stage *s (total units) — its own share
+    // first (the same units every step: their weights stay in this core's cache), then what is left
+    // of the others' — then waits until all units of the stage are finished (spin, then sleep on
+    // the stage's done counter).
+    auto stage = [&](StageCounter& s, uint32_t total, auto&& unit) {
+      std::atomic<uint32_t>& done = s.done.v;
+      for (uint32_t k = 0; k < shares; ++k) {
+        const uint32_t r = static_cast<uint32_t>((t + k) % shares);
+        const uint32_t begin = static_cast<uint32_t>(uint64_t{total} * r / shares);
+        const uint32_t end = static_cast<uint32_t>(uint64_t{total} * (r + 1) / shares);
+        for (uint32_t u = begin + s.next[r].v.fetch_add(1, std::memory_order_relaxed); u < end;
+             u = begin + s.next[r].v.fetch_add(1, std::memory_order_relaxed)) {
+          unit(u);
+          if (done.fetch_add(1, std::memory_order_seq_cst) + 1 == total &&
+              sleepers.load(std::memory_order_seq_cst) > 0)
+            futex_wake_all(&done);
+        }
+      }
+      if (done.load(std::memory_order_acquire) == total) return;
+      const auto start = std::chrono::steady_clock::now();
+      for (unsigned i = 1; done.load(std::memory_order_acquire) != total; ++i) {
+        cpu_pause();
+        if (i % 32 == 0 && std::chrono::steady_clock::now() - start > std::chrono::microseconds(kSpinMicros)) {
+          sleepers.fetch_add(1, std::memory_order_seq_cst);
+          for (uint32_t d; (d = done.load(std::memory_order_seq_cst)) != total;) futex_wait(&done, d);
+          sleepers.fetch_sub(1, std::memory_order_seq_cst);
+          break;
+        }
+      }
+    };
 
     for (size_t l = 0; l < m.layers; ++l) {
       const LayerWeights& L = w.layer[l];
-      rmsnorm(x, h, L.attn_norm.data(), H, eps);
-      if (!by_head) {
-        gemv_part(h, L.qkv, L.qkv_bias, qkv, false, q0, q1);
-        bar.wait();
-      } else {
-        gemv_part(h, L.qkv, L.qkv_bias, qkv, false, h0 * hd / pw, h1 * hd / pw);
-        gemv_part(h, L.qkv, L.qkv_bias, qkv, false, (qd + og0 * hd) / pw, (qd + og1 * hd) / pw);
-        gemv_part(h, L.qkv, L.qkv_bias, qkv, false, (qd + kvd + og0 * hd) / pw,
-                  (qd + kvd + og1 * hd) / pw);
-        for (size_t g = og0; g < og1; ++g) {
-          float* kr = qkv + qd + g * hd;
-          if (qwen3) rmsnorm(kr, kr, L.k_norm.data(), hd, eps);
-          rope(kr, cs, cs + half, half);
-          from_f32(kr, kv.dtype, kv.at(l, 0, g, pos), hd);
-          from_f32(qkv + qd + kvd + g * hd, kv.dtype, kv.at(l, 1, g, pos), hd);
-        }
-        if (!aligned) bar.wait();  // a group's keys are written by another thread
-      }
-
       AttnArgs la = aa;  // per thread: the shared template stays read-only
       la.layer = l;
-      if (!by_head) {
-        size_t g0, g1;
-        split(m.kv_heads, T, t, &g0, &g1);
-        for (size_t g = g0; g < g1; ++g) {
-          float* kr = qkv + qd + g * hd;
-          float* vr = qkv + qd + kvd + g * hd;
-          if (qwen3) rmsnorm(kr, kr, L.k_norm.data(), hd, eps);
-          rope(kr, cs, cs + half, half);
-          from_f32(kr, kv.dtype, kv.at(l, 0, g, pos), hd);
-          from_f32(vr, kv.dtype, kv.at(l, 1, g, pos), hd);
-          for (size_t hh = g * group; hh < (g + 1) * group; ++hh) {
-            float* qr = qkv + hh * hd;
-            if (qwen3) rmsnorm(qr, qr, L.q_norm.data(), hd, eps);
-            rope(qr, cs, cs + half, half);
-          }
+      bool normed = false;
+      auto norm_once = [&](const std::vector<float>& weight) {
+        if (!normed) rmsnorm(x, h, weight.data(), H, eps);
+        normed = true;
+      };
+      auto kv_write = [&](size_t g) {
+        float* kr = qkv + qd + g * hd;
+        if (qwen3) rmsnorm(kr, kr, L.k_norm.data(), hd, eps);
+        rope(kr, cs, cs + half, half);
+        from_f32(kr, kv.dtype, kv.at(l, 0, g, pos), hd);
+        from_f32(qkv + qd + kvd + g * hd, kv.dtype, kv.at(l, 1, g, pos), hd);
+      };
+      auto q_prep = [&](size_t hh) {
+        float* qr = qkv + hh * hd;
+        if (qwen3) rmsnorm(qr, qr, L.q_norm.data(), hd, eps);
+        rope(qr, cs, cs + half, half);
+      };
+      if (fused_attn) {
+        stage(*st++, static_cast<uint32_t>(m.kv_heads), [&](uint32_t g) {
+          norm_once(L.attn_norm);
+          gemv_part(h, L.qkv, L.qkv_bias, qkv, false, g * group * hd / pw, (g + 1) * group * hd / pw);
+          gemv_part(h, L.qkv, L.qkv_bias, qkv, false, (qd + g * hd) / pw, (qd + (g + 1) * hd) / pw);
+          gemv_part(h, L.qkv, L.qkv_bias, qkv, false, (qd + kvd + g * hd) / pw,
+                    (qd + kvd + (g + 1) * hd) / pw);
+          kv_write(g);
+          for (size_t hh = g * group; hh < (g + 1) * group; ++hh) q_prep(hh);
           attention_group(la, g, as);
-        }
+        });
       } else {
-        for (size_t hh = h0; hh < h1; ++hh) {
-          float* qr = qkv + hh * hd;
-          if (qwen3) rmsnorm(qr, qr, L.q_norm.data(), hd, eps);
-          rope(qr, cs, cs + half, half);
-        }
-        for (size_t g = h0 / group; g * group < h1; ++g) {
-          const size_t r0 = std::max(h0, g * group) - g * group;
-          const size_t r1 = std::min(h1, (g + 1) * group) - g * group;
-          if (r1 <= r0) continue;
-          if (r0 == 0 && r1 == group) {
+        stage(*st++, units(qkv_panels, qkv_chunk), [&](uint32_t u) {
+          norm_once(L.attn_norm);
+          gemv_part(h, L.qkv, L.qkv_bias, qkv, false, u * qkv_chunk, std::min(qkv_panels, (u + 1) * qkv_chunk));
+        });
+        stage(*st++, static_cast<uint32_t>(m.kv_heads), [&](uint32_t g) { kv_write(g); });
+        if (head_units) {
+          stage(*st++, static_cast<uint32_t>(m.heads), [&](uint32_t hh) {
+            q_prep(hh);
+            // Head hh alone as a group of one: attention_group reads (and writes) head g·1 + 0,
+            // so shift q and out by the difference to hh.
+            const size_t g = hh / group, shift = (hh - g) * hd;
+            AttnArgs sa = la;
+            sa.heads = m.kv_heads;
+            sa.q = qkv + shift;
+            sa.out = att + shift;
+            attention_group(sa, g, as);
+          });
+        } else {
+          stage(*st++, static_cast<uint32_t>(m.kv_heads), [&](uint32_t g) {
+            for (size_t hh = g * group; hh < (g + 1) * group; ++hh) q_prep(hh);
             attention_group(la, g, as);
-            continue;
-          }
-          // Rows [r0, r1) of group g as a group of r1 − r0 heads: attention_group reads query
-          // (and writes output) head g·s + i, so shift q and out to land on head g·group + r0 + i.
-          const size_t sub = r1 - r0, shift = (g * (group - sub) + r0) * hd;
-          AttnArgs sa = la;
-          sa.heads = m.kv_heads * sub;
-          sa.q = qkv + shift;
-          sa.out = att + shift;
-          attention_group(sa, g, as);
+          });
         }
       }
-      bar.wait();
 
-      gemv_part(att, L.o, L.o_bias, x, true, o0, o1);
-      bar.wait();
+      stage(*st++, units(o_panels, o_chunk), [&](uint32_t u) {
+        gemv_part(att, L.o, L.o_bias, x, true, u * o_chunk, std::min(o_panels, (u + 1) * o_chunk));
+      });
 
-      rmsnorm(x, h, L.mlp_norm.data(), H, eps);
+      normed = false;
       if (fused_swiglu) {
-        const size_t up = I / kPanelWidth;
-        gemv_part(h, L.gate_up, L.gate_up_bias, gu, false, u0, u1);
-        gemv_part(h, L.gate_up, L.gate_up_bias, gu, false, up + u0, up + u1);
-        const size_t c0 = u0 * kPanelWidth, c1 = u1 * kPanelWidth;
-        if (c1 > c0) swiglu(gu + c0, gu + I + c0, gu + c0, c1 - c0);
+        stage(*st++, units(gu_panels, gu_chunk), [&](uint32_t u) {
+          norm_once(L.mlp_norm);
+          const size_t p0 = u * gu_chunk, p1 = std::min(gu_panels, (u + 1) * gu_chunk);
+          gemv_part(h, L.gate_up, L.gate_up_bias, gu, false, p0, p1);
+          gemv_part(h, L.gate_up, L.gate_up_bias, gu, false, gu_panels + p0, gu_panels + p1);
+          swiglu(gu + p0 * pw, gu + I + p0 * pw, gu + p0 * pw, (p1 - p0) * pw);
+        });
       } else {
-        gemv_part(h, L.gate_up, L.gate_up_bias, gu, false, u0, u1);
-        bar.wait();
-        size_t c0, c1;
-        split(I, T, t, &c0, &c1);
-        if (c1 > c0) swiglu(gu + c0, gu + I + c0, gu + c0, c1 - c0);
+        stage(*st++, units(gu_panels, gu_chunk), [&](uint32_t u) {
+          norm_once(L.mlp_norm);
+          gemv_part(h, L.gate_up, L.gate_up_bias, gu, false, u * gu_chunk, std::min(gu_panels, (u + 1) * gu_chunk));
+        });
+        stage(*st++, units(I, swiglu_chunk), [&](uint32_t u) {
+          const size_t c0 = u * swiglu_chunk, c1 = std::min(I, c0 + swiglu_chunk);
+          swiglu(gu + c0, gu + I + c0, gu + c0, c1 - c0);
+        });
       }
-      bar.wait();
 
-      gemv_part(gu, L.down, L.down_bias, x, true, d0, d1);
-      bar.wait();
+      stage(*st++, units(down_panels, down_chunk), [&](uint32_t u) {
+        gemv_part(gu, L.down, L.down_bias, x, true, u * down_chunk, std::min(down_panels, (u + 1) * down_chunk));
+      });
     }
 
-    rmsnorm(x, h, w.final_norm.data(), H, eps);
-    gemv_range(h, w.lm_head, logits, false, v0, v1);
+    bool normed = false;
+    const size_t vp = w.lm_head.panels();
+    stage(*st++, units(vp, head_chunk), [&](uint32_t u) {
+      if (!normed) rmsnorm(x, h, w.final_norm.data(), H, eps);
+      normed = true;
+      gemv_range(h, w.lm_head, logits, false, u * head_chunk, std::min(vp, (u + 1) * head_chunk));
+    });
   };
   using Body = decltype(body);
   return WorkerPool::shared().run(
@@ -232,8 +278,19 @@ void decode_tuned(const ModelGeometry& m, const Weights& w, KvCache& kv, int32_t
     return;
   }
   constexpr uint32_t half = DecodeTuner::kProbe / 2;
+  if (tu.step == 0 && tu.chosen == 0) {
+    // A new sequence starts from the model's last measured choice (a short generation would
+    // otherwise spend most of its steps probing) and probes again after kReprobeEvery steps.
+    const int shared = shared_choice(w.uid, 0);
+    if (shared != 0) {
+      tu.chosen = shared;
+      tu.step = DecodeTuner::kProbe;
+    }
+  }
   const bool probing = tu.step < DecodeTuner::kProbe;
-  const int variant = probing ? static_cast<int>(tu.step % 2) : (tu.chosen == 1 ? 0 : 1);
+  constexpr uint32_t kBlock = DecodeTuner::kBlock;
+  const uint32_t block = tu.step / kBlock;
+  const int variant = probing ? static_cast<int>(block % 2) : (tu.chosen == 1 ? 0 : 1);
   const auto t0 = std::chrono::steady_clock::now();
   const unsigned want = variant == 0 ? 1 : static_cast<unsigned>(many);
   const unsigned used = decode_step(m, w, kv, token, pos, logits, sc, static_cast<int>(want));
@@ -242,16 +299,14 @@ void decode_tuned(const ModelGeometry& m, const Weights& w, KvCache& kv, int32_t
   // it is not counted, and the probe step is repeated.
   if (probing && used != want) return;
   if (probing) {
-    tu.probe_time[variant][tu.step / 2] = dt;
+    tu.probe_time[variant][(block / 2) * kBlock + tu.step % kBlock] = dt;
     if (tu.step + 1 == DecodeTuner::kProbe) {
-      double med[2];
-      for (int v = 0; v < 2; ++v) {
-        double s[half];
-        std::copy_n(tu.probe_time[v], half, s);
-        std::sort(s, s + half);
-        med[v] = s[half / 2];
-      }
-      tu.chosen = med[1] < med[0] ? many : 1;
+      double total[2] = {0, 0};  // the mean, not the median: stalls cost throughput
+      for (int v = 0; v < 2; ++v)
+        for (uint32_t i = 0; i < half; ++i)
+          if (i % kBlock != 0) total[v] += tu.probe_time[v][i];  // a block's first step: warm-up
+      tu.chosen = total[1] < total[0] ? many : 1;
+      shared_choice(w.uid, tu.chosen);
     }
   }
   if (++tu.step >= DecodeTuner::kReprobeEvery) tu.step = 0;

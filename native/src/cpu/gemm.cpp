@@ -410,6 +410,10 @@ PackedWeight PackedWeight::pack_bf16(const Bf16Rows* parts, size_t n_parts, size
   return p;
 }
 
+void PackedWeight::unpack_f32(float* out) const {
+  for (size_t r = 0; r < n_; ++r) row_f32(r, out + r * k_);
+}
+
 void PackedWeight::row_f32(size_t r, float* out) const {
   const size_t pi = r / kPanelWidth, c = r % kPanelWidth;
   if (bf16_) {
@@ -417,6 +421,14 @@ void PackedWeight::row_f32(size_t r, float* out) const {
     for (size_t t = 0; t < k_; ++t) {
       const uint32_t u = static_cast<uint32_t>(s[t * kPanelWidth]) << 16;
       std::memcpy(out + t, &u, sizeof(float));
+    }
+  } else if (q8_ || q4_) {  // one column of the dequantized slices (q8/q4::dequant_slice)
+    alignas(64) float buf[kKC * kPanelWidth];
+    for (size_t pc = 0; pc < k_; pc += kKC) {
+      const size_t kc = std::min(kKC, k_ - pc);
+      if (q8_) q8::dequant_slice(*this, pi, pc, kc, buf);
+      else q4::dequant_slice(*this, pi, pc, kc, buf);
+      for (size_t t = 0; t < kc; ++t) out[pc + t] = buf[t * kPanelWidth + c];
     }
   } else {
     const float* s = panel(pi) + c;

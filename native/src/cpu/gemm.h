@@ -100,8 +100,12 @@ class PackedWeight {
   const float* panel(size_t p) const { return data_.data() + p * k_ * kPanelWidth; }
   const uint16_t* panel_bf16(size_t p) const { return data16_.data() + p * k_ * kPanelWidth; }
   // Row r < rows() (one output feature's k weights) as f32, gathered from its panel (f32 or bf16
-  // weights, exact): a tied model's embedding lookup reads the lm_head instead of a second copy.
+  // weights: exact; q8/q4: dequantized, the same values as the prefill GEMM's slices): a tied
+  // model's embedding lookup reads the lm_head instead of a second copy.
   void row_f32(size_t r, float* out) const;
+  // The whole weight as (rows, cols) row-major f32 (f32 or bf16 weights, exact): the inverse of
+  // pack(), e.g. for a device upload in the usual row-major layout (kvr_projector_weights).
+  void unpack_f32(float* out) const;
 
   // q8 layout (is_q8()): k padded with zeros to kq = ceil(k/32)·32 and cut into blocks of 32.
   // Per panel and block, 512 int8 codes ordered (k/4, 16 columns, 4 consecutive k) — one 64-byte

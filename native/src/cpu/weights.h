@@ -4,6 +4,7 @@
 // Not the geometry (backend.h ModelGeometry) nor the packing code (gemm.h).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -28,11 +29,19 @@ struct LayerWeights {
   std::vector<float> down_bias;     // (hidden) or empty
 };
 
+// A number no other Weights of this process gets: keys per-model state such as the decode tuner's
+// last choice (an address can be reused once a model is freed).
+inline uint64_t next_weights_uid() {
+  static std::atomic<uint64_t> n{0};
+  return n.fetch_add(1, std::memory_order_relaxed) + 1;
+}
+
 struct Weights {
+  uint64_t uid = next_weights_uid();
   // Token lookup table (vocab, hidden) row-major: at most one of the two is non-empty
   // (embed_bf16 when the checkpoint's embedding is BF16 and KVRELAY_WEIGHTS_F32 is not 1). Both
-  // are empty when the embedding is tied and lm_head holds it exactly (not quantized): lookups
-  // then read the lm_head panels (embed_row), so the table is held once, not twice.
+  // are empty when the embedding is tied: lookups then read the lm_head panels (embed_row), so the
+  // table is held once, not twice (q8/q4 weights: the lookups see the dequantized values).
   std::vector<float> embed;          // f32
   std::vector<uint16_t> embed_bf16;  // bf16 bit patterns, widened exactly on lookup
   std::vector<float> final_norm;     // (hidden)
@@ -40,7 +49,7 @@ struct Weights {
   std::vector<LayerWeights> layer;
 };
 
-// x (hidden floats) = the embedding row of token tok, exact (bf16 widened).
+// x (hidden floats) = the embedding row of token tok, exact (bf16 widened; q8/q4 tied: dequantized).
 inline void embed_row(const Weights& w, size_t tok, size_t hidden, float* x) {
   if (!w.embed_bf16.empty()) {
     to_f32(w.embed_bf16.data() + tok * hidden, KVR_DTYPE_BF16, x, hidden);

@@ -5,48 +5,11 @@
 #include "cpu/worker_pool.h"
 
 #include <chrono>
-#include <climits>
 #include <system_error>
 
-#if defined(__linux__)
-#include <linux/futex.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
+#include "cpu/futex.h"
 
 namespace kvr::cpu {
-namespace {
-
-inline void cpu_pause() {
-#if defined(__x86_64__) || defined(__i386__)
-  _mm_pause();
-#endif
-}
-
-void futex_wait(std::atomic<uint32_t>* word, uint32_t expected) {
-#if defined(__linux__)
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT_PRIVATE, expected, nullptr,
-          nullptr, 0);
-#else
-  (void)word;
-  (void)expected;
-  std::this_thread::yield();
-#endif
-}
-
-void futex_wake_all(std::atomic<uint32_t>* word) {
-#if defined(__linux__)
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr,
-          nullptr, 0);
-#else
-  (void)word;
-#endif
-}
-
-}  // namespace
 
 WorkerPool& WorkerPool::shared() {
   // Never destroyed: workers may be asleep in a futex when the process exits.

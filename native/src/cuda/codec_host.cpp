@@ -1,7 +1,8 @@
 // Host orchestration of the device snapshot codec (codec.cu) for one CUDA sequence: a device
 // frame buffer, two pinned slabs and a copy stream, so that encoding (compute stream), the PCIe
 // copy (copy stream) and the host copy into the caller's frame overlap slab by slab on export,
-// and the host copy and the upload overlap on import, where the checks (CRC32C, stored index,
+// and the host copy and the upload overlap on import (host copies multi-threaded, ParallelCopier;
+// slab plans in host_copy.h), where the checks (CRC32C, stored index,
 // scales) complete before anything is written to the cache. Messages and statuses equal the
 // host codec's (chunk_codec.cpp). Not the kernels (codec.cu) nor argument validation.
 #include "cuda/codec_host.h"
@@ -97,13 +98,12 @@ void CodecStaging::export_chunk(const DevKv& kv, const ChunkSpec& c, uint8_t* fr
                                 cudaStream_t stream, const Check& ck) {
   const chunk::Layout& L = c.layout;
   const size_t body = frame_len - chunk::kFrameCrcBytes;
-  // Slabs: runs of whole layers of about kSlabBytes (a layer larger than a slab is one slab,
-  // copied in kSlabBytes pieces). events_: [0, 2) the copies into pinned slab 0 / 1, then one
-  // per slab for its encode.
-  std::vector<std::pair<size_t, size_t>> slabs;  // [l0, l1)
-  const size_t per_slab = std::max<size_t>(1, kSlabBytes / std::max<size_t>(1, L.layer_bytes()));
-  for (size_t l = 0; l < L.layers; l += per_slab) slabs.push_back({l, std::min(L.layers, l + per_slab)});
-  reserve(frame_len, 2 + slabs.size(), ck);
+  // Slabs: runs of whole layers of about kSlabBytes (a layer larger than a slab is copied in
+  // kSlabBytes pieces: export_slab_plan). events_: [0, 2) the copies into pinned slab 0 / 1, then
+  // one per encoded run of layers.
+  const std::vector<SlabPiece> plan = export_slab_plan(L.k_offset(0), L.layer_bytes(), L.layers, kSlabBytes);
+  const size_t per_slab = layers_per_slab(L.layer_bytes(), kSlabBytes);
+  reserve(frame_len, 2 + (L.layers + per_slab - 1) / per_slab, ck);
   uint32_t* d_bad = static_cast<uint32_t*>(words_);
   uint32_t* d_crc = d_bad + 1;
   ck(cudaMemsetAsync(d_bad, 0xff, 4, stream), "resetting codec flags");
@@ -111,42 +111,34 @@ void CodecStaging::export_chunk(const DevKv& kv, const ChunkSpec& c, uint8_t* fr
   std::memcpy(frame, head, 8);
   std::memcpy(small_, head, 8);
   ck(cudaMemcpyAsync(frame_, small_, 8, cudaMemcpyHostToDevice, stream), "uploading the frame head");
-  // A copy in flight: bytes [o0, o1) of the frame in pinned slab `buf` (event events_[buf]).
-  struct Pending {
-    size_t o0, o1;
-    int buf;
-  };
-  std::vector<Pending> pending;
-  int next_buf = 0;
-  auto drain_one = [&] {  // the host copy of the oldest slab, once its PCIe copy is done
-    const Pending p = pending.front();
-    pending.erase(pending.begin());
+  size_t drained = 0, encoded_to = 0;  // pieces copied into the caller's frame; layers encoded
+  auto drain_one = [&] {  // the host copy of the oldest piece, once its PCIe copy is done
+    const SlabPiece& p = plan[drained++];
     ck(cudaEventSynchronize(events_[p.buf]), "copying the chunk to the host");
-    std::memcpy(frame + p.o0, pinned_[p.buf], p.o1 - p.o0);
+    copier_.copy(frame + p.o0, pinned_[p.buf], p.o1 - p.o0);
   };
-  for (size_t j = 0; j < slabs.size(); ++j) {
-    const auto [l0, l1] = slabs[j];
-    ck(launch_encode_layers(kv, L, c.start, l0, l1, static_cast<uint8_t*>(frame_), d_bad, stream),
-       "encode launch");
-    cudaEvent_t encoded = events_[2 + j];
-    ck(cudaEventRecord(encoded, stream), "recording the encode");
-    ck(cudaStreamWaitEvent(copy_stream_, encoded, 0), "ordering the copy");
-    for (size_t o = L.k_offset(l0), end = L.k_offset(l1); o < end; o += kSlabBytes) {
-      const size_t o1 = std::min(end, o + kSlabBytes);
-      if (pending.size() == 2) drain_one();  // both slabs busy: free the older one
-      ck(cudaMemcpyAsync(pinned_[next_buf], static_cast<uint8_t*>(frame_) + o, o1 - o, cudaMemcpyDeviceToHost,
-                         copy_stream_),
-         "copying the chunk to the host");
-      ck(cudaEventRecord(events_[next_buf], copy_stream_), "recording the copy");
-      pending.push_back({o, o1, next_buf});
-      next_buf ^= 1;
+  for (size_t j = 0; j < plan.size(); ++j) {
+    const SlabPiece& p = plan[j];
+    if (p.after_layer > encoded_to) {  // encode the next run of layers first
+      const size_t l0 = encoded_to;
+      ck(launch_encode_layers(kv, L, c.start, l0, p.after_layer, static_cast<uint8_t*>(frame_), d_bad, stream),
+         "encode launch");
+      cudaEvent_t encoded = events_[2 + l0 / per_slab];
+      ck(cudaEventRecord(encoded, stream), "recording the encode");
+      ck(cudaStreamWaitEvent(copy_stream_, encoded, 0), "ordering the copy");
+      encoded_to = p.after_layer;
     }
+    if (j - drained == 2) drain_one();  // both slabs busy: free the older one
+    ck(cudaMemcpyAsync(pinned_[p.buf], static_cast<uint8_t*>(frame_) + p.o0, p.o1 - p.o0, cudaMemcpyDeviceToHost,
+                       copy_stream_),
+       "copying the chunk to the host");
+    ck(cudaEventRecord(events_[p.buf], copy_stream_), "recording the copy");
   }
   // The CRC over the whole body (head + payload), on the compute stream after every encode.
   ck(launch_crc32c(static_cast<uint8_t*>(frame_), body, static_cast<uint32_t*>(raw_), d_crc, false, stream),
      "crc launch");
   ck(cudaMemcpyAsync(small_, d_bad, 8, cudaMemcpyDeviceToHost, stream), "reading codec flags");
-  while (!pending.empty()) drain_one();
+  while (drained < plan.size()) drain_one();
   ck(cudaStreamSynchronize(stream), "export_chunk");
   uint32_t flags[2];
   std::memcpy(flags, small_, 8);
@@ -163,22 +155,21 @@ void CodecStaging::import_chunk(const DevKv& kv, const ChunkSpec& c, const uint8
                                 cudaStream_t stream, const Check& ck) {
   const chunk::Layout& L = c.layout;
   const size_t body = frame_len - chunk::kFrameCrcBytes;
-  const size_t slabs = (frame_len + kSlabBytes - 1) / kSlabBytes;
+  const std::vector<SlabPiece> plan = import_slab_plan(frame_len, kSlabBytes);
   reserve(frame_len, 2, ck);
   // Upload: host copy into pinned slab j while slab j-1 crosses PCIe.
   cudaEvent_t done[2] = {events_[0], events_[1]};
   bool used[2] = {false, false};
-  for (size_t j = 0; j < slabs; ++j) {
-    const int b = static_cast<int>(j % 2);
-    if (used[b]) ck(cudaEventSynchronize(done[b]), "uploading the chunk");
-    const size_t o = j * kSlabBytes, len = std::min(kSlabBytes, frame_len - o);
-    std::memcpy(pinned_[b], frame + o, len);
-    ck(cudaMemcpyAsync(static_cast<uint8_t*>(frame_) + o, pinned_[b], len, cudaMemcpyHostToDevice, copy_stream_),
+  for (const SlabPiece& p : plan) {
+    if (used[p.buf]) ck(cudaEventSynchronize(done[p.buf]), "uploading the chunk");
+    copier_.copy(pinned_[p.buf], frame + p.o0, p.o1 - p.o0);
+    ck(cudaMemcpyAsync(static_cast<uint8_t*>(frame_) + p.o0, pinned_[p.buf], p.o1 - p.o0, cudaMemcpyHostToDevice,
+                       copy_stream_),
        "uploading the chunk");
-    ck(cudaEventRecord(done[b], copy_stream_), "recording the upload");
-    used[b] = true;
+    ck(cudaEventRecord(done[p.buf], copy_stream_), "recording the upload");
+    used[p.buf] = true;
   }
-  ck(cudaStreamWaitEvent(stream, done[(slabs - 1) % 2], 0), "ordering the decode");
+  ck(cudaStreamWaitEvent(stream, done[plan.back().buf], 0), "ordering the decode");
   uint32_t* d_crc = static_cast<uint32_t*>(words_);
   auto* d_key = reinterpret_cast<unsigned long long*>(static_cast<uint8_t*>(words_) + 8);
   ck(cudaMemsetAsync(d_key, 0xff, 8, stream), "resetting codec flags");

@@ -12,6 +12,7 @@
 
 #include "backend.h"
 #include "cuda/handoff.h"
+#include "host_copy.h"
 
 namespace kvr::cuda {
 
@@ -20,7 +21,8 @@ class CodecStaging {
   // The backend's status check (throws BackendError and marks the backend failed on a sticky
   // error).
   using Check = std::function<void(cudaError_t, const char*)>;
-  CodecStaging() = default;
+  // copy_threads: host threads for the pageable ↔ pinned copies (ParallelCopier).
+  explicit CodecStaging(int copy_threads) : copier_(copy_threads) {}
   CodecStaging(const CodecStaging&) = delete;
   CodecStaging& operator=(const CodecStaging&) = delete;
   ~CodecStaging();
@@ -42,6 +44,7 @@ class CodecStaging {
   void* small_ = nullptr;  // pinned mirror of words_ (and the frame head)
   void* pinned_[2] = {nullptr, nullptr};
   std::vector<cudaEvent_t> events_;
+  ParallelCopier copier_;
 };
 
 }  // namespace kvr::cuda

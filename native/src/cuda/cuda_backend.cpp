@@ -32,29 +32,20 @@ namespace {
 constexpr size_t kChunk = 256;           // tokens per prefill chunk (bounded scratch)
 constexpr size_t kLogitBytes = 64u << 20;  // device/pinned logits staging per sequence
 
-// Device memory owned by RAII.
-struct DevBuf {
+// Device (cudaFree) or pinned host (cudaFreeHost) memory owned by RAII.
+template <cudaError_t (*Free)(void*)>
+struct CudaMem {
   void* p = nullptr;
   size_t bytes = 0;
-  DevBuf() = default;
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  ~DevBuf() {
-    if (p) cudaFree(p);
+  CudaMem() = default;
+  CudaMem(const CudaMem&) = delete;
+  CudaMem& operator=(const CudaMem&) = delete;
+  ~CudaMem() {
+    if (p) Free(p);
   }
 };
-
-// Pinned host memory owned by RAII.
-struct PinnedBuf {
-  void* p = nullptr;
-  size_t bytes = 0;
-  PinnedBuf() = default;
-  PinnedBuf(const PinnedBuf&) = delete;
-  PinnedBuf& operator=(const PinnedBuf&) = delete;
-  ~PinnedBuf() {
-    if (p) cudaFreeHost(p);
-  }
-};
+using DevBuf = CudaMem<cudaFree>;
+using PinnedBuf = CudaMem<cudaFreeHost>;
 
 struct DevLayer {
   const float* attn_norm = nullptr;
@@ -132,6 +123,8 @@ class CudaBackend final : public Backend {
   // Projection between two sequences on this device (projector.cu + the fallback GEMM).
   bool project_linear(const SeqState& src, const Backend& src_backend, SeqState& dst, const LinearProjection& p,
                       uint32_t n_tokens) const override;
+  // Fit statistics on the device when both sequences live on it (fit.cu), else the host path.
+  void accumulate_fit(const SeqState& dst, const FitRequest& r) const override;
   // Greedy / top-k steps pick on the device and copy back ≤ 64 candidates; other steps copy the
   // row (sm::plan_route).
   int32_t forward_sample(SeqState& s, int32_t token, size_t pos0, const SampleRequest& r,
@@ -149,6 +142,16 @@ class CudaBackend final : public Backend {
     uint16_t *split_hi, *split_lo;
     size_t floats;
   };
+  // Host threads of a sequence's codec copies: the model's CPU threads, at most 8 (a few threads
+  // saturate host memory bandwidth).
+  int codec_copy_threads() const { return std::min(8, std::max(1, g_.n_threads)); }
+  // Allocates `bytes` of device memory into an empty `b`.
+  void alloc_dev(DevBuf& b, size_t bytes, const char* what) const;
+  // Makes `b` hold at least `bytes` of pinned host memory (contents not kept).
+  void grow_pinned(PinnedBuf& b, size_t bytes, const char* what) const;
+  // Makes work queued on `after` from now on wait for the work queued on `before` so far (an
+  // event; no host wait).
+  void order_after(cudaStream_t before, cudaStream_t after, const char* what) const;
   // Throws BackendError for e != cudaSuccess; a sticky error marks the backend failed first.
   void ck(cudaError_t e, const char* what) const;
   void ensure_healthy() const;
@@ -194,6 +197,29 @@ void CudaBackend::ck(cudaError_t e, const char* what) const {
     failed_.store(true);
   }
   throw BackendError(st.status, std::move(st.message));
+}
+
+void CudaBackend::alloc_dev(DevBuf& b, size_t bytes, const char* what) const {
+  ck(cudaMalloc(&b.p, bytes), what);
+  b.bytes = bytes;
+}
+
+void CudaBackend::grow_pinned(PinnedBuf& b, size_t bytes, const char* what) const {
+  if (b.bytes >= bytes) return;
+  if (b.p) cudaFreeHost(b.p);
+  b.p = nullptr;
+  b.bytes = 0;
+  ck(cudaHostAlloc(&b.p, bytes, cudaHostAllocDefault), what);
+  b.bytes = bytes;
+}
+
+void CudaBackend::order_after(cudaStream_t before, cudaStream_t after, const char* what) const {
+  cudaEvent_t ready = nullptr;
+  ck(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), what);
+  cudaError_t e = cudaEventRecord(ready, before);
+  if (e == cudaSuccess) e = cudaStreamWaitEvent(after, ready, 0);
+  cudaEventDestroy(ready);
+  ck(e, what);
 }
 
 void CudaBackend::ensure_healthy() const {
@@ -354,13 +380,9 @@ std::unique_ptr<SeqState> CudaBackend::create_seq(uint32_t capacity) const {
   ck(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking), "cudaStreamCreate");
   const size_t elem = dtype_size(g_.kv_dtype());
   const size_t kv_bytes = 2 * g_.layers * g_.kv_heads * static_cast<size_t>(capacity) * g_.head_dim * elem;
-  auto alloc = [&](DevBuf& b, size_t bytes, const char* what) {
-    ck(cudaMalloc(&b.p, bytes), what);
-    b.bytes = bytes;
-  };
-  alloc(s->kv, kv_bytes, "allocating the KV cache");
+  alloc_dev(s->kv, kv_bytes, "allocating the KV cache");
   ck(cudaMemsetAsync(s->kv.p, 0, kv_bytes, s->stream), "zeroing the KV cache");
-  alloc(s->scratch, scratch_layout(nullptr, kChunk).floats * sizeof(float), "allocating scratch");
+  alloc_dev(s->scratch, scratch_layout(nullptr, kChunk).floats * sizeof(float), "allocating scratch");
   // Attention partials: any plan chosen from the context stays under dm::attn_partial_bound;
   // the decode graph's split count (fixed at capture, from the capacity) is such a plan.
   const uint32_t hd = static_cast<uint32_t>(g_.head_dim);
@@ -368,14 +390,13 @@ std::unique_ptr<SeqState> CudaBackend::create_seq(uint32_t capacity) const {
                                     capacity, sm_count_, 0)
                          .splits;
   const size_t part = dm::attn_partial_bound(sm_count_, hd);
-  alloc(s->partial, std::max<size_t>(part, 1) * sizeof(float), "allocating attention partials");
-  if (lt_) alloc(s->workspace, lt::kWorkspaceBytes, "allocating the cuBLASLt workspace");
-  alloc(s->io, (kChunk + 1) * sizeof(int32_t), "allocating token staging");
-  ck(cudaHostAlloc(&s->io_host.p, (kChunk + 1) * sizeof(int32_t), cudaHostAllocDefault), "allocating pinned staging");
+  alloc_dev(s->partial, std::max<size_t>(part, 1) * sizeof(float), "allocating attention partials");
+  if (lt_) alloc_dev(s->workspace, lt::kWorkspaceBytes, "allocating the cuBLASLt workspace");
+  alloc_dev(s->io, (kChunk + 1) * sizeof(int32_t), "allocating token staging");
+  grow_pinned(s->io_host, (kChunk + 1) * sizeof(int32_t), "allocating pinned staging");
   s->logit_rows = std::max<size_t>(1, std::min(kChunk, kLogitBytes / (g_.vocab * sizeof(float))));
-  alloc(s->logits, s->logit_rows * g_.vocab * sizeof(float), "allocating logits");
-  ck(cudaHostAlloc(&s->logits_host.p, s->logit_rows * g_.vocab * sizeof(float), cudaHostAllocDefault),
-     "allocating pinned logits");
+  alloc_dev(s->logits, s->logit_rows * g_.vocab * sizeof(float), "allocating logits");
+  grow_pinned(s->logits_host, s->logit_rows * g_.vocab * sizeof(float), "allocating pinned logits");
   ck(cudaStreamSynchronize(s->stream), "zeroing the KV cache");
   return s;
 }
@@ -384,7 +405,7 @@ void CudaBackend::export_chunk(const SeqState& ss, const ChunkSpec& c, uint8_t* 
   ensure_healthy();
   use_device();
   CudaSeq& s = const_cast<CudaSeq&>(static_cast<const CudaSeq&>(ss));  // staging only; the cache is read
-  if (!s.codec) s.codec = std::make_unique<CodecStaging>();
+  if (!s.codec) s.codec = std::make_unique<CodecStaging>(codec_copy_threads());
   const DevKv kv{static_cast<uint8_t*>(s.kv.p), s.capacity, g_.kv_dtype(), g_.layers, g_.kv_heads, g_.head_dim};
   s.codec->export_chunk(kv, c, frame, frame_len, s.stream, [this](cudaError_t e, const char* w) { ck(e, w); });
 }
@@ -393,7 +414,7 @@ void CudaBackend::import_chunk(SeqState& ss, const ChunkSpec& c, const uint8_t* 
   ensure_healthy();
   use_device();
   CudaSeq& s = static_cast<CudaSeq&>(ss);
-  if (!s.codec) s.codec = std::make_unique<CodecStaging>();
+  if (!s.codec) s.codec = std::make_unique<CodecStaging>(codec_copy_threads());
   const DevKv kv{static_cast<uint8_t*>(s.kv.p), s.capacity, g_.kv_dtype(), g_.layers, g_.kv_heads, g_.head_dim};
   s.codec->import_chunk(kv, c, frame, frame_len, s.stream, [this](cudaError_t e, const char* w) { ck(e, w); });
 }
@@ -427,12 +448,10 @@ bool CudaBackend::project_linear(const SeqState& src_s, const Backend& src_backe
       for (int keys = 1; keys >= 0; --keys) {
         DevBuf& b = keys ? w->wk : w->wv;
         p.weights(keys == 1, h.data());
-        ck(cudaMalloc(&b.p, h.size() * sizeof(float)), "allocating projector weights");
-        b.bytes = h.size() * sizeof(float);
+        alloc_dev(b, h.size() * sizeof(float), "allocating projector weights");
         ck(cudaMemcpy(b.p, h.data(), b.bytes, cudaMemcpyHostToDevice), "uploading projector weights");
         DevBuf& bias = keys ? w->bk : w->bv;
-        ck(cudaMalloc(&bias.p, wt * sizeof(float)), "allocating projector biases");
-        bias.bytes = wt * sizeof(float);
+        alloc_dev(bias, wt * sizeof(float), "allocating projector biases");
         ck(cudaMemcpy(bias.p, keys ? p.bk : p.bv, bias.bytes, cudaMemcpyHostToDevice), "uploading projector biases");
         (keys ? w->mk : w->mv) = DevMatrix{b.p, static_cast<uint32_t>(wt), static_cast<uint32_t>(ws), false};
       }
@@ -440,15 +459,10 @@ bool CudaBackend::project_linear(const SeqState& src_s, const Backend& src_backe
     }
   }
   // Ordered after the work queued on the source sequence (its prefill), without a host wait.
-  cudaEvent_t ready = nullptr;
-  ck(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "creating the projection event");
-  cudaError_t e = cudaEventRecord(ready, src.stream);
-  if (e == cudaSuccess) e = cudaStreamWaitEvent(dst.stream, ready, 0);
-  cudaEventDestroy(ready);
-  ck(e, "ordering the projection after the source");
+  order_after(src.stream, dst.stream, "ordering the projection after the source");
   constexpr size_t kTokens = 256;  // scratch 2·kTokens·(ws + wt) floats
   DevBuf scratch;
-  ck(cudaMalloc(&scratch.p, 2 * kTokens * (ws + wt) * sizeof(float)), "allocating projection scratch");
+  alloc_dev(scratch, 2 * kTokens * (ws + wt) * sizeof(float), "allocating projection scratch");
   float* fk = static_cast<float*>(scratch.p);
   float* fv = fk + kTokens * ws;
   float* ok = fv + kTokens * ws;
@@ -465,6 +479,57 @@ bool CudaBackend::project_linear(const SeqState& src_s, const Backend& src_backe
   }
   ck(cudaStreamSynchronize(dst.stream), "projection");
   return true;
+}
+
+void CudaBackend::accumulate_fit(const SeqState& dst_s, const FitRequest& r) const {
+  const auto* sb = dynamic_cast<const CudaBackend*>(r.src_backend);
+  if (sb == nullptr || sb->device_ != device_) return Backend::accumulate_fit(dst_s, r);  // host rows
+  ensure_healthy();
+  sb->ensure_healthy();
+  use_device();
+  const CudaSeq& src = static_cast<const CudaSeq&>(*r.src);
+  const CudaSeq& dst = static_cast<const CudaSeq&>(dst_s);
+  const ModelGeometry &sg = *r.src_geom, &dg = *r.dst_geom;
+  const size_t ws = sg.layers * sg.kv_heads * sg.head_dim, wt = dg.layers * dg.kv_heads * dg.head_dim;
+  const size_t n1 = ws + 1, stat = n1 * n1 + n1 * wt + wt;  // doubles per K/V: G, C, yy
+  // Ordered after the work queued on the source sequence (its prefill), without a host wait.
+  order_after(src.stream, dst.stream, "ordering the fit after the source");
+  constexpr size_t kTokens = 256;  // feature rows per slab: 2·kTokens·(ws + wt) floats
+  DevBuf feats, stats, bad;
+  alloc_dev(feats, 2 * kTokens * (ws + wt) * sizeof(float), "allocating fit features");
+  alloc_dev(stats, 2 * stat * sizeof(double), "allocating fit statistics");
+  alloc_dev(bad, sizeof(uint32_t), "allocating the fit flag");
+  ck(cudaMemsetAsync(stats.p, 0, 2 * stat * sizeof(double), dst.stream), "zeroing fit statistics");
+  ck(cudaMemsetAsync(bad.p, 0, sizeof(uint32_t), dst.stream), "zeroing the fit flag");
+  float* xk = static_cast<float*>(feats.p);
+  float* xv = xk + kTokens * ws;
+  float* yk = xv + kTokens * ws;
+  float* yv = yk + kTokens * wt;
+  double* sk = static_cast<double*>(stats.p);  // [G | C | yy] keys, then values
+  double* sv = sk + stat;
+  const DevKv skv{static_cast<uint8_t*>(src.kv.p), src.capacity, sg.kv_dtype(), sg.layers, sg.kv_heads, sg.head_dim};
+  const DevKv dkv{static_cast<uint8_t*>(dst.kv.p), dst.capacity, dg.kv_dtype(), dg.layers, dg.kv_heads, dg.head_dim};
+  const uint32_t nin = static_cast<uint32_t>(ws), nout = static_cast<uint32_t>(wt);
+  uint32_t* d_bad = static_cast<uint32_t*>(bad.p);
+  for (uint32_t start = 0; start < r.n_tokens; start += kTokens) {
+    const uint32_t m = static_cast<uint32_t>(std::min<size_t>(kTokens, r.n_tokens - start));
+    ck(launch_gather_features(skv, sb->inv_freq_, start, m, xk, xv, dst.stream), "gather launch");
+    ck(launch_gather_features(dkv, inv_freq_, start, m, yk, yv, dst.stream), "gather launch");
+    ck(launch_ridge_accumulate(xk, yk, m, nin, nout, sk, sk + n1 * n1, sk + n1 * n1 + n1 * wt, d_bad, dst.stream),
+       "fit launch");
+    ck(launch_ridge_accumulate(xv, yv, m, nin, nout, sv, sv + n1 * n1, sv + n1 * n1 + n1 * wt, d_bad, dst.stream),
+       "fit launch");
+  }
+  std::vector<double> host(2 * stat);
+  uint32_t flag = 0;
+  ck(cudaMemcpyAsync(host.data(), stats.p, host.size() * sizeof(double), cudaMemcpyDeviceToHost, dst.stream),
+     "copying fit statistics");
+  ck(cudaMemcpyAsync(&flag, d_bad, sizeof(flag), cudaMemcpyDeviceToHost, dst.stream), "copying the fit flag");
+  ck(cudaStreamSynchronize(dst.stream), "fit accumulation");
+  const double* hk = host.data();
+  const double* hv = hk + stat;
+  r.add_stats(hk, hk + n1 * n1, hk + n1 * n1 + n1 * wt, hv, hv + n1 * n1, hv + n1 * n1 + n1 * wt, r.n_tokens,
+              flag != 0);
 }
 
 uint8_t* CudaBackend::kv_layer(const CudaSeq& s, size_t layer, bool v) const {
@@ -644,13 +709,9 @@ int32_t CudaBackend::forward_sample(SeqState& ss, int32_t token, size_t pos0, co
   CudaSeq& s = static_cast<CudaSeq&>(ss);
   if (!s.sample.p) {
     const size_t bytes = kSampleScratchOffset + sample_scratch_bytes(static_cast<uint32_t>(g_.vocab));
-    ck(cudaMalloc(&s.sample.p, bytes), "allocating sampling scratch");
-    s.sample.bytes = bytes;
+    alloc_dev(s.sample, bytes, "allocating sampling scratch");
   }
-  if (!s.sample_host.p) {
-    ck(cudaHostAlloc(&s.sample_host.p, sizeof(SampleOut), cudaHostAllocDefault), "allocating pinned sampling staging");
-    s.sample_host.bytes = sizeof(SampleOut);
-  }
+  grow_pinned(s.sample_host, sizeof(SampleOut), "allocating pinned sampling staging");
   decode_graph(s, token, pos0, nullptr);
   auto* d = static_cast<SampleOut*>(s.sample.p);
   const bool topk = plan.route == sm::Route::kTopK;
@@ -696,13 +757,7 @@ void CudaBackend::kv_read(const SeqState& ss, uint32_t layer, uint32_t start, ui
   const uint32_t kd = g_.kv_dtype();
   const size_t es = dtype_size(kd), hd = g_.head_dim, kvh = g_.kv_heads;
   const size_t block = kvh * count * hd * es;  // one of K or V in the cache dtype
-  if (s.kv_host.bytes < 2 * block) {
-    if (s.kv_host.p) cudaFreeHost(s.kv_host.p);
-    s.kv_host.p = nullptr;
-    s.kv_host.bytes = 0;
-    ck(cudaHostAlloc(&s.kv_host.p, 2 * block, cudaHostAllocDefault), "allocating pinned KV staging");
-    s.kv_host.bytes = 2 * block;
-  }
+  grow_pinned(s.kv_host, 2 * block, "allocating pinned KV staging");
   uint8_t* host = static_cast<uint8_t*>(s.kv_host.p);
   const size_t pitch = static_cast<size_t>(s.capacity) * hd * es, width = count * hd * es;
   for (int v = 0; v < 2; ++v) {
@@ -740,13 +795,7 @@ void CudaBackend::kv_write(SeqState& ss, uint32_t layer, uint32_t start, uint32_
   const uint32_t kd = g_.kv_dtype();
   const size_t es = dtype_size(kd), hd = g_.head_dim, kvh = g_.kv_heads;
   const size_t block = kvh * count * hd * es;
-  if (s.kv_host.bytes < 2 * block) {
-    if (s.kv_host.p) cudaFreeHost(s.kv_host.p);
-    s.kv_host.p = nullptr;
-    s.kv_host.bytes = 0;
-    ck(cudaHostAlloc(&s.kv_host.p, 2 * block, cudaHostAllocDefault), "allocating pinned KV staging");
-    s.kv_host.bytes = 2 * block;
-  }
+  grow_pinned(s.kv_host, 2 * block, "allocating pinned KV staging");
   uint8_t* host = static_cast<uint8_t*>(s.kv_host.p);
   const size_t n = kvh * count * hd, is = dtype_size(dtype);
   for (int v = 0; v < 2; ++v) {

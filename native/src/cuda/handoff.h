@@ -1,7 +1,6 @@
 // Host-side launchers of the GPU-resident handoff kernels (docs/gpu-handoff.md): the snapshot
 // chunk codec (codec.cu), KV projection between two device caches (projector.cu), ridge-fit
-// XᵀX / XᵀY accumulation (fit.cu) and the greedy / top-k sampling reduction (sample.cu); the
-// last two are not called by the backend yet (docs/gpu-handoff.md §4).
+// XᵀX / XᵀY accumulation (fit.cu) and the greedy / top-k sampling reduction (sample.cu).
 // Every pointer is device memory unless named *_host; every launcher enqueues on `stream` and
 // returns cudaGetLastError(). The arithmetic that must equal the CPU's bit for bit is written
 // with the uncontracted helpers of common/device_math.h. Not the backend glue (codec_host.cpp).
@@ -73,9 +72,8 @@ cudaError_t launch_scatter_features(const DevKv& dst, const double* inv_freq, ui
 // ---- ridge-fit statistics (fit.cu) ----
 
 // G (n_in+1)² += Σ_rows [x,1]ᵀ[x,1] and C (n_in+1, n_out) += Σ_rows [x,1]ᵀ y over `rows` rows of
-// x (rows, n_in) and y (rows, n_out) f32: products summed in f32 inside a 32-row slab (exact
-// order per tile), each slab's tile partial added into the f64 accumulators (G, C: f64,
-// device). yy (n_out) f64 += Σ y². Only G's upper triangle (i <= j) is written; the host
+// x (rows, n_in) and y (rows, n_out) f32: each product exact in f64 and fma'd into the f64
+// accumulators (G, C: f64, device). yy (n_out) f64 += Σ y². Only G's upper triangle (i <= j) is written; the host
 // mirrors it. *d_bad is set to 1 when an input is non-finite (nothing is guaranteed then).
 cudaError_t launch_ridge_accumulate(const float* x, const float* y, uint32_t rows, uint32_t n_in, uint32_t n_out,
                                     double* g, double* c, double* yy, uint32_t* d_bad, cudaStream_t stream);

@@ -3,7 +3,7 @@
 // metrics (batch size histogram, KV blocks used/free, preemptions). Not the scheduler itself.
 
 import type { TierConfig } from "../config/mod.ts";
-import type { NativeModel, NativeSequence } from "../native/mod.ts";
+import type { NativeModel } from "../native/mod.ts";
 import type { Metrics } from "./metrics.ts";
 import { nativeStepEngine } from "./native_engine.ts";
 import { Scheduler } from "./scheduler.ts";

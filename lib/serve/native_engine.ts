@@ -35,6 +35,7 @@ export function nativeStepEngine(
     reset: (s) => s.truncate(0),
     step: (items: StepItem<NativeSequence, NativeSampler>[]) => model.batchStep(items),
     createSampler: (opts) => model.createSampler(opts),
+    sampleRow: (sampler, logits, width, req) => sampler.sample(logits, width, req),
     isPoolExhausted: (e) => e instanceof EngineError && e.codeName === "POOL_EXHAUSTED",
   };
 }

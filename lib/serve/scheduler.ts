@@ -8,6 +8,8 @@
 // sampler into the step, so a decode returns a token id rather than a vocabulary of logits.
 // Engine-agnostic: see StepEngine (S: its sequences, P: its samplers, O: their options); no HTTP.
 
+import type { LogprobRequest, SampleResult } from "../native/mod.ts";
+
 /** One sequence's part of a step, as the engine receives it. */
 export interface StepItem<S, P = unknown> {
   seq: S;
@@ -38,8 +40,15 @@ export interface StepEngine<S, P = unknown, O = unknown> {
   reset(seq: S): void;
   /** advances every item's sequence by its tokens; per item its {@link StepResult} */
   step(items: StepItem<S, P>[]): Promise<StepResult[]>;
-  /** a sampler for one generation (engines that sample inside the step) */
+  /** a sampler for one generation (engines that sample inside the step; with sampleRow) */
   createSampler?(opts: O): P;
+  /** samples one logits row with a sampler of createSampler, logprobs as asked */
+  sampleRow?(
+    sampler: P,
+    logits: Float32Array,
+    width: number | undefined,
+    req: LogprobRequest,
+  ): SampleResult;
   /** whether an error from step() means "too few free blocks" (retry after replanning) */
   isPoolExhausted?(e: unknown): boolean;
 }
@@ -113,24 +122,35 @@ export class ScheduledSequence<S, P = unknown, O = unknown> {
   readonly createSampler?: (opts: O) => P;
   /**
    * Appends one token and samples the next one inside the step (present when the engine
-   * samples natively): the same token as sampling the logits {@link decode} returns.
+   * samples natively): the same token as sampling the logits {@link decode} returns. Asked for
+   * logprobs, it takes the logits row of the step and samples it here instead.
    * @param token token id
    * @param sampler the generation's sampler (from createSampler)
    * @param width ids below width are candidates (default all)
-   * @returns the sampled token
+   * @param req logprobs to return
+   * @returns the sampled token (and the logprobs asked for)
    * @throws as {@link prefill}; the engine's error when the row has no finite logit
    */
-  readonly decodeSample?: (token: number, sampler: P, width?: number) => Promise<{ token: number }>;
+  readonly decodeSample?: (
+    token: number,
+    sampler: P,
+    width?: number,
+    req?: LogprobRequest,
+  ) => Promise<SampleResult>;
 
   /** @internal use Scheduler.attach */
-  constructor(sched: Scheduler<S, P, O>, entry: Entry<S, P>, createSampler?: (opts: O) => P) {
+  constructor(sched: Scheduler<S, P, O>, entry: Entry<S, P>, engine: StepEngine<S, P, O>) {
     this.#sched = sched;
     this.#entry = entry;
-    if (createSampler) {
-      this.createSampler = createSampler;
-      this.decodeSample = async (token, sampler, width) => {
-        const out = await sched.submit(entry, [token], { sampler, width });
-        return { token: out as number };
+    const { createSampler, sampleRow } = engine;
+    if (createSampler && sampleRow) {
+      this.createSampler = (o) => createSampler.call(engine, o);
+      this.decodeSample = async (token, sampler, width, req = {}) => {
+        if (req.logprob || (req.topLogprobs ?? 0) > 0) {
+          const logits = await sched.submit(entry, [token]) as Float32Array;
+          return sampleRow.call(engine, sampler, logits, width, req);
+        }
+        return { token: await sched.submit(entry, [token], { sampler, width }) as number };
       };
     }
   }
@@ -245,12 +265,7 @@ export class Scheduler<S, P = unknown, O = unknown> {
       detached: false,
     };
     this.#entries.set(entry.id, entry);
-    const create = this.#engine.createSampler;
-    return new ScheduledSequence(
-      this,
-      entry,
-      create ? (o: O) => create.call(this.#engine, o) : undefined,
-    );
+    return new ScheduledSequence(this, entry, this.#engine);
   }
 
   /** @internal ScheduledSequence.prefill/decode/decodeSample */

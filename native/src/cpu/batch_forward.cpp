@@ -13,6 +13,7 @@
 #include "common/device_math.h"
 #include "cpu/attention.h"
 #include "cpu/convert.h"
+#include "cpu/decode_attention.h"
 #include "cpu/gemm.h"
 #include "cpu/ops.h"
 
@@ -88,7 +89,8 @@ void forward_batch(const ModelGeometry& m, const Weights& w, const BatchSeq* seq
     } else {
       a.n_threads = 1;
       small.push_back(e);
-      small_floats = std::max(small_floats, attention_scratch_floats(a));
+      // A decode (one row) scores its whole context in one pass (decode_attention.h).
+      small_floats = std::max(small_floats, a.n == 1 ? decode_attention_scratch_floats(a) : attention_scratch_floats(a));
     }
   }
   const int small_threads = small.size() > 1 ? std::min<int>(nt, static_cast<int>(small.size())) : 1;
@@ -140,7 +142,12 @@ void forward_batch(const ModelGeometry& m, const Weights& w, const BatchSeq* seq
       for (size_t i = 0; i < small.size(); ++i) {
         AttnArgs a = aa[small[i]];
         a.layer = l;
-        attention(a, base + static_cast<size_t>(omp_get_thread_num()) * small_floats);
+        float* scratch = base + static_cast<size_t>(omp_get_thread_num()) * small_floats;
+        if (a.n == 1) {
+          decode_attention(a, scratch);
+        } else {
+          attention(a, scratch);
+        }
       }
     }
 

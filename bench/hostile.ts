@@ -3,7 +3,7 @@
 // bound (tokenized on the worker) arrive at once; the server's RSS idle, during and after three
 // concurrent 250 MiB hostile snapshot uploads (random bytes, and a valid header + garbage); and
 // stalled uploads answered by the body deadline. Starts functions/main.ts with the bundled tiers.
-// Run: deno run -A bench/hostile.ts
+// Run: deno run -A bench/hostile.ts [--stderr]   (--stderr: print the server's log at the end)
 import { decodeHeader } from "../lib/snapshot/mod.ts";
 import { startServer, writeConfig } from "../tests/e2e_support.ts";
 
@@ -145,6 +145,7 @@ try {
     stalled("/v1/chat/completions", "application/json", new TextEncoder().encode('{"mess')),
   ]);
 } finally {
-  await server.stop();
+  const { stderr } = await server.stop();
+  if (Deno.args.includes("--stderr")) console.error(stderr);
 }
 console.log(JSON.stringify(out, null, 2));

@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <mutex>
+#include <unordered_map>
 
 #include "common/device_math.h"
 #include "cpu/attention.h"
@@ -34,6 +36,21 @@ void gemv_part(const float* x, const PackedWeight& w, const std::vector<float>& 
   if (bias.empty() || p0 >= p1) return;
   const size_t c0 = p0 * kPanelWidth, c1 = std::min(p1 * kPanelWidth, w.rows());
   add_inplace(y + c0, bias.data() + c0, c1 - c0);
+}
+
+// The last tuner choice per model (keyed by Weights::uid). choice != 0 stores; returns the stored
+// choice (0: none yet).
+int shared_choice(uint64_t model, int choice) {
+  static std::mutex mu;
+  static std::unordered_map<uint64_t, int> last;
+  std::lock_guard<std::mutex> lock(mu);
+  if (choice != 0) {
+    if (last.size() > 64) last.clear();  // bounded: models come and go
+    last[model] = choice;
+    return choice;
+  }
+  const auto it = last.find(model);
+  return it == last.end() ? 0 : it->second;
 }
 
 }  // namespace
@@ -90,9 +107,11 @@ unsigned decode_step(const ModelGeometry& m, const Weights& w, KvCache& kv, int3
     sc.stage_count = n_stages;
   }
   for (size_t i = 0; i < n_stages; ++i) {  // published to the workers by the pool's region start
-    sc.stages[i].next.store(0, std::memory_order_relaxed);
-    sc.stages[i].done.store(0, std::memory_order_relaxed);
+    sc.stages[i].done.v.store(0, std::memory_order_relaxed);
+    for (auto& c : sc.stages[i].next) c.v.store(0, std::memory_order_relaxed);
   }
+  constexpr uint32_t kShares = StageCounter::kShares;
+  const uint32_t shares = static_cast<uint32_t>(std::min<size_t>(nt, kShares));
   std::atomic<uint32_t> sleepers{0};
 
   embed_row(w, static_cast<size_t>(token), H, x);
@@ -119,23 +138,31 @@ unsigned decode_step(const ModelGeometry& m, const Weights& w, KvCache& kv, int3
     float* h = hbase + t * h_each;
     float* as = sc.attn.data() + t * attn_each;
     StageCounter* st = sc.stages.get();
-    // Runs `unit(u)` for every unit this thread claims of stage *s (total units), then waits until
-    // all units of the stage are finished (spin, then sleep on the stage's done counter).
+    // Runs `unit(u)` for every unit this thread claims of stage *s (total units) — its own share
+    // first (the same units every step: their weights stay in this core's cache), then what is left
+    // of the others' — then waits until all units of the stage are finished (spin, then sleep on
+    // the stage's done counter).
     auto stage = [&](StageCounter& s, uint32_t total, auto&& unit) {
-      for (uint32_t u = s.next.fetch_add(1, std::memory_order_relaxed); u < total;
-           u = s.next.fetch_add(1, std::memory_order_relaxed)) {
-        unit(u);
-        if (s.done.fetch_add(1, std::memory_order_seq_cst) + 1 == total &&
-            sleepers.load(std::memory_order_seq_cst) > 0)
-          futex_wake_all(&s.done);
+      std::atomic<uint32_t>& done = s.done.v;
+      for (uint32_t k = 0; k < shares; ++k) {
+        const uint32_t r = static_cast<uint32_t>((t + k) % shares);
+        const uint32_t begin = static_cast<uint32_t>(uint64_t{total} * r / shares);
+        const uint32_t end = static_cast<uint32_t>(uint64_t{total} * (r + 1) / shares);
+        for (uint32_t u = begin + s.next[r].v.fetch_add(1, std::memory_order_relaxed); u < end;
+             u = begin + s.next[r].v.fetch_add(1, std::memory_order_relaxed)) {
+          unit(u);
+          if (done.fetch_add(1, std::memory_order_seq_cst) + 1 == total &&
+              sleepers.load(std::memory_order_seq_cst) > 0)
+            futex_wake_all(&done);
+        }
       }
-      if (s.done.load(std::memory_order_acquire) == total) return;
+      if (done.load(std::memory_order_acquire) == total) return;
       const auto start = std::chrono::steady_clock::now();
-      for (unsigned i = 1; s.done.load(std::memory_order_acquire) != total; ++i) {
+      for (unsigned i = 1; done.load(std::memory_order_acquire) != total; ++i) {
         cpu_pause();
         if (i % 32 == 0 && std::chrono::steady_clock::now() - start > std::chrono::microseconds(kSpinMicros)) {
           sleepers.fetch_add(1, std::memory_order_seq_cst);
-          for (uint32_t d; (d = s.done.load(std::memory_order_seq_cst)) != total;) futex_wait(&s.done, d);
+          for (uint32_t d; (d = done.load(std::memory_order_seq_cst)) != total;) futex_wait(&done, d);
           sleepers.fetch_sub(1, std::memory_order_seq_cst);
           break;
         }
@@ -251,8 +278,19 @@ void decode_tuned(const ModelGeometry& m, const Weights& w, KvCache& kv, int32_t
     return;
   }
   constexpr uint32_t half = DecodeTuner::kProbe / 2;
+  if (tu.step == 0 && tu.chosen == 0) {
+    // A new sequence starts from the model's last measured choice (a short generation would
+    // otherwise spend most of its steps probing) and probes again after kReprobeEvery steps.
+    const int shared = shared_choice(w.uid, 0);
+    if (shared != 0) {
+      tu.chosen = shared;
+      tu.step = DecodeTuner::kProbe;
+    }
+  }
   const bool probing = tu.step < DecodeTuner::kProbe;
-  const int variant = probing ? static_cast<int>(tu.step % 2) : (tu.chosen == 1 ? 0 : 1);
+  constexpr uint32_t kBlock = DecodeTuner::kBlock;
+  const uint32_t block = tu.step / kBlock;
+  const int variant = probing ? static_cast<int>(block % 2) : (tu.chosen == 1 ? 0 : 1);
   const auto t0 = std::chrono::steady_clock::now();
   const unsigned want = variant == 0 ? 1 : static_cast<unsigned>(many);
   const unsigned used = decode_step(m, w, kv, token, pos, logits, sc, static_cast<int>(want));
@@ -261,12 +299,14 @@ void decode_tuned(const ModelGeometry& m, const Weights& w, KvCache& kv, int32_t
   // it is not counted, and the probe step is repeated.
   if (probing && used != want) return;
   if (probing) {
-    tu.probe_time[variant][tu.step / 2] = dt;
+    tu.probe_time[variant][(block / 2) * kBlock + tu.step % kBlock] = dt;
     if (tu.step + 1 == DecodeTuner::kProbe) {
       double total[2] = {0, 0};  // the mean, not the median: stalls cost throughput
       for (int v = 0; v < 2; ++v)
-        for (uint32_t i = 0; i < half; ++i) total[v] += tu.probe_time[v][i];
+        for (uint32_t i = 0; i < half; ++i)
+          if (i % kBlock != 0) total[v] += tu.probe_time[v][i];  // a block's first step: warm-up
       tu.chosen = total[1] < total[0] ? many : 1;
+      shared_choice(w.uid, tu.chosen);
     }
   }
   if (++tu.step >= DecodeTuner::kReprobeEvery) tu.step = 0;

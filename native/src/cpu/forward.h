@@ -17,24 +17,33 @@
 namespace kvr::cpu {
 
 // Per-sequence choice between 1 thread and the model's n_threads for decode steps, by measured
-// step time: the first kProbe steps alternate the two, the smaller total time wins (the mean, not
-// the median: a 2-thread step now and then stalls for a millisecond when another process takes a
-// core, and throughput pays for those), and every kReprobeEvery steps the comparison is repeated
-// (load from other processes changes which is faster; on an oversubscribed machine one thread
-// wins). Results do not depend on the choice.
+// step time: the first kProbe steps run the two in alternating blocks of kBlock steps (a block's
+// first step, which finds the other configuration's caches and a sleeping worker, is not counted;
+// a new sequence of a model that has chosen already starts from that choice), the smaller total
+// time wins (the mean, not the median: a 2-thread step now and then stalls for a millisecond when
+// another process takes a core, and throughput pays for those), and every kReprobeEvery steps the
+// comparison is repeated (load from other processes changes which is faster; on an
+// oversubscribed machine one thread wins). Results do not depend on the choice.
 struct DecodeTuner {
   static constexpr uint32_t kProbe = 16;          // probe steps (half each)
+  static constexpr uint32_t kBlock = 4;           // consecutive probe steps of one configuration
   static constexpr uint32_t kReprobeEvery = 256;  // steps between probes
   uint32_t step = 0;       // steps since the last probe began
   int chosen = 0;          // 0 = not chosen yet
   double probe_time[2][kProbe / 2] = {};  // [1 thread, n threads] seconds of the probe steps
 };
 
-// Work counters of one stage of a decode step (cpu/decode_step.cpp): threads claim units from
-// `next`; `done` counts finished units (and is the futex word waiters sleep on). One cache line.
-struct alignas(64) StageCounter {
-  std::atomic<uint32_t> next{0};
-  std::atomic<uint32_t> done{0};
+// Work counters of one stage of a decode step (cpu/decode_step.cpp): the units are cut into
+// kShares contiguous shares; thread t claims from share t % kShares first (`next[r]` counts claims
+// in share r), then from the others; `done` counts finished units (the futex word waiters sleep
+// on). Each counter on its own cache line, so owners claiming their own share do not contend.
+struct StageCounter {
+  static constexpr uint32_t kShares = 4;
+  struct alignas(64) Line {
+    std::atomic<uint32_t> v{0};
+  };
+  Line done;
+  Line next[kShares];
 };
 
 // Reusable buffers of one sequence (never shared between sequences).

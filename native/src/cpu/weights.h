@@ -4,6 +4,7 @@
 // Not the geometry (backend.h ModelGeometry) nor the packing code (gemm.h).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -28,7 +29,15 @@ struct LayerWeights {
   std::vector<float> down_bias;     // (hidden) or empty
 };
 
+// A number no other Weights of this process gets: keys per-model state such as the decode tuner's
+// last choice (an address can be reused once a model is freed).
+inline uint64_t next_weights_uid() {
+  static std::atomic<uint64_t> n{0};
+  return n.fetch_add(1, std::memory_order_relaxed) + 1;
+}
+
 struct Weights {
+  uint64_t uid = next_weights_uid();
   // Token lookup table (vocab, hidden) row-major: at most one of the two is non-empty
   // (embed_bf16 when the checkpoint's embedding is BF16 and KVRELAY_WEIGHTS_F32 is not 1). Both
   // are empty when the embedding is tied: lookups then read the lm_head panels (embed_row), so the

@@ -10,8 +10,13 @@
 // Medians and ratios come from the same run (the dev machine is shared and noisy).
 
 import { decodeLoop, type LoadedModel, loadModel } from "../lib/engine/mod.ts";
-import type { KvPool, NativeSequence } from "../lib/native/mod.ts";
-import { nativeStepEngine, Scheduler, type StepStats } from "../lib/serve/mod.ts";
+import type { KvPool } from "../lib/native/mod.ts";
+import {
+  type NativeScheduler,
+  nativeStepEngine,
+  Scheduler,
+  type StepStats,
+} from "../lib/serve/mod.ts";
 
 const root = new URL("../", import.meta.url).pathname;
 const THREADS = 2;
@@ -52,7 +57,7 @@ function prompt(model: LoadedModel, i: number, n: number): number[] {
 /** One greedy request through the scheduler; token timestamps (ms) after the first. */
 async function scheduled(
   model: LoadedModel,
-  sched: Scheduler<NativeSequence>,
+  sched: NativeScheduler,
   pool: KvPool,
   ids: number[],
   maxTokens: number,

@@ -1,13 +1,15 @@
 // The batched step (kvr_batch_step): one native call advancing several sequences of one model,
-// each by its own tokens (a decode or a prefill chunk), logits only where wanted. Checks every
-// argument before FFI, holds every sequence busy until the call settles (a free() meanwhile is
-// deferred), and maps failures to EngineError. Not the scheduler that builds batches (lib/serve).
+// each by its own tokens (a decode or a prefill chunk), logits only where wanted, or the next
+// token sampled natively (kvr_batch_step_sample: no vocabulary row reaches JavaScript). Checks
+// every argument before FFI, holds every sequence and sampler busy until the call settles (a
+// free() meanwhile is deferred), and maps failures to EngineError. Not the scheduler (lib/serve).
 
 import { checkInt, quoteValue } from "./check.ts";
 import { EngineError } from "./errors.ts";
 import type { NativeLibrary } from "./library.ts";
 import { cString } from "./library.ts";
 import type { NativeModel } from "./model.ts";
+import type { NativeSampler } from "./sampler.ts";
 import type { NativeSequence } from "./sequence.ts";
 
 /** One sequence's part of a batched step. */
@@ -18,7 +20,15 @@ export interface BatchItem {
   tokens: ArrayLike<number>;
   /** return the logits of the last new position (else null for this item) */
   wantLogits: boolean;
+  /** instead of logits: sample the next token from them natively (wantLogits must be false);
+   *  from ids below width (default the vocabulary); the item's result is then the token id
+   *  (or an EngineError for a row with no finite logit) */
+  sample?: { sampler: NativeSampler; width?: number };
 }
+
+/** One item's result: its logits, its sampled token, null (neither asked), or the sampling
+ *  failure of its row alone (the step itself succeeded: the tokens are in the cache). */
+export type BatchResult = Float32Array | number | EngineError | null;
 
 /** Most sequences and tokens one step takes (the native bounds). */
 export const MAX_BATCH_SEQS = 4096;
@@ -29,16 +39,16 @@ export const MAX_BATCH_TOKENS = 65536;
  * @param lib the library
  * @param model the model every sequence belongs to
  * @param items the sequences and their tokens
- * @returns per item its (vocab) logits, or null where not wanted
- * @throws TypeError/RangeError before FFI for bad items, duplicates, other models, bad ids or
- *   capacity; EngineError (e.g. POOL_EXHAUSTED) when the native call fails — no length changes
- *   then; Error when a sequence is freed or busy
+ * @returns per item (see {@link BatchResult}): its (vocab) logits, its sampled token, or null
+ * @throws TypeError/RangeError before FFI for bad items, duplicates, other models, bad ids,
+ *   width or capacity, or both wantLogits and sample; EngineError (e.g. POOL_EXHAUSTED) when the
+ *   native call fails — no length changes then; Error when a sequence or sampler is freed or busy
  */
 export async function runBatchStep(
   lib: NativeLibrary,
   model: NativeModel,
   items: readonly BatchItem[],
-): Promise<(Float32Array | null)[]> {
+): Promise<BatchResult[]> {
   if (!Array.isArray(items) || items.length === 0) {
     throw new RangeError(`batchStep(): items must be a non-empty array, got ${quoteValue(items)}`);
   }
@@ -49,8 +59,10 @@ export async function runBatchStep(
   const n = items.length;
   const counts = new Uint32Array(n);
   const want = new Uint32Array(n);
-  let total = 0, wanted = 0;
+  let total = 0, wanted = 0, sampled = 0;
   const seen = new Set<NativeSequence>();
+  const samplers = new Set<NativeSampler>();
+  const widths = new Uint32Array(n);
   items.forEach((it, i) => {
     if (it?.seq?.model !== model) {
       throw new TypeError(`batchStep(): items[${i}].seq is not a sequence of this model`);
@@ -63,6 +75,22 @@ export async function runBatchStep(
     }
     counts[i] = len;
     want[i] = it.wantLogits ? 1 : 0;
+    if (it.sample) {
+      if (it.wantLogits) {
+        throw new RangeError(`batchStep(): items[${i}] has both wantLogits and sample`);
+      }
+      widths[i] = checkInt(
+        `batchStep(): items[${i}].sample.width`,
+        it.sample.width ?? vocab,
+        1,
+        vocab,
+      );
+      if (samplers.has(it.sample.sampler)) {
+        throw new RangeError(`batchStep(): items[${i}].sample.sampler appears twice`);
+      }
+      samplers.add(it.sample.sampler);
+      sampled++;
+    }
     total += len;
     wanted += want[i];
   });
@@ -84,36 +112,71 @@ export async function runBatchStep(
   });
   const logits = new Float32Array(Math.max(1, wanted * vocab));
   const ptrs = new BigUint64Array(n);
+  const samplerPtrs = sampled > 0 ? new BigUint64Array(n) : null;
+  const tokensOut = new Int32Array(sampled > 0 ? n : 0);
   const held: NativeSequence[] = [];
+  const busy: NativeSampler[] = [];
   let status = 0;
   let message = "";
   try {
     items.forEach((it, i) => {
       ptrs[i] = BigInt(Deno.UnsafePointer.value(it.seq.beginHold("batchStep")));
       held.push(it.seq);
+      if (it.sample) {
+        samplerPtrs![i] = BigInt(Deno.UnsafePointer.value(it.sample.sampler.acquire()));
+        busy.push(it.sample.sampler);
+      }
     });
-    status = await lib.symbols.kvr_batch_step(
-      ptrs,
-      n,
-      counts,
-      ids,
-      BigInt(total),
-      want,
-      logits,
-      BigInt(wanted * vocab),
-    );
+    status = await (samplerPtrs
+      ? lib.symbols.kvr_batch_step_sample(
+        ptrs,
+        n,
+        counts,
+        ids,
+        BigInt(total),
+        want,
+        logits,
+        BigInt(wanted * vocab),
+        samplerPtrs,
+        widths,
+        tokensOut,
+      )
+      : lib.symbols.kvr_batch_step(
+        ptrs,
+        n,
+        counts,
+        ids,
+        BigInt(total),
+        want,
+        logits,
+        BigInt(wanted * vocab),
+      ));
     // The message is on every sequence of the batch; read it before a deferred free runs.
     if (status !== 0) {
       message = cString(lib.symbols.kvr_seq_last_error(Deno.UnsafePointer.create(ptrs[0])));
     }
   } finally {
+    for (const s of busy) s.release();
     for (const s of held) s.endHold();
   }
   if (status !== 0) throw new EngineError(status, message || lib.lastError(), "kvr_batch_step");
-  const out: (Float32Array | null)[] = [];
+  const out: BatchResult[] = [];
   let row = 0;
   for (let i = 0; i < n; i++) {
-    out.push(want[i] ? logits.subarray(row * vocab, ++row * vocab) : null);
+    const sample = items[i].sample;
+    if (want[i]) out.push(logits.subarray(row * vocab, ++row * vocab));
+    else if (!sample) out.push(null);
+    else if (tokensOut[i] >= 0) out.push(tokensOut[i]);
+    else {
+      const ptr = Deno.UnsafePointer.create(samplerPtrs![i]);
+      out.push(
+        new EngineError(
+          -1,
+          cString(lib.symbols.kvr_sampler_last_error(ptr)),
+          "kvr_batch_step_sample",
+        ),
+      );
+    }
   }
   return out;
 }

@@ -1,11 +1,19 @@
 // Tests of NativeModel.batchStep (kvr_batch_step): every sequence of a batch of random
 // compositions (decodes and prefill chunks mixed, sequences joining and leaving) gets the logits
 // of running it alone, on the demo models and the generated checkpoints; a sample is also checked
-// against the float64 reference; and bad batches are refused before any work.
+// against the float64 reference; native sampling inside the step draws what the same sampler
+// draws from the alone logits; and bad batches are refused before any work.
 
 import assert from "node:assert/strict";
 import { loadCheckpoint } from "../model/mod.ts";
-import { type BatchItem, type KvDtype, NativeModel, type NativeSequence } from "./mod.ts";
+import {
+  type BatchItem,
+  type KvDtype,
+  NativeModel,
+  NativeSampler,
+  type NativeSamplingOptions,
+  type NativeSequence,
+} from "./mod.ts";
 import { checkpoint, DEMO_DIRS, relDiff, tokens } from "./test_helpers.ts";
 import {
   mulberry32,
@@ -21,6 +29,18 @@ const REL_TOL = 1e-5;
  * tiny-powerful (2026-12-02); 1e-4 keeps a 5× margin and still catches any real mix-up (those
  * are O(1)). */
 const REL_TOL_BF16 = 1e-4;
+
+/** A step whose items only ask for logits: each result is a row or null. */
+async function logitsStep(
+  model: NativeModel,
+  items: BatchItem[],
+): Promise<(Float32Array | null)[]> {
+  const out = await model.batchStep(items);
+  return out.map((r) => {
+    assert.ok(r === null || r instanceof Float32Array, "no item asked for a sample");
+    return r;
+  });
+}
 
 function argmax(x: ArrayLike<number>): number {
   let best = 0;
@@ -82,7 +102,7 @@ async function batchedVsAlone(
         l.fed += n;
       });
       if (items.length === 0) continue;
-      const out = await model.batchStep(items);
+      const out = await logitsStep(model, items);
       steps++;
       out.forEach((logits, k) => {
         const { lane, pos, want } = which[k];
@@ -173,7 +193,7 @@ Deno.test("batchStep() matches alone and the float64 reference on the generated 
       using sb = pool.p.createSequence(64);
       await sa.prefill(a.slice(0, 20));
       await sb.prefill(b.slice(0, 8));
-      const [la, lb] = await model.batchStep([
+      const [la, lb] = await logitsStep(model, [
         { seq: sa, tokens: a.slice(20), wantLogits: true },
         { seq: sb, tokens: b.slice(8), wantLogits: true },
       ]);
@@ -237,8 +257,120 @@ Deno.test("batchStep() refuses bad batches before any work and leaves every leng
   b.free();
   await assert.rejects(model.batchStep([{ seq: b, tokens: [1], wantLogits: true }]), /freed/);
   // A freed sequence after a valid step: the step's result is the same as alone.
-  const [l] = await model.batchStep([{ seq: a, tokens: [3], wantLogits: true }]);
+  const [l] = await logitsStep(model, [{ seq: a, tokens: [3], wantLogits: true }]);
   using alone = model.createSequence(8);
   const want = await alone.prefill([1, 2, 3]);
   assert.ok(relDiff(l!, want) <= REL_TOL);
+});
+
+Deno.test("batchStep() samples natively inside the step: the token the same sampler draws from the alone logits", async () => {
+  using model = NativeModel.load(await checkpoint(DEMO_DIRS[0]), { threads: 2 });
+  const vocab = model.config.vocabSize;
+  const pool = model.createKvPool(256, 16);
+  const n = 6;
+  const seqs = Array.from({ length: n }, () => pool.createSequence(64));
+  const alone = Array.from({ length: n }, () => model.createSequence(64));
+  // Seeded non-greedy samplers (and one greedy): the batched one and its twin on alone logits.
+  const opts = (i: number): NativeSamplingOptions => ({
+    temperature: i === 0 ? 0 : 0.7 + 0.1 * i,
+    topK: i === 2 ? 50 : 0,
+    topP: i === 3 ? 0.9 : 1,
+    minP: i === 4 ? 0.05 : 0,
+    seed: 1000 + i,
+  });
+  const batched = seqs.map((_, i) => model.createSampler(opts(i)));
+  const twins = seqs.map((_, i) => NativeSampler.create(opts(i)));
+  try {
+    const width = vocab - 3; // ids past the width are never drawn
+    let next: number[] = [];
+    for (let i = 0; i < n; i++) {
+      const prompt = tokens(3 + i, vocab, 70 + i);
+      const [first] = await logitsStep(model, [{ seq: seqs[i], tokens: prompt, wantLogits: true }]);
+      const ref = await alone[i].prefill(prompt);
+      assert.ok(relDiff(first!, ref) <= REL_TOL);
+      next.push(twins[i].sample(ref, width).token);
+      batched[i].sample(first!, width); // keep the twin PRNG streams in step
+    }
+    for (let step = 0; step < 12; step++) {
+      // Mixed: sequence 5 asks for logits every third step, sequence 4 sits out odd steps.
+      const items: BatchItem[] = [];
+      const who: number[] = [];
+      for (let i = 0; i < n; i++) {
+        if (i === 4 && step % 2 === 1) continue;
+        const logits = i === 5 && step % 3 === 0;
+        items.push({
+          seq: seqs[i],
+          tokens: [next[i]],
+          wantLogits: logits,
+          sample: logits ? undefined : { sampler: batched[i], width },
+        });
+        who.push(i);
+      }
+      const out = await model.batchStep(items);
+      const upd = [...next];
+      for (let k = 0; k < who.length; k++) {
+        const i = who[k];
+        const ref = await alone[i].decode(next[i]);
+        const want = twins[i].sample(ref, width).token;
+        const r = out[k];
+        if (items[k].wantLogits) {
+          assert.ok(r instanceof Float32Array && relDiff(r, ref) <= REL_TOL);
+          batched[i].sample(r, width);
+          upd[i] = want;
+        } else {
+          assert.equal(r, want, `sequence ${i}, step ${step}: sampled inside the step`);
+          assert.ok((r as number) < width);
+          upd[i] = r as number;
+        }
+      }
+      next = upd;
+    }
+    for (let i = 0; i < n; i++) assert.equal(seqs[i].length, alone[i].length);
+  } finally {
+    for (const x of [...batched, ...twins]) x.free();
+    for (const x of [...seqs, ...alone]) x.free();
+    pool.free();
+  }
+});
+
+Deno.test("batchStep() refuses bad sampling items before any work", async () => {
+  using model = NativeModel.load(await checkpoint(DEMO_DIRS[0]), { threads: 1 });
+  const vocab = model.config.vocabSize;
+  using a = model.createSequence(8);
+  using b = model.createSequence(8);
+  await a.prefill([1, 2]);
+  await b.prefill([3]);
+  const o = { temperature: 0, topK: 0, topP: 1, minP: 0, seed: 1 };
+  using s = model.createSampler(o);
+  await assert.rejects(
+    model.batchStep([{ seq: a, tokens: [1], wantLogits: true, sample: { sampler: s } }]),
+    /both wantLogits and sample/,
+  );
+  await assert.rejects(
+    model.batchStep([{ seq: a, tokens: [1], wantLogits: false, sample: { sampler: s, width: 0 } }]),
+    /width/,
+  );
+  await assert.rejects(
+    model.batchStep([{
+      seq: a,
+      tokens: [1],
+      wantLogits: false,
+      sample: { sampler: s, width: vocab + 1 },
+    }]),
+    /width/,
+  );
+  await assert.rejects(
+    model.batchStep([
+      { seq: a, tokens: [1], wantLogits: false, sample: { sampler: s } },
+      { seq: b, tokens: [1], wantLogits: false, sample: { sampler: s } },
+    ]),
+    /appears twice/,
+  );
+  s.free();
+  await assert.rejects(
+    model.batchStep([{ seq: a, tokens: [1], wantLogits: false, sample: { sampler: s } }]),
+    /freed/,
+  );
+  assert.equal(a.length, 2);
+  assert.equal(b.length, 1);
 });

@@ -18,7 +18,8 @@ import {
 import { type NativeLibrary, openNativeLibrary } from "./library.ts";
 import { NativeSequence } from "./sequence.ts";
 import { KvPool } from "./kv_pool.ts";
-import { type BatchItem, runBatchStep } from "./batch.ts";
+import { type BatchItem, type BatchResult, runBatchStep } from "./batch.ts";
+import { NativeSampler, type NativeSamplingOptions } from "./sampler.ts";
 
 /** Options for NativeModel.load. */
 export interface NativeModelOptions {
@@ -274,15 +275,27 @@ export class NativeModel {
    * as one GEMM over every new token, attention per sequence, logits only where wanted. Each
    * sequence's result equals its own prefill of the same tokens (up to summation order).
    * @param items sequences and their new tokens, distinct sequences
-   * @returns per item its (vocab) logits, or null where not wanted
+   * @returns per item its (vocab) logits, its natively sampled token (items with `sample`; an
+   *   EngineError for a row without a finite logit), or null where neither was asked
    * @throws TypeError/RangeError before FFI for bad items; EngineError (POOL_EXHAUSTED when a
-   *   paged sequence cannot grow — nothing changes then); Error when a sequence is freed or busy
+   *   paged sequence cannot grow — nothing changes then); Error when a sequence or sampler is
+   *   freed or busy
    */
-  batchStep(items: readonly BatchItem[]): Promise<(Float32Array | null)[]> {
+  batchStep(items: readonly BatchItem[]): Promise<BatchResult[]> {
     if (this.#freeRequested || this.#ptr === null) {
       return Promise.reject(new Error("NativeModel.batchStep(): the model has been freed"));
     }
     return runBatchStep(this.#lib, this, items);
+  }
+
+  /**
+   * A native sampler from this model's library (for batchStep items' `sample`).
+   * @param opts resolved sampling options (lib/engine validateSampling plus a seed)
+   * @returns the sampler (the caller frees it)
+   * @throws EngineError when an option is rejected
+   */
+  createSampler(opts: NativeSamplingOptions): NativeSampler {
+    return NativeSampler.create(opts, this.#lib);
   }
 
   #createPaged(pool: Deno.PointerObject, capacity: number): NativeSequence {

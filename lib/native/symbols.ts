@@ -397,6 +397,24 @@ export const batchSymbols = {
     result: "i32",
     nonblocking: true,
   },
+  // (as kvr_batch_step, then samplers kvr_sampler**, widths u32*, tokens_out i32*) — worker thread
+  kvr_batch_step_sample: {
+    parameters: [
+      "buffer",
+      "u32",
+      "buffer",
+      "buffer",
+      "usize",
+      "buffer",
+      "buffer",
+      "usize",
+      "buffer",
+      "buffer",
+      "buffer",
+    ],
+    result: "i32",
+    nonblocking: true,
+  },
 } as const satisfies Deno.ForeignLibraryInterface;
 
 export const symbols = {

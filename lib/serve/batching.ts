@@ -3,7 +3,7 @@
 // metrics (batch size histogram, KV blocks used/free, preemptions). Not the scheduler itself.
 
 import type { TierConfig } from "../config/mod.ts";
-import type { NativeModel, NativeSequence } from "../native/mod.ts";
+import type { NativeModel } from "../native/mod.ts";
 import type { Metrics } from "./metrics.ts";
 import { nativeStepEngine } from "./native_engine.ts";
 import { Scheduler } from "./scheduler.ts";
@@ -51,7 +51,7 @@ export function createBatching(
   const labels = { tier: name };
   metrics.kvBlocksUsed.set(labels, 0);
   metrics.kvBlocksFree.set(labels, blocks);
-  const scheduler = new Scheduler<NativeSequence>(nativeStepEngine(model, pool), {
+  const scheduler = new Scheduler(nativeStepEngine(model, pool), {
     maxBatch: tc.max_batch,
     maxStepTokens: tc.max_step_tokens,
   }, {

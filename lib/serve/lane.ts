@@ -4,7 +4,7 @@
 // Not the scheduler (scheduler.ts) nor the generation's decode loop (generation.ts).
 
 import type { DecodeTarget } from "../engine/mod.ts";
-import type { NativeSequence } from "../native/mod.ts";
+import type { NativeSampler, NativeSamplingOptions, NativeSequence } from "../native/mod.ts";
 import { type ScheduledSequence, SchedulerClosedError } from "./scheduler.ts";
 import type { Tier } from "./tier.ts";
 
@@ -14,7 +14,7 @@ export class Lane {
   readonly seq: NativeSequence;
   readonly #tier: Tier | null;
   readonly #signal: AbortSignal | undefined;
-  #handle: ScheduledSequence<NativeSequence> | null = null;
+  #handle: ScheduledSequence<NativeSequence, NativeSampler, NativeSamplingOptions> | null = null;
   #freed = false;
 
   /**

@@ -48,7 +48,7 @@ export {
   type StepItem,
   type StepStats,
 } from "./scheduler.ts";
-export { nativeStepEngine } from "./native_engine.ts";
+export { type NativeScheduler, nativeStepEngine } from "./native_engine.ts";
 export { createBatching, poolBlocks } from "./batching.ts";
 export { Lane } from "./lane.ts";
 export {

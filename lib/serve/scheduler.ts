@@ -4,17 +4,28 @@
 // budget), checks KV blocks before each step (admission by free blocks; preempt-and-recompute of
 // the youngest sequence when a running one cannot grow) and resolves each work with its logits.
 // Sampling, stop conditions and streaming stay with each request (lib/engine decodeLoop drives a
-// ScheduledSequence like a NativeSequence). Engine-agnostic: see StepEngine; no HTTP here.
+// ScheduledSequence like a NativeSequence); an engine that samples natively takes each request's
+// sampler into the step, so a decode returns a token id rather than a vocabulary of logits.
+// Engine-agnostic: see StepEngine (S: its sequences, P: its samplers, O: their options); no HTTP.
+
+import type { LogprobRequest, SampleResult } from "../native/mod.ts";
 
 /** One sequence's part of a step, as the engine receives it. */
-export interface StepItem<S> {
+export interface StepItem<S, P = unknown> {
   seq: S;
   tokens: number[];
   wantLogits: boolean;
+  /** sample the next token from the last row's logits (ids < width; undefined = all) instead
+   *  of returning them (never together with wantLogits) */
+  sample?: { sampler: P; width?: number };
 }
 
+/** One item's result: its logits, its sampled token, null (neither asked), or the failure of
+ *  its own sampling (the step succeeded: the tokens are in the cache). */
+export type StepResult = Float32Array | number | Error | null;
+
 /** What the scheduler needs from a model with a paged KV pool (lib/serve/native_engine.ts). */
-export interface StepEngine<S> {
+export interface StepEngine<S, P = unknown, O = unknown> {
   /** positions per KV block */
   readonly blockTokens: number;
   /** blocks in the pool */
@@ -27,8 +38,17 @@ export interface StepEngine<S> {
   length(seq: S): number;
   /** drops every token of `seq`, giving its blocks back (preemption) */
   reset(seq: S): void;
-  /** advances every item's sequence by its tokens; logits per item where wanted, else null */
-  step(items: StepItem<S>[]): Promise<(Float32Array | null)[]>;
+  /** advances every item's sequence by its tokens; per item its {@link StepResult} */
+  step(items: StepItem<S, P>[]): Promise<StepResult[]>;
+  /** a sampler for one generation (engines that sample inside the step; with sampleRow) */
+  createSampler?(opts: O): P;
+  /** samples one logits row with a sampler of createSampler, logprobs as asked */
+  sampleRow?(
+    sampler: P,
+    logits: Float32Array,
+    width: number | undefined,
+    req: LogprobRequest,
+  ): SampleResult;
   /** whether an error from step() means "too few free blocks" (retry after replanning) */
   isPoolExhausted?(e: unknown): boolean;
 }
@@ -75,32 +95,64 @@ export class SchedulerClosedError extends Error {
   }
 }
 
-interface Work {
+interface Work<P> {
   tokens: number[];
   /** tokens of `tokens` already in the cache */
   fed: number;
-  resolve: (logits: Float32Array) => void;
+  /** sample the next token in the step that completes the work (else: return the logits) */
+  sample?: { sampler: P; width?: number };
+  resolve: (out: Float32Array | number) => void;
   reject: (e: unknown) => void;
 }
 
-interface Entry<S> {
+interface Entry<S, P> {
   id: number;
   seq: S;
   /** tokens in the cache (for recompute after a preemption) */
   history: number[];
-  work: Work | null;
+  work: Work<P> | null;
   detached: boolean;
 }
 
 /** A sequence attached to a scheduler: prefill/decode go through batched steps. */
-export class ScheduledSequence<S> {
-  readonly #sched: Scheduler<S>;
-  readonly #entry: Entry<S>;
+export class ScheduledSequence<S, P = unknown, O = unknown> {
+  readonly #sched: Scheduler<S, P, O>;
+  readonly #entry: Entry<S, P>;
+  /** A sampler for {@link decodeSample} (present when the engine samples natively). */
+  readonly createSampler?: (opts: O) => P;
+  /**
+   * Appends one token and samples the next one inside the step (present when the engine
+   * samples natively): the same token as sampling the logits {@link decode} returns. Asked for
+   * logprobs, it takes the logits row of the step and samples it here instead.
+   * @param token token id
+   * @param sampler the generation's sampler (from createSampler)
+   * @param width ids below width are candidates (default all)
+   * @param req logprobs to return
+   * @returns the sampled token (and the logprobs asked for)
+   * @throws as {@link prefill}; the engine's error when the row has no finite logit
+   */
+  readonly decodeSample?: (
+    token: number,
+    sampler: P,
+    width?: number,
+    req?: LogprobRequest,
+  ) => Promise<SampleResult>;
 
   /** @internal use Scheduler.attach */
-  constructor(sched: Scheduler<S>, entry: Entry<S>) {
+  constructor(sched: Scheduler<S, P, O>, entry: Entry<S, P>, engine: StepEngine<S, P, O>) {
     this.#sched = sched;
     this.#entry = entry;
+    const { createSampler, sampleRow } = engine;
+    if (createSampler && sampleRow) {
+      this.createSampler = (o) => createSampler.call(engine, o);
+      this.decodeSample = async (token, sampler, width, req = {}) => {
+        if (req.logprob || (req.topLogprobs ?? 0) > 0) {
+          const logits = await sched.submit(entry, [token]) as Float32Array;
+          return sampleRow.call(engine, sampler, logits, width, req);
+        }
+        return { token: await sched.submit(entry, [token], { sampler, width }) as number };
+      };
+    }
   }
 
   /** The engine sequence. */
@@ -121,7 +173,7 @@ export class ScheduledSequence<S> {
    *   the engine's error when its step fails
    */
   prefill(tokens: ArrayLike<number>): Promise<Float32Array> {
-    return this.#sched.submit(this.#entry, Array.from(tokens));
+    return this.#sched.submit(this.#entry, Array.from(tokens)) as Promise<Float32Array>;
   }
 
   /**
@@ -131,7 +183,7 @@ export class ScheduledSequence<S> {
    * @throws as {@link prefill}
    */
   decode(token: number): Promise<Float32Array> {
-    return this.#sched.submit(this.#entry, [token]);
+    return this.#sched.submit(this.#entry, [token]) as Promise<Float32Array>;
   }
 
   /** Leaves the scheduler: pending work is rejected; the caller frees the sequence. Idempotent. */
@@ -149,16 +201,16 @@ export interface SchedulerCounters {
 }
 
 /** The step loop of one model (see the file comment). */
-export class Scheduler<S> {
-  readonly #engine: StepEngine<S>;
+export class Scheduler<S, P = unknown, O = unknown> {
+  readonly #engine: StepEngine<S, P, O>;
   readonly #maxBatch: number;
   readonly #maxStepTokens: number;
   readonly #gatherMs: number;
   readonly #watermark: number;
   readonly #hooks: SchedulerHooks;
-  readonly #entries = new Map<number, Entry<S>>();
+  readonly #entries = new Map<number, Entry<S, P>>();
   /** entries whose work resolved in the last step and that have not sent the next one yet */
-  readonly #expected = new Set<Entry<S>>();
+  readonly #expected = new Set<Entry<S, P>>();
   #nextId = 0;
   #wake: (() => void) | null = null;
   #running = false;
@@ -176,7 +228,11 @@ export class Scheduler<S> {
    * @param hooks metrics callbacks
    * @throws RangeError for a limit that is not a positive integer
    */
-  constructor(engine: StepEngine<S>, opts: SchedulerOptions = {}, hooks: SchedulerHooks = {}) {
+  constructor(
+    engine: StepEngine<S, P, O>,
+    opts: SchedulerOptions = {},
+    hooks: SchedulerHooks = {},
+  ) {
     this.#engine = engine;
     this.#maxBatch = positive("maxBatch", opts.maxBatch ?? 64);
     this.#maxStepTokens = positive("maxStepTokens", opts.maxStepTokens ?? 256);
@@ -199,9 +255,9 @@ export class Scheduler<S> {
    * @returns the handle whose prefill/decode run in batched steps
    * @throws SchedulerClosedError after close()
    */
-  attach(seq: S, history: ArrayLike<number> = []): ScheduledSequence<S> {
+  attach(seq: S, history: ArrayLike<number> = []): ScheduledSequence<S, P, O> {
     if (this.#closed) throw new SchedulerClosedError("scheduler is closed");
-    const entry: Entry<S> = {
+    const entry: Entry<S, P> = {
       id: this.#nextId++,
       seq,
       history: Array.from(history),
@@ -209,11 +265,15 @@ export class Scheduler<S> {
       detached: false,
     };
     this.#entries.set(entry.id, entry);
-    return new ScheduledSequence(this, entry);
+    return new ScheduledSequence(this, entry, this.#engine);
   }
 
-  /** @internal ScheduledSequence.prefill/decode */
-  submit(entry: Entry<S>, tokens: number[]): Promise<Float32Array> {
+  /** @internal ScheduledSequence.prefill/decode/decodeSample */
+  submit(
+    entry: Entry<S, P>,
+    tokens: number[],
+    sample?: { sampler: P; width?: number },
+  ): Promise<Float32Array | number> {
     if (entry.detached || this.#closed) {
       return Promise.reject(new SchedulerClosedError("sequence is detached from the scheduler"));
     }
@@ -231,15 +291,15 @@ export class Scheduler<S> {
         ),
       );
     }
-    return new Promise<Float32Array>((resolve, reject) => {
-      entry.work = { tokens, fed: 0, resolve, reject };
+    return new Promise<Float32Array | number>((resolve, reject) => {
+      entry.work = { tokens, fed: 0, sample, resolve, reject };
       this.#expected.delete(entry);
       this.#kick();
     });
   }
 
   /** @internal ScheduledSequence.detach */
-  detach(entry: Entry<S>): void {
+  detach(entry: Entry<S, P>): void {
     if (entry.detached) return;
     entry.detached = true;
     this.#entries.delete(entry.id);
@@ -282,8 +342,8 @@ export class Scheduler<S> {
     });
   }
 
-  #pending(): Entry<S>[] {
-    const out: Entry<S>[] = [];
+  #pending(): Entry<S, P>[] {
+    const out: Entry<S, P>[] = [];
     for (const e of this.#entries.values()) if (e.work) out.push(e); // Map order = admission order
     return out;
   }
@@ -328,14 +388,14 @@ export class Scheduler<S> {
     }
   }
 
-  #blocksNeeded(e: Entry<S>, tokens: number): number {
+  #blocksNeeded(e: Entry<S, P>, tokens: number): number {
     const bt = this.#engine.blockTokens;
     const want = Math.ceil((this.#engine.length(e.seq) + tokens) / bt);
     return Math.max(0, want - this.#engine.blocksHeld(e.seq));
   }
 
   /** Tokens `e` can append within `blocks` more blocks. */
-  #tokensWithin(e: Entry<S>, blocks: number): number {
+  #tokensWithin(e: Entry<S, P>, blocks: number): number {
     const bt = this.#engine.blockTokens;
     return (this.#engine.blocksHeld(e.seq) + blocks) * bt - this.#engine.length(e.seq);
   }
@@ -343,8 +403,8 @@ export class Scheduler<S> {
   /** Drops the youngest block-holding sequence younger than `requester`, not in `keep` and
    *  waiting on the scheduler (a sequence between works may be in use by its request: export,
    *  streaming) — its pending work then starts by recomputing its tokens; null when none. */
-  #preempt(keep: Set<Entry<S>>, requester: Entry<S>): Entry<S> | null {
-    let victim: Entry<S> | null = null;
+  #preempt(keep: Set<Entry<S, P>>, requester: Entry<S, P>): Entry<S, P> | null {
+    let victim: Entry<S, P> | null = null;
     for (const e of this.#entries.values()) {
       if (e.id <= requester.id || keep.has(e) || !e.work || this.#engine.blocksHeld(e.seq) === 0) {
         continue;
@@ -363,9 +423,9 @@ export class Scheduler<S> {
     return victim;
   }
 
-  #plan(): { entry: Entry<S>; n: number }[] {
-    const plan: { entry: Entry<S>; n: number }[] = [];
-    const inPlan = new Set<Entry<S>>();
+  #plan(): { entry: Entry<S, P>; n: number }[] {
+    const plan: { entry: Entry<S, P>; n: number }[] = [];
+    const inPlan = new Set<Entry<S, P>>();
     let committed = 0; // blocks the plan takes so far
     let budget = this.#maxStepTokens;
     const pending = this.#pending();
@@ -420,14 +480,17 @@ export class Scheduler<S> {
   }
 
   /** Runs one step; false when the engine found too few blocks (nothing changed: replan). */
-  async #step(plan: { entry: Entry<S>; n: number }[]): Promise<boolean> {
-    const items: StepItem<S>[] = plan.map(({ entry, n }) => {
+  async #step(plan: { entry: Entry<S, P>; n: number }[]): Promise<boolean> {
+    const items: StepItem<S, P>[] = plan.map(({ entry, n }) => {
       const w = entry.work!;
-      return {
+      const last = w.fed + n === w.tokens.length;
+      const item: StepItem<S, P> = {
         seq: entry.seq,
         tokens: w.tokens.slice(w.fed, w.fed + n),
-        wantLogits: w.fed + n === w.tokens.length,
+        wantLogits: last && !w.sample,
       };
+      if (last && w.sample) item.sample = w.sample;
+      return item;
     });
     let decodes = 0, prefill = 0;
     plan.forEach(({ entry, n }) => {
@@ -435,7 +498,7 @@ export class Scheduler<S> {
       else prefill += n;
     });
     const t0 = performance.now();
-    let out: (Float32Array | null)[];
+    let out: StepResult[];
     try {
       out = await this.#engine.step(items);
     } catch (e) {
@@ -459,8 +522,10 @@ export class Scheduler<S> {
       w.fed += n;
       if (w.fed < w.tokens.length) return;
       entry.work = null;
+      const r = out[i];
+      if (r instanceof Error) return w.reject(r); // its own sampling failed; the others go on
       this.#expected.add(entry);
-      w.resolve(out[i]!);
+      w.resolve(r!);
     });
     const free = this.#engine.blocksFree();
     this.#hooks.onStep?.({

@@ -2,8 +2,8 @@
 // snapshot encoding. A type plus the lookup by name; loading tiers is runtime.ts's job.
 import type { TierConfig } from "../config/mod.ts";
 import type { LoadedModel } from "../engine/mod.ts";
-import type { KvPool, NativeSequence } from "../native/mod.ts";
-import type { Scheduler } from "./scheduler.ts";
+import type { KvPool } from "../native/mod.ts";
+import type { NativeScheduler } from "./native_engine.ts";
 import type { SnapshotEncoding } from "../snapshot/mod.ts";
 import type { PrefixCache } from "../store/mod.ts";
 import { NotFoundError } from "./errors.ts";
@@ -25,7 +25,7 @@ export interface Tier {
    *  the tier config turns batching off: each generation then decodes alone). */
   batch: {
     pool: KvPool;
-    scheduler: Scheduler<NativeSequence>;
+    scheduler: NativeScheduler;
     /** Sets the KV block gauges from the pool (after a sequence gave its blocks back). */
     refresh(): void;
   } | null;

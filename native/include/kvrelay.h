@@ -318,6 +318,23 @@ KVR_API int32_t kvr_batch_step(kvr_seq* const* seqs, uint32_t n_seqs, const uint
                                const int32_t* tokens, size_t tokens_len,
                                const uint32_t* want_logits, float* logits_out, size_t logits_len);
 
+/*
+ * kvr_batch_step where some sequences sample their next token natively instead of returning
+ * logits (no vocabulary row crosses the ABI for them): samplers may be NULL (= kvr_batch_step);
+ * else samplers[i] non-NULL (distinct samplers, want_logits[i] = 0, 1 <= widths[i] <= vocab)
+ * picks from sequence i's last-row logits[0..widths[i]) exactly as kvr_sampler_sample and
+ * writes the id to tokens_out[i] (n_seqs entries; others untouched). A row without a finite
+ * logit gets -1 and the message on its sampler; the step still succeeds (lengths advance).
+ * widths and tokens_out must not be NULL when samplers is not. The samplers are in use for the
+ * call (no other call on them meanwhile).
+ */
+struct kvr_sampler; /* typedef'd with the native sampling functions below */
+KVR_API int32_t kvr_batch_step_sample(kvr_seq* const* seqs, uint32_t n_seqs, const uint32_t* n_tokens,
+                                      const int32_t* tokens, size_t tokens_len,
+                                      const uint32_t* want_logits, float* logits_out,
+                                      size_t logits_len, struct kvr_sampler* const* samplers,
+                                      const uint32_t* widths, int32_t* tokens_out);
+
 /* ---- end paged KV pool and batched step ---- */
 
 /* ---- KV snapshot codec (issue 3: quantize/dequantize chunks) — declarations below ---- */

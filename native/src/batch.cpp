@@ -14,6 +14,7 @@
 #include "dtype.h"
 #include "errors.h"
 #include "model.h"
+#include "sampler.h"
 #include "sequence.h"
 
 struct kvr_kv_pool {
@@ -58,8 +59,12 @@ int32_t batch_fail(kvr_seq* const* seqs, uint32_t n, int32_t status, const std::
   return status;
 }
 
+// samplers (may be NULL = none): samplers[i] non-NULL samples sequence i's next token from its
+// last row's logits[0..widths[i]) into tokens_out[i] (-1 when the row has no finite logit; the
+// message is then on that sampler) instead of returning the row.
 int32_t batch_impl(kvr_seq* const* seqs, uint32_t n_seqs, const uint32_t* n_tokens, const int32_t* tokens,
-                   size_t tokens_len, const uint32_t* want_logits, float* logits_out, size_t logits_len) {
+                   size_t tokens_len, const uint32_t* want_logits, float* logits_out, size_t logits_len,
+                   kvr_sampler* const* samplers, const uint32_t* widths, int32_t* tokens_out) {
   auto bad = [&](int32_t st, const std::string& msg) { return batch_fail(seqs, n_seqs, st, msg); };
   if (!seqs) return fail(KVR_ERR_INVALID_ARGUMENT, "seqs is NULL");
   if (n_seqs == 0 || n_seqs > kMaxBatchSeqs)
@@ -69,8 +74,10 @@ int32_t batch_impl(kvr_seq* const* seqs, uint32_t n_seqs, const uint32_t* n_toke
   if (!n_tokens || !tokens || !want_logits)
     return bad(KVR_ERR_INVALID_ARGUMENT, "n_tokens, tokens or want_logits is NULL");
   const Model* model = seqs[0]->model.get();
-  std::unordered_set<const kvr_seq*> seen;
-  size_t rows = 0, want = 0;
+  if (samplers && (!widths || !tokens_out))
+    return bad(KVR_ERR_INVALID_ARGUMENT, "widths or tokens_out is NULL while samplers is not");
+  std::unordered_set<const void*> seen;
+  size_t rows = 0, want = 0, sampled = 0;
   for (uint32_t i = 0; i < n_seqs; ++i) {
     const kvr_seq* s = seqs[i];
     if (s->model.get() != model)
@@ -82,6 +89,16 @@ int32_t batch_impl(kvr_seq* const* seqs, uint32_t n_seqs, const uint32_t* n_toke
     if (n_tokens[i] > s->capacity - s->length)
       return bad(KVR_ERR_CAPACITY, format("seqs[%u]: %u tokens at length %u exceed capacity %u", i, n_tokens[i],
                                           s->length, s->capacity));
+    if (samplers && samplers[i]) {
+      if (want_logits[i])
+        return bad(KVR_ERR_INVALID_ARGUMENT, format("seqs[%u] has a sampler and want_logits 1: choose one", i));
+      if (widths[i] == 0 || widths[i] > model->vocab)
+        return bad(KVR_ERR_INVALID_ARGUMENT,
+                   format("widths[%u] must be in [1, vocab %zu], got %u", i, model->vocab, widths[i]));
+      if (!seen.insert(samplers[i]).second)
+        return bad(KVR_ERR_INVALID_ARGUMENT, format("samplers[%u] appears twice in the batch", i));
+      ++sampled;
+    }
     rows += n_tokens[i];
     want += want_logits[i];
     if (rows > kMaxBatchRows)
@@ -110,20 +127,33 @@ int32_t batch_impl(kvr_seq* const* seqs, uint32_t n_seqs, const uint32_t* n_toke
     }
   }
 
+  // Rows to sample go to a buffer of this thread (reused from step to step), in batch order like
+  // the returned rows, so a backend can write either set with one GEMM.
+  thread_local std::vector<float> sample_rows;
+  if (sample_rows.size() < sampled * model->vocab) sample_rows.resize(sampled * model->vocab);
   std::vector<BatchEntry> batch(n_seqs);
-  std::vector<float> spare(want < n_seqs ? model->vocab : 0);
-  size_t off = 0, lrow = 0;
+  std::vector<float> spare(want + sampled < n_seqs ? model->vocab : 0);
+  size_t off = 0, lrow = 0, srow = 0;
   for (uint32_t i = 0; i < n_seqs; ++i) {
     batch[i].s = seqs[i]->state.get();
     batch[i].tokens = tokens + off;
     batch[i].n = n_tokens[i];
     batch[i].pos0 = seqs[i]->length;
-    batch[i].logits = want_logits[i] ? logits_out + (lrow++) * model->vocab : nullptr;
+    if (want_logits[i]) batch[i].logits = logits_out + (lrow++) * model->vocab;
+    if (samplers && samplers[i]) batch[i].logits = sample_rows.data() + (srow++) * model->vocab;
     batch[i].spare = spare.empty() ? nullptr : spare.data();
     off += n_tokens[i];
   }
   be.forward_batch(batch.data(), n_seqs);
   for (uint32_t i = 0; i < n_seqs; ++i) seqs[i]->length += n_tokens[i];
+  if (sampled == 0) return KVR_OK;
+  // Sampling failures stay with their row (its sampler's message); the step itself succeeded.
+  for (uint32_t i = 0; i < n_seqs; ++i) {
+    if (!samplers[i]) continue;
+    if (sampler_run(samplers[i], batch[i].logits, widths[i], &tokens_out[i], nullptr, nullptr, nullptr, 0, nullptr) !=
+        KVR_OK)
+      tokens_out[i] = -1;
+  }
   return KVR_OK;
 }
 
@@ -203,9 +233,18 @@ KVR_API uint32_t kvr_seq_blocks(const kvr_seq* seq) {
 
 KVR_API int32_t kvr_batch_step(kvr_seq* const* seqs, uint32_t n_seqs, const uint32_t* n_tokens, const int32_t* tokens,
                                size_t tokens_len, const uint32_t* want_logits, float* logits_out, size_t logits_len) {
+  return kvr_batch_step_sample(seqs, n_seqs, n_tokens, tokens, tokens_len, want_logits, logits_out, logits_len,
+                               nullptr, nullptr, nullptr);
+}
+
+KVR_API int32_t kvr_batch_step_sample(kvr_seq* const* seqs, uint32_t n_seqs, const uint32_t* n_tokens,
+                                      const int32_t* tokens, size_t tokens_len, const uint32_t* want_logits,
+                                      float* logits_out, size_t logits_len, kvr_sampler* const* samplers,
+                                      const uint32_t* widths, int32_t* tokens_out) {
   const uint32_t n_rec = (seqs && n_seqs <= 4096) ? n_seqs : 0;  // sequences to record a failure on
   try {
-    return kvr::batch_impl(seqs, n_seqs, n_tokens, tokens, tokens_len, want_logits, logits_out, logits_len);
+    return kvr::batch_impl(seqs, n_seqs, n_tokens, tokens, tokens_len, want_logits, logits_out, logits_len,
+                           samplers, widths, tokens_out);
   } catch (const kvr::BackendError& e) {
     return kvr::batch_fail(seqs, n_rec, e.status, e.message);
   } catch (const std::bad_alloc&) {

@@ -13,6 +13,7 @@
 #include "common/device_math.h"
 #include "cpu/attention.h"
 #include "cpu/convert.h"
+#include "cpu/decode_attention.h"
 #include "cpu/gemm.h"
 #include "cpu/ops.h"
 
@@ -88,7 +89,8 @@ void forward_batch(const ModelGeometry& m, const Weights& w, const BatchSeq* seq
     } else {
       a.n_threads = 1;
       small.push_back(e);
-      small_floats = std::max(small_floats, attention_scratch_floats(a));
+      // A decode (one row) scores its whole context in one pass (decode_attention.h).
+      small_floats = std::max(small_floats, a.n == 1 ? decode_attention_scratch_floats(a) : attention_scratch_floats(a));
     }
   }
   const int small_threads = small.size() > 1 ? std::min<int>(nt, static_cast<int>(small.size())) : 1;
@@ -140,7 +142,12 @@ void forward_batch(const ModelGeometry& m, const Weights& w, const BatchSeq* seq
       for (size_t i = 0; i < small.size(); ++i) {
         AttnArgs a = aa[small[i]];
         a.layer = l;
-        attention(a, base + static_cast<size_t>(omp_get_thread_num()) * small_floats);
+        float* scratch = base + static_cast<size_t>(omp_get_thread_num()) * small_floats;
+        if (a.n == 1) {
+          decode_attention(a, scratch);
+        } else {
+          attention(a, scratch);
+        }
       }
     }
 
@@ -163,19 +170,29 @@ void forward_batch(const ModelGeometry& m, const Weights& w, const BatchSeq* seq
   }
 
   if (want == 0) return;
-  // Final norm of each wanting sequence's last row, compacted, then one lm_head GEMM.
+  // Final norm of each wanting sequence's last row, compacted; then the lm_head GEMM straight
+  // into the callers' rows, one GEMM per run of rows that follow each other in memory (batch.cpp
+  // lays out returned rows and rows to sample as two such runs).
   size_t k = 0;
   for (size_t e = 0; e < count; ++e) {
     if (!seqs[e].logits) continue;
     rmsnorm(x + (row0[e] + seqs[e].n - 1) * H, h + k * H, w.final_norm.data(), H, eps);
     ++k;
   }
-  if (sc.logits.size() < want * m.vocab) sc.logits.resize(want * m.vocab);
-  matmul_xwt(h, want, H, w.lm_head, sc.logits.data(), m.vocab, false, nt);
+  size_t run0 = 0, len = 0;  // the run: compacted rows [run0, run0 + len) go to `dst`
+  float* dst = nullptr;
   k = 0;
-  for (size_t e = 0; e < count; ++e) {
-    if (!seqs[e].logits) continue;
-    std::memcpy(seqs[e].logits, sc.logits.data() + k * m.vocab, m.vocab * sizeof(float));
+  for (size_t e = 0; e <= count; ++e) {
+    if (e < count && !seqs[e].logits) continue;
+    if (e < count && dst && seqs[e].logits == dst + len * m.vocab) {
+      ++len;
+    } else {
+      if (len > 0) matmul_xwt(h + run0 * H, len, H, w.lm_head, dst, m.vocab, false, nt);
+      if (e == count) break;
+      run0 = k;
+      len = 1;
+      dst = seqs[e].logits;
+    }
     ++k;
   }
 }

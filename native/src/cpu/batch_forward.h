@@ -30,7 +30,6 @@ struct BatchSeq {
 struct BatchScratch {
   std::vector<float> main;    // activations of every row
   std::vector<float> attn;    // attention scratch (per sequence or per thread)
-  std::vector<float> logits;  // (rows wanting logits, vocab)
 };
 
 // Runs the step. Sequences must be distinct caches. Throws std::bad_alloc when scratch cannot

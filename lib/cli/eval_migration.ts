@@ -21,6 +21,7 @@ import {
   UsageError,
   writeStdout,
 } from "./command.ts";
+import { WEIGHT_FORMATS, type WeightFormat } from "../native/mod.ts";
 import { loadMigrationPair } from "./model_pair.ts";
 import { progressBar } from "./progress.ts";
 
@@ -44,7 +45,9 @@ temperature are reported under "temperature". The last line printed is one JSON 
   --max-windows N     evaluate at most N windows
   --json              print only the JSON line
   --store             also store the result as the projector's measured quality (projector.json)
-  --threads N  --kv-dtype D  --backend B  --device N`;
+  --target-weights W  the target's weights only (bf16 | q8 | q4; default: --weights, which applies
+                      to both models): migration into a quantized tier
+  --threads N  --kv-dtype D  --weights W  --backend B  --device N`;
 
 /** The `eval-migration` command. */
 export const evalMigrationCommand: CliCommand = {
@@ -60,6 +63,7 @@ export const evalMigrationCommand: CliCommand = {
       "max-windows": { type: "string" },
       json: { type: "boolean" },
       store: { type: "boolean" },
+      "target-weights": { type: "string" },
     });
     if (v.help) return await printUsage(usage);
     const dirs = parsePairOptions(v);
@@ -81,7 +85,24 @@ export const evalMigrationCommand: CliCommand = {
     }
     const maxWindows = parseNumber(v["max-windows"], "max-windows", "int");
     const text = await Deno.readTextFile(file);
-    await using pair = await loadMigrationPair(dirs, parseModelLoadOptions(v));
+    const native = parseModelLoadOptions(v);
+    const targetWeights = v["target-weights"];
+    if (
+      targetWeights !== undefined && !(WEIGHT_FORMATS as readonly unknown[]).includes(targetWeights)
+    ) {
+      throw new UsageError(
+        `--target-weights must be ${WEIGHT_FORMATS.join(", ")}, got ${
+          JSON.stringify(targetWeights)
+        }`,
+      );
+    }
+    if (targetWeights !== undefined && v.store) {
+      throw new UsageError("--store records the projector's quality: not with --target-weights");
+    }
+    const targetNative = targetWeights === undefined
+      ? native
+      : { ...native, weights: targetWeights as WeightFormat };
+    await using pair = await loadMigrationPair(dirs, native, targetNative);
     const { source, target, projector } = pair;
     const ids = source.tokenizer.encode(text, { addSpecialTokens: false });
     const bar = progressBar(`eval ${source.name}→${target.name}`);

@@ -68,7 +68,7 @@ Deno.test("fit, eval-migration and compare CLIs print their JSON last lines on t
     assert.equal(meta.target.name, "tiny-balanced");
     assert.deepEqual(Object.keys(meta.quality!.repair), ["1", "8"]);
 
-    const ev = await cli([
+    const evArgs = [
       "eval-migration",
       "--source",
       `${models}/tiny-fast`,
@@ -87,7 +87,8 @@ Deno.test("fit, eval-migration and compare CLIs print their JSON last lines on t
       "--json",
       "--max-windows",
       "2",
-    ]);
+    ];
+    const ev = await cli(evArgs);
     assert.equal(ev.code, 0, ev.stderr);
     const r = lastJson(ev.stdout);
     for (
@@ -108,6 +109,17 @@ Deno.test("fit, eval-migration and compare CLIs print their JSON last lines on t
     for (const key of ["nll", "recovered", "kl", "kl_recovered", "top1_agreement", "ttft_ms"]) {
       assert.equal(typeof rep["4"][key], "number", key);
     }
+
+    // --target-weights quantizes the target only: the source's NLL is unchanged, the target's
+    // full-prefill NLL moves; a bad format is a usage error naming the flag.
+    const q4 = await cli([...evArgs, "--target-weights", "q4"]);
+    assert.equal(q4.code, 0, q4.stderr);
+    const rq = lastJson(q4.stdout);
+    assert.equal(rq.source_nll, r.source_nll);
+    assert.notEqual(rq.full_nll, r.full_nll);
+    const badWeights = await cli([...evArgs, "--target-weights", "q3"]);
+    assert.equal(badWeights.code, 2, badWeights.stderr);
+    assert.match(badWeights.stderr, /--target-weights must be bf16, q8, q4, got "q3"/);
 
     const cmp = await cli([
       "compare",

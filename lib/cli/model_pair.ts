@@ -1,4 +1,5 @@
-// The two models of a migration command (source → target, loaded with the same native options)
+// The two models of a migration command (source → target, loaded with the same native options
+// unless the target's are given)
 // and the projector between them, released together by `await using`. Flag parsing is in
 // command.ts (parsePairOptions, parseModelLoadOptions); what runs on the pair is in each command.
 
@@ -20,6 +21,7 @@ export interface ModelPair extends AsyncDisposable {
  *
  * @param dirs from parsePairOptions (projectorDir is ignored)
  * @param native from parseModelLoadOptions
+ * @param targetNative the target's options when they differ (e.g. its weight format)
  * @returns the pair; disposing it frees the projector (if any), then source, then target
  * @throws whatever loadModel throws (ModelFormatError, TokenizerError, EngineError); a model
  *   already loaded is freed first
@@ -27,11 +29,12 @@ export interface ModelPair extends AsyncDisposable {
 export async function loadModelPair(
   dirs: PairDirs,
   native: NativeModelOptions,
+  targetNative: NativeModelOptions = native,
 ): Promise<ModelPair> {
   const source = await loadModel(dirs.sourceDir, native);
   let target: LoadedModel;
   try {
-    target = await loadModel(dirs.targetDir, native);
+    target = await loadModel(dirs.targetDir, targetNative);
   } catch (e) {
     source.native.free();
     throw e;
@@ -54,6 +57,7 @@ export async function loadModelPair(
  *
  * @param dirs from parsePairOptions; projectorDir may be absent only for the same model
  * @param native from parseModelLoadOptions
+ * @param targetNative the target's options when they differ (default: native)
  * @returns the pair with its projector (null when projectorDir is absent)
  * @throws {UsageError} when projectorDir is absent and the models' fingerprints differ;
  *   whatever loadModel/loadProjector throw. The models are freed before any throw.
@@ -61,8 +65,9 @@ export async function loadModelPair(
 export async function loadMigrationPair(
   dirs: PairDirs,
   native: NativeModelOptions,
+  targetNative: NativeModelOptions = native,
 ): Promise<ModelPair> {
-  const pair = await loadModelPair(dirs, native);
+  const pair = await loadModelPair(dirs, native, targetNative);
   try {
     if (dirs.projectorDir !== undefined) {
       pair.projector = await loadProjector(

@@ -363,7 +363,7 @@ def bench_sampling(rep, lib, model_dir, deadline, steps=64):
                           ("temperature_row", dict(temperature=0.8, seed=1))):
             if time.time() > deadline:
                 break
-            seq = model.seq(512 + 2 * steps)
+            seq = model.seq(512 + 8 + steps)  # prompt, warm-up, timed steps
             sampler = make_sampler(lib, **cfg) if cfg else None
             try:
                 seq.prefill(np.arange(512, dtype=np.int32) % model.vocab)

@@ -145,7 +145,8 @@ class PackedWeight {
 };
 
 // y (m, n) with row stride ldy = x (m, k) with row stride ldx · Wᵀ; when accumulate, y += x · Wᵀ.
-// Runs on n_threads OpenMP threads (>= 1). Bounds are the caller's: shapes come from the model.
+// Runs on n_threads threads (>= 1: OpenMP for m = 1, the worker pool for m > 1). Bounds are the
+// caller's: shapes come from the model.
 // y must not overlap x or W. Throws std::bad_alloc when a thread's first call cannot allocate its
 // ~96 KiB packing scratch (y is then partly written).
 void matmul_xwt(const float* x, size_t m, size_t ldx, const PackedWeight& w, float* y,

@@ -490,11 +490,11 @@ void attention(const AttnArgs& a, float* scratch) {
 
   // Pass 1 items claimed dynamically (their key ranges differ), then pass 2 merges (static).
   const int team = p.parallel && p.items > 1 ? nt : 1;
-  parallel_dynamic(team, p.items, [&](size_t item, unsigned t) {
+  parallel_dynamic(a.workers, team, p.items, [&](size_t item, unsigned t) {
     const ThreadBufs tb = thread_bufs(p, a.head_dim, thread_base + t * p.thread_floats);
     run_item(a, p, item, tb, partial + item * p.partial_per_item);
   });
-  parallel_static(team, a.kv_heads * p.nqb, [&](size_t b, unsigned) {
+  parallel_static(a.workers, team, a.kv_heads * p.nqb, [&](size_t b, unsigned) {
     merge_block(a, p, b, partial + b * p.splits * p.partial_per_item);
   });
 }

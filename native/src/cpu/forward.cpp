@@ -52,11 +52,12 @@ void forward_chunk(const ModelGeometry& m, const Weights& w, KvCache& kv, const 
   aa.out = att;
   aa.ldo = qd;
   aa.n_threads = nt;
+  aa.workers = Workers::kPool;
   const size_t attn_need = attention_scratch_floats(aa);
   if (sc.attn.size() < attn_need) sc.attn.resize(attn_need);
 
   // Embeddings and RoPE tables (double precision angles, rounded to f32).
-  parallel_static(row_team, n, [&](size_t i, unsigned) {
+  parallel_static(Workers::kPool, row_team, n, [&](size_t i, unsigned) {
     embed_row(w, static_cast<size_t>(tokens[i]), H, x + i * H);
     // The CUDA backend computes the same bits (common/device_math.h via rope.h).
     rope_cos_sin_rows(m.inv_freq, pos0 + i, 1, cs + i * hd, hd);
@@ -65,10 +66,10 @@ void forward_chunk(const ModelGeometry& m, const Weights& w, KvCache& kv, const 
   for (size_t l = 0; l < m.layers; ++l) {
     const LayerWeights& L = w.layer[l];
 
-    parallel_static(row_team, n, [&](size_t i, unsigned) { rmsnorm(x + i * H, h + i * H, L.attn_norm.data(), H, eps); });
-    matmul_xwt(h, n, H, L.qkv, qkv, ldqkv, false, nt);
+    parallel_static(Workers::kPool, row_team, n, [&](size_t i, unsigned) { rmsnorm(x + i * H, h + i * H, L.attn_norm.data(), H, eps); });
+    matmul_xwt(h, n, H, L.qkv, qkv, ldqkv, false, nt, Workers::kPool);
 
-    parallel_static(row_team, n, [&](size_t i, unsigned) {
+    parallel_static(Workers::kPool, row_team, n, [&](size_t i, unsigned) {
       float* row = qkv + i * ldqkv;
       if (!L.qkv_bias.empty()) add_inplace(row, L.qkv_bias.data(), ldqkv);
       float* kr = row + qd;
@@ -89,18 +90,18 @@ void forward_chunk(const ModelGeometry& m, const Weights& w, KvCache& kv, const 
     aa.layer = l;
     attention(aa, sc.attn.data());
 
-    matmul_xwt(att, n, qd, L.o, x, H, true, nt);
+    matmul_xwt(att, n, qd, L.o, x, H, true, nt, Workers::kPool);
     if (!L.o_bias.empty())
       for (size_t i = 0; i < n; ++i) add_inplace(x + i * H, L.o_bias.data(), H);
 
-    parallel_static(row_team, n, [&](size_t i, unsigned) { rmsnorm(x + i * H, h + i * H, L.mlp_norm.data(), H, eps); });
-    matmul_xwt(h, n, H, L.gate_up, gu, 2 * I, false, nt);
-    parallel_static(row_team, n, [&](size_t i, unsigned) {
+    parallel_static(Workers::kPool, row_team, n, [&](size_t i, unsigned) { rmsnorm(x + i * H, h + i * H, L.mlp_norm.data(), H, eps); });
+    matmul_xwt(h, n, H, L.gate_up, gu, 2 * I, false, nt, Workers::kPool);
+    parallel_static(Workers::kPool, row_team, n, [&](size_t i, unsigned) {
       float* row = gu + i * 2 * I;
       if (!L.gate_up_bias.empty()) add_inplace(row, L.gate_up_bias.data(), 2 * I);
       swiglu(row, row + I, row, I);
     });
-    matmul_xwt(gu, n, 2 * I, L.down, x, H, true, nt);
+    matmul_xwt(gu, n, 2 * I, L.down, x, H, true, nt, Workers::kPool);
     if (!L.down_bias.empty())
       for (size_t i = 0; i < n; ++i) add_inplace(x + i * H, L.down_bias.data(), H);
   }
@@ -108,7 +109,7 @@ void forward_chunk(const ModelGeometry& m, const Weights& w, KvCache& kv, const 
   if (logit_rows == 0) return;
   for (size_t r = 0; r < logit_rows; ++r)
     rmsnorm(x + (logit_row0 + r) * H, h + r * H, w.final_norm.data(), H, eps);
-  matmul_xwt(h, logit_rows, H, w.lm_head, logits, m.vocab, false, nt);
+  matmul_xwt(h, logit_rows, H, w.lm_head, logits, m.vocab, false, nt, Workers::kPool);
 }
 
 }  // namespace

@@ -243,7 +243,7 @@ class CpuBackend final : public Backend {
     return static_cast<uint32_t>(static_cast<const CpuSeq&>(s).kv.table.size());
   }
 
-  void forward_batch(const BatchEntry* entries, size_t count) const override {
+  void forward_batch(BatchEntry* entries, size_t count) const override {
     thread_local BatchScratch scratch;  // per worker thread, reused across steps
     std::vector<BatchSeq> batch(count);
     for (size_t i = 0; i < count; ++i) {

@@ -65,17 +65,36 @@ struct LogitRow {
 // The model's batched-step state: its stream, the scratch of one group and the staging buffers,
 // grown on demand and reused by every step (one step at a time: batch_mu_).
 struct CudaBackend::BatchCtx {
+  static constexpr size_t kMaxGraphs = 16;  // decode-step graphs kept (batch sizes, sampler mixes)
   int device = 0;
   cudaStream_t stream = nullptr;
   cudaEvent_t done = nullptr;
   DevBuf scratch, partial, workspace, meta, logits, sample;
   PinnedBuf meta_host, logits_host, sample_host;
+  // Captured decode steps by key (run_group), and the key of the last decode step run eagerly: a
+  // key seen twice in a row is captured, so one-off compositions never pay for a capture.
+  std::vector<std::pair<std::vector<uint64_t>, cudaGraphExec_t>> graphs;
+  std::vector<uint64_t> last_key;
+
+  cudaGraphExec_t find_graph(const std::vector<uint64_t>& key) const {
+    for (const auto& g : graphs)
+      if (g.first == key) return g.second;
+    return nullptr;
+  }
+  void add_graph(std::vector<uint64_t> key, cudaGraphExec_t exec) {
+    if (graphs.size() >= kMaxGraphs) drop_graphs();
+    graphs.emplace_back(std::move(key), exec);
+  }
+  void drop_graphs() {
+    for (auto& g : graphs) cudaGraphExecDestroy(g.second);
+    graphs.clear();
+    last_key.clear();
+  }
   ~BatchCtx() {
     cudaSetDevice(device);
-    if (stream) {
-      cudaStreamSynchronize(stream);
-      cudaStreamDestroy(stream);
-    }
+    if (stream) cudaStreamSynchronize(stream);
+    drop_graphs();
+    if (stream) cudaStreamDestroy(stream);
     if (done) cudaEventDestroy(done);
   }
 };
@@ -142,12 +161,20 @@ void CudaBackend::run_group(BatchCtx& c, Item* items, const std::vector<bp::Piec
   const float eps = g_.params.rms_norm_eps;
   const size_t P = pieces.size();
   cudaStream_t st = c.stream;
+  // A step of decodes only (the steady state of continuous batching) replays a CUDA graph: every
+  // launch reads positions, caches and block tables from the metadata, so one graph serves every
+  // such step with the same rows, wanted rows and samplers (StepKey).
+  bool decodes_only = P >= 2;
+  uint32_t max_capacity = 0;
+  for (const bp::Piece& p : pieces) {
+    decodes_only = decodes_only && p.n == 1;
+    max_capacity = std::max(max_capacity, items[p.entry].s->capacity);
+  }
 
-  // ---- host image of the step's metadata ----
+  // ---- host image of the step's metadata (block tables last: the rest has fixed offsets) ----
   std::vector<int32_t> tokens;
   std::vector<uint32_t> row_seq;
   std::vector<bp::SeqDesc> descs(P);
-  std::vector<size_t> table_off(P, 0);
   std::vector<LogitRow> host_rows, sample_rows;
   MetaImage meta;
   for (size_t i = 0; i < P; ++i) {
@@ -162,12 +189,6 @@ void CudaBackend::run_group(BatchCtx& c, Item* items, const std::vector<bp::Piec
       tokens.push_back(it.tokens[p.offset + r]);
       row_seq.push_back(static_cast<uint32_t>(i));
     }
-    if (it.s->paged()) {  // the blocks holding [0, pos0 + n): reserved by the neutral layer
-      const size_t bt = it.s->pool->blocks.tokens_per_block;
-      const size_t blocks = (static_cast<size_t>(d.pos0) + p.n + bt - 1) / bt;
-      if (blocks > it.s->table.size()) throw BackendError(KVR_ERR_INTERNAL, "batched step: blocks not reserved");
-      table_off[i] = meta.add(it.s->table.data(), blocks * sizeof(uint32_t));
-    }
     if (it.logits != nullptr && it.all_positions) {
       for (uint32_t r = 0; r < p.n; ++r) host_rows.push_back({d.row0 + r, it.logits + (p.offset + r) * V, p.entry});
     } else if (it.logits != nullptr && p.last) {
@@ -178,6 +199,7 @@ void CudaBackend::run_group(BatchCtx& c, Item* items, const std::vector<bp::Piec
   }
   const uint32_t R = static_cast<uint32_t>(tokens.size());
   // Attention: the decodes in one launch, the longer pieces in another (rows per warp 1 vs 4).
+  // A graph fixes its split count from the largest capacity (as the decode graph does).
   Launch launches[2];
   for (size_t i = 0; i < P; ++i) launches[pieces[i].n == 1 ? 0 : 1].pieces.push_back(static_cast<uint32_t>(i));
   size_t partial_floats = 0;
@@ -186,7 +208,7 @@ void CudaBackend::run_group(BatchCtx& c, Item* items, const std::vector<bp::Piec
     std::vector<uint32_t> ln, lctx;
     for (uint32_t i : L.pieces) {
       ln.push_back(descs[i].n);
-      lctx.push_back(descs[i].pos0 + descs[i].n);
+      lctx.push_back(decodes_only ? max_capacity : descs[i].pos0 + descs[i].n);
     }
     L.plan = bp::plan_batch_attention(ln.data(), lctx.data(), ln.size(), group, kvh, hd, sm_count_);
     partial_floats = std::max(partial_floats, L.plan.partial_floats);
@@ -203,10 +225,24 @@ void CudaBackend::run_group(BatchCtx& c, Item* items, const std::vector<bp::Piec
   for (const LogitRow& r : sample_rows) lrows.push_back(r.row);
   const size_t lrows_off = meta.add(lrows);
   const size_t desc_off = meta.add(descs);  // table pointers patched below, once meta is placed
+  std::vector<size_t> table_off(P, 0);
+  for (size_t i = 0; i < P; ++i) {
+    const CudaSeq& s = *items[pieces[i].entry].s;
+    if (!s.paged()) continue;
+    // the blocks holding [0, pos0 + n): reserved by the neutral layer
+    const size_t bt = s.pool->blocks.tokens_per_block;
+    const size_t blocks = (static_cast<size_t>(descs[i].pos0) + descs[i].n + bt - 1) / bt;
+    if (blocks > s.table.size()) throw BackendError(KVR_ERR_INTERNAL, "batched step: blocks not reserved");
+    table_off[i] = meta.add(s.table.data(), blocks * sizeof(uint32_t));
+  }
+  const size_t logit_cap = std::max<size_t>(1, std::min<size_t>(lrows.size(), kLogitBytes / (V * sizeof(float))));
+  const bool graph = decodes_only && lrows.size() <= logit_cap;  // one lm_head slice inside the graph
 
-  // ---- device buffers (grown on demand; the stream is idle between groups) ----
+  // ---- device buffers (grown on demand; the stream is idle between groups). A buffer that moves
+  // invalidates the captured graphs (their launches hold its address).
   auto grow_dev = [&](DevBuf& b, size_t bytes, const char* what) {
     if (b.bytes >= bytes) return;
+    c.drop_graphs();
     if (b.p) cudaFree(b.p);
     b.p = nullptr;
     b.bytes = 0;
@@ -214,9 +250,9 @@ void CudaBackend::run_group(BatchCtx& c, Item* items, const std::vector<bp::Piec
   };
   grow_dev(c.scratch, scratch_layout(nullptr, R).floats * sizeof(float), "allocating batch scratch");
   grow_dev(c.partial, std::max<size_t>(partial_floats, 1) * sizeof(float), "allocating attention partials");
-  grow_dev(c.meta, meta.size(), "allocating batch metadata");
-  grow_pinned(c.meta_host, meta.size(), "allocating pinned batch metadata");
-  const size_t logit_cap = std::max<size_t>(1, std::min<size_t>(lrows.size(), kLogitBytes / (V * sizeof(float))));
+  // metadata with room to spare: block tables grow step by step and would move it
+  if (c.meta.bytes < meta.size()) grow_dev(c.meta, 2 * meta.size() + 4096, "allocating batch metadata");
+  grow_pinned(c.meta_host, c.meta.bytes, "allocating pinned batch metadata");
   if (!lrows.empty()) grow_dev(c.logits, logit_cap * V * sizeof(float), "allocating batch logits");
   if (!host_rows.empty())
     grow_pinned(c.logits_host, std::min(logit_cap, host_rows.size()) * V * sizeof(float), "allocating pinned logits");
@@ -239,76 +275,86 @@ void CudaBackend::run_group(BatchCtx& c, Item* items, const std::vector<bp::Piec
   const Scratch sc = scratch_layout(c.scratch.p, R);
   float *x = sc.x, *h = sc.h, *qkv = sc.qkv, *att = sc.att, *gu = sc.gu;
   void* ws = c.workspace.p;
-  ck(launch_embed(reinterpret_cast<const int32_t*>(dmeta + tok_off), R, embed_, embed_bf16_, static_cast<uint32_t>(H),
-                  x, st),
-     "embed launch");
-  for (size_t l = 0; l < g_.layers; ++l) {
-    const DevLayer& L = layers_[l];
-    ck(launch_rmsnorm(x, H, h, H, L.attn_norm, R, static_cast<uint32_t>(H), eps, st), "rmsnorm launch");
-    project(st, ws, sc, h, H, R, L.qkv, nullptr, qkv, ldqkv, false);
-    QkvPostArgs q;
-    q.qkv = qkv;
-    q.ldqkv = static_cast<uint32_t>(ldqkv);
-    q.n = R;
-    q.bias = L.qkv_bias;
-    q.q_norm = L.q_norm;
-    q.k_norm = L.k_norm;
-    q.inv_freq = inv_freq_;
-    q.heads = heads;
-    q.kv_heads = kvh;
-    q.head_dim = hd;
-    q.eps = eps;
-    q.kv_dtype = g_.kv_dtype();
-    q.seqs = d_desc;
-    q.row_seq = dptr(row_seq_off);
-    q.layer = static_cast<uint32_t>(l);
-    ck(launch_qkv_post(q, st), "qkv_post launch");
-    for (const Launch& La : launches) {
-      if (La.pieces.empty()) continue;
-      BatchAttnArgs a;
-      a.q = qkv;
-      a.ldq = static_cast<uint32_t>(ldqkv);
-      a.out = att;
-      a.ldo = static_cast<uint32_t>(qd);
-      a.seqs = d_desc;
-      a.piece_seq = dptr(La.piece_seq);
-      a.slot0 = dptr(La.slot0);
-      a.blk_piece = dptr(La.blk_piece);
-      a.blk_row0 = dptr(La.blk_row0);
-      a.row_piece = dptr(La.row_piece);
-      a.row_local = dptr(La.row_local);
-      a.layer = static_cast<uint32_t>(l);
-      a.heads = heads;
-      a.kv_heads = kvh;
-      a.head_dim = hd;
-      a.kv_dtype = g_.kv_dtype();
-      a.total_rows = La.plan.total_rows;
-      a.partial = static_cast<float*>(c.partial.p);
-      ck(launch_batch_attention(a, La.plan.blocks, La.plan.rows_per_warp, La.plan.splits, st), "attention launch");
+  auto enqueue_layers = [&] {
+    ck(launch_embed(reinterpret_cast<const int32_t*>(dmeta + tok_off), R, embed_, embed_bf16_,
+                    static_cast<uint32_t>(H), x, st),
+       "embed launch");
+    for (size_t l = 0; l < g_.layers; ++l) {
+      const DevLayer& L = layers_[l];
+      // One row (a paged sequence's decode): the RMSNorm rides in the GEMV's prologue (run_layers).
+      if (R == 1) {
+        ck(launch_norm_gemv(L.qkv, x, L.attn_norm, eps, nullptr, qkv, false, st), "gemv launch");
+      } else {
+        ck(launch_rmsnorm(x, H, h, H, L.attn_norm, R, static_cast<uint32_t>(H), eps, st), "rmsnorm launch");
+        project(st, ws, sc, h, H, R, L.qkv, nullptr, qkv, ldqkv, false);
+      }
+      QkvPostArgs q;
+      q.qkv = qkv;
+      q.ldqkv = static_cast<uint32_t>(ldqkv);
+      q.n = R;
+      q.bias = L.qkv_bias;
+      q.q_norm = L.q_norm;
+      q.k_norm = L.k_norm;
+      q.inv_freq = inv_freq_;
+      q.heads = heads;
+      q.kv_heads = kvh;
+      q.head_dim = hd;
+      q.eps = eps;
+      q.kv_dtype = g_.kv_dtype();
+      q.seqs = d_desc;
+      q.row_seq = dptr(row_seq_off);
+      q.layer = static_cast<uint32_t>(l);
+      ck(launch_qkv_post(q, st), "qkv_post launch");
+      for (const Launch& La : launches) {
+        if (La.pieces.empty()) continue;
+        BatchAttnArgs a;
+        a.q = qkv;
+        a.ldq = static_cast<uint32_t>(ldqkv);
+        a.out = att;
+        a.ldo = static_cast<uint32_t>(qd);
+        a.seqs = d_desc;
+        a.piece_seq = dptr(La.piece_seq);
+        a.slot0 = dptr(La.slot0);
+        a.blk_piece = dptr(La.blk_piece);
+        a.blk_row0 = dptr(La.blk_row0);
+        a.row_piece = dptr(La.row_piece);
+        a.row_local = dptr(La.row_local);
+        a.layer = static_cast<uint32_t>(l);
+        a.heads = heads;
+        a.kv_heads = kvh;
+        a.head_dim = hd;
+        a.kv_dtype = g_.kv_dtype();
+        a.total_rows = La.plan.total_rows;
+        a.partial = static_cast<float*>(c.partial.p);
+        ck(launch_batch_attention(a, La.plan.blocks, La.plan.rows_per_warp, La.plan.splits, st),
+           "attention launch");
+      }
+      project(st, ws, sc, att, qd, R, L.o, L.o_bias, x, H, true);
+      if (R == 1) {
+        ck(launch_norm_gemv(L.gate_up, x, L.mlp_norm, eps, L.gate_up_bias, gu, false, st), "gemv launch");
+      } else {
+        ck(launch_rmsnorm(x, H, h, H, L.mlp_norm, R, static_cast<uint32_t>(H), eps, st), "rmsnorm launch");
+        project(st, ws, sc, h, H, R, L.gate_up, L.gate_up_bias, gu, 2 * I, false);
+      }
+      ck(launch_swiglu(gu, R, static_cast<uint32_t>(I), st), "swiglu launch");
+      project(st, ws, sc, gu, 2 * I, R, L.down, L.down_bias, x, H, true);
     }
-    project(st, ws, sc, att, qd, R, L.o, L.o_bias, x, H, true);
-    ck(launch_rmsnorm(x, H, h, H, L.mlp_norm, R, static_cast<uint32_t>(H), eps, st), "rmsnorm launch");
-    project(st, ws, sc, h, H, R, L.gate_up, L.gate_up_bias, gu, 2 * I, false);
-    ck(launch_swiglu(gu, R, static_cast<uint32_t>(I), st), "swiglu launch");
-    project(st, ws, sc, gu, 2 * I, R, L.down, L.down_bias, x, H, true);
-  }
+  };
 
-  // ---- final norm + lm_head for the rows that want them, logit_cap rows at a time ----
+  // ---- final norm + lm_head for rows [r0, r0 + rows) of lrows; device sampling of its sampled rows ----
   const uint32_t* d_lrows = dptr(lrows_off);
   float* dl = static_cast<float*>(c.logits.p);
   uint8_t* dsample = static_cast<uint8_t*>(c.sample.p);
-  for (size_t r0 = 0; r0 < lrows.size(); r0 += logit_cap) {
-    const size_t rows = std::min(logit_cap, lrows.size() - r0);
-    ck(launch_rmsnorm_rows(x, H, d_lrows + r0, h, H, final_norm_, static_cast<uint32_t>(rows),
-                           static_cast<uint32_t>(H), eps, st),
-       "rmsnorm launch");
-    project(st, ws, sc, h, H, static_cast<uint32_t>(rows), lm_head_, nullptr, dl, V, false);
-    size_t host_n = 0;  // host rows of this slice: [r0, r0 + host_n)
-    for (size_t k = r0; k < r0 + rows; ++k) {
-      if (k < host_rows.size()) {
-        ++host_n;
-        continue;
-      }
+  auto enqueue_head = [&](size_t r0, size_t rows) {
+    if (R == 1) {  // the one row: norm in the lm_head GEMV's prologue, as the decode graph does
+      ck(launch_norm_gemv(lm_head_, x, final_norm_, eps, nullptr, dl, false, st), "gemv launch");
+    } else {
+      ck(launch_rmsnorm_rows(x, H, d_lrows + r0, h, H, final_norm_, static_cast<uint32_t>(rows),
+                             static_cast<uint32_t>(H), eps, st),
+         "rmsnorm launch");
+      project(st, ws, sc, h, H, static_cast<uint32_t>(rows), lm_head_, nullptr, dl, V, false);
+    }
+    for (size_t k = std::max(r0, host_rows.size()); k < r0 + rows; ++k) {
       const size_t slot = k - host_rows.size();
       const Item& it = items[sample_rows[slot].item];
       const kvr_sampler& smp = *it.sampler;
@@ -318,11 +364,62 @@ void CudaBackend::run_group(BatchCtx& c, Item* items, const std::vector<bp::Piec
                               d->ids, d->vals, &d->count, dsample + scratch_off, st),
          "sampling launch");
     }
-    if (host_n == 0) continue;
+  };
+  // Copies the host rows of slice [r0, r0 + rows) out (synchronises).
+  auto copy_host_rows = [&](size_t r0, size_t rows) {
+    const size_t host_n = r0 < host_rows.size() ? std::min(rows, host_rows.size() - r0) : 0;
+    if (host_n == 0) return;
     ck(cudaMemcpyAsync(c.logits_host.p, dl, host_n * V * sizeof(float), cudaMemcpyDeviceToHost, st), "copying logits");
     ck(cudaStreamSynchronize(st), "batch step");
     for (size_t k = 0; k < host_n; ++k)
       std::memcpy(host_rows[r0 + k].host, static_cast<const float*>(c.logits_host.p) + k * V, V * sizeof(float));
+  };
+
+  if (graph) {
+    // What the graph's launches bake in besides buffer addresses (dropped when one moves): the rows,
+    // the attention split count, which rows leave the layers and how each sampled row is reduced.
+    std::vector<uint64_t> key{R, launches[0].plan.splits, host_rows.size()};
+    key.insert(key.end(), lrows.begin(), lrows.end());
+    for (const LogitRow& r : sample_rows) {
+      const Item& it = items[r.item];
+      const sm::RoutePlan plan = sm::plan_route(it.sampler->cfg.temperature, it.sampler->cfg.top_k, it.width, false);
+      key.push_back((static_cast<uint64_t>(it.width) << 32) | (static_cast<uint64_t>(plan.route) << 16) | plan.k);
+    }
+    auto enqueue = [&] {
+      enqueue_layers();
+      if (!lrows.empty()) enqueue_head(0, lrows.size());
+    };
+    cudaGraphExec_t exec = c.find_graph(key);
+    if (exec == nullptr && key == c.last_key) {  // the second such step in a row: capture it
+      ck(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+      cudaGraph_t g = nullptr;
+      try {
+        enqueue();
+      } catch (...) {
+        cudaStreamEndCapture(st, &g);
+        if (g) cudaGraphDestroy(g);
+        throw;
+      }
+      ck(cudaStreamEndCapture(st, &g), "cudaStreamEndCapture");
+      const cudaError_t e = cudaGraphInstantiate(&exec, g, 0);
+      cudaGraphDestroy(g);
+      ck(e, "cudaGraphInstantiate");
+      c.add_graph(std::move(key), exec);
+    }
+    if (exec != nullptr) {
+      ck(cudaGraphLaunch(exec, st), "cudaGraphLaunch");
+    } else {
+      enqueue();
+      c.last_key = std::move(key);
+    }
+    copy_host_rows(0, lrows.size());
+  } else {
+    enqueue_layers();
+    for (size_t r0 = 0; r0 < lrows.size(); r0 += logit_cap) {
+      const size_t rows = std::min(logit_cap, lrows.size() - r0);
+      enqueue_head(r0, rows);
+      copy_host_rows(r0, rows);
+    }
   }
   if (!sample_rows.empty())
     ck(cudaMemcpyAsync(c.sample_host.p, dsample, scratch_off, cudaMemcpyDeviceToHost, st),

@@ -1,7 +1,7 @@
 // The CPU forward pass of one batched step: several sequences of one model, each appending its
 // own new tokens (one for a decode, more for a prefill chunk) to its own KV cache. Every
 // projection runs as one GEMM over the rows of all sequences; attention runs per sequence over
-// its own cache (small ones side by side on the threads, large ones with all threads); the
+// its own cache (in units claimed by the threads: a decode, or a block of a chunk's rows); the
 // lm_head runs only for the sequences that want logits. Inputs are validated by the caller.
 // Not the single-sequence path (forward.h), which stays as it is.
 #pragma once

@@ -138,11 +138,13 @@ const float* panel_slice(const KernelTable& kt, const PackedWeight& w, size_t p,
   return buf;
 }
 
-// Rows [m0, m1) of y against every weight panel: A packed block by block (MC, KC) into this
-// thread's scratch (L2), each (KC, 16) weight panel slice reused across the block's tiles (L1).
+// Rows [m0, m1) of y against weight panels [p0, p1) (default: every panel): A packed block by
+// block (MC, KC) into this thread's scratch (L2), each (KC, 16) weight panel slice reused across
+// the block's tiles (L1).
 void gemm_rows(const KernelTable& kt, const float* x, size_t ldx, const PackedWeight& w, float* y,
-               size_t ldy, bool accumulate, size_t m0, size_t m1) {
-  const size_t n = w.rows(), k = w.cols(), panels = w.panels();
+               size_t ldy, bool accumulate, size_t m0, size_t m1, size_t p0 = 0,
+               size_t p1 = SIZE_MAX) {
+  const size_t n = w.rows(), k = w.cols(), panels = std::min(p1, w.panels());
   float* apack = a_scratch();
   const bool direct_bf16 = w.is_bf16() && kt.tile_bf16[1] != nullptr;
   alignas(64) float bbuf[kKC * kPanelWidth];  // widened bf16 panel slice (16 KiB)
@@ -152,7 +154,7 @@ void gemm_rows(const KernelTable& kt, const float* x, size_t ldx, const PackedWe
     for (size_t ic = m0; ic < m1; ic += kMC) {
       const size_t mc = std::min(kMC, m1 - ic);
       pack_a(x + ic * ldx + pc, ldx, mc, kc, apack);
-      for (size_t p = 0; p < panels; ++p) {
+      for (size_t p = p0; p < panels; ++p) {
         const size_t col = p * kPanelWidth, ncol = std::min(kPanelWidth, n - col);
         if (direct_bf16) {
           run_tiles(kt, apack, kc * kTileRows, mc, kc, w.panel_bf16(p) + pc * kPanelWidth,
@@ -524,6 +526,17 @@ void gemv_range(const float* x, const PackedWeight& w, float* y, bool accumulate
     return;
   }
   gemv_panels(kernels(), x, w, y, accumulate, p0, p1);
+}
+
+void gemm_range(const float* x, size_t m, size_t ldx, const PackedWeight& w, float* y, size_t ldy,
+                bool accumulate, size_t p0, size_t p1) {
+  p1 = std::min(p1, w.panels());
+  if (m == 0 || p0 >= p1) return;
+  if (m == 1 || w.cols() == 0) {  // gemv_range: the m = 1 sums of matmul_xwt, and k = 0
+    for (size_t r = 0; r < m; ++r) gemv_range(x + r * ldx, w, y + r * ldy, accumulate, p0, p1);
+    return;
+  }
+  gemm_rows(kernels(), x, ldx, w, y, ldy, accumulate, 0, m, p0, p1);
 }
 
 void dequantize(const PackedWeight& w, float* out) {

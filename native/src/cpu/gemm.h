@@ -157,6 +157,14 @@ void matmul_xwt(const float* x, size_t m, size_t ldx, const PackedWeight& w, flo
 void gemv_range(const float* x, const PackedWeight& w, float* y, bool accumulate, size_t p0,
                 size_t p1);
 
+// y (m, n) (+)= x (m, k) · Wᵀ restricted to weight panels [p0, p1) (output columns p0*16 ..
+// min(p1*16, n)), on the calling thread: the same sums as matmul_xwt, so the threads of one
+// parallel region (the batched step, cpu/batch_forward.cpp) can split a GEMM by panels — each
+// thread the same panels every step, so its share of the weights stays in its core's cache.
+// Throws std::bad_alloc when the thread's first call cannot allocate its packing scratch.
+void gemm_range(const float* x, size_t m, size_t ldx, const PackedWeight& w, float* y, size_t ldy,
+                bool accumulate, size_t p0, size_t p1);
+
 // out (n, k) row-major = the values the kernels use for w (q8/q4: dequantized as the prefill
 // GEMM does; f32/bf16: as packed).
 void dequantize(const PackedWeight& w, float* out);

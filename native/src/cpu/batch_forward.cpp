@@ -4,13 +4,14 @@
 // it alone only by GEMM row blocking and attention split points (float summation order).
 //
 // Threads: the whole step is ONE region on the persistent WorkerPool (cpu/worker_pool.h), every
-// thread running the layer loop with a barrier between stages. Not OpenMP: Deno calls the step
+// thread running the layer loop through the same stages (cpu/stage_units.h: units of work
+// claimed owner-first, a stage ends when its units are finished). Not OpenMP: Deno calls the step
 // from whichever thread of its blocking pool is free and libgomp keeps one team per calling
 // thread, so the second core gave the step nothing (measured: 1 vs 2 threads 1.27 vs 1.34 ms for
-// a 32-row tiny-fast step inside Deno; a C harness got 1.7–2.0×). Splits: GEMMs by weight panels
-// (static: each thread the same panels every step, so its share of the weights stays in its
-// core's cache), row ops by rows (static), attention by units — a decode row, or a block of a
-// prefill chunk's rows — claimed from a counter (contexts differ in length).
+// a 32-row tiny-fast step inside Deno; a C harness got 1.7–2.0×). Units: GEMMs by chunks of
+// weight panels (a thread takes its own share first, the same panels every step, so its part of
+// the weights stays in its core's cache), row ops by chunks of rows, attention by a decode row or
+// a block of a prefill chunk's rows.
 #include "cpu/batch_forward.h"
 
 #include <algorithm>
@@ -26,7 +27,7 @@
 #include "cpu/decode_attention.h"
 #include "cpu/gemm.h"
 #include "cpu/ops.h"
-#include "cpu/team_barrier.h"
+#include "cpu/stage_units.h"
 #include "cpu/worker_pool.h"
 
 namespace kvr::cpu {
@@ -35,13 +36,6 @@ namespace {
 // Query rows of a prefill chunk per attention unit: enough units for the threads to balance a
 // long chunk (row i's cost grows with its position), few enough that claiming stays negligible.
 constexpr size_t kAttnRows = 16;
-
-// [*b, *e) = part i of [0, count) cut into `parts` near-equal contiguous ranges.
-void split(size_t count, unsigned parts, unsigned i, size_t* b, size_t* e) {
-  const size_t base = count / parts, extra = count % parts;
-  *b = i * base + std::min<size_t>(i, extra);
-  *e = *b + base + (i < extra ? 1 : 0);
-}
 
 // Rows [r0, r1) of sequence `seq`'s new tokens: one unit of attention work.
 struct AttnUnit {
@@ -141,69 +135,145 @@ void forward_batch(const ModelGeometry& m, const Weights& w, const BatchSeq* seq
     }
   }
 
-  std::unique_ptr<std::atomic<uint32_t>[]> next_unit(new std::atomic<uint32_t>[m.layers]);
-  for (size_t l = 0; l < m.layers; ++l) next_unit[l].store(0, std::memory_order_relaxed);
-  TeamBarrier barrier;
+  // Units per stage (the same for every thread; stage_units.h): rows in chunks, GEMM weight
+  // panels in chunks, about 4 units per thread each so a preempted thread's share is taken over.
+  auto chunk_of = [&](size_t count) { return std::max<size_t>(1, (count + 4 * nt - 1) / (4 * nt)); };
+  auto units_of = [](size_t count, size_t chunk) { return static_cast<uint32_t>((count + chunk - 1) / chunk); };
+  const size_t row_chunk = chunk_of(rows);
+  const uint32_t row_units = units_of(rows, row_chunk);
+  const size_t per_layer = fused_swiglu ? 8 : 9;
+  const size_t n_stages = m.layers * per_layer + 2;
+  if (sc.stage_count < n_stages) {
+    sc.stages.reset(new StageCounter[n_stages]);
+    sc.stage_count = n_stages;
+  }
+  for (size_t i = 0; i < n_stages; ++i) {  // published to the workers by the pool's region start
+    sc.stages[i].done.v.store(0, std::memory_order_relaxed);
+    for (auto& c : sc.stages[i].next) c.v.store(0, std::memory_order_relaxed);
+  }
+  std::atomic<uint32_t> sleepers{0};
   std::atomic<bool> failed{false};
 
+  // GEMM split. One row (a lone decode): GEMV by panel chunks on x in place. Few rows: panel
+  // chunks, each thread packing the input once per GEMM (gemm_pack_a) for all the chunks it
+  // takes. Many rows (prefill chunks): row blocks, each against every panel (the packing is then
+  // per block, and each block's rows are many enough to reuse every weight slice).
+  enum class Split { kGemv, kPanels, kRows };
+  constexpr size_t kFewRows = 48;
+  const Split split = rows == 1 ? Split::kGemv : rows < kFewRows ? Split::kPanels : Split::kRows;
+  const size_t kmax = std::max({H, qd, 2 * I});
+  const size_t apack_floats = split == Split::kPanels ? (gemm_packed_a_floats(rows, kmax) + 15) & ~size_t{15} : 0;
+  if (sc.apack.size() < apack_floats * nt) sc.apack.resize(apack_floats * nt);
+  // Row blocks of the kRows split: about 2 per thread, whole 6-row tiles.
+  const size_t gemm_rows_each = ((rows + 2 * nt - 1) / (2 * nt) + 5) / 6 * 6;
+  const uint32_t gemm_row_units = units_of(rows, gemm_rows_each);
+
   auto body = [&](unsigned t, unsigned T) {
-    size_t rb, re;  // this thread's rows
-    split(rows, T, t, &rb, &re);
-    // y (+)= a · Wᵀ (+ bias) on this thread's panels of W. A failure (only std::bad_alloc of a
-    // first call's packing scratch) is carried out by hand: the thread keeps meeting the
-    // barriers so the others finish, and the step throws after the region.
-    auto gemm = [&](const float* a, size_t lda, const PackedWeight& W, const std::vector<float>& bias, float* y,
-                    size_t ldy, bool acc, size_t p0, size_t p1) {
+    StageCounter* st = sc.stages.get();
+    auto stage = [&](uint32_t total, auto&& unit) { run_stage(*st++, total, t, T, sleepers, unit); };
+    // Rows [r0, r1) of row unit u.
+    auto row_range = [&](uint32_t u, size_t* r0, size_t* r1) {
+      *r0 = u * row_chunk;
+      *r1 = std::min(rows, *r0 + row_chunk);
+    };
+    float* apack = sc.apack.data() + t * apack_floats;
+    // y rows [r0, r1) (+)= a · Wᵀ (+ bias) on panels [p0, p1) of W (a, y: row r0's start);
+    // packed: a's rows as packed by this thread (kPanels). A failure (only std::bad_alloc of a
+    // thread's first packing scratch) is carried out by hand: the unit still counts as done so
+    // the others finish, and the step throws after the region.
+    auto gemm = [&](const float* a, size_t m, size_t lda, bool packed, const PackedWeight& W,
+                    const std::vector<float>& bias, float* y, size_t ldy, bool acc, size_t p0, size_t p1) {
       try {
-        gemm_range(a, rows, lda, W, y, ldy, acc, p0, p1);
+        if (packed) {
+          gemm_packed_range(apack, m, W, y, ldy, acc, p0, p1);
+        } else {
+          gemm_range(a, m, lda, W, y, ldy, acc, p0, p1);
+        }
       } catch (...) {
         failed.store(true, std::memory_order_relaxed);
         return;
       }
       if (bias.empty() || p0 >= p1) return;
       const size_t c0 = p0 * pw, c1 = std::min(p1 * pw, W.rows());
-      for (size_t r = 0; r < rows; ++r) add_inplace(y + r * ldy + c0, bias.data() + c0, c1 - c0);
+      for (size_t r = 0; r < m; ++r) add_inplace(y + r * ldy + c0, bias.data() + c0, c1 - c0);
     };
-    auto my_panels = [&](const PackedWeight& W, size_t* p0, size_t* p1) { split(W.panels(), T, t, p0, p1); };
-    size_t p0, p1;
-
-    for (size_t r = rb; r < re; ++r) {
-      const BatchSeq& s = seqs[seq_of[r]];
-      embed_row(w, static_cast<size_t>(s.tokens[pos_of[r] - s.pos0]), H, x + r * H);
-      for (size_t d = 0; d < half; ++d)  // the same bits as forward.cpp (common/device_math.h)
-        dm::rope_cos_sin(static_cast<uint32_t>(pos_of[r]), m.inv_freq[d], &cs[r * hd + d], &cs[r * hd + half + d]);
-    }
+    // A GEMM stage y (+)= a · Wᵀ (+ bias) over every row and panel; `after(r0, r1, c0, c1)`
+    // runs on the block just computed (rows [r0, r1), columns [c0, c1)), by the same thread.
+    auto gemm_stage = [&](const float* a, size_t lda, const PackedWeight& W, const std::vector<float>& bias, float* y,
+                          size_t ldy, bool acc, auto&& after) {
+      if (split == Split::kRows) {
+        stage(gemm_row_units, [&](uint32_t u) {
+          const size_t r0 = u * gemm_rows_each, r1 = std::min(rows, r0 + gemm_rows_each);
+          gemm(a + r0 * lda, r1 - r0, lda, false, W, bias, y + r0 * ldy, ldy, acc, 0, W.panels());
+          after(r0, r1, size_t{0}, W.rows());
+        });
+        return;
+      }
+      const size_t panels = W.panels(), chunk = chunk_of(panels);
+      bool packed = false;
+      stage(units_of(panels, chunk), [&](uint32_t u) {
+        if (split == Split::kPanels && !packed) {
+          gemm_pack_a(a, rows, lda, W.cols(), apack);
+          packed = true;
+        }
+        const size_t p0 = u * chunk, p1 = std::min(panels, (u + 1) * chunk);
+        gemm(a, rows, lda, split == Split::kPanels, W, bias, y, ldy, acc, p0, p1);
+        after(size_t{0}, rows, p0 * pw, std::min(p1 * pw, W.rows()));
+      });
+    };
+    auto nothing = [](size_t, size_t, size_t, size_t) {};
+    auto norm_stage = [&](const std::vector<float>& weight) {
+      stage(row_units, [&](uint32_t u) {
+        size_t r0, r1;
+        row_range(u, &r0, &r1);
+        for (size_t r = r0; r < r1; ++r) rmsnorm(x + r * H, h + r * H, weight.data(), H, eps);
+      });
+    };
 
     float* scratch = sc.attn.data() + t * attn_floats;
     for (size_t l = 0; l < m.layers; ++l) {
       const LayerWeights& L = w.layer[l];
-      for (size_t r = rb; r < re; ++r) rmsnorm(x + r * H, h + r * H, L.attn_norm.data(), H, eps);
-      barrier.wait(T);
-      my_panels(L.qkv, &p0, &p1);
-      gemm(h, H, L.qkv, L.qkv_bias, qkv, ldqkv, false, p0, p1);
-      barrier.wait(T);
-
-      for (size_t r = rb; r < re; ++r) {
-        float* row = qkv + r * ldqkv;
-        float* kr = row + qd;
-        float* vr = row + qd + kvd;
-        if (qwen3) {
-          for (size_t hh = 0; hh < m.heads; ++hh) rmsnorm(row + hh * hd, row + hh * hd, L.q_norm.data(), hd, eps);
-          for (size_t g = 0; g < m.kv_heads; ++g) rmsnorm(kr + g * hd, kr + g * hd, L.k_norm.data(), hd, eps);
-        }
-        const float* c = cs + r * hd;
-        for (size_t hh = 0; hh < m.heads; ++hh) rope(row + hh * hd, c, c + half, half);
-        KvCache& kv = *seqs[seq_of[r]].kv;
-        for (size_t g = 0; g < m.kv_heads; ++g) {
-          rope(kr + g * hd, c, c + half, half);
-          from_f32(kr + g * hd, kv.dtype, kv.at(l, 0, g, pos_of[r]), hd);
-          from_f32(vr + g * hd, kv.dtype, kv.at(l, 1, g, pos_of[r]), hd);
-        }
+      if (l == 0) {  // the embeddings (and RoPE angles) of a row chunk, then its first norm
+        stage(row_units, [&](uint32_t u) {
+          size_t r0, r1;
+          row_range(u, &r0, &r1);
+          for (size_t r = r0; r < r1; ++r) {
+            const BatchSeq& s = seqs[seq_of[r]];
+            embed_row(w, static_cast<size_t>(s.tokens[pos_of[r] - s.pos0]), H, x + r * H);
+            for (size_t d = 0; d < half; ++d)  // the same bits as forward.cpp (common/device_math.h)
+              dm::rope_cos_sin(static_cast<uint32_t>(pos_of[r]), m.inv_freq[d], &cs[r * hd + d],
+                               &cs[r * hd + half + d]);
+            rmsnorm(x + r * H, h + r * H, L.attn_norm.data(), H, eps);
+          }
+        });
+      } else {
+        norm_stage(L.attn_norm);
       }
-      barrier.wait(T);  // every row's keys are in its cache before any attention reads them
+      gemm_stage(h, H, L.qkv, L.qkv_bias, qkv, ldqkv, false, nothing);
 
-      for (size_t u = next_unit[l].fetch_add(1, std::memory_order_relaxed); u < units.size();
-           u = next_unit[l].fetch_add(1, std::memory_order_relaxed)) {
+      stage(row_units, [&](uint32_t u) {
+        size_t r0, r1;
+        row_range(u, &r0, &r1);
+        for (size_t r = r0; r < r1; ++r) {
+          float* row = qkv + r * ldqkv;
+          float* kr = row + qd;
+          float* vr = row + qd + kvd;
+          if (qwen3) {
+            for (size_t hh = 0; hh < m.heads; ++hh) rmsnorm(row + hh * hd, row + hh * hd, L.q_norm.data(), hd, eps);
+            for (size_t g = 0; g < m.kv_heads; ++g) rmsnorm(kr + g * hd, kr + g * hd, L.k_norm.data(), hd, eps);
+          }
+          const float* c = cs + r * hd;
+          for (size_t hh = 0; hh < m.heads; ++hh) rope(row + hh * hd, c, c + half, half);
+          KvCache& kv = *seqs[seq_of[r]].kv;
+          for (size_t g = 0; g < m.kv_heads; ++g) {
+            rope(kr + g * hd, c, c + half, half);
+            from_f32(kr + g * hd, kv.dtype, kv.at(l, 0, g, pos_of[r]), hd);
+            from_f32(vr + g * hd, kv.dtype, kv.at(l, 1, g, pos_of[r]), hd);
+          }
+        }
+      });  // every row's keys are in its cache before any attention reads them
+
+      stage(static_cast<uint32_t>(units.size()), [&](uint32_t u) {
         AttnArgs a = unit_args(units[u]);
         a.layer = l;
         if (a.n == 1) {
@@ -211,48 +281,60 @@ void forward_batch(const ModelGeometry& m, const Weights& w, const BatchSeq* seq
         } else {
           attention(a, scratch);
         }
-      }
-      barrier.wait(T);
+      });
 
-      my_panels(L.o, &p0, &p1);
-      gemm(att, qd, L.o, L.o_bias, x, H, true, p0, p1);
-      barrier.wait(T);
-      for (size_t r = rb; r < re; ++r) rmsnorm(x + r * H, h + r * H, L.mlp_norm.data(), H, eps);
-      barrier.wait(T);
+      gemm_stage(att, qd, L.o, L.o_bias, x, H, true, nothing);
+      norm_stage(L.mlp_norm);
 
-      if (fused_swiglu) {
-        split(I / pw, T, t, &p0, &p1);
-        gemm(h, H, L.gate_up, L.gate_up_bias, gu, 2 * I, false, p0, p1);
-        gemm(h, H, L.gate_up, L.gate_up_bias, gu, 2 * I, false, I / pw + p0, I / pw + p1);
-        for (size_t r = 0; r < rows && p1 > p0; ++r) {
-          float* row = gu + r * 2 * I;
-          swiglu(row + p0 * pw, row + I + p0 * pw, row + p0 * pw, (p1 - p0) * pw);
-        }
+      if (fused_swiglu && split != Split::kRows) {
+        // A unit: gate panels [p0, p1) and the up panels of the same columns, then their SwiGLU.
+        const size_t gp = I / pw, chunk = chunk_of(gp);
+        bool packed = false;
+        stage(units_of(gp, chunk), [&](uint32_t u) {
+          if (split == Split::kPanels && !packed) {
+            gemm_pack_a(h, rows, H, H, apack);
+            packed = true;
+          }
+          const size_t p0 = u * chunk, p1 = std::min(gp, (u + 1) * chunk);
+          const bool pk = split == Split::kPanels;
+          gemm(h, rows, H, pk, L.gate_up, L.gate_up_bias, gu, 2 * I, false, p0, p1);
+          gemm(h, rows, H, pk, L.gate_up, L.gate_up_bias, gu, 2 * I, false, gp + p0, gp + p1);
+          for (size_t r = 0; r < rows; ++r) {
+            float* row = gu + r * 2 * I;
+            swiglu(row + p0 * pw, row + I + p0 * pw, row + p0 * pw, (p1 - p0) * pw);
+          }
+        });
+      } else if (split == Split::kRows) {  // a row block's gate/up, then its SwiGLU
+        gemm_stage(h, H, L.gate_up, L.gate_up_bias, gu, 2 * I, false, [&](size_t r0, size_t r1, size_t, size_t) {
+          for (size_t r = r0; r < r1; ++r) swiglu(gu + r * 2 * I, gu + r * 2 * I + I, gu + r * 2 * I, I);
+        });
       } else {
-        my_panels(L.gate_up, &p0, &p1);
-        gemm(h, H, L.gate_up, L.gate_up_bias, gu, 2 * I, false, p0, p1);
-        barrier.wait(T);
-        for (size_t r = rb; r < re; ++r) swiglu(gu + r * 2 * I, gu + r * 2 * I + I, gu + r * 2 * I, I);
+        gemm_stage(h, H, L.gate_up, L.gate_up_bias, gu, 2 * I, false, nothing);
+        stage(row_units, [&](uint32_t u) {
+          size_t r0, r1;
+          row_range(u, &r0, &r1);
+          for (size_t r = r0; r < r1; ++r) swiglu(gu + r * 2 * I, gu + r * 2 * I + I, gu + r * 2 * I, I);
+        });
       }
-      barrier.wait(T);
-      my_panels(L.down, &p0, &p1);
-      gemm(gu, 2 * I, L.down, L.down_bias, x, H, true, p0, p1);
-      barrier.wait(T);
+      gemm_stage(gu, 2 * I, L.down, L.down_bias, x, H, true, nothing);
     }
 
-    if (want_rows.empty()) return;
-    size_t kb, ke;
-    split(want_rows.size(), T, t, &kb, &ke);
-    for (size_t k = kb; k < ke; ++k) rmsnorm(x + want_rows[k] * H, h + k * H, w.final_norm.data(), H, eps);
-    barrier.wait(T);
-    my_panels(w.lm_head, &p0, &p1);
-    for (const HeadRun& run : runs) {
-      try {
-        gemm_range(h + run.row0 * H, run.len, H, w.lm_head, run.dst, m.vocab, false, p0, p1);
-      } catch (...) {
-        failed.store(true, std::memory_order_relaxed);
+    const size_t wn = want_rows.size(), wchunk = chunk_of(wn);
+    stage(units_of(wn, wchunk), [&](uint32_t u) {
+      for (size_t k = u * wchunk; k < std::min(wn, (u + 1) * wchunk); ++k)
+        rmsnorm(x + want_rows[k] * H, h + k * H, w.final_norm.data(), H, eps);
+    });
+    const size_t vp = w.lm_head.panels(), vchunk = chunk_of(vp);
+    stage(wn == 0 ? 0 : units_of(vp, vchunk), [&](uint32_t u) {
+      const size_t p0 = u * vchunk, p1 = std::min(vp, (u + 1) * vchunk);
+      for (const HeadRun& run : runs) {
+        try {
+          gemm_range(h + run.row0 * H, run.len, H, w.lm_head, run.dst, m.vocab, false, p0, p1);
+        } catch (...) {
+          failed.store(true, std::memory_order_relaxed);
+        }
       }
-    }
+    });
   };
   using Body = decltype(body);
   WorkerPool::shared().run(nt, [](void* ctx, unsigned t, unsigned team) { (*static_cast<Body*>(ctx))(t, team); },

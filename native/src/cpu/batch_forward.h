@@ -8,9 +8,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "backend.h"
+#include "cpu/forward.h"
 #include "cpu/weights.h"
 #include "kv_cache.h"
 
@@ -29,7 +31,10 @@ struct BatchSeq {
 // Buffers of a step, reused from step to step by the caller's thread.
 struct BatchScratch {
   std::vector<float> main;    // activations of every row
-  std::vector<float> attn;    // attention scratch (per sequence or per thread)
+  std::vector<float> attn;    // attention scratch (per thread)
+  std::vector<float> apack;   // each thread's packed copy of a GEMM's input (few-row steps)
+  std::unique_ptr<StageCounter[]> stages;  // work counters of the step's stages (stage_units.h)
+  size_t stage_count = 0;
 };
 
 // Runs the step. Sequences must be distinct caches. Throws std::bad_alloc when scratch cannot

@@ -539,6 +539,28 @@ void gemm_range(const float* x, size_t m, size_t ldx, const PackedWeight& w, flo
   gemm_rows(kernels(), x, ldx, w, y, ldy, accumulate, 0, m, p0, p1);
 }
 
+size_t gemm_packed_a_floats(size_t m, size_t k) {
+  return (m + kTileRows - 1) / kTileRows * kTileRows * k;
+}
+
+void gemm_pack_a(const float* x, size_t m, size_t ldx, size_t k, float* apack) {
+  pack_a(x, ldx, m, k, apack);
+}
+
+void gemm_packed_range(const float* apack, size_t m, const PackedWeight& w, float* y, size_t ldy,
+                       bool accumulate, size_t p0, size_t p1) {
+  p1 = std::min(p1, w.panels());
+  if (m == 0 || p0 >= p1) return;
+  if (w.cols() == 0) {  // empty sum
+    if (!accumulate) {
+      const size_t c0 = p0 * kPanelWidth, c1 = std::min(p1 * kPanelWidth, w.rows());
+      for (size_t i = 0; i < m; ++i) std::memset(y + i * ldy + c0, 0, (c1 - c0) * sizeof(float));
+    }
+    return;
+  }
+  gemm_panels(kernels(), apack, m, w, y, ldy, accumulate, p0, p1);
+}
+
 void dequantize(const PackedWeight& w, float* out) {
   const size_t n = w.rows(), k = w.cols();
   alignas(64) float buf[kKC * kPanelWidth];

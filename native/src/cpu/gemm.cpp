@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cpu/cpu_features.h"
+#include "cpu/gemm_int8.h"
 #include "cpu/gemm_kernels.h"
 #include "cpu/gemm_q4.h"
 #include "cpu/gemm_q8.h"
@@ -472,6 +473,11 @@ void matmul_xwt(const float* x, size_t m, size_t ldx, const PackedWeight& w, flo
     return;
   }
 
+  if (w.is_q8() || w.is_q4()) {  // int8 activations and integer dots, as the GEMV (gemm_int8.h)
+    int8::matmul(x, m, ldx, w, y, ldy, accumulate, nt);
+    return;
+  }
+
   if (nt <= 1) {
     gemm_rows(kt, x, ldx, w, y, ldy, accumulate, 0, m);
     return;
@@ -492,15 +498,8 @@ void matmul_xwt(const float* x, size_t m, size_t ldx, const PackedWeight& w, flo
   }
 
   // Many rows: split the row tiles into blocks of at most MC rows (each packs its own A once);
-  // threads share the weight panels through L3. q8/q4 weights dequantize every panel slice once
-  // per block, so their blocks stay as large as MC allows (one per thread at least) instead of
-  // ~4 per thread: at 128 rows on 2 threads, 8 blocks of 18 rows spent about as long
-  // dequantizing as multiplying.
-  const bool quantized = w.is_q8() || w.is_q4();
-  const size_t per_task = kMC / kTileRows;
-  const size_t tasks =
-      quantized ? std::min(row_tiles, ((row_tiles + per_task - 1) / per_task + nt - 1) / nt * nt)
-                : task_count(row_tiles, nt, per_task);
+  // threads share the weight panels through L3.
+  const size_t tasks = task_count(row_tiles, nt, kMC / kTileRows);
   bool failed = false;  // an exception may not leave an OpenMP region: carry it out by hand
 #pragma omp parallel for num_threads(static_cast<int>(nt)) schedule(dynamic, 1) \
     reduction(|| : failed)
@@ -586,5 +585,7 @@ const char* kernel_name() { return kernels().name; }
 const char* q8_kernel_name() { return q8::kernel_name(); }
 
 const char* q4_kernel_name() { return q4::kernel_name(); }
+
+const char* int8_kernel_name() { return int8::kernel_name(); }
 
 }  // namespace kvr::cpu

@@ -182,6 +182,9 @@ void dequantize(const PackedWeight& w, float* out);
 // "generic").
 const char* q8_kernel_name();
 const char* q4_kernel_name();
+// Name of the int8 GEMM tiles q8/q4 weights use for m > 1 ("avx512-vnni", "avx-vnni", or "rows":
+// the GEMV once per row).
+const char* int8_kernel_name();
 
 // Name of the kernel chosen at runtime for this CPU ("avx2-fma" or "generic").
 const char* kernel_name();

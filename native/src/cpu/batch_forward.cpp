@@ -161,9 +161,7 @@ void forward_batch(const ModelGeometry& m, const Weights& w, const BatchSeq* seq
   enum class Split { kGemv, kPanels, kRows };
   constexpr size_t kFewRows = 48;
   const Split split = rows == 1 ? Split::kGemv : rows < kFewRows ? Split::kPanels : Split::kRows;
-  const size_t kmax = std::max({H, qd, 2 * I});
-  const size_t apack_floats = split == Split::kPanels ? (gemm_packed_a_floats(rows, kmax) + 15) & ~size_t{15} : 0;
-  if (sc.apack.size() < apack_floats * nt) sc.apack.resize(apack_floats * nt);
+  if (split == Split::kPanels && sc.prepared.size() < nt) sc.prepared.resize(nt);
   // Row blocks of the kRows split: about 2 per thread, whole 6-row tiles.
   const size_t gemm_rows_each = ((rows + 2 * nt - 1) / (2 * nt) + 5) / 6 * 6;
   const uint32_t gemm_row_units = units_of(rows, gemm_rows_each);
@@ -176,16 +174,16 @@ void forward_batch(const ModelGeometry& m, const Weights& w, const BatchSeq* seq
       *r0 = u * row_chunk;
       *r1 = std::min(rows, *r0 + row_chunk);
     };
-    float* apack = sc.apack.data() + t * apack_floats;
+    PreparedRows* prep = split == Split::kPanels ? &sc.prepared[t] : nullptr;
     // y rows [r0, r1) (+)= a · Wᵀ (+ bias) on panels [p0, p1) of W (a, y: row r0's start);
-    // packed: a's rows as packed by this thread (kPanels). A failure (only std::bad_alloc of a
+    // prepared: a's rows as this thread prepared them (kPanels). A failure (only std::bad_alloc of a
     // thread's first packing scratch) is carried out by hand: the unit still counts as done so
     // the others finish, and the step throws after the region.
-    auto gemm = [&](const float* a, size_t m, size_t lda, bool packed, const PackedWeight& W,
+    auto gemm = [&](const float* a, size_t m, size_t lda, bool prepared, const PackedWeight& W,
                     const std::vector<float>& bias, float* y, size_t ldy, bool acc, size_t p0, size_t p1) {
       try {
-        if (packed) {
-          gemm_packed_range(apack, m, W, y, ldy, acc, p0, p1);
+        if (prepared) {
+          prep->gemm_range(W, y, ldy, acc, p0, p1);
         } else {
           gemm_range(a, m, lda, W, y, ldy, acc, p0, p1);
         }
@@ -196,6 +194,17 @@ void forward_batch(const ModelGeometry& m, const Weights& w, const BatchSeq* seq
       if (bias.empty() || p0 >= p1) return;
       const size_t c0 = p0 * pw, c1 = std::min(p1 * pw, W.rows());
       for (size_t r = 0; r < m; ++r) add_inplace(y + r * ldy + c0, bias.data() + c0, c1 - c0);
+    };
+    // Prepares a (rows, W.cols()) for this thread's chunks of a GEMM on W; false on failure (the
+    // thread's chunks of that GEMM are then skipped and the step throws after the region).
+    auto prepare = [&](const float* a, size_t lda, const PackedWeight& W) {
+      try {
+        prep->prepare(a, rows, lda, W);
+        return true;
+      } catch (...) {
+        failed.store(true, std::memory_order_relaxed);
+        return false;
+      }
     };
     // A GEMM stage y (+)= a · Wᵀ (+ bias) over every row and panel; `after(r0, r1, c0, c1)`
     // runs on the block just computed (rows [r0, r1), columns [c0, c1)), by the same thread.
@@ -210,12 +219,9 @@ void forward_batch(const ModelGeometry& m, const Weights& w, const BatchSeq* seq
         return;
       }
       const size_t panels = W.panels(), chunk = chunk_of(panels);
-      bool packed = false;
+      bool ready = false;
       stage(units_of(panels, chunk), [&](uint32_t u) {
-        if (split == Split::kPanels && !packed) {
-          gemm_pack_a(a, rows, lda, W.cols(), apack);
-          packed = true;
-        }
+        if (split == Split::kPanels && !ready && !(ready = prepare(a, lda, W))) return;
         const size_t p0 = u * chunk, p1 = std::min(panels, (u + 1) * chunk);
         gemm(a, rows, lda, split == Split::kPanels, W, bias, y, ldy, acc, p0, p1);
         after(size_t{0}, rows, p0 * pw, std::min(p1 * pw, W.rows()));
@@ -289,12 +295,9 @@ void forward_batch(const ModelGeometry& m, const Weights& w, const BatchSeq* seq
       if (fused_swiglu && split != Split::kRows) {
         // A unit: gate panels [p0, p1) and the up panels of the same columns, then their SwiGLU.
         const size_t gp = I / pw, chunk = chunk_of(gp);
-        bool packed = false;
+        bool ready = false;
         stage(units_of(gp, chunk), [&](uint32_t u) {
-          if (split == Split::kPanels && !packed) {
-            gemm_pack_a(h, rows, H, H, apack);
-            packed = true;
-          }
+          if (split == Split::kPanels && !ready && !(ready = prepare(h, H, L.gate_up))) return;
           const size_t p0 = u * chunk, p1 = std::min(gp, (u + 1) * chunk);
           const bool pk = split == Split::kPanels;
           gemm(h, rows, H, pk, L.gate_up, L.gate_up_bias, gu, 2 * I, false, p0, p1);

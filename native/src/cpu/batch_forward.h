@@ -13,6 +13,7 @@
 
 #include "backend.h"
 #include "cpu/forward.h"
+#include "cpu/gemm_prepared.h"
 #include "cpu/weights.h"
 #include "kv_cache.h"
 
@@ -32,7 +33,7 @@ struct BatchSeq {
 struct BatchScratch {
   std::vector<float> main;    // activations of every row
   std::vector<float> attn;    // attention scratch (per thread)
-  std::vector<float> apack;   // each thread's packed copy of a GEMM's input (few-row steps)
+  std::vector<PreparedRows> prepared;  // each thread's prepared GEMM input (few-row steps)
   std::unique_ptr<StageCounter[]> stages;  // work counters of the step's stages (stage_units.h)
   size_t stage_count = 0;
 };

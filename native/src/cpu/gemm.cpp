@@ -535,6 +535,13 @@ void gemm_range(const float* x, size_t m, size_t ldx, const PackedWeight& w, flo
     for (size_t r = 0; r < m; ++r) gemv_range(x + r * ldx, w, y + r * ldy, accumulate, p0, p1);
     return;
   }
+  if (w.is_q8() || w.is_q4()) {  // the int8 GEMM of matmul_xwt (gemm_int8.h), on this thread
+    thread_local int8::QuantRows q;
+    q.prepare(m, w);
+    q.quantize(x, ldx, w.cols(), 0, m);
+    int8::gemm_rect(q, w, y, ldy, accumulate, 0, m, p0, p1);
+    return;
+  }
   gemm_rows(kernels(), x, ldx, w, y, ldy, accumulate, 0, m, p0, p1);
 }
 

@@ -165,10 +165,10 @@ void gemv_range(const float* x, const PackedWeight& w, float* y, bool accumulate
 void gemm_range(const float* x, size_t m, size_t ldx, const PackedWeight& w, float* y, size_t ldy,
                 bool accumulate, size_t p0, size_t p1);
 
-// The same with A packed once by the caller (gemm_pack_a), for regions whose threads each take
-// several panel ranges of one GEMM: packing A per range cost about half as much as the
-// multiplications at 32 rows (tiny-fast). apack holds gemm_packed_a_floats(m, k) floats;
-// gemm_packed_range reads it (m >= 1 rows) and does not allocate or throw.
+// The same for f32/bf16 weights with A packed once by the caller (gemm_pack_a), for threads
+// that each take several panel ranges of one GEMM (cpu/gemm_prepared.h). apack holds
+// gemm_packed_a_floats(m, k) floats; gemm_packed_range reads it (m >= 1 rows) and does not
+// allocate or throw.
 size_t gemm_packed_a_floats(size_t m, size_t k);
 void gemm_pack_a(const float* x, size_t m, size_t ldx, size_t k, float* apack);
 void gemm_packed_range(const float* apack, size_t m, const PackedWeight& w, float* y, size_t ldy,

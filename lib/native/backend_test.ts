@@ -36,9 +36,9 @@ Deno.test("`probeBackend()` answers OK for the CPU with its model name, cores an
   assert.ok(p.info.startsWith(`cpu: ${name}, `), p.info);
   assert.match(
     p.info,
-    /, [1-9]\d* cores, (avx2-fma-f16c|generic) kernels \(gemm [a-z0-9-]+, q8 [a-z0-9-]+, q4 [a-z0-9-]+\)$/,
+    /, [1-9]\d* cores, (avx2-fma-f16c|generic) kernels \(gemm [a-z0-9-]+, int8 [a-z0-9-]+, q8 [a-z0-9-]+, q4 [a-z0-9-]+\)$/,
   );
-  assert.ok(p.info.includes(`(gemm ${cpuKernelName()}, q8 `), p.info);
+  assert.ok(p.info.includes(`(gemm ${cpuKernelName()}, int8 `), p.info);
 });
 
 Deno.test("`probeBackend()` answers CUDA with a clean UNSUPPORTED reason where there is no GPU", () => {

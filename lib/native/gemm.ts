@@ -145,6 +145,71 @@ export function gemvQuantized(
 }
 
 /**
+ * y (m, n) = x (m, k) · Wᵀ (or y0 + x · Wᵀ) with W packed in `format` as the model packs it,
+ * through the model's GEMM: for q8/q4 and m > 1 the int8 GEMM (each activation row quantized per
+ * 32-block, integer dot products). For tests.
+ * @param format weight format ("bf16" means f32 as given)
+ * @param m rows of x
+ * @param n output features (rows of w)
+ * @param k input features
+ * @param w n×k values, row-major
+ * @param x m×k values, row-major
+ * @param options threads (default 1; 0 = all cores), y0 (m×n values to accumulate onto)
+ * @param lib library (default openNativeLibrary())
+ * @returns y, m×n values
+ * @throws TypeError/RangeError for bad arguments; EngineError from native
+ */
+export function gemmQuantized(
+  format: WeightFormat,
+  m: number,
+  n: number,
+  k: number,
+  w: Float32Array,
+  x: Float32Array,
+  options: { threads?: number; y0?: Float32Array } = {},
+  lib: NativeLibrary = openNativeLibrary(),
+): Float32Array {
+  if (!Object.hasOwn(WEIGHTS_CODE, format)) {
+    throw new TypeError(
+      `format must be one of ${Object.keys(WEIGHTS_CODE).join(", ")}, got ${quoteValue(format)}`,
+    );
+  }
+  checkInt("m", m, 1, DIM_MAX);
+  checkInt("n", n, 1, DIM_MAX);
+  checkInt("k", k, 1, DIM_MAX);
+  const threads = options.threads ?? 1;
+  checkInt("threads", threads, 0, 4096);
+  for (const [name, arr, want] of [["w", w, n * k], ["x", x, m * k]] as const) {
+    if (!(arr instanceof Float32Array) || arr.length !== want) {
+      throw new RangeError(`${name} must be a Float32Array of ${want} values`);
+    }
+  }
+  const y0 = options.y0;
+  if (y0 !== undefined && (!(y0 instanceof Float32Array) || y0.length !== m * n)) {
+    throw new RangeError(`y0 must be a Float32Array of m*n = ${m * n} values`);
+  }
+  const y = y0 === undefined ? new Float32Array(m * n) : y0.slice();
+  lib.check(
+    lib.symbols.kvr_gemm_quantized(
+      WEIGHTS_CODE[format],
+      m,
+      n,
+      k,
+      w,
+      BigInt(w.length),
+      x,
+      BigInt(x.length),
+      y,
+      BigInt(y.length),
+      y0 === undefined ? 0 : 1,
+      threads,
+    ),
+    "kvr_gemm_quantized",
+  );
+  return y;
+}
+
+/**
  * The CPU kernel chosen at runtime.
  * @param lib library (default openNativeLibrary())
  * @returns "avx512", "avx2-fma" or "generic"

@@ -97,6 +97,24 @@ export const coreSymbols = {
     ],
     result: "i32",
   },
+  // (weights, m, n, k, w, w_len, x, x_len, y, y_len, accumulate, n_threads)
+  kvr_gemm_quantized: {
+    parameters: [
+      "u32",
+      "u32",
+      "u32",
+      "u32",
+      "buffer",
+      "usize",
+      "buffer",
+      "usize",
+      "buffer",
+      "usize",
+      "u32",
+      "u32",
+    ],
+    result: "i32",
+  },
   kvr_cpu_kernel_name: { parameters: [], result: "pointer" },
 } as const satisfies Deno.ForeignLibraryInterface;
 

@@ -1,8 +1,9 @@
-// Tests for q4 weights (`weights: "q4"`, native/src/cpu/gemm_q4.cpp): resident bytes; prefill
-// logits equal to a model built from the dequantized weights (a dequantize-then-f32 reference);
-// decode and bf16 logits within measured bounds; the same bits at 1 and 2 threads and on every q4
-// kernel this machine can run (children forced by KVRELAY_CPU_KERNEL). The GEMV arithmetic itself
-// is checked against float64 in quant_gemv_test.ts; quality on real text: docs/gemm.md (score).
+// Tests for q4 weights (`weights: "q4"`, native/src/cpu/gemm_q4.cpp, gemm_int8.cpp): resident
+// bytes; prefill and decode logits within measured bounds of a model built from the dequantized
+// weights (a dequantize-then-f32 reference: the difference is the int8 activations) and of bf16;
+// the same bits at 1 and 2 threads and on every q4 kernel this machine can run (children forced by
+// KVRELAY_CPU_KERNEL). The GEMV / int8 GEMM arithmetic itself is checked against float64 in
+// quant_gemv_test.ts / quant_gemm_test.ts; quality on real text: docs/int8_gemm.md (score).
 
 import assert from "node:assert/strict";
 import { loadCheckpoint } from "../model/mod.ts";
@@ -23,11 +24,12 @@ async function run(m: NativeModel): Promise<{ prefill: Float32Array; decode: Flo
   return { prefill, decode };
 }
 
-/** Logits of 16 single-token steps from an empty cache (every product through the q4 GEMV). */
-async function runDecodeOnly(m: NativeModel): Promise<Float32Array[]> {
+/** Logits of a 20-token allPositions prefill (every product through the int8 GEMM) and 8 steps
+ *  after it (the q4 GEMV). */
+async function runQuantized(m: NativeModel): Promise<Float32Array[]> {
   using s = m.createSequence(32);
-  const out: Float32Array[] = [];
-  for (const t of tokens(16, m.config.vocabSize, 12)) out.push(await s.decode(t));
+  const out = [await s.prefill(tokens(20, m.config.vocabSize, 11), { allPositions: true })];
+  for (const t of tokens(8, m.config.vocabSize, 12)) out.push(await s.decode(t));
   return out;
 }
 
@@ -88,7 +90,7 @@ async function dequantizedCopy(dir: string): Promise<string> {
   return out;
 }
 
-Deno.test("q4 weights hold 0.625 bytes per weight and give prefill logits equal to the dequantized f32 model", async () => {
+Deno.test("q4 weights hold 0.625 bytes per weight and give logits within int8-activation error of the dequantized f32 model", async () => {
   for (const dir of DEMO_DIRS) {
     const refDir = await dequantizedCopy(dir);
     try {
@@ -110,10 +112,16 @@ Deno.test("q4 weights hold 0.625 bytes per weight and give prefill logits equal 
         `${dir}: ${q4.weightBytes} bytes, expected ${linear} + at most ${rest}`,
       );
       const a = await run(q4), b = await run(ref);
-      // Prefill multiplies f32 activations by the dequantized slices with the f32 tile kernels:
-      // the same operands in the same order as the reference's f32 panels.
-      assert.equal(digest([a.prefill]), digest([b.prefill]), `${dir}: prefill logits differ`);
-      // Decode quantizes the activation per 32-block (int8 dots): measured 0.4–0.9% relative.
+      // Prefill and decode quantize each activation row per 32-block (int8 dots) where the
+      // reference multiplies f32 activations: measured 0.3–0.9% relative per position.
+      const V = c.vocabSize;
+      for (let p = 0; p < 40; p++) {
+        const d = relDiff(
+          a.prefill.subarray(p * V, (p + 1) * V),
+          b.prefill.subarray(p * V, (p + 1) * V),
+        );
+        assert.ok(d > 0 && d < 2e-2, `${dir} prefill position ${p}: relative difference ${d}`);
+      }
       for (let s = 0; s < a.decode.length; s++) {
         const d = relDiff(a.decode[s], b.decode[s]);
         assert.ok(d > 0 && d < 2e-2, `${dir} decode step ${s}: relative difference ${d}`);
@@ -160,7 +168,7 @@ Deno.test(DIGEST_TEST, async () => {
   const digests: string[] = [];
   for (const dir of DEMO_DIRS) {
     using m = NativeModel.load(await checkpoint(dir), { threads: 2, weights: "q4" });
-    const r = await runDecodeOnly(m);
+    const r = await runQuantized(m);
     assert.ok(r.every((x) => x.every(Number.isFinite)), dir);
     digests.push(digest(r));
   }
@@ -174,7 +182,7 @@ Deno.test({
     const mine: string[] = [];
     for (const dir of DEMO_DIRS) {
       using m = NativeModel.load(await checkpoint(dir), { threads: 2, weights: "q4" });
-      mine.push(digest(await runDecodeOnly(m)));
+      mine.push(digest(await runQuantized(m)));
     }
     for (const { force: kernel, name } of await forcedQuantKernels()) {
       const file = await Deno.makeTempFile({ prefix: "kvr-q4-" });

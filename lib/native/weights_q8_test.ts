@@ -1,7 +1,8 @@
 // Tests for q8 weights (`weights: "q8"`, native/src/cpu/gemm_q8.cpp): resident bytes, logits close
 // to the bf16 model's (quantization error only), the same bits at 1 and 2 threads, and the same
-// bits on every q8 kernel this machine can run (AVX-512 VNNI in-process; the portable integer,
-// AVX2 and AVX-VNNI kernels in children forced by KVRELAY_CPU_KERNEL). Quality on real text: docs/native.md (score).
+// bits, prefill (int8 GEMM) and decode (GEMV), on every q8 kernel this machine can run (AVX-512
+// VNNI in-process; the portable integer, AVX2 and AVX-VNNI kernels in children forced by
+// KVRELAY_CPU_KERNEL). Quality on real text: docs/native.md (score).
 
 import assert from "node:assert/strict";
 import { NativeModel } from "./model.ts";
@@ -18,12 +19,12 @@ async function run(m: NativeModel): Promise<Float32Array[]> {
   return out;
 }
 
-/** Logits of 16 single-token steps from an empty cache: every matrix product goes through the q8
- *  GEMV (a multi-token prefill would also run the f32 tile GEMM, which differs per kernel). */
-async function runDecodeOnly(m: NativeModel): Promise<Float32Array[]> {
+/** Logits of a 20-token allPositions prefill (every product through the int8 GEMM) and 8 steps
+ *  after it (the q8 GEMV). */
+async function runQuantized(m: NativeModel): Promise<Float32Array[]> {
   using s = m.createSequence(32);
-  const out: Float32Array[] = [];
-  for (const t of tokens(16, m.config.vocabSize, 12)) out.push(await s.decode(t));
+  const out = [await s.prefill(tokens(20, m.config.vocabSize, 11), { allPositions: true })];
+  for (const t of tokens(8, m.config.vocabSize, 12)) out.push(await s.decode(t));
   return out;
 }
 
@@ -84,7 +85,7 @@ Deno.test(DIGEST_TEST, async () => {
   const digests: string[] = [];
   for (const dir of DEMO_DIRS) {
     using m = NativeModel.load(await checkpoint(dir), { threads: 2, weights: "q8" });
-    const r = await runDecodeOnly(m);
+    const r = await runQuantized(m);
     assert.ok(r.every((x) => x.every(Number.isFinite)), dir);
     digests.push(digest(r));
   }
@@ -98,7 +99,7 @@ Deno.test({
     const mine: string[] = [];
     for (const dir of DEMO_DIRS) {
       using m = NativeModel.load(await checkpoint(dir), { threads: 2, weights: "q8" });
-      mine.push(digest(await runDecodeOnly(m)));
+      mine.push(digest(await runQuantized(m)));
     }
     for (const { force: kernel, name } of await forcedQuantKernels()) {
       const file = await Deno.makeTempFile({ prefix: "kvr-q8-" });

@@ -664,6 +664,14 @@ KVR_API int32_t kvr_gemv_quantized(uint32_t weights, uint32_t n, uint32_t k, con
                                    size_t w_len, const float* x, size_t x_len, float* w_deq,
                                    size_t w_deq_len, float* y, size_t y_len);
 /*
+ * y (m, n) = x (m, k) · Wᵀ (accumulate 1: y += x · Wᵀ) with w (n, k) row-major f32 packed in the
+ * weight format `weights` as the model does, through the model's GEMM on n_threads threads (0 =
+ * all cores): for q8/q4 and m > 1 the int8 GEMM (activation rows quantized per 32-block).
+ */
+KVR_API int32_t kvr_gemm_quantized(uint32_t weights, uint32_t m, uint32_t n, uint32_t k, const float* w,
+                                   size_t w_len, const float* x, size_t x_len, float* y, size_t y_len,
+                                   uint32_t accumulate, uint32_t n_threads);
+/*
  * Times `iterations` runs of the model's GEMM on a pre-packed B (m, n, k), returning the median
  * seconds per run in *out_seconds. Inputs are filled deterministically inside the library.
  */

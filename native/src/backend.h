@@ -115,12 +115,20 @@ class PoolState {
 // One sequence's part of a batched step (Backend::forward_batch): tokens[0..n) at positions
 // pos0.. (storage for them already reserved); logits: host (vocab) for its last row, or null;
 // spare: host (vocab) floats a backend may overwrite (for forward(), which always writes logits).
+// sampler (kvr_batch_step_sample): non-null → the neutral layer samples logits[0..width) of the
+// row written to `logits` into *token_out after the step, unless the backend sampled it itself
+// (on its device; same draw as kvr_sampler_sample) and set `sampled` (token_out then written,
+// -1 with the message on the sampler when the row has no finite logit).
 struct BatchEntry {
   SeqState* s = nullptr;
   const int32_t* tokens = nullptr;
   size_t n = 0, pos0 = 0;
   float* logits = nullptr;
   float* spare = nullptr;
+  kvr_sampler* sampler = nullptr;
+  uint32_t width = 0;
+  int32_t* token_out = nullptr;
+  bool sampled = false;
 };
 
 // A sampling decode step's request (kvr_seq_decode_sample, validated by the neutral layer): the
@@ -234,7 +242,7 @@ class Backend {
   // One forward step over `count` distinct sequences (validated, storage reserved): projections
   // batched over all rows, attention per sequence. Each entry's logits equal forward() of its
   // tokens up to summation order. The default (batch.cpp) calls forward() per entry.
-  virtual void forward_batch(const BatchEntry* entries, size_t count) const;
+  virtual void forward_batch(BatchEntry* entries, size_t count) const;
 
   // One decode step that samples: appends `token` at pos0 (like forward with n = 1; storage
   // reserved) and picks the next token from the first r.width logits of that position with

@@ -32,7 +32,7 @@ std::unique_ptr<SeqState> Backend::create_paged_seq(const std::shared_ptr<PoolSt
   throw BackendError(KVR_ERR_UNSUPPORTED, "this backend has no paged KV pool");
 }
 
-void Backend::forward_batch(const BatchEntry* entries, size_t count) const {
+void Backend::forward_batch(BatchEntry* entries, size_t count) const {
   for (size_t i = 0; i < count; ++i) {
     const BatchEntry& e = entries[i];
     forward(*e.s, e.tokens, e.n, e.pos0, false, e.logits ? e.logits : e.spare);
@@ -140,7 +140,12 @@ int32_t batch_impl(kvr_seq* const* seqs, uint32_t n_seqs, const uint32_t* n_toke
     batch[i].n = n_tokens[i];
     batch[i].pos0 = seqs[i]->length;
     if (want_logits[i]) batch[i].logits = logits_out + (lrow++) * model->vocab;
-    if (samplers && samplers[i]) batch[i].logits = sample_rows.data() + (srow++) * model->vocab;
+    if (samplers && samplers[i]) {
+      batch[i].logits = sample_rows.data() + (srow++) * model->vocab;
+      batch[i].sampler = samplers[i];
+      batch[i].width = widths[i];
+      batch[i].token_out = &tokens_out[i];
+    }
     batch[i].spare = spare.empty() ? nullptr : spare.data();
     off += n_tokens[i];
   }
@@ -149,7 +154,7 @@ int32_t batch_impl(kvr_seq* const* seqs, uint32_t n_seqs, const uint32_t* n_toke
   if (sampled == 0) return KVR_OK;
   // Sampling failures stay with their row (its sampler's message); the step itself succeeded.
   for (uint32_t i = 0; i < n_seqs; ++i) {
-    if (!samplers[i]) continue;
+    if (!samplers[i] || batch[i].sampled) continue;  // sampled: the backend did it on its device
     if (sampler_run(samplers[i], batch[i].logits, widths[i], &tokens_out[i], nullptr, nullptr, nullptr, 0, nullptr) !=
         KVR_OK)
       tokens_out[i] = -1;

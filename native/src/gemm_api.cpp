@@ -1,6 +1,7 @@
 // C ABI face of the CPU GEMM (kvrelay.h): kvr_gemm_f32 (checked C = A·Bᵀ for tests),
 // kvr_gemm_bench (median time of the model's packed kernel), kvr_gemv_quantized (a q8/q4
-// weight's dequantized values and quantized GEMV, for tests) and kvr_cpu_kernel_name.
+// weight's dequantized values and quantized GEMV, for tests), kvr_gemm_quantized (the model's
+// GEMM with such a weight, for tests) and kvr_cpu_kernel_name.
 // Argument checking lives here; the kernels (native/src/cpu/gemm*.cpp) trust their shapes.
 #include <omp.h>
 
@@ -201,6 +202,50 @@ KVR_API int32_t kvr_gemv_quantized(uint32_t weights, uint32_t n, uint32_t k, con
     return kvr::fail(KVR_ERR_OUT_OF_MEMORY, "kvr_gemv_quantized: cannot allocate the packed weight");
   } catch (...) {
     return kvr::fail(KVR_ERR_INTERNAL, "kvr_gemv_quantized: unexpected exception");
+  }
+  return KVR_OK;
+}
+
+KVR_API int32_t kvr_gemm_quantized(uint32_t weights, uint32_t m, uint32_t n, uint32_t k, const float* w,
+                                   size_t w_len, const float* x, size_t x_len, float* y, size_t y_len,
+                                   uint32_t accumulate, uint32_t n_threads) {
+  if (w == nullptr || x == nullptr || y == nullptr) {
+    return kvr::fail(KVR_ERR_INVALID_ARGUMENT, "kvr_gemm_quantized: null w, x or y");
+  }
+  if (weights > KVR_WEIGHTS_Q4) {
+    return kvr::fail(KVR_ERR_INVALID_ARGUMENT,
+                     kvr::format("weights %u is not a kvr_weight_format (0 f32, 1 q8, 2 q4)", weights));
+  }
+  if (accumulate > 1) {
+    return kvr::fail(KVR_ERR_INVALID_ARGUMENT, kvr::format("accumulate is %u, 0 or 1 allowed", accumulate));
+  }
+  if (int32_t st = check_dims(m, n, k); st != KVR_OK) return st;
+  int threads = 1;
+  if (int32_t st = resolve_threads(n_threads, &threads); st != KVR_OK) return st;
+  size_t nk = 0, mk = 0, mn = 0;
+  if (!mul_size(n, k, &nk) || !mul_size(m, k, &mk) || !mul_size(m, n, &mn) || nk > kBenchMaxFloats ||
+      mk > kBenchMaxFloats || mn > kBenchMaxFloats) {
+    return kvr::fail(KVR_ERR_OUT_OF_RANGE,
+                     kvr::format("kvr_gemm_quantized: m=%u n=%u k=%u exceeds %zu values", m, n, k, kBenchMaxFloats));
+  }
+  if (w_len < nk || x_len < mk || y_len < mn) {
+    return kvr::fail(KVR_ERR_OUT_OF_RANGE,
+                     kvr::format("w has %zu floats (n*k = %zu needed), x %zu (m*k = %zu), y %zu (m*n = %zu)", w_len,
+                                 nk, x_len, mk, y_len, mn));
+  }
+  if (overlaps(y, mn * 4, w, nk * 4) || overlaps(y, mn * 4, x, mk * 4)) {
+    return kvr::fail(KVR_ERR_INVALID_ARGUMENT, "kvr_gemm_quantized: y overlaps w or x");
+  }
+  try {
+    using kvr::cpu::PackedWeight;
+    const PackedWeight pw = weights == KVR_WEIGHTS_Q8   ? PackedWeight::pack_q8(w, n, k)
+                            : weights == KVR_WEIGHTS_Q4 ? PackedWeight::pack_q4(w, n, k)
+                                                        : PackedWeight::pack(w, n, k);
+    kvr::cpu::matmul_xwt(x, m, k, pw, y, n, accumulate == 1, threads);
+  } catch (const std::bad_alloc&) {
+    return kvr::fail(KVR_ERR_OUT_OF_MEMORY, "kvr_gemm_quantized: cannot allocate the packed weight");
+  } catch (...) {
+    return kvr::fail(KVR_ERR_INTERNAL, "kvr_gemm_quantized: unexpected exception");
   }
   return KVR_OK;
 }

@@ -9,10 +9,15 @@ Drives libkvrelay through its C ABI (ctypes, kvr.py) and reports one table plus
                dtype), f32 and bf16 KV; KV read/write round trip; 64-step greedy agreement.
   handoff      golden-snapshot codec export/import byte-identical to the CPU's, projection of the demo
                pair vs the CPU (KL within 0.005), snapshot GB/s and migration TTFT (handoff.py).
+  batch        batched steps (kvr_batch_step, paged + contiguous sequences) vs each sequence alone on
+               the demo models and generated checkpoints, greedy generation and native sampling in
+               the step vs alone, paged-pool exhaustion → KVR_ERR_POOL_EXHAUSTED with nothing changed
+               (batch.py); in a dry run also a short batch-size sweep on the CPU.
   sanitizer    compute-sanitizer memcheck and racecheck on a short run (this script, --child).
   bench        prefill tokens/s (128/2048/16384) and decode tokens/s (context 512/8192), batch 1, for
                the demo models and random-weight Qwen3-0.6B / Qwen3-8B shapes, beside torch eager
-               on the same weights, plus measured copy bandwidth and bf16 matmul rate (ceilings).
+               on the same weights, plus measured copy bandwidth and bf16 matmul rate (ceilings);
+               batched decode tokens/s at batch 1-64 on the demo models and the Qwen3-0.6B shape.
 Each section has a time budget; what does not fit is reported as skipped with the reason."""
 
 import argparse
@@ -36,6 +41,7 @@ sys.path.insert(0, HERE)
 import kvr  # noqa: E402
 from reference import Reference, make_config, test_checkpoints, write_checkpoint  # noqa: E402
 from handoff import section_handoff  # noqa: E402
+from batch import bench_batch_sweep, section_batch  # noqa: E402
 
 F32_BOUND, BF16_BOUND = 1e-3, 5e-3  # the repository's oracle bounds (tests/native_vs_reference_test.ts)
 DEMOS = ["tiny-fast", "tiny-balanced", "tiny-powerful"]
@@ -251,7 +257,22 @@ def child_short_run(lib_path):
         s.decode(t + 5)
     k, v = s.kv_read(0, 0, s.length(), "bf16")
     s.kv_write(0, 0, k, v, "bf16")
-    s.close()
+    # a batched step: two paged sequences (prefill chunk + decode) and the contiguous one, then
+    # batched decodes with device greedy sampling (batch.py)
+    import batch
+    from handoff import make_sampler
+    batch.bind(lib)
+    pool = batch.Pool(m, 16, 16)
+    a, b = pool.seq(96), pool.seq(96)
+    batch.step(m, [(a, toks[:20], False), (b, toks[:5], True), (s, [7], True)])
+    smp = [make_sampler(lib, 0.0) for _ in range(3)]
+    for t in range(3):
+        batch.step(m, [(a, [t + 1], False), (b, [t + 2], False), (s, [t + 3], False)], samplers=smp)
+    for q in smp:
+        lib.kvr_sampler_free(q)
+    for q in (a, b, s):
+        q.close()
+    pool.close()
     m.close()
     print("child run done")
 
@@ -498,6 +519,15 @@ def section_bench(rep, lib, budget, cuda_ok, workdir):
         except Exception as e:  # noqa: BLE001
             rep.check("bench", f"{label} runs", False, f"raised {type(e).__name__}: {e}")
             traceback.print_exc()
+        if label in DEMOS or label == "Qwen3-0.6B-shape":
+            if time.time() > deadline:
+                rep.skip("bench", f"{label} batch sweep", "bench budget spent")
+                continue
+            try:  # batched decode tokens/s at batch 1..64 (batch.py)
+                bench_batch_sweep(rep, lib, "cuda", d, label, deadline)
+            except Exception as e:  # noqa: BLE001
+                rep.check("bench", f"{label} batch sweep runs", False, f"raised {type(e).__name__}: {e}")
+                traceback.print_exc()
     # migration TTFT on the big random shapes (handoff.py), once both checkpoints exist
     small = [d for d, label in targets if label == "Qwen3-0.6B-shape"]
     if small and time.time() < deadline:
@@ -563,10 +593,12 @@ def print_table(rep):
     print("\n==== kvrelay GPU check ====")
     for k, v in rep.info.items():
         print(f"{k}: {v}")
-    if rep.bench:
+    if any(r.get("what") != "batch decode tok/s" for r in rep.bench):
         cols = ["prefill128", "prefill2048", "prefill16384", "decode@512", "decode@8192"]
         print(f"{'model':<20}" + "".join(f"{c:>22}" for c in cols))
         for row in rep.bench:
+            if row.get("what") == "batch decode tok/s":
+                continue
             if row.get("model") == "ceiling":
                 print(f"{row['what']:<40} {row['kvrelay']:.0f}")
                 continue
@@ -575,6 +607,13 @@ def print_table(rep):
                 v, tv = row.get(c), row.get("torch_" + c)
                 cells.append("-" if v is None else (f"{v:.0f}" + (f" (torch {tv:.0f})" if tv else "")))
             print(f"{row['model']:<20}" + "".join(f"{c:>22}" for c in cells))
+    sweep = [r for r in rep.bench if r.get("what") == "batch decode tok/s"]
+    if sweep:
+        cols = ["alone"] + [f"b{b}" for b in (1, 2, 4, 8, 16, 32, 64)]
+        print("batched decode tokens/s (native greedy sampling, paged pool):")
+        print(f"{'model':<20}" + "".join(f"{c:>9}" for c in cols))
+        for r in sweep:
+            print(f"{r['model']:<20}" + "".join(f"{r[c]:>9.0f}" if c in r else f"{'-':>9}" for c in cols))
     by = {}
     for c in rep.checks:
         s = by.setdefault(c["section"], [0, 0])
@@ -594,7 +633,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lib", default=os.path.join(ROOT, "build", "native", "libkvrelay.so"))
     ap.add_argument("--out", default=os.environ.get("OUT") or os.path.join(tempfile.gettempdir(), "gpu_check_out"))
-    ap.add_argument("--sections", default="correctness,handoff,sanitizer,bench")
+    ap.add_argument("--sections", default="correctness,handoff,batch,sanitizer,bench")
     ap.add_argument("--budget", type=float, default=420.0, help="seconds for all sections together")
     ap.add_argument("--dry-run", action="store_true",
                     help="no GPU: the CPU backend stands in for the backend under test")
@@ -618,7 +657,7 @@ def main():
     if not cuda_ok:
         print(f"dry run: no CUDA device ({cuda_info}); the CPU backend stands in for CUDA", flush=True)
     sections = ARGS.sections.split(",")
-    # budgets: correctness 35%, handoff 15%, sanitizer 15%, bench the rest
+    # budgets: correctness 30%, handoff 15%, batch 8%, sanitizer 15%, bench the rest
     b = ARGS.budget
     workdir = tempfile.mkdtemp(prefix="kvr_gpu_check_")
 
@@ -636,10 +675,17 @@ def main():
         if "correctness" in sections:
             if cuda_ok:
                 guarded("build", check_cublaslt_abi, rep)
-            guarded("correctness", section_correctness, rep, lib, dut, 0.35 * b, ARGS.quick, workdir)
+            guarded("correctness", section_correctness, rep, lib, dut, 0.30 * b, ARGS.quick, workdir)
         if "handoff" in sections:
             guarded("handoff", section_handoff, rep, lib, dut, 0.15 * b, ARGS.quick, workdir,
                     try_import_torch()[0] if cuda_ok else None)
+        if "batch" in sections:
+            demos = [os.path.join(ROOT, "models", d) for d in DEMOS]
+            guarded("batch", section_batch, rep, lib, dut, 0.08 * b, ARGS.quick, demos,
+                    test_checkpoints(os.path.join(workdir, "checkpoints")))
+            if not cuda_ok:  # the sweep's code path on the CPU (the GPU runs it from the bench section)
+                guarded("batch", bench_batch_sweep, rep, lib, "cpu", demos[0], "tiny-fast (cpu dry run)",
+                        time.time() + 0.04 * b, 3, 8, "f32")
         if "sanitizer" in sections:
             guarded("sanitizer", section_sanitizer, rep, ARGS.lib, 0.15 * b, cuda_ok)
         if "bench" in sections:

@@ -73,7 +73,7 @@ const CpuFeatures& cpu_features() {
 std::string cpu_description() {
   const std::string simd = use_avx2_fma_f16c() ? "avx2-fma-f16c" : "generic";
   return "cpu: " + model_name() + ", " + std::to_string(omp_get_num_procs()) + " cores, " + simd +
-         " kernels (gemm " + kernel_name() + ", q8 " + q8_kernel_name() + ", q4 " + q4_kernel_name() +
+         " kernels (gemm " + kernel_name() + ", int8 " + int8_kernel_name() + ", q8 " + q8_kernel_name() + ", q4 " + q4_kernel_name() +
          ")";
 }
 

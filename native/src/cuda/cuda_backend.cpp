@@ -3,6 +3,8 @@
 // layout, runs the forward pass on the sequence's own stream (decode as one CUDA graph per
 // sequence, replayed for every step), and copies KV through pinned staging. Every CUDA status is
 // mapped by status.h; a kernel fault marks the backend failed (failure()). Design: docs/cuda.md.
+// Declarations: backend_impl.h. Paged sequences (kv_pool.cpp) run their forward passes through the
+// batched step (batch_step.cpp) and take the host codec / copy paths for snapshots and migration.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -16,10 +18,8 @@
 
 #include "backend.h"
 #include "common/device_math.h"
-#include "cuda/codec_host.h"
+#include "cuda/backend_impl.h"
 #include "cuda/handoff.h"
-#include "cuda/cublaslt.h"
-#include "cuda/kernels.h"
 #include "cuda/status.h"
 #include "common/sample_math.h"
 #include "dtype.h"
@@ -27,166 +27,6 @@
 #include "sampler.h"
 
 namespace kvr::cuda {
-namespace {
-
-constexpr size_t kChunk = 256;           // tokens per prefill chunk (bounded scratch)
-constexpr size_t kLogitBytes = 64u << 20;  // device/pinned logits staging per sequence
-
-// Device (cudaFree) or pinned host (cudaFreeHost) memory owned by RAII.
-template <cudaError_t (*Free)(void*)>
-struct CudaMem {
-  void* p = nullptr;
-  size_t bytes = 0;
-  CudaMem() = default;
-  CudaMem(const CudaMem&) = delete;
-  CudaMem& operator=(const CudaMem&) = delete;
-  ~CudaMem() {
-    if (p) Free(p);
-  }
-};
-using DevBuf = CudaMem<cudaFree>;
-using PinnedBuf = CudaMem<cudaFreeHost>;
-
-struct DevLayer {
-  const float* attn_norm = nullptr;
-  const float* mlp_norm = nullptr;
-  const float* q_norm = nullptr;  // Qwen3
-  const float* k_norm = nullptr;
-  DevMatrix qkv, o, gate_up, down;
-  const float* qkv_bias = nullptr;
-  const float* o_bias = nullptr;
-  const float* gate_up_bias = nullptr;
-  const float* down_bias = nullptr;
-};
-
-class CudaBackend;
-
-// What a device sampling step copies back (forward_sample): the greedy token or the best `count`
-// candidates in order — at most 520 bytes instead of the (vocab) f32 row.
-struct SampleOut {
-  int32_t token;
-  uint32_t count;
-  int32_t ids[sm::kMaxCandidates];
-  float vals[sm::kMaxCandidates];
-};
-constexpr size_t kSampleScratchOffset = 1024;
-static_assert(sizeof(SampleOut) <= kSampleScratchOffset, "sample staging layout");
-
-struct CudaSeq final : SeqState {
-  const CudaBackend* b = nullptr;
-  int device = 0;
-  uint32_t capacity = 0;
-  cudaStream_t stream = nullptr;
-  DevBuf kv;        // (layer, {K,V}, kv_head, pos, dim) in kv_dtype
-  DevBuf scratch;   // activations, see CudaBackend::forward
-  DevBuf partial;   // attention split partials
-  DevBuf workspace; // cuBLASLt workspace
-  DevBuf io;        // [pos (u32), tokens (kChunk i32)]
-  PinnedBuf io_host;
-  DevBuf logits;    // (logit_rows, vocab) f32
-  PinnedBuf logits_host;
-  size_t logit_rows = 1;
-  PinnedBuf kv_host;  // kv_read/kv_write staging, grown on demand
-  uint32_t decode_splits = 1;
-  cudaGraphExec_t graph = nullptr;
-  std::unique_ptr<CodecStaging> codec;  // snapshot chunk codec staging (codec_host.cpp), on demand
-  DevBuf sample;          // [SampleOut | 1 KiB | sample_scratch_bytes(vocab)], on demand
-  PinnedBuf sample_host;  // SampleOut
-  ~CudaSeq() override {
-    cudaSetDevice(device);
-    if (graph) cudaGraphExecDestroy(graph);
-    if (stream) {
-      cudaStreamSynchronize(stream);
-      cudaStreamDestroy(stream);
-    }
-  }
-};
-
-class CudaBackend final : public Backend {
- public:
-  CudaBackend(const ModelGeometry& g, const TensorTable& t, int32_t device);
-  ~CudaBackend() override { cudaSetDevice(device_); }  // bufs_ are freed on this device
-
-  uint32_t kind() const override { return KVR_BACKEND_CUDA; }
-  std::string device_description() const override { return desc_; }
-  uint64_t weight_bytes() const override { return weight_bytes_; }
-  std::unique_ptr<SeqState> create_seq(uint32_t capacity) const override;
-  void forward(SeqState& s, const int32_t* tokens, size_t n, size_t pos0, bool all_positions,
-               float* logits) const override;
-  void kv_read(const SeqState& s, uint32_t layer, uint32_t start, uint32_t count, uint32_t dtype, void* k_out,
-               void* v_out) const override;
-  void kv_write(SeqState& s, uint32_t layer, uint32_t start, uint32_t count, uint32_t dtype, const void* k_in,
-                const void* v_in) const override;
-  // The snapshot codec on the device (codec.cu, codec_host.cpp): same bytes as the host codec.
-  void export_chunk(const SeqState& s, const ChunkSpec& c, uint8_t* frame, size_t frame_len) const override;
-  void import_chunk(SeqState& s, const ChunkSpec& c, const uint8_t* frame, size_t frame_len) const override;
-  // Projection between two sequences on this device (projector.cu + the fallback GEMM).
-  bool project_linear(const SeqState& src, const Backend& src_backend, SeqState& dst, const LinearProjection& p,
-                      uint32_t n_tokens) const override;
-  // Fit statistics on the device when both sequences live on it (fit.cu), else the host path.
-  void accumulate_fit(const SeqState& dst, const FitRequest& r) const override;
-  // Greedy / top-k steps pick on the device and copy back ≤ 64 candidates; other steps copy the
-  // row (sm::plan_route).
-  int32_t forward_sample(SeqState& s, int32_t token, size_t pos0, const SampleRequest& r,
-                         float* spare) const override;
-  std::string failure() const override {
-    if (!failed_.load()) return {};
-    std::lock_guard<std::mutex> lock(fail_mu_);
-    return fail_msg_;
-  }
-
- private:
-  // Per-sequence activation scratch for n tokens, every buffer 256-byte aligned.
-  struct Scratch {
-    float *x, *h, *qkv, *att, *gu;
-    uint16_t *split_hi, *split_lo;
-    size_t floats;
-  };
-  // Host threads of a sequence's codec copies: the model's CPU threads, at most 8 (a few threads
-  // saturate host memory bandwidth).
-  int codec_copy_threads() const { return std::min(8, std::max(1, g_.n_threads)); }
-  // Allocates `bytes` of device memory into an empty `b`.
-  void alloc_dev(DevBuf& b, size_t bytes, const char* what) const;
-  // Makes `b` hold at least `bytes` of pinned host memory (contents not kept).
-  void grow_pinned(PinnedBuf& b, size_t bytes, const char* what) const;
-  // Makes work queued on `after` from now on wait for the work queued on `before` so far (an
-  // event; no host wait).
-  void order_after(cudaStream_t before, cudaStream_t after, const char* what) const;
-  // Throws BackendError for e != cudaSuccess; a sticky error marks the backend failed first.
-  void ck(cudaError_t e, const char* what) const;
-  void ensure_healthy() const;
-  void use_device() const { ck(cudaSetDevice(device_), "cudaSetDevice"); }
-  const void* upload(const void* host, size_t bytes, const char* what);
-  const float* upload_f32(const TensorView* t, const char* what);
-  DevMatrix upload_matrix(std::initializer_list<const TensorView*> parts, const char* what);
-  const float* upload_bias(std::initializer_list<const TensorView*> parts, const char* what);
-  void project(CudaSeq& s, const Scratch& sc, const float* a, size_t lda, uint32_t m, const DevMatrix& w,
-               const float* bias, float* c, size_t ldc, bool accumulate) const;
-  void run_layers(CudaSeq& s, uint32_t n, uint32_t fixed_splits) const;
-  void run_chunk(CudaSeq& s, const int32_t* tokens, size_t n, size_t pos0, size_t logit_row0, size_t logit_rows,
-                 float* logits_out) const;
-  void decode_graph(CudaSeq& s, int32_t token, size_t pos0, float* logits_out) const;
-  uint8_t* kv_layer(const CudaSeq& s, size_t layer, bool v) const;
-  Scratch scratch_layout(void* base, size_t n) const;
-
-  ModelGeometry g_;
-  int32_t device_ = 0;
-  uint32_t sm_count_ = 1;
-  std::string desc_;
-  uint64_t weight_bytes_ = 0;
-  std::vector<std::unique_ptr<DevBuf>> bufs_;
-  const void* embed_ = nullptr;
-  bool embed_bf16_ = false;
-  const float* final_norm_ = nullptr;
-  DevMatrix lm_head_;
-  std::vector<DevLayer> layers_;
-  const double* inv_freq_ = nullptr;
-  lt::CublasLt* lt_ = nullptr;  // null when absent: the mma.sync fallback GEMM runs instead
-
-  mutable std::atomic<bool> failed_{false};
-  mutable std::mutex fail_mu_;
-  mutable std::string fail_msg_;
-};
 
 void CudaBackend::ck(cudaError_t e, const char* what) const {
   if (e == cudaSuccess) return;
@@ -236,12 +76,16 @@ const void* CudaBackend::upload(const void* host, size_t bytes, const char* what
   return bufs_.back()->p;
 }
 
+namespace {
+
 // Widens a row of any dtype into f32 (exact for bf16/f16).
 void to_f32(const TensorView& t, float* dst) {
   const uint8_t* src = static_cast<const uint8_t*>(t.data);
   const size_t n = t.rows * t.cols;
   for (size_t i = 0; i < n; ++i) dst[i] = load_as_f32(src + i * dtype_size(t.dtype), t.dtype);
 }
+
+}  // namespace
 
 const float* CudaBackend::upload_f32(const TensorView* t, const char* what) {
   if (!t) return nullptr;
@@ -402,6 +246,8 @@ std::unique_ptr<SeqState> CudaBackend::create_seq(uint32_t capacity) const {
 }
 
 void CudaBackend::export_chunk(const SeqState& ss, const ChunkSpec& c, uint8_t* frame, size_t frame_len) const {
+  // A paged cache takes the host codec (through kv_read); the device codec addresses one plane.
+  if (static_cast<const CudaSeq&>(ss).paged()) return Backend::export_chunk(ss, c, frame, frame_len);
   ensure_healthy();
   use_device();
   CudaSeq& s = const_cast<CudaSeq&>(static_cast<const CudaSeq&>(ss));  // staging only; the cache is read
@@ -411,6 +257,7 @@ void CudaBackend::export_chunk(const SeqState& ss, const ChunkSpec& c, uint8_t* 
 }
 
 void CudaBackend::import_chunk(SeqState& ss, const ChunkSpec& c, const uint8_t* frame, size_t frame_len) const {
+  if (static_cast<const CudaSeq&>(ss).paged()) return Backend::import_chunk(ss, c, frame, frame_len);
   ensure_healthy();
   use_device();
   CudaSeq& s = static_cast<CudaSeq&>(ss);
@@ -419,6 +266,8 @@ void CudaBackend::import_chunk(SeqState& ss, const ChunkSpec& c, const uint8_t* 
   s.codec->import_chunk(kv, c, frame, frame_len, s.stream, [this](cudaError_t e, const char* w) { ck(e, w); });
 }
 
+namespace {
+
 // A projector's weights on one device, kept in the projector's slot (LinearProjection).
 struct DevProjection {
   int device = -1;
@@ -426,10 +275,14 @@ struct DevProjection {
   DevMatrix mk, mv;
 };
 
+}  // namespace
+
 bool CudaBackend::project_linear(const SeqState& src_s, const Backend& src_backend, SeqState& dst_s,
                                  const LinearProjection& p, uint32_t n_tokens) const {
   const auto* sb = dynamic_cast<const CudaBackend*>(&src_backend);
   if (sb == nullptr || sb->device_ != device_) return false;  // mixed CPU/GPU or two GPUs: copy path
+  // A paged cache on either side: the copy path (projector.cpp), through kv_read / kv_write.
+  if (static_cast<const CudaSeq&>(src_s).paged() || static_cast<const CudaSeq&>(dst_s).paged()) return false;
   ensure_healthy();
   sb->ensure_healthy();
   use_device();
@@ -484,6 +337,8 @@ bool CudaBackend::project_linear(const SeqState& src_s, const Backend& src_backe
 void CudaBackend::accumulate_fit(const SeqState& dst_s, const FitRequest& r) const {
   const auto* sb = dynamic_cast<const CudaBackend*>(r.src_backend);
   if (sb == nullptr || sb->device_ != device_) return Backend::accumulate_fit(dst_s, r);  // host rows
+  if (static_cast<const CudaSeq&>(dst_s).paged() || static_cast<const CudaSeq*>(r.src)->paged())
+    return Backend::accumulate_fit(dst_s, r);  // paged: host rows through kv_read
   ensure_healthy();
   sb->ensure_healthy();
   use_device();
@@ -537,29 +392,49 @@ uint8_t* CudaBackend::kv_layer(const CudaSeq& s, size_t layer, bool v) const {
   return static_cast<uint8_t*>(s.kv.p) + (2 * layer + (v ? 1 : 0)) * plane;
 }
 
+template <class Fn>
+void CudaBackend::kv_runs(const CudaSeq& s, uint32_t layer, uint32_t start, uint32_t count, Fn fn) const {
+  const size_t row = g_.head_dim * dtype_size(g_.kv_dtype());  // bytes of one position of one head
+  if (!s.paged()) {
+    const size_t off = static_cast<size_t>(start) * row;
+    fn(start, count, kv_layer(s, layer, false) + off, kv_layer(s, layer, true) + off, s.capacity * row);
+    return;
+  }
+  const KvPool& kp = s.pool->blocks;
+  const uint32_t bt = static_cast<uint32_t>(kp.tokens_per_block);
+  uint8_t* arena = static_cast<uint8_t*>(s.pool->arena.p);
+  for (uint32_t p = start; p < start + count;) {
+    const uint32_t off = p % bt, len = std::min(bt - off, start + count - p);
+    uint8_t* base = arena + static_cast<size_t>(s.table[p / bt]) * kp.bytes_per_block;
+    const size_t kplane = static_cast<size_t>(bp::kv_plane(layer, 0, static_cast<uint32_t>(g_.kv_heads), 0));
+    const size_t vplane = static_cast<size_t>(bp::kv_plane(layer, 1, static_cast<uint32_t>(g_.kv_heads), 0));
+    fn(p, len, base + (kplane * bt + off) * row, base + (vplane * bt + off) * row, bt * row);
+    p += len;
+  }
+}
+
 // C (m, w.rows) [+]= A (m, w.cols) · Wᵀ + bias: GEMV for one row, cuBLASLt (bf16 hi/lo split,
 // two products) when loaded and W is bf16, else the mma.sync GEMM.
-void CudaBackend::project(CudaSeq& s, const Scratch& sc, const float* a, size_t lda, uint32_t m, const DevMatrix& w,
-                          const float* bias, float* c, size_t ldc, bool accumulate) const {
+void CudaBackend::project(cudaStream_t st, void* workspace, const Scratch& sc, const float* a, size_t lda, uint32_t m,
+                          const DevMatrix& w, const float* bias, float* c, size_t ldc, bool accumulate) const {
   if (m == 1) {
-    ck(launch_gemv(w, a, bias, c, accumulate, s.stream), "gemv launch");
+    ck(launch_gemv(w, a, bias, c, accumulate, st), "gemv launch");
     return;
   }
   if (lt_ && w.bf16) {
     uint16_t* hi = sc.split_hi;
     uint16_t* lo = sc.split_lo;
-    ck(launch_split_bf16(a, lda, hi, lo, m, w.cols, s.stream), "split launch");
+    ck(launch_split_bf16(a, lda, hi, lo, m, w.cols, st), "split launch");
     const uint16_t* wd = static_cast<const uint16_t*>(w.data);
-    int st = lt_->matmul_bf16(lo, w.cols, m, wd, w.rows, w.cols, c, ldc, accumulate, s.workspace.p,
-                              lt::kWorkspaceBytes, s.stream);
-    if (st == 0)
-      st = lt_->matmul_bf16(hi, w.cols, m, wd, w.rows, w.cols, c, ldc, true, s.workspace.p, lt::kWorkspaceBytes,
-                            s.stream);
-    if (st != 0) throw BackendError(KVR_ERR_INTERNAL, format("cublasLtMatmul failed with status %d", st));
-    if (bias) ck(launch_bias_add(c, ldc, bias, m, w.rows, s.stream), "bias launch");
+    int rc = lt_->matmul_bf16(lo, w.cols, m, wd, w.rows, w.cols, c, ldc, accumulate, workspace,
+                              lt::kWorkspaceBytes, st);
+    if (rc == 0)
+      rc = lt_->matmul_bf16(hi, w.cols, m, wd, w.rows, w.cols, c, ldc, true, workspace, lt::kWorkspaceBytes, st);
+    if (rc != 0) throw BackendError(KVR_ERR_INTERNAL, format("cublasLtMatmul failed with status %d", rc));
+    if (bias) ck(launch_bias_add(c, ldc, bias, m, w.rows, st), "bias launch");
     return;
   }
-  ck(launch_gemm(a, lda, m, w, bias, c, ldc, accumulate, s.stream), "gemm launch");
+  ck(launch_gemm(a, lda, m, w, bias, c, ldc, accumulate, st), "gemm launch");
 }
 
 // The layers for n tokens whose ids and start position are already in s.io (device). Leaves the
@@ -581,7 +456,7 @@ void CudaBackend::run_layers(CudaSeq& s, uint32_t n, uint32_t fixed_splits) cons
       ck(launch_norm_gemv(L.qkv, x, L.attn_norm, eps, nullptr, qkv, false, st), "gemv launch");
     } else {
       ck(launch_rmsnorm(x, H, h, H, L.attn_norm, n, static_cast<uint32_t>(H), eps, st), "rmsnorm launch");
-      project(s, sc, h, H, n, L.qkv, nullptr, qkv, ldqkv, false);
+      project(s.stream, s.workspace.p, sc, h, H, n, L.qkv, nullptr, qkv, ldqkv, false);
     }
     QkvPostArgs q;
     q.qkv = qkv;
@@ -619,15 +494,15 @@ void CudaBackend::run_layers(CudaSeq& s, uint32_t n, uint32_t fixed_splits) cons
     // ctx hint: the capacity bounds the plan when the split count is fixed (graph), else the
     // caller passes the real context through fixed_splits = 0 and ctx below.
     ck(launch_attention(a, s.capacity, sm_count_, fixed_splits, st), "attention launch");
-    project(s, sc, att, qd, n, L.o, L.o_bias, x, H, true);
+    project(s.stream, s.workspace.p, sc, att, qd, n, L.o, L.o_bias, x, H, true);
     if (n == 1) {
       ck(launch_norm_gemv(L.gate_up, x, L.mlp_norm, eps, L.gate_up_bias, gu, false, st), "gemv launch");
     } else {
       ck(launch_rmsnorm(x, H, h, H, L.mlp_norm, n, static_cast<uint32_t>(H), eps, st), "rmsnorm launch");
-      project(s, sc, h, H, n, L.gate_up, L.gate_up_bias, gu, 2 * I, false);
+      project(s.stream, s.workspace.p, sc, h, H, n, L.gate_up, L.gate_up_bias, gu, 2 * I, false);
     }
     ck(launch_swiglu(gu, n, static_cast<uint32_t>(I), st), "swiglu launch");
-    project(s, sc, gu, 2 * I, n, L.down, L.down_bias, x, H, true);
+    project(s.stream, s.workspace.p, sc, gu, 2 * I, n, L.down, L.down_bias, x, H, true);
   }
 }
 
@@ -654,7 +529,7 @@ void CudaBackend::run_chunk(CudaSeq& s, const int32_t* tokens, size_t n, size_t 
                       static_cast<uint32_t>(H), g_.params.rms_norm_eps, s.stream),
        "rmsnorm launch");
     float* dl = static_cast<float*>(s.logits.p);
-    project(s, sc, h, H, static_cast<uint32_t>(rows), lm_head_, nullptr, dl, V, false);
+    project(s.stream, s.workspace.p, sc, h, H, static_cast<uint32_t>(rows), lm_head_, nullptr, dl, V, false);
     ck(cudaMemcpyAsync(s.logits_host.p, dl, rows * V * sizeof(float), cudaMemcpyDeviceToHost, s.stream),
        "copying logits");
     ck(cudaStreamSynchronize(s.stream), "forward");
@@ -707,6 +582,18 @@ int32_t CudaBackend::forward_sample(SeqState& ss, int32_t token, size_t pos0, co
   ensure_healthy();
   use_device();
   CudaSeq& s = static_cast<CudaSeq&>(ss);
+  if (s.paged()) {  // no graph for a paged cache: one item of the batched path, sampled there
+    Item it;
+    it.s = &s;
+    it.tokens = &token;
+    it.n = 1;
+    it.pos0 = pos0;
+    it.sampler = r.sampler;
+    it.width = r.width;
+    it.token_out = r.token_out;
+    run_items(&it, 1);
+    return it.sample_status;
+  }
   if (!s.sample.p) {
     const size_t bytes = kSampleScratchOffset + sample_scratch_bytes(static_cast<uint32_t>(g_.vocab));
     alloc_dev(s.sample, bytes, "allocating sampling scratch");
@@ -735,6 +622,16 @@ void CudaBackend::forward(SeqState& ss, const int32_t* tokens, size_t n, size_t 
   ensure_healthy();
   use_device();
   CudaSeq& s = static_cast<CudaSeq&>(ss);
+  if (s.paged()) {  // the batched path with one item: it reads the cache through the block table
+    Item it;
+    it.s = &s;
+    it.tokens = tokens;
+    it.n = n;
+    it.pos0 = pos0;
+    it.logits = logits;
+    it.all_positions = all_positions;
+    return run_items(&it, 1);
+  }
   if (n == 1 && !all_positions) return decode_graph(s, tokens[0], pos0, logits);
   for (size_t c = 0; c < n; c += kChunk) {
     const size_t nc = std::min(kChunk, n - c);
@@ -759,12 +656,13 @@ void CudaBackend::kv_read(const SeqState& ss, uint32_t layer, uint32_t start, ui
   const size_t block = kvh * count * hd * es;  // one of K or V in the cache dtype
   grow_pinned(s.kv_host, 2 * block, "allocating pinned KV staging");
   uint8_t* host = static_cast<uint8_t*>(s.kv_host.p);
-  const size_t pitch = static_cast<size_t>(s.capacity) * hd * es, width = count * hd * es;
-  for (int v = 0; v < 2; ++v) {
-    const uint8_t* src = kv_layer(s, layer, v == 1) + start * hd * es;
-    ck(cudaMemcpy2DAsync(host + v * block, width, src, pitch, width, kvh, cudaMemcpyDeviceToHost, s.stream),
-       "copying KV to the host");
-  }
+  const size_t width = count * hd * es;  // one kv head's row in the staging
+  kv_runs(s, layer, start, count, [&](uint32_t p, uint32_t len, uint8_t* kd, uint8_t* vd, size_t pitch) {
+    for (int v = 0; v < 2; ++v)
+      ck(cudaMemcpy2DAsync(host + v * block + (p - start) * hd * es, width, v ? vd : kd, pitch, len * hd * es, kvh,
+                           cudaMemcpyDeviceToHost, s.stream),
+         "copying KV to the host");
+  });
   ck(cudaStreamSynchronize(s.stream), "kv_read");
   const size_t n = kvh * count * hd, os = dtype_size(dtype);
   for (int v = 0; v < 2; ++v) {
@@ -815,16 +713,16 @@ void CudaBackend::kv_write(SeqState& ss, uint32_t layer, uint32_t start, uint32_
       }
     }
   }
-  const size_t pitch = static_cast<size_t>(s.capacity) * hd * es, width = count * hd * es;
-  for (int v = 0; v < 2; ++v) {
-    uint8_t* dst = kv_layer(s, layer, v == 1) + start * hd * es;
-    ck(cudaMemcpy2DAsync(dst, pitch, host + v * block, width, width, kvh, cudaMemcpyHostToDevice, s.stream),
-       "copying KV to the device");
-  }
+  const size_t width = count * hd * es;
+  kv_runs(s, layer, start, count, [&](uint32_t p, uint32_t len, uint8_t* kd, uint8_t* vd, size_t pitch) {
+    for (int v = 0; v < 2; ++v)
+      ck(cudaMemcpy2DAsync(v ? vd : kd, pitch, host + v * block + (p - start) * hd * es, width, len * hd * es, kvh,
+                           cudaMemcpyHostToDevice, s.stream),
+         "copying KV to the device");
+  });
   ck(cudaStreamSynchronize(s.stream), "kv_write");
 }
 
-}  // namespace
 }  // namespace kvr::cuda
 
 namespace kvr {

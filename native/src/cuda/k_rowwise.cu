@@ -21,11 +21,11 @@ __global__ void embed_kernel(const int32_t* tokens, const void* table, bool bf16
   }
 }
 
-// One block (256 threads) per row.
-__global__ void __launch_bounds__(256) rmsnorm_kernel(const float* x, size_t ldx, float* y, size_t ldy,
-                                                      const float* w, uint32_t d, float eps) {
+// One block (256 threads) per row; idx (nullable) picks the input row.
+__global__ void __launch_bounds__(256) rmsnorm_kernel(const float* x, size_t ldx, const uint32_t* idx, float* y,
+                                                      size_t ldy, const float* w, uint32_t d, float eps) {
   __shared__ double part[8];
-  const float* xr = x + blockIdx.x * ldx;
+  const float* xr = x + static_cast<size_t>(idx ? idx[blockIdx.x] : blockIdx.x) * ldx;
   float* yr = y + blockIdx.x * ldy;
   double ss = 0.0;
   for (uint32_t i = threadIdx.x; i < d; i += blockDim.x) ss += static_cast<double>(xr[i]) * xr[i];
@@ -43,12 +43,14 @@ constexpr int kQkvWarps = 4;
 constexpr uint32_t kMaxHeadDim = 256;
 
 // One block per token; each warp takes whole heads: q heads, then k heads, then v heads.
-template <class Kv>
-__global__ void __launch_bounds__(kQkvWarps * 32) qkv_post_kernel(QkvPostArgs a) {
+// kBatched: the token's position and cache come from its piece (QkvPostArgs.seqs).
+template <class Kv, bool kBatched>
+__global__ void __launch_bounds__(kQkvWarps * 32, 1) qkv_post_kernel(QkvPostArgs a) {
   __shared__ float buf[kQkvWarps][kMaxHeadDim];
   const uint32_t t = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const uint32_t hd = a.head_dim, half = hd / 2;
-  const uint32_t pos = a.d_pos[0] + t;
+  const bp::SeqDesc* piece = kBatched ? a.seqs + a.row_seq[t] : nullptr;
+  const uint32_t pos = kBatched ? piece->pos0 + (t - piece->row0) : a.d_pos[0] + t;
   float* row = a.qkv + static_cast<size_t>(t) * a.ldqkv;
   float* sb = buf[warp];
   const uint32_t total = a.heads + 2 * a.kv_heads;
@@ -85,8 +87,15 @@ __global__ void __launch_bounds__(kQkvWarps * 32) qkv_post_kernel(QkvPostArgs a)
       for (uint32_t d = lane; d < hd; d += 32) x[d] = sb[d];
     } else {
       const uint32_t g = is_k ? hh - a.heads : hh - a.heads - a.kv_heads;
-      typename Kv::T* cache = static_cast<typename Kv::T*>(is_k ? a.k_cache : a.v_cache) +
-                              (static_cast<size_t>(g) * a.capacity + pos) * hd;
+      typename Kv::T* cache;
+      if constexpr (kBatched) {
+        const bp::KvView v = piece->kv;
+        cache = static_cast<typename Kv::T*>(v.base) +
+                bp::kv_elem_index(v, bp::kv_plane(a.layer, is_k ? 0 : 1, a.kv_heads, g), pos, hd);
+      } else {
+        cache = static_cast<typename Kv::T*>(is_k ? a.k_cache : a.v_cache) +
+                (static_cast<size_t>(g) * a.capacity + pos) * hd;
+      }
       for (uint32_t d = lane; d < hd; d += 32) cache[d] = Kv::store(sb[d]);
     }
     __syncwarp();
@@ -129,17 +138,35 @@ cudaError_t launch_embed(const int32_t* tokens, uint32_t n, const void* table, b
 cudaError_t launch_rmsnorm(const float* x, size_t ldx, float* y, size_t ldy, const float* w, uint32_t rows,
                            uint32_t d, float eps, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  rmsnorm_kernel<<<rows, 256, 0, stream>>>(x, ldx, y, ldy, w, d, eps);
+  rmsnorm_kernel<<<rows, 256, 0, stream>>>(x, ldx, nullptr, y, ldy, w, d, eps);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_rmsnorm_rows(const float* x, size_t ldx, const uint32_t* idx, float* y, size_t ldy, const float* w,
+                                uint32_t rows, uint32_t d, float eps, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  if (idx == nullptr) return cudaErrorInvalidValue;
+  rmsnorm_kernel<<<rows, 256, 0, stream>>>(x, ldx, idx, y, ldy, w, d, eps);
   return cudaGetLastError();
 }
 
 cudaError_t launch_qkv_post(const QkvPostArgs& a, cudaStream_t stream) {
   if (a.n == 0) return cudaSuccess;
   if (a.head_dim > kMaxHeadDim || a.head_dim % 2 != 0) return cudaErrorInvalidValue;
+  if (a.seqs != nullptr && a.row_seq == nullptr) return cudaErrorInvalidValue;
+  if (a.seqs != nullptr) {
+    switch (a.kv_dtype) {
+      case KVR_DTYPE_F32: qkv_post_kernel<KvF32, true><<<a.n, kQkvWarps * 32, 0, stream>>>(a); break;
+      case KVR_DTYPE_BF16: qkv_post_kernel<KvBF16, true><<<a.n, kQkvWarps * 32, 0, stream>>>(a); break;
+      case KVR_DTYPE_F16: qkv_post_kernel<KvF16, true><<<a.n, kQkvWarps * 32, 0, stream>>>(a); break;
+      default: return cudaErrorInvalidValue;
+    }
+    return cudaGetLastError();
+  }
   switch (a.kv_dtype) {
-    case KVR_DTYPE_F32: qkv_post_kernel<KvF32><<<a.n, kQkvWarps * 32, 0, stream>>>(a); break;
-    case KVR_DTYPE_BF16: qkv_post_kernel<KvBF16><<<a.n, kQkvWarps * 32, 0, stream>>>(a); break;
-    case KVR_DTYPE_F16: qkv_post_kernel<KvF16><<<a.n, kQkvWarps * 32, 0, stream>>>(a); break;
+    case KVR_DTYPE_F32: qkv_post_kernel<KvF32, false><<<a.n, kQkvWarps * 32, 0, stream>>>(a); break;
+    case KVR_DTYPE_BF16: qkv_post_kernel<KvBF16, false><<<a.n, kQkvWarps * 32, 0, stream>>>(a); break;
+    case KVR_DTYPE_F16: qkv_post_kernel<KvF16, false><<<a.n, kQkvWarps * 32, 0, stream>>>(a); break;
     default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();

@@ -11,6 +11,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/batch_plan.h"
+
 namespace kvr::cuda {
 
 // A linear weight (rows, cols) row-major on the device, bf16 or f32.
@@ -32,6 +34,9 @@ cudaError_t launch_embed(const int32_t* tokens, uint32_t n, const void* table, b
 // order of operations; the sum order differs, so r can differ in its last bit).
 cudaError_t launch_rmsnorm(const float* x, size_t ldx, float* y, size_t ldy, const float* w, uint32_t rows,
                            uint32_t d, float eps, cudaStream_t stream);
+// The same for chosen rows: y row i = RMSNorm of x row idx[i] (idx: device, `rows` entries).
+cudaError_t launch_rmsnorm_rows(const float* x, size_t ldx, const uint32_t* idx, float* y, size_t ldy, const float* w,
+                                uint32_t rows, uint32_t d, float eps, cudaStream_t stream);
 
 // Fused q/k/v post-processing for n tokens: + bias, Qwen3 per-head RMSNorm of q and k, rotate-half
 // RoPE at position d_pos[0] + i (cos/sin from common/device_math.h, the CPU's bits), q written
@@ -51,6 +56,12 @@ struct QkvPostArgs {
   void* v_cache = nullptr;
   uint32_t capacity = 0;
   uint32_t kv_dtype = 0;          // kvr_dtype
+  // Batched step (non-null seqs): row t belongs to seqs[row_seq[t]] (device arrays), at position
+  // pos0 + t - row0 of that piece, and its K/V go to that sequence's cache (contiguous or paged)
+  // at layer `layer`; d_pos, k_cache, v_cache and capacity are then unused.
+  const bp::SeqDesc* seqs = nullptr;
+  const uint32_t* row_seq = nullptr;
+  uint32_t layer = 0;
 };
 cudaError_t launch_qkv_post(const QkvPostArgs& a, cudaStream_t stream);
 
@@ -90,6 +101,29 @@ AttnPlanOut attention_plan(uint32_t n, uint32_t heads, uint32_t kv_heads, uint32
                            uint32_t sm_count, uint32_t fixed_splits);
 cudaError_t launch_attention(const AttnArgs& a, uint32_t ctx_end_hint, uint32_t sm_count, uint32_t fixed_splits,
                              cudaStream_t stream);
+// Attention of a batched step: the pieces of one launch (bp::plan_batch_attention), each against
+// its own sequence's cache (contiguous or paged) at `layer`. Same kernel body and arithmetic as
+// launch_attention; block b takes rows [blk_row0[b], +rows_per_warp·kAttnWarps) of piece
+// blk_piece[b]. Every array is device memory.
+struct BatchAttnArgs {
+  const float* q = nullptr;  // the group's rows (ldq), piece rows from seqs[..].row0
+  uint32_t ldq = 0;
+  float* out = nullptr;      // (rows, ldo)
+  uint32_t ldo = 0;
+  const bp::SeqDesc* seqs = nullptr;    // the group's pieces
+  const uint32_t* piece_seq = nullptr;  // launch piece → index into seqs
+  const uint32_t* slot0 = nullptr;      // launch piece → its first launch row (partial slots)
+  const uint32_t* blk_piece = nullptr;  // grid.x block → launch piece
+  const uint32_t* blk_row0 = nullptr;   // grid.x block → first attention row within the piece
+  const uint32_t* row_piece = nullptr;  // launch row → launch piece (merge, splits > 1)
+  const uint32_t* row_local = nullptr;  // launch row → attention row within the piece (merge)
+  uint32_t layer = 0, heads = 0, kv_heads = 0, head_dim = 0, kv_dtype = 0;
+  uint32_t total_rows = 0;   // launch rows (partial layout)
+  float* partial = nullptr;  // plan.partial_floats floats when splits > 1
+};
+cudaError_t launch_batch_attention(const BatchAttnArgs& a, uint32_t blocks, uint32_t rows_per_warp, uint32_t splits,
+                                   cudaStream_t stream);
+
 // Whether the attention kernels are compiled for this head_dim (32, 64, 128, 256).
 bool attention_supports(uint32_t head_dim);
 // Raises the dynamic shared-memory limit of the attention kernels (once per device).

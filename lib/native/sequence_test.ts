@@ -286,6 +286,59 @@ Deno.test("`readKv()` of an f32 cache as bf16 equals round-to-nearest-even of th
   }
 });
 
+// A buffer of `dtype` holding the values x (f16: Float16Array's RNE; bf16: the plain RNE reference).
+function bytesOf(dtype: KvDtype, x: Float32Array): Uint8Array {
+  if (dtype === "f32") return new Uint8Array(x.slice().buffer);
+  if (dtype === "f16") return new Uint8Array(Float16Array.from(x).buffer);
+  return new Uint8Array(Uint16Array.from(x, f32ToBf16Bits).buffer);
+}
+
+// What a value becomes when stored as `dtype`.
+function roundAs(dtype: KvDtype, x: Float32Array): Float32Array {
+  if (dtype === "f32") return x.slice();
+  if (dtype === "f16") return Float32Array.from(Float16Array.from(x));
+  return new Float32Array(
+    Uint32Array.from(Uint16Array.from(x, f32ToBf16Bits), (h) => h << 16).buffer,
+  );
+}
+
+Deno.test("`writeKv()`/`readKv()` convert between every buffer and cache dtype by round-to-nearest-even, aligned or not", async () => {
+  const dtypes: KvDtype[] = ["f32", "bf16", "f16"];
+  let state = 12345;
+  const next = () => (state = (Math.imul(state, 1103515245) + 12345) >>> 0) / 2 ** 32;
+  for (const cache of dtypes) {
+    using m = await model(DEMO_DIRS[0], cache);
+    const { numKvHeads: H, headDim: D } = m.config;
+    const n = H * 7 * D;
+    for (const buffer of dtypes) {
+      for (const offset of [0, 2]) {
+        // magnitudes from f16 subnormals (1e-7) to near the f16 maximum, both signs
+        const x = Float32Array.from(
+          { length: n },
+          () => (next() < 0.5 ? -1 : 1) * 10 ** (next() * 11.8 - 7),
+        );
+        const pad = (b: Uint8Array) => {
+          const out = new Uint8Array(b.length + offset).subarray(offset);
+          out.set(b);
+          return out;
+        };
+        using s = m.createSequence(8);
+        s.setLength(1); // a run that does not start at position 0
+        s.writeKv(0, 1, 7, pad(bytesOf(buffer, x)), pad(bytesOf(buffer, x.map((v) => -v))), buffer);
+        s.setLength(8);
+        const stored = roundAs(cache, roundAs(buffer, x)); // the buffer's value, rounded into the cache
+        for (const out of dtypes) {
+          const got = s.readKv(0, 1, 7, out);
+          const want = bytesOf(out, stored), wantV = bytesOf(out, stored.map((v) => -v));
+          const what = `${buffer} buffer (offset ${offset}) → ${cache} cache → ${out}`;
+          assert.deepEqual(got.k, want, `${what}: K`);
+          assert.deepEqual(got.v, wantV, `${what}: V`);
+        }
+      }
+    }
+  }
+});
+
 Deno.test("`sequenceError()` reads a nonblocking call's message from the sequence, not the thread", async () => {
   // Drive the raw symbols (bypassing the TS checks) so the native side itself refuses a token.
   const lib = openNativeLibrary();

@@ -344,3 +344,126 @@ Deno.test("`nativeSink()` refuses values that are not finite or overflow the cac
     half.native.free();
   }
 });
+
+Deno.test("`nativeSink()` checks each dequantized value when q8/q4 scales are too large to vouch for them", async () => {
+  const f32 = await loadModel(`${MODELS}tiny-fast`, { threads: 1 });
+  const half = await loadModel(`${MODELS}tiny-fast`, { kvDtype: "f16", threads: 1 });
+  const { numLayers: L, numKvHeads: H, headDim: D } = f32.native.config;
+  const T = 16, G = 8; // one chunk of T tokens; q4 group size
+  try {
+    const seq = filledSequence(f32, T, 6);
+    // The last layer's V block of chunk 0: per-token scales, then codes (heads, tokens, dim);
+    // head 0 token 0 is scale 0 (q8) / group 0 (q4), its codes the first D elements.
+    const encode = async (encoding: "q8" | "q4") => {
+      const bytes = await encodeSnapshot(nativeSource(seq), metaOf(f32, T), {
+        encoding,
+        chunkTokens: T,
+        groupSize: G,
+        codec,
+      });
+      const { at, len } = chunk0(bytes);
+      const layer = (len - 12) / L;
+      const kBlock = encoding === "q8" ? 4 * H * D + H * T * D : 8 * H * Math.ceil(T / G) * D +
+        (H * T * D) / 2;
+      return { bytes, at, len, v: at + 8 + (L - 1) * layer + kBlock };
+    };
+    const q8 = await encode("q8");
+    const q4 = await encode("q4");
+    const q4Groups = H * T * Math.ceil(D / G);
+    // [what, encoded, edit of the frame, cache model, refusal message or the element's value]
+    const cases: [
+      string,
+      typeof q8,
+      (dv: DataView, v: number) => void,
+      LoadedModel,
+      RegExp | number,
+    ][] = [
+      [
+        "q8 scale 1e30, codes 0, f16 cache",
+        q8,
+        (dv, v) => {
+          dv.setFloat32(v, 1e30, true);
+          for (let d = 0; d < D; d++) dv.setInt8(v + 4 * H * T + d, 0);
+        },
+        half,
+        0,
+      ],
+      [
+        "q8 scale 1e30, code 1, f16 cache",
+        q8,
+        (dv, v) => {
+          dv.setFloat32(v, 1e30, true);
+          for (let d = 0; d < D; d++) dv.setInt8(v + 4 * H * T + d, d === 3 ? 1 : 0);
+        },
+        half,
+        /layer 3 V: element 3 is 1e\+30, which overflows the f16 cache/,
+      ],
+      [
+        "q8 scale 1e30, code 1, f32 cache",
+        q8,
+        (dv, v) => {
+          dv.setFloat32(v, 1e30, true);
+          for (let d = 0; d < D; d++) dv.setInt8(v + 4 * H * T + d, d === 3 ? 1 : 0);
+        },
+        f32,
+        Math.fround(1e30),
+      ],
+      [
+        "q8 scale 1e37, code -128, f32 cache",
+        q8,
+        (dv, v) => {
+          dv.setFloat32(v, 1e37, true);
+          for (let d = 0; d < D; d++) dv.setInt8(v + 4 * H * T + d, d === 3 ? -128 : 0);
+        },
+        f32,
+        /layer 3 V: element 3 is -inf; KV values must be finite/,
+      ],
+      [
+        "q4 min 60000 scale 400, codes 0, f16 cache",
+        q4,
+        (dv, v) => {
+          dv.setFloat32(v, 400, true);
+          dv.setFloat32(v + 4 * q4Groups, 60000, true);
+          for (let b = 0; b < G / 2; b++) dv.setUint8(v + 8 * q4Groups + b, 0);
+        },
+        half,
+        60000,
+      ],
+      [
+        "q4 min 60000 scale 400, code 15, f16 cache",
+        q4,
+        (dv, v) => {
+          dv.setFloat32(v, 400, true);
+          dv.setFloat32(v + 4 * q4Groups, 60000, true);
+          for (let b = 0; b < G / 2; b++) dv.setUint8(v + 8 * q4Groups + b, b === 1 ? 0xf0 : 0);
+        },
+        half,
+        /layer 3 V: element 3 is 66000, which overflows the f16 cache/,
+      ],
+    ];
+    for (const [what, enc, edit, model, want] of cases) {
+      const bad = enc.bytes.slice();
+      edit(new DataView(bad.buffer), enc.v);
+      fixCrc(bad, enc.at, enc.len);
+      const dst = model.native.createSequence(T);
+      if (want instanceof RegExp) {
+        await assert.rejects(
+          decodeSnapshot(bad, { onHeader: () => nativeSink(dst) }, { codec }),
+          (e) => e instanceof SnapshotError && e.kind === "format" && want.test(e.message),
+          what,
+        );
+        assert.equal(dst.length, 0, what);
+      } else {
+        await decodeSnapshot(bad, { onHeader: () => nativeSink(dst) }, { codec });
+        assert.equal(dst.length, T, what);
+        const v = new Float32Array(dst.readKv(L - 1, 0, T, "f32").v.buffer);
+        assert.equal(v[3], want, what); // 60000 and 1e30 are exact in f16 resp. f32
+      }
+      dst.free();
+    }
+    seq.free();
+  } finally {
+    f32.native.free();
+    half.native.free();
+  }
+});

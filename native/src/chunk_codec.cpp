@@ -3,6 +3,7 @@
 // the bytes lib/snapshot/chunk.ts encodeChunk writes. The CPU backend uses it as is; a device
 // backend overrides both (native/src/cuda/codec.cu) and falls back here for what it lacks.
 // Not the argument validation (snapshot_chunk.cpp) nor the container format (lib/snapshot).
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
@@ -14,6 +15,7 @@
 #include "cpu/kv_quant.h"
 #include "dtype.h"
 #include "errors.h"
+#include "kv_values.h"
 
 namespace kvr {
 namespace {
@@ -37,21 +39,27 @@ void load_f32s(const uint8_t* p, size_t n, std::vector<float>& out) {
   std::memcpy(out.data(), p, n * 4);
 }
 
-// Checks stored scales (>= 0, finite) and, for q4, mins (finite): the dequantizers' rules.
+// Checks stored scales (>= 0, finite) and, for q4, mins (finite): the dequantizers' rules. Raises
+// `bound` to the largest |decoded value| they allow: q8 |code·s| <= 128·s (codes -128..127), q4
+// |min + code·s| <= |min| + 15·s (in double; the f32 rounding is covered by the caller's margin).
 void check_scales(const char* what, uint32_t index, size_t layer, const uint8_t* scales, const uint8_t* mins,
-                  size_t n, std::vector<float>& tmp) {
-  load_f32s(scales, n, tmp);
+                  size_t n, std::vector<float>& s, std::vector<float>& m, double& bound) {
+  load_f32s(scales, n, s);
   for (size_t i = 0; i < n; ++i) {
-    if (!(tmp[i] >= 0.0f && tmp[i] <= FLT_MAX))
+    if (!(s[i] >= 0.0f && s[i] <= FLT_MAX))
       throw BackendError(KVR_ERR_CORRUPT, format("chunk %u layer %zu %s: scale %zu is %g (must be finite and >= 0)",
-                                                 index, layer, what, i, static_cast<double>(tmp[i])));
+                                                 index, layer, what, i, static_cast<double>(s[i])));
   }
-  if (mins == nullptr) return;
-  load_f32s(mins, n, tmp);
+  if (mins == nullptr) {
+    for (size_t i = 0; i < n; ++i) bound = std::max(bound, 128.0 * s[i]);
+    return;
+  }
+  load_f32s(mins, n, m);
   for (size_t i = 0; i < n; ++i) {
-    if (!(std::fabs(tmp[i]) <= FLT_MAX))
+    if (!(std::fabs(m[i]) <= FLT_MAX))
       throw BackendError(KVR_ERR_CORRUPT, format("chunk %u layer %zu %s: min %zu is %g (must be finite)", index,
-                                                 layer, what, i, static_cast<double>(tmp[i])));
+                                                 layer, what, i, static_cast<double>(m[i])));
+    bound = std::max(bound, std::fabs(static_cast<double>(m[i])) + 15.0 * s[i]);
   }
 }
 
@@ -100,16 +108,8 @@ void decode_block(const Layout& L, bool is_k, const uint8_t* block, float* x, st
                      axis, L.group, x);
 }
 
-// A value decoded from a chunk is refused when it is not finite, or when rounding it to the
-// cache's type overflows (f32 1e38 into f16 or bf16 beyond its range): a NaN or Inf in a cache
-// poisons every later logit. Returns "" when fine, else the reason (for the message).
-const char* value_fault(float x, uint32_t cache_dtype) {
-  if (!(std::fabs(x) <= FLT_MAX)) return "not finite";
-  if (cache_dtype == KVR_DTYPE_BF16 && (f32_to_bf16(x) & 0x7f80u) == 0x7f80u) return "overflow";
-  if (cache_dtype == KVR_DTYPE_F16 && (f32_to_f16(x) & 0x7c00u) == 0x7c00u) return "overflow";
-  return "";
-}
-
+// The exact per-element check, with the message naming the first refused element: what the
+// whole-block forms (kv_values.h) fall back to when they cannot vouch for a block.
 void check_block_values(const float* x, size_t n, uint32_t cache_dtype, uint32_t index, size_t layer,
                         const char* part) {
   for (size_t i = 0; i < n; ++i) {
@@ -183,13 +183,18 @@ void Backend::import_chunk(SeqState& s, const ChunkSpec& c, const uint8_t* frame
                        format("chunk frame says index %u/%u tokens where the table expects %u/%u", got_index,
                               got_tokens, c.index, T));
   if (L.lossless()) {
-    // Values first (nothing is written unless every value of every layer is acceptable).
+    // Values first (nothing is written unless every value of every layer is acceptable): a scan of
+    // magnitude bits per block; the exact widened check only for a block the scan refuses, so the
+    // message names the element.
+    const uint32_t limit = fault_bits(L.encoding, c.cache_dtype);
     std::vector<float> w;
     for (size_t l = 0; l < L.layers; ++l) {
-      widen_block(frame + L.k_offset(l), L.n(), L.encoding, w);
-      check_block_values(w.data(), L.n(), c.cache_dtype, c.index, l, "K");
-      widen_block(frame + L.v_offset(l), L.n(), L.encoding, w);
-      check_block_values(w.data(), L.n(), c.cache_dtype, c.index, l, "V");
+      for (const bool is_k : {true, false}) {
+        const uint8_t* block = frame + (is_k ? L.k_offset(l) : L.v_offset(l));
+        if (block_accepted(block, L.n(), L.encoding, limit)) continue;
+        widen_block(block, L.n(), L.encoding, w);
+        check_block_values(w.data(), L.n(), c.cache_dtype, c.index, l, is_k ? "K" : "V");
+      }
     }
     const size_t bytes = L.k_block_bytes();
     std::vector<uint8_t> kb, vb;
@@ -208,27 +213,31 @@ void Backend::import_chunk(SeqState& s, const ChunkSpec& c, const uint8_t* frame
   }
   // Every scale of the chunk is checked before any layer is written (a corrupt chunk leaves the
   // cache as it was, as the TypeScript decoder that decodes the whole chunk first does).
-  std::vector<float> tmp;
+  std::vector<float> sc, mn;
   const bool q8 = L.encoding == chunk::kEncQ8;
+  double bound = 0.0;
   for (size_t l = 0; l < L.layers; ++l) {
     const uint8_t* kb = frame + L.k_offset(l);
     const uint8_t* vb = frame + L.v_offset(l);
     if (q8) {
-      check_scales("K", c.index, l, kb, nullptr, L.q8_k_scales(), tmp);
-      check_scales("V", c.index, l, vb, nullptr, L.q8_v_scales(), tmp);
+      check_scales("K", c.index, l, kb, nullptr, L.q8_k_scales(), sc, mn, bound);
+      check_scales("V", c.index, l, vb, nullptr, L.q8_v_scales(), sc, mn, bound);
     } else {
-      check_scales("K", c.index, l, kb, kb + L.q4_k_mins(), L.q4_k_groups(), tmp);
-      check_scales("V", c.index, l, vb, vb + L.q4_v_mins(), L.q4_v_groups(), tmp);
+      check_scales("K", c.index, l, kb, kb + L.q4_k_mins(), L.q4_k_groups(), sc, mn, bound);
+      check_scales("V", c.index, l, vb, vb + L.q4_v_mins(), L.q4_v_groups(), sc, mn, bound);
     }
   }
-  std::vector<float> kf(L.n()), vf(L.n()), sc, mn;
-  // Decoded values next (a huge finite scale can still overflow f32 or the cache type), then the
-  // writes: the chunk is decoded twice rather than held whole.
-  for (size_t l = 0; l < L.layers; ++l) {
-    decode_block(L, true, frame + L.k_offset(l), kf.data(), sc, mn);
-    check_block_values(kf.data(), L.n(), c.cache_dtype, c.index, l, "K");
-    decode_block(L, false, frame + L.v_offset(l), vf.data(), sc, mn);
-    check_block_values(vf.data(), L.n(), c.cache_dtype, c.index, l, "V");
+  std::vector<float> kf(L.n()), vf(L.n());
+  // Decoded values next, when the scales cannot vouch for them (a huge finite scale can overflow
+  // f32 or the cache type): then the chunk is decoded twice rather than held whole. The margin
+  // 2^-20 covers the f32 roundings of code·s and min + code·s (2^-24 each) with room to spare.
+  if (bound * (1.0 + 0x1p-20) > accepted_magnitude(c.cache_dtype)) {
+    for (size_t l = 0; l < L.layers; ++l) {
+      decode_block(L, true, frame + L.k_offset(l), kf.data(), sc, mn);
+      check_block_values(kf.data(), L.n(), c.cache_dtype, c.index, l, "K");
+      decode_block(L, false, frame + L.v_offset(l), vf.data(), sc, mn);
+      check_block_values(vf.data(), L.n(), c.cache_dtype, c.index, l, "V");
+    }
   }
   for (size_t l = 0; l < L.layers; ++l) {
     decode_block(L, true, frame + L.k_offset(l), kf.data(), sc, mn);

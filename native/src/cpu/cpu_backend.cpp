@@ -92,8 +92,12 @@ struct Loader {
   }
 };
 
+// True when p may be read or written as floats in place (caller buffers come in as bytes).
+bool aligned_f32(const uint8_t* p) { return (reinterpret_cast<uintptr_t>(p) & 3u) == 0; }
+
 // Copies (kv_heads, count, head_dim) between a caller buffer in `dtype` and the cache's K
 // (which = 0) or V (1) of one layer, run by run (a paged cache is contiguous within a block).
+// A conversion goes straight between buffer and cache when one side is f32 (no f32 bounce).
 void kv_copy(const KvCache& kv, size_t layer, size_t which, uint32_t start, uint32_t count, uint32_t dtype,
              uint8_t* buf, bool to_cache) {
   const size_t hd = kv.head_dim, bes = dtype_size(dtype);
@@ -108,7 +112,15 @@ void kv_copy(const KvCache& kv, size_t layer, size_t which, uint32_t start, uint
       if (dtype == kv.dtype) {
         if (to_cache) std::memcpy(c, b, elems * bes);
         else std::memcpy(b, c, elems * bes);
-      } else {
+      } else if (to_cache && kv.dtype == KVR_DTYPE_F32) {  // widen straight into the f32 cache
+        to_f32(b, dtype, reinterpret_cast<float*>(c), elems);
+      } else if (!to_cache && dtype == KVR_DTYPE_F32 && aligned_f32(b)) {  // widen straight into the caller's f32
+        to_f32(c, kv.dtype, reinterpret_cast<float*>(b), elems);
+      } else if (to_cache && dtype == KVR_DTYPE_F32 && aligned_f32(b)) {  // narrow straight from the caller's f32
+        from_f32(reinterpret_cast<const float*>(b), kv.dtype, c, elems);
+      } else if (!to_cache && kv.dtype == KVR_DTYPE_F32) {  // narrow straight from the f32 cache
+        from_f32(reinterpret_cast<const float*>(c), dtype, b, elems);
+      } else {  // bf16 <-> f16 (or an unaligned f32 buffer): through f32
         if (tmp.size() < elems) tmp.resize(elems);
         if (to_cache) {
           to_f32(b, dtype, tmp.data(), elems);

@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "cpu/parallel_for.h"
+
 namespace kvr::cpu {
 
 // Minimal allocator giving 64-byte (cache line) aligned storage for packed panels.
@@ -145,11 +147,12 @@ class PackedWeight {
 };
 
 // y (m, n) with row stride ldy = x (m, k) with row stride ldx · Wᵀ; when accumulate, y += x · Wᵀ.
-// Runs on n_threads OpenMP threads (>= 1). Bounds are the caller's: shapes come from the model.
+// Runs on n_threads threads (>= 1) from `workers` (m = 1: OpenMP always; parallel_for.h). Bounds
+// are the caller's: shapes come from the model.
 // y must not overlap x or W. Throws std::bad_alloc when a thread's first call cannot allocate its
 // ~96 KiB packing scratch (y is then partly written).
 void matmul_xwt(const float* x, size_t m, size_t ldx, const PackedWeight& w, float* y,
-                size_t ldy, bool accumulate, int n_threads);
+                size_t ldy, bool accumulate, int n_threads, Workers workers = Workers::kOpenMP);
 
 // y (n) (+)= x (k) · Wᵀ restricted to weight panels [p0, p1) (output columns p0*16 ..
 // min(p1*16, n)), on the calling thread: the same sums as matmul_xwt with m = 1, so threads of

@@ -2,13 +2,24 @@
 // belongs to sequence seq_of[r] at position pos_of[r]. Layer by layer the same math as
 // forward.cpp (same kernels, same order per row), so a sequence's result differs from running
 // it alone only by GEMM row blocking and attention split points (float summation order).
+//
+// Threads: the whole step is ONE region on the persistent WorkerPool (cpu/worker_pool.h), every
+// thread running the layer loop through the same stages (cpu/stage_units.h: units of work
+// claimed owner-first, a stage ends when its units are finished). Not OpenMP: Deno calls the step
+// from whichever thread of its blocking pool is free and libgomp keeps one team per calling
+// thread, so the second core gave the step nothing (measured: 1 vs 2 threads 1.27 vs 1.34 ms for
+// a 32-row tiny-fast step inside Deno; a C harness got 1.7–2.0×). Units: GEMMs by chunks of
+// weight panels (a thread takes its own share first, the same panels every step, so its part of
+// the weights stays in its core's cache), row ops by chunks of rows, attention by a decode row or
+// a block of a prefill chunk's rows.
 #include "cpu/batch_forward.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
-
-#include <omp.h>
+#include <memory>
+#include <new>
 
 #include "common/device_math.h"
 #include "cpu/attention.h"
@@ -16,43 +27,47 @@
 #include "cpu/decode_attention.h"
 #include "cpu/gemm.h"
 #include "cpu/ops.h"
+#include "cpu/stage_units.h"
+#include "cpu/worker_pool.h"
 
 namespace kvr::cpu {
 namespace {
 
-// Attention of this many multiply-adds or more gets every thread; smaller ones run one per
-// thread side by side (a decode of a small model is far below it).
-constexpr double kBigAttention = 1 << 20;
+// Query rows of a prefill chunk per attention unit: enough units for the threads to balance a
+// long chunk (row i's cost grows with its position), few enough that claiming stays negligible.
+constexpr size_t kAttnRows = 16;
+
+// Rows [r0, r1) of sequence `seq`'s new tokens: one unit of attention work.
+struct AttnUnit {
+  size_t seq, r0, r1;
+};
+
+// One run of compacted final-norm rows [row0, row0 + len) whose logits go to dst (contiguous).
+struct HeadRun {
+  size_t row0, len;
+  float* dst;
+};
 
 }  // namespace
 
 void forward_batch(const ModelGeometry& m, const Weights& w, const BatchSeq* seqs, size_t count, BatchScratch& sc) {
   const size_t H = m.hidden, I = m.inter, hd = m.head_dim, half = hd / 2;
   const size_t qd = m.q_dim, kvd = m.kv_dim, ldqkv = qd + 2 * kvd;
-  const int nt = m.n_threads;
+  const unsigned nt = static_cast<unsigned>(std::max(m.n_threads, 1));
   const float eps = m.params.rms_norm_eps;
   const bool qwen3 = m.params.arch == KVR_ARCH_QWEN3;
+  const size_t pw = kPanelWidth;
+  // gate and up panels line up when I is a multiple of the panel width: a thread's gate panels
+  // [a, b) and up panels [I/16 + a, I/16 + b) give it whole SwiGLU columns (no extra stage).
+  const bool fused_swiglu = I % pw == 0;
 
-  size_t rows = 0, want = 0;
-  for (size_t e = 0; e < count; ++e) {
-    rows += seqs[e].n;
-    want += seqs[e].logits != nullptr;
-  }
-  const bool par_rows = rows > 1 && rows * H >= 16384;
-
-  // Attention plan: per sequence its args; big ones run alone with all threads, small ones as
-  // a parallel loop with one thread each (each thread its own scratch slice).
-  std::vector<AttnArgs> aa(count);
-  std::vector<size_t> big, small;
-  size_t big_floats = 0, small_floats = 0;
+  size_t rows = 0;
   std::vector<size_t> row0(count);
-  {
-    size_t r = 0;
-    for (size_t e = 0; e < count; ++e) {
-      row0[e] = r;
-      r += seqs[e].n;
-    }
+  for (size_t e = 0; e < count; ++e) {
+    row0[e] = rows;
+    rows += seqs[e].n;
   }
+  if (rows == 0) return;
 
   const size_t need = rows * (2 * H + ldqkv + qd + 2 * I + hd);
   if (sc.main.size() < need) sc.main.resize(need);
@@ -69,132 +84,265 @@ void forward_batch(const ModelGeometry& m, const Weights& w, const BatchSeq* seq
       pos_of[row0[e] + i] = seqs[e].pos0 + i;
     }
 
+  // Attention units: prefill chunks' row blocks first (the longest work, so the claims end
+  // balanced), then the decodes. Each unit runs on one thread with its own scratch slice.
+  AttnArgs base;
+  base.ldq = ldqkv;
+  base.heads = m.heads;
+  base.kv_heads = m.kv_heads;
+  base.head_dim = hd;
+  base.ldo = qd;
+  base.n_threads = 1;
+  auto unit_args = [&](const AttnUnit& u) {
+    AttnArgs a = base;
+    const BatchSeq& s = seqs[u.seq];
+    a.kv = s.kv;
+    a.q = qkv + (row0[u.seq] + u.r0) * ldqkv;
+    a.out = att + (row0[u.seq] + u.r0) * qd;
+    a.n = u.r1 - u.r0;
+    a.pos0 = s.pos0 + u.r0;
+    return a;
+  };
+  std::vector<AttnUnit> units;
+  size_t attn_floats = 0;
+  for (int pass = 0; pass < 2; ++pass)
+    for (size_t e = 0; e < count; ++e) {
+      const size_t n = seqs[e].n;
+      if ((n > 1) != (pass == 0) || n == 0) continue;
+      for (size_t r = 0; r < n; r += kAttnRows) {
+        units.push_back({e, r, std::min(n, r + kAttnRows)});
+        const AttnArgs a = unit_args(units.back());
+        // A decode scores its whole context in one pass (decode_attention.h).
+        attn_floats = std::max(attn_floats, a.n == 1 ? decode_attention_scratch_floats(a) : attention_scratch_floats(a));
+      }
+    }
+  attn_floats = (attn_floats + 15) & ~size_t{15};
+  if (sc.attn.size() < attn_floats * nt) sc.attn.resize(attn_floats * nt);
+
+  // lm_head plan: each wanting sequence's last row, normed into compacted rows of h, then one
+  // GEMM per run of rows whose destinations follow each other in memory (batch.cpp lays out
+  // returned rows and rows to sample as two such runs) — straight into the callers' rows.
+  std::vector<size_t> want_rows;  // source row of compacted row k
+  std::vector<HeadRun> runs;
   for (size_t e = 0; e < count; ++e) {
-    AttnArgs& a = aa[e];
-    a.q = qkv + row0[e] * ldqkv;
-    a.ldq = ldqkv;
-    a.kv = seqs[e].kv;
-    a.n = seqs[e].n;
-    a.pos0 = seqs[e].pos0;
-    a.heads = m.heads;
-    a.kv_heads = m.kv_heads;
-    a.head_dim = hd;
-    a.out = att + row0[e] * qd;
-    a.ldo = qd;
-    const double work = 2.0 * m.heads * a.n * static_cast<double>(a.pos0 + a.n) * hd;
-    if (nt > 1 && (work >= kBigAttention || count == 1)) {
-      a.n_threads = nt;
-      big.push_back(e);
-      big_floats = std::max(big_floats, attention_scratch_floats(a));
+    if (!seqs[e].logits) continue;
+    const size_t k = want_rows.size();
+    want_rows.push_back(row0[e] + seqs[e].n - 1);
+    if (!runs.empty() && runs.back().dst + runs.back().len * m.vocab == seqs[e].logits) {
+      ++runs.back().len;
     } else {
-      a.n_threads = 1;
-      small.push_back(e);
-      // A decode (one row) scores its whole context in one pass (decode_attention.h).
-      small_floats = std::max(small_floats, a.n == 1 ? decode_attention_scratch_floats(a) : attention_scratch_floats(a));
+      runs.push_back({k, 1, seqs[e].logits});
     }
   }
-  const int small_threads = small.size() > 1 ? std::min<int>(nt, static_cast<int>(small.size())) : 1;
-  small_floats = (small_floats + 15) & ~size_t{15};
-  const size_t attn_need = std::max(big_floats, small_floats * static_cast<size_t>(small_threads));
-  if (sc.attn.size() < attn_need) sc.attn.resize(attn_need);
 
-#pragma omp parallel for num_threads(nt) schedule(static) if (par_rows)
-  for (size_t r = 0; r < rows; ++r) {
-    const BatchSeq& s = seqs[seq_of[r]];
-    embed_row(w, static_cast<size_t>(s.tokens[pos_of[r] - s.pos0]), H, x + r * H);
-    for (size_t d = 0; d < half; ++d)  // the same bits as forward.cpp (common/device_math.h)
-      dm::rope_cos_sin(static_cast<uint32_t>(pos_of[r]), m.inv_freq[d], &cs[r * hd + d], &cs[r * hd + half + d]);
+  // Units per stage (the same for every thread; stage_units.h): rows in chunks, GEMM weight
+  // panels in chunks, about 4 units per thread each so a preempted thread's share is taken over.
+  auto chunk_of = [&](size_t count) { return std::max<size_t>(1, (count + 4 * nt - 1) / (4 * nt)); };
+  auto units_of = [](size_t count, size_t chunk) { return static_cast<uint32_t>((count + chunk - 1) / chunk); };
+  const size_t row_chunk = chunk_of(rows);
+  const uint32_t row_units = units_of(rows, row_chunk);
+  const size_t per_layer = fused_swiglu ? 8 : 9;
+  const size_t n_stages = m.layers * per_layer + 2;
+  if (sc.stage_count < n_stages) {
+    sc.stages.reset(new StageCounter[n_stages]);
+    sc.stage_count = n_stages;
   }
+  for (size_t i = 0; i < n_stages; ++i) {  // published to the workers by the pool's region start
+    sc.stages[i].done.v.store(0, std::memory_order_relaxed);
+    for (auto& c : sc.stages[i].next) c.v.store(0, std::memory_order_relaxed);
+  }
+  std::atomic<uint32_t> sleepers{0};
+  std::atomic<bool> failed{false};
 
-  for (size_t l = 0; l < m.layers; ++l) {
-    const LayerWeights& L = w.layer[l];
-#pragma omp parallel for num_threads(nt) schedule(static) if (par_rows)
-    for (size_t r = 0; r < rows; ++r) rmsnorm(x + r * H, h + r * H, L.attn_norm.data(), H, eps);
-    matmul_xwt(h, rows, H, L.qkv, qkv, ldqkv, false, nt);
+  // GEMM split. One row (a lone decode): GEMV by panel chunks on x in place. Few rows: panel
+  // chunks, each thread packing the input once per GEMM (gemm_pack_a) for all the chunks it
+  // takes. Many rows (prefill chunks): row blocks, each against every panel (the packing is then
+  // per block, and each block's rows are many enough to reuse every weight slice).
+  enum class Split { kGemv, kPanels, kRows };
+  constexpr size_t kFewRows = 48;
+  const Split split = rows == 1 ? Split::kGemv : rows < kFewRows ? Split::kPanels : Split::kRows;
+  if (split == Split::kPanels && sc.prepared.size() < nt) sc.prepared.resize(nt);
+  // Row blocks of the kRows split: about 2 per thread, whole 6-row tiles.
+  const size_t gemm_rows_each = ((rows + 2 * nt - 1) / (2 * nt) + 5) / 6 * 6;
+  const uint32_t gemm_row_units = units_of(rows, gemm_rows_each);
 
-#pragma omp parallel for num_threads(nt) schedule(static) if (par_rows)
-    for (size_t r = 0; r < rows; ++r) {
-      float* row = qkv + r * ldqkv;
-      if (!L.qkv_bias.empty()) add_inplace(row, L.qkv_bias.data(), ldqkv);
-      float* kr = row + qd;
-      float* vr = row + qd + kvd;
-      if (qwen3) {
-        for (size_t hh = 0; hh < m.heads; ++hh) rmsnorm(row + hh * hd, row + hh * hd, L.q_norm.data(), hd, eps);
-        for (size_t g = 0; g < m.kv_heads; ++g) rmsnorm(kr + g * hd, kr + g * hd, L.k_norm.data(), hd, eps);
+  auto body = [&](unsigned t, unsigned T) {
+    StageCounter* st = sc.stages.get();
+    auto stage = [&](uint32_t total, auto&& unit) { run_stage(*st++, total, t, T, sleepers, unit); };
+    // Rows [r0, r1) of row unit u.
+    auto row_range = [&](uint32_t u, size_t* r0, size_t* r1) {
+      *r0 = u * row_chunk;
+      *r1 = std::min(rows, *r0 + row_chunk);
+    };
+    PreparedRows* prep = split == Split::kPanels ? &sc.prepared[t] : nullptr;
+    // y rows [r0, r1) (+)= a · Wᵀ (+ bias) on panels [p0, p1) of W (a, y: row r0's start);
+    // prepared: a's rows as this thread prepared them (kPanels). A failure (only std::bad_alloc of a
+    // thread's first packing scratch) is carried out by hand: the unit still counts as done so
+    // the others finish, and the step throws after the region.
+    auto gemm = [&](const float* a, size_t m, size_t lda, bool prepared, const PackedWeight& W,
+                    const std::vector<float>& bias, float* y, size_t ldy, bool acc, size_t p0, size_t p1) {
+      try {
+        if (prepared) {
+          prep->gemm_range(W, y, ldy, acc, p0, p1);
+        } else {
+          gemm_range(a, m, lda, W, y, ldy, acc, p0, p1);
+        }
+      } catch (...) {
+        failed.store(true, std::memory_order_relaxed);
+        return;
       }
-      const float* c = cs + r * hd;
-      for (size_t hh = 0; hh < m.heads; ++hh) rope(row + hh * hd, c, c + half, half);
-      KvCache& kv = *seqs[seq_of[r]].kv;
-      for (size_t g = 0; g < m.kv_heads; ++g) {
-        rope(kr + g * hd, c, c + half, half);
-        from_f32(kr + g * hd, kv.dtype, kv.at(l, 0, g, pos_of[r]), hd);
-        from_f32(vr + g * hd, kv.dtype, kv.at(l, 1, g, pos_of[r]), hd);
+      if (bias.empty() || p0 >= p1) return;
+      const size_t c0 = p0 * pw, c1 = std::min(p1 * pw, W.rows());
+      for (size_t r = 0; r < m; ++r) add_inplace(y + r * ldy + c0, bias.data() + c0, c1 - c0);
+    };
+    // Prepares a (rows, W.cols()) for this thread's chunks of a GEMM on W; false on failure (the
+    // thread's chunks of that GEMM are then skipped and the step throws after the region).
+    auto prepare = [&](const float* a, size_t lda, const PackedWeight& W) {
+      try {
+        prep->prepare(a, rows, lda, W);
+        return true;
+      } catch (...) {
+        failed.store(true, std::memory_order_relaxed);
+        return false;
       }
-    }
+    };
+    // A GEMM stage y (+)= a · Wᵀ (+ bias) over every row and panel; `after(r0, r1, c0, c1)`
+    // runs on the block just computed (rows [r0, r1), columns [c0, c1)), by the same thread.
+    auto gemm_stage = [&](const float* a, size_t lda, const PackedWeight& W, const std::vector<float>& bias, float* y,
+                          size_t ldy, bool acc, auto&& after) {
+      if (split == Split::kRows) {
+        stage(gemm_row_units, [&](uint32_t u) {
+          const size_t r0 = u * gemm_rows_each, r1 = std::min(rows, r0 + gemm_rows_each);
+          gemm(a + r0 * lda, r1 - r0, lda, false, W, bias, y + r0 * ldy, ldy, acc, 0, W.panels());
+          after(r0, r1, size_t{0}, W.rows());
+        });
+        return;
+      }
+      const size_t panels = W.panels(), chunk = chunk_of(panels);
+      bool ready = false;
+      stage(units_of(panels, chunk), [&](uint32_t u) {
+        if (split == Split::kPanels && !ready && !(ready = prepare(a, lda, W))) return;
+        const size_t p0 = u * chunk, p1 = std::min(panels, (u + 1) * chunk);
+        gemm(a, rows, lda, split == Split::kPanels, W, bias, y, ldy, acc, p0, p1);
+        after(size_t{0}, rows, p0 * pw, std::min(p1 * pw, W.rows()));
+      });
+    };
+    auto nothing = [](size_t, size_t, size_t, size_t) {};
+    auto norm_stage = [&](const std::vector<float>& weight) {
+      stage(row_units, [&](uint32_t u) {
+        size_t r0, r1;
+        row_range(u, &r0, &r1);
+        for (size_t r = r0; r < r1; ++r) rmsnorm(x + r * H, h + r * H, weight.data(), H, eps);
+      });
+    };
 
-    for (size_t e : big) {
-      aa[e].layer = l;
-      attention(aa[e], sc.attn.data());
-    }
-    if (!small.empty()) {
-      float* base = sc.attn.data();
-#pragma omp parallel for num_threads(small_threads) schedule(dynamic, 1) if (small_threads > 1)
-      for (size_t i = 0; i < small.size(); ++i) {
-        AttnArgs a = aa[small[i]];
+    float* scratch = sc.attn.data() + t * attn_floats;
+    for (size_t l = 0; l < m.layers; ++l) {
+      const LayerWeights& L = w.layer[l];
+      if (l == 0) {  // the embeddings (and RoPE angles) of a row chunk, then its first norm
+        stage(row_units, [&](uint32_t u) {
+          size_t r0, r1;
+          row_range(u, &r0, &r1);
+          for (size_t r = r0; r < r1; ++r) {
+            const BatchSeq& s = seqs[seq_of[r]];
+            embed_row(w, static_cast<size_t>(s.tokens[pos_of[r] - s.pos0]), H, x + r * H);
+            for (size_t d = 0; d < half; ++d)  // the same bits as forward.cpp (common/device_math.h)
+              dm::rope_cos_sin(static_cast<uint32_t>(pos_of[r]), m.inv_freq[d], &cs[r * hd + d],
+                               &cs[r * hd + half + d]);
+            rmsnorm(x + r * H, h + r * H, L.attn_norm.data(), H, eps);
+          }
+        });
+      } else {
+        norm_stage(L.attn_norm);
+      }
+      gemm_stage(h, H, L.qkv, L.qkv_bias, qkv, ldqkv, false, nothing);
+
+      stage(row_units, [&](uint32_t u) {
+        size_t r0, r1;
+        row_range(u, &r0, &r1);
+        for (size_t r = r0; r < r1; ++r) {
+          float* row = qkv + r * ldqkv;
+          float* kr = row + qd;
+          float* vr = row + qd + kvd;
+          if (qwen3) {
+            for (size_t hh = 0; hh < m.heads; ++hh) rmsnorm(row + hh * hd, row + hh * hd, L.q_norm.data(), hd, eps);
+            for (size_t g = 0; g < m.kv_heads; ++g) rmsnorm(kr + g * hd, kr + g * hd, L.k_norm.data(), hd, eps);
+          }
+          const float* c = cs + r * hd;
+          for (size_t hh = 0; hh < m.heads; ++hh) rope(row + hh * hd, c, c + half, half);
+          KvCache& kv = *seqs[seq_of[r]].kv;
+          for (size_t g = 0; g < m.kv_heads; ++g) {
+            rope(kr + g * hd, c, c + half, half);
+            from_f32(kr + g * hd, kv.dtype, kv.at(l, 0, g, pos_of[r]), hd);
+            from_f32(vr + g * hd, kv.dtype, kv.at(l, 1, g, pos_of[r]), hd);
+          }
+        }
+      });  // every row's keys are in its cache before any attention reads them
+
+      stage(static_cast<uint32_t>(units.size()), [&](uint32_t u) {
+        AttnArgs a = unit_args(units[u]);
         a.layer = l;
-        float* scratch = base + static_cast<size_t>(omp_get_thread_num()) * small_floats;
         if (a.n == 1) {
           decode_attention(a, scratch);
         } else {
           attention(a, scratch);
         }
+      });
+
+      gemm_stage(att, qd, L.o, L.o_bias, x, H, true, nothing);
+      norm_stage(L.mlp_norm);
+
+      if (fused_swiglu && split != Split::kRows) {
+        // A unit: gate panels [p0, p1) and the up panels of the same columns, then their SwiGLU.
+        const size_t gp = I / pw, chunk = chunk_of(gp);
+        bool ready = false;
+        stage(units_of(gp, chunk), [&](uint32_t u) {
+          if (split == Split::kPanels && !ready && !(ready = prepare(h, H, L.gate_up))) return;
+          const size_t p0 = u * chunk, p1 = std::min(gp, (u + 1) * chunk);
+          const bool pk = split == Split::kPanels;
+          gemm(h, rows, H, pk, L.gate_up, L.gate_up_bias, gu, 2 * I, false, p0, p1);
+          gemm(h, rows, H, pk, L.gate_up, L.gate_up_bias, gu, 2 * I, false, gp + p0, gp + p1);
+          for (size_t r = 0; r < rows; ++r) {
+            float* row = gu + r * 2 * I;
+            swiglu(row + p0 * pw, row + I + p0 * pw, row + p0 * pw, (p1 - p0) * pw);
+          }
+        });
+      } else if (split == Split::kRows) {  // a row block's gate/up, then its SwiGLU
+        gemm_stage(h, H, L.gate_up, L.gate_up_bias, gu, 2 * I, false, [&](size_t r0, size_t r1, size_t, size_t) {
+          for (size_t r = r0; r < r1; ++r) swiglu(gu + r * 2 * I, gu + r * 2 * I + I, gu + r * 2 * I, I);
+        });
+      } else {
+        gemm_stage(h, H, L.gate_up, L.gate_up_bias, gu, 2 * I, false, nothing);
+        stage(row_units, [&](uint32_t u) {
+          size_t r0, r1;
+          row_range(u, &r0, &r1);
+          for (size_t r = r0; r < r1; ++r) swiglu(gu + r * 2 * I, gu + r * 2 * I + I, gu + r * 2 * I, I);
+        });
       }
+      gemm_stage(gu, 2 * I, L.down, L.down_bias, x, H, true, nothing);
     }
 
-    matmul_xwt(att, rows, qd, L.o, x, H, true, nt);
-    if (!L.o_bias.empty())
-      for (size_t r = 0; r < rows; ++r) add_inplace(x + r * H, L.o_bias.data(), H);
-
-#pragma omp parallel for num_threads(nt) schedule(static) if (par_rows)
-    for (size_t r = 0; r < rows; ++r) rmsnorm(x + r * H, h + r * H, L.mlp_norm.data(), H, eps);
-    matmul_xwt(h, rows, H, L.gate_up, gu, 2 * I, false, nt);
-#pragma omp parallel for num_threads(nt) schedule(static) if (par_rows)
-    for (size_t r = 0; r < rows; ++r) {
-      float* row = gu + r * 2 * I;
-      if (!L.gate_up_bias.empty()) add_inplace(row, L.gate_up_bias.data(), 2 * I);
-      swiglu(row, row + I, row, I);
-    }
-    matmul_xwt(gu, rows, 2 * I, L.down, x, H, true, nt);
-    if (!L.down_bias.empty())
-      for (size_t r = 0; r < rows; ++r) add_inplace(x + r * H, L.down_bias.data(), H);
-  }
-
-  if (want == 0) return;
-  // Final norm of each wanting sequence's last row, compacted; then the lm_head GEMM straight
-  // into the callers' rows, one GEMM per run of rows that follow each other in memory (batch.cpp
-  // lays out returned rows and rows to sample as two such runs).
-  size_t k = 0;
-  for (size_t e = 0; e < count; ++e) {
-    if (!seqs[e].logits) continue;
-    rmsnorm(x + (row0[e] + seqs[e].n - 1) * H, h + k * H, w.final_norm.data(), H, eps);
-    ++k;
-  }
-  size_t run0 = 0, len = 0;  // the run: compacted rows [run0, run0 + len) go to `dst`
-  float* dst = nullptr;
-  k = 0;
-  for (size_t e = 0; e <= count; ++e) {
-    if (e < count && !seqs[e].logits) continue;
-    if (e < count && dst && seqs[e].logits == dst + len * m.vocab) {
-      ++len;
-    } else {
-      if (len > 0) matmul_xwt(h + run0 * H, len, H, w.lm_head, dst, m.vocab, false, nt);
-      if (e == count) break;
-      run0 = k;
-      len = 1;
-      dst = seqs[e].logits;
-    }
-    ++k;
-  }
+    const size_t wn = want_rows.size(), wchunk = chunk_of(wn);
+    stage(units_of(wn, wchunk), [&](uint32_t u) {
+      for (size_t k = u * wchunk; k < std::min(wn, (u + 1) * wchunk); ++k)
+        rmsnorm(x + want_rows[k] * H, h + k * H, w.final_norm.data(), H, eps);
+    });
+    const size_t vp = w.lm_head.panels(), vchunk = chunk_of(vp);
+    stage(wn == 0 ? 0 : units_of(vp, vchunk), [&](uint32_t u) {
+      const size_t p0 = u * vchunk, p1 = std::min(vp, (u + 1) * vchunk);
+      for (const HeadRun& run : runs) {
+        try {
+          gemm_range(h + run.row0 * H, run.len, H, w.lm_head, run.dst, m.vocab, false, p0, p1);
+        } catch (...) {
+          failed.store(true, std::memory_order_relaxed);
+        }
+      }
+    });
+  };
+  using Body = decltype(body);
+  WorkerPool::shared().run(nt, [](void* ctx, unsigned t, unsigned team) { (*static_cast<Body*>(ctx))(t, team); },
+                           &body);
+  if (failed.load(std::memory_order_relaxed)) throw std::bad_alloc();
 }
 
 }  // namespace kvr::cpu

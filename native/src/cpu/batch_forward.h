@@ -1,16 +1,19 @@
 // The CPU forward pass of one batched step: several sequences of one model, each appending its
 // own new tokens (one for a decode, more for a prefill chunk) to its own KV cache. Every
 // projection runs as one GEMM over the rows of all sequences; attention runs per sequence over
-// its own cache (small ones side by side on the threads, large ones with all threads); the
+// its own cache (in units claimed by the threads: a decode, or a block of a chunk's rows); the
 // lm_head runs only for the sequences that want logits. Inputs are validated by the caller.
 // Not the single-sequence path (forward.h), which stays as it is.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "backend.h"
+#include "cpu/forward.h"
+#include "cpu/gemm_prepared.h"
 #include "cpu/weights.h"
 #include "kv_cache.h"
 
@@ -29,7 +32,10 @@ struct BatchSeq {
 // Buffers of a step, reused from step to step by the caller's thread.
 struct BatchScratch {
   std::vector<float> main;    // activations of every row
-  std::vector<float> attn;    // attention scratch (per sequence or per thread)
+  std::vector<float> attn;    // attention scratch (per thread)
+  std::vector<PreparedRows> prepared;  // each thread's prepared GEMM input (few-row steps)
+  std::unique_ptr<StageCounter[]> stages;  // work counters of the step's stages (stage_units.h)
+  size_t stage_count = 0;
 };
 
 // Runs the step. Sequences must be distinct caches. Throws std::bad_alloc when scratch cannot

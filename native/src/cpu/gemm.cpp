@@ -1,11 +1,13 @@
 // Packed single-precision GEMM y (m, n) = x (m, k) · Wᵀ (W packed as f32 or bf16): weight packing,
-// cache blocking, bf16 panel widening, OpenMP work split and runtime kernel dispatch (AVX2+FMA or
-// portable). The micro-kernels themselves live in gemm_avx2.cpp / gemm_generic.cpp; this file has
-// no ISA-specific code.
+// cache blocking, bf16 panel widening, work split (OpenMP, or for m > 1 the caller's choice of
+// OpenMP or the worker pool: parallel_for.h) and runtime kernel dispatch (AVX2+FMA or portable).
+// The micro-kernels themselves live in gemm_avx2.cpp / gemm_generic.cpp; this file has no
+// ISA-specific code.
 // Layout, blocking and measured numbers: docs/gemm.md.
 #include "cpu/gemm.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -18,6 +20,7 @@
 #include "cpu/gemm_kernels.h"
 #include "cpu/gemm_q4.h"
 #include "cpu/gemm_q8.h"
+#include "cpu/parallel_for.h"
 
 namespace kvr::cpu {
 
@@ -139,11 +142,13 @@ const float* panel_slice(const KernelTable& kt, const PackedWeight& w, size_t p,
   return buf;
 }
 
-// Rows [m0, m1) of y against every weight panel: A packed block by block (MC, KC) into this
-// thread's scratch (L2), each (KC, 16) weight panel slice reused across the block's tiles (L1).
+// Rows [m0, m1) of y against weight panels [p0, p1) (default: every panel): A packed block by
+// block (MC, KC) into this thread's scratch (L2), each (KC, 16) weight panel slice reused across
+// the block's tiles (L1).
 void gemm_rows(const KernelTable& kt, const float* x, size_t ldx, const PackedWeight& w, float* y,
-               size_t ldy, bool accumulate, size_t m0, size_t m1) {
-  const size_t n = w.rows(), k = w.cols(), panels = w.panels();
+               size_t ldy, bool accumulate, size_t m0, size_t m1, size_t p0 = 0,
+               size_t p1 = SIZE_MAX) {
+  const size_t n = w.rows(), k = w.cols(), panels = std::min(p1, w.panels());
   float* apack = a_scratch();
   const bool direct_bf16 = w.is_bf16() && kt.tile_bf16[1] != nullptr;
   alignas(64) float bbuf[kKC * kPanelWidth];  // widened bf16 panel slice (16 KiB)
@@ -153,7 +158,7 @@ void gemm_rows(const KernelTable& kt, const float* x, size_t ldx, const PackedWe
     for (size_t ic = m0; ic < m1; ic += kMC) {
       const size_t mc = std::min(kMC, m1 - ic);
       pack_a(x + ic * ldx + pc, ldx, mc, kc, apack);
-      for (size_t p = 0; p < panels; ++p) {
+      for (size_t p = p0; p < panels; ++p) {
         const size_t col = p * kPanelWidth, ncol = std::min(kPanelWidth, n - col);
         if (direct_bf16) {
           run_tiles(kt, apack, kc * kTileRows, mc, kc, w.panel_bf16(p) + pc * kPanelWidth,
@@ -438,7 +443,7 @@ void PackedWeight::row_f32(size_t r, float* out) const {
 }
 
 void matmul_xwt(const float* x, size_t m, size_t ldx, const PackedWeight& w, float* y,
-                size_t ldy, bool accumulate, int n_threads) {
+                size_t ldy, bool accumulate, int n_threads, Workers workers) {
   const size_t n = w.rows(), k = w.cols();
   if (m == 0 || n == 0) return;
   if (k == 0) {  // empty sum
@@ -472,7 +477,7 @@ void matmul_xwt(const float* x, size_t m, size_t ldx, const PackedWeight& w, flo
   }
 
   if (w.is_q8() || w.is_q4()) {  // int8 activations and integer dots, as the GEMV (gemm_int8.h)
-    int8::matmul(x, m, ldx, w, y, ldy, accumulate, nt);
+    int8::matmul(x, m, ldx, w, y, ldy, accumulate, nt, workers);
     return;
   }
 
@@ -486,31 +491,28 @@ void matmul_xwt(const float* x, size_t m, size_t ldx, const PackedWeight& w, flo
     std::vector<float, AlignedAllocator<float>> apack(row_tiles * kTileRows * k);
     pack_a(x, ldx, m, k, apack.data());
     const size_t tasks = task_count(panels, nt, panels);
-#pragma omp parallel for num_threads(static_cast<int>(nt)) schedule(dynamic, 1)
-    for (long t = 0; t < static_cast<long>(tasks); ++t) {
+    parallel_dynamic(workers, static_cast<int>(nt), tasks, [&](size_t t, unsigned) {
       size_t p0, p1;
-      split_range(panels, tasks, static_cast<size_t>(t), &p0, &p1);
+      split_range(panels, tasks, t, &p0, &p1);
       gemm_panels(kt, apack.data(), m, w, y, ldy, accumulate, p0, p1);
-    }
+    });
     return;
   }
 
   // Many rows: split the row tiles into blocks of at most MC rows (each packs its own A once);
   // threads share the weight panels through L3.
   const size_t tasks = task_count(row_tiles, nt, kMC / kTileRows);
-  bool failed = false;  // an exception may not leave an OpenMP region: carry it out by hand
-#pragma omp parallel for num_threads(static_cast<int>(nt)) schedule(dynamic, 1) \
-    reduction(|| : failed)
-  for (long t = 0; t < static_cast<long>(tasks); ++t) {
+  std::atomic<bool> failed{false};  // a loop body must not throw: carry it out by hand
+  parallel_dynamic(workers, static_cast<int>(nt), tasks, [&](size_t t, unsigned) {
     size_t t0, t1;
-    split_range(row_tiles, tasks, static_cast<size_t>(t), &t0, &t1);
+    split_range(row_tiles, tasks, t, &t0, &t1);
     try {
       gemm_rows(kt, x, ldx, w, y, ldy, accumulate, t0 * kTileRows, std::min(m, t1 * kTileRows));
     } catch (...) {  // only std::bad_alloc from a_scratch() can occur
-      failed = true;
+      failed.store(true, std::memory_order_relaxed);
     }
-  }
-  if (failed) throw std::bad_alloc();
+  });
+  if (failed.load()) throw std::bad_alloc();
 }
 
 void gemv_range(const float* x, const PackedWeight& w, float* y, bool accumulate, size_t p0,
@@ -523,6 +525,46 @@ void gemv_range(const float* x, const PackedWeight& w, float* y, bool accumulate
     return;
   }
   gemv_panels(kernels(), x, w, y, accumulate, p0, p1);
+}
+
+void gemm_range(const float* x, size_t m, size_t ldx, const PackedWeight& w, float* y, size_t ldy,
+                bool accumulate, size_t p0, size_t p1) {
+  p1 = std::min(p1, w.panels());
+  if (m == 0 || p0 >= p1) return;
+  if (m == 1 || w.cols() == 0) {  // gemv_range: the m = 1 sums of matmul_xwt, and k = 0
+    for (size_t r = 0; r < m; ++r) gemv_range(x + r * ldx, w, y + r * ldy, accumulate, p0, p1);
+    return;
+  }
+  if (w.is_q8() || w.is_q4()) {  // the int8 GEMM of matmul_xwt (gemm_int8.h), on this thread
+    thread_local int8::QuantRows q;
+    q.prepare(m, w);
+    q.quantize(x, ldx, w.cols(), 0, m);
+    int8::gemm_rect(q, w, y, ldy, accumulate, 0, m, p0, p1);
+    return;
+  }
+  gemm_rows(kernels(), x, ldx, w, y, ldy, accumulate, 0, m, p0, p1);
+}
+
+size_t gemm_packed_a_floats(size_t m, size_t k) {
+  return (m + kTileRows - 1) / kTileRows * kTileRows * k;
+}
+
+void gemm_pack_a(const float* x, size_t m, size_t ldx, size_t k, float* apack) {
+  pack_a(x, ldx, m, k, apack);
+}
+
+void gemm_packed_range(const float* apack, size_t m, const PackedWeight& w, float* y, size_t ldy,
+                       bool accumulate, size_t p0, size_t p1) {
+  p1 = std::min(p1, w.panels());
+  if (m == 0 || p0 >= p1) return;
+  if (w.cols() == 0) {  // empty sum
+    if (!accumulate) {
+      const size_t c0 = p0 * kPanelWidth, c1 = std::min(p1 * kPanelWidth, w.rows());
+      for (size_t i = 0; i < m; ++i) std::memset(y + i * ldy + c0, 0, (c1 - c0) * sizeof(float));
+    }
+    return;
+  }
+  gemm_panels(kernels(), apack, m, w, y, ldy, accumulate, p0, p1);
 }
 
 void dequantize(const PackedWeight& w, float* out) {

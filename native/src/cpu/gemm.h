@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "cpu/parallel_for.h"
+
 namespace kvr::cpu {
 
 // Minimal allocator giving 64-byte (cache line) aligned storage for packed panels.
@@ -145,17 +147,35 @@ class PackedWeight {
 };
 
 // y (m, n) with row stride ldy = x (m, k) with row stride ldx · Wᵀ; when accumulate, y += x · Wᵀ.
-// Runs on n_threads OpenMP threads (>= 1). Bounds are the caller's: shapes come from the model.
+// Runs on n_threads threads (>= 1) from `workers` (m = 1: OpenMP always; parallel_for.h). Bounds
+// are the caller's: shapes come from the model.
 // y must not overlap x or W. Throws std::bad_alloc when a thread's first call cannot allocate its
 // ~96 KiB packing scratch (y is then partly written).
 void matmul_xwt(const float* x, size_t m, size_t ldx, const PackedWeight& w, float* y,
-                size_t ldy, bool accumulate, int n_threads);
+                size_t ldy, bool accumulate, int n_threads, Workers workers = Workers::kOpenMP);
 
 // y (n) (+)= x (k) · Wᵀ restricted to weight panels [p0, p1) (output columns p0*16 ..
 // min(p1*16, n)), on the calling thread: the same sums as matmul_xwt with m = 1, so threads of
 // one parallel region can split a GEMV by panels without a fork/join of their own.
 void gemv_range(const float* x, const PackedWeight& w, float* y, bool accumulate, size_t p0,
                 size_t p1);
+
+// y (m, n) (+)= x (m, k) · Wᵀ restricted to weight panels [p0, p1) (output columns p0*16 ..
+// min(p1*16, n)), on the calling thread: the same sums as matmul_xwt, so the threads of one
+// parallel region (the batched step, cpu/batch_forward.cpp) can split a GEMM by panels — each
+// thread the same panels every step, so its share of the weights stays in its core's cache.
+// Throws std::bad_alloc when the thread's first call cannot allocate its packing scratch.
+void gemm_range(const float* x, size_t m, size_t ldx, const PackedWeight& w, float* y, size_t ldy,
+                bool accumulate, size_t p0, size_t p1);
+
+// The same for f32/bf16 weights with A packed once by the caller (gemm_pack_a), for threads
+// that each take several panel ranges of one GEMM (cpu/gemm_prepared.h). apack holds
+// gemm_packed_a_floats(m, k) floats; gemm_packed_range reads it (m >= 1 rows) and does not
+// allocate or throw.
+size_t gemm_packed_a_floats(size_t m, size_t k);
+void gemm_pack_a(const float* x, size_t m, size_t ldx, size_t k, float* apack);
+void gemm_packed_range(const float* apack, size_t m, const PackedWeight& w, float* y, size_t ldy,
+                       bool accumulate, size_t p0, size_t p1);
 
 // out (n, k) row-major = the values the kernels use for w (q8/q4: dequantized as the prefill
 // GEMM does; f32/bf16: as packed).

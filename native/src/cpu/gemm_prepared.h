@@ -1,0 +1,33 @@
+// A GEMM input prepared once for several weight-panel ranges of one GEMM: packed f32 tiles for
+// f32/bf16 weights (gemm_pack_a), int8 codes per 32-block for q8/q4 weights (gemm_int8.h) — for
+// the threads of the batched step (cpu/batch_forward.cpp), each taking several panel chunks of a
+// GEMM: preparing per chunk cost about half as much as the multiplications at 32 rows. The sums
+// are those of matmul_xwt for the same input. Not for one row (the GEMV reads x in place).
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "cpu/gemm.h"
+#include "cpu/gemm_int8.h"
+
+namespace kvr::cpu {
+
+class PreparedRows {
+ public:
+  // Prepares x (m, k = w.cols(), row stride ldx) for w's format. Throws std::bad_alloc (the
+  // buffers grow to the largest input seen and are kept).
+  void prepare(const float* x, size_t m, size_t ldx, const PackedWeight& w);
+
+  // y (m, n) (+)= the prepared rows · Wᵀ on weight panels [p0, p1), on the calling thread. w has
+  // the format and k of the prepare() call. Does not allocate or throw.
+  void gemm_range(const PackedWeight& w, float* y, size_t ldy, bool accumulate, size_t p0, size_t p1) const;
+
+ private:
+  size_t m_ = 0;
+  bool quant_ = false;
+  std::vector<float, AlignedAllocator<float>> pack_;  // f32/bf16 weights: gemm_pack_a
+  int8::QuantRows q_;                                 // q8/q4 weights
+};
+
+}  // namespace kvr::cpu

@@ -4,6 +4,8 @@
 // distribution (log-softmax at temperature 1, before temperature/top-k/top-p filtering) for the
 // chosen token and the most likely alternatives. One row at a time; no sampling here.
 
+import { limitRow } from "./sampler.ts";
+
 /** Logit processing and log-probability options of a generation. */
 export interface LogitOptions {
   /** Token id → bias added to its logit (OpenAI: −100..100; −100 bans, 100 forces). */
@@ -90,6 +92,11 @@ export class LogitProcessor {
 export function stepLogprobs(logits: Float32Array, chosen: number, top: number): StepLogprobs {
   let max = -Infinity;
   for (let i = 0; i < logits.length; i++) if (logits[i] > max) max = logits[i];
+  if (max === Infinity) {
+    // +Infinity tokens share the probability (sampler.ts limitRow): -log(count) each, others -Infinity
+    logits = limitRow(logits);
+    max = 0;
+  }
   let sum = 0;
   for (let i = 0; i < logits.length; i++) {
     if (logits[i] > -Infinity) sum += Math.exp(logits[i] - max);

@@ -150,3 +150,14 @@ Deno.test("stepLogprobs() leaves impossible tokens out of the top list and equal
     assert.deepEqual(Array.from(r.top?.logprobs ?? []), want.top.map((t) => t.logprob));
   }
 });
+
+Deno.test("`stepLogprobs()` splits the probability among +Infinity logits: -log(count) each, the rest -Infinity", () => {
+  const l = Float32Array.from([1, Infinity, 50, NaN, Infinity, -Infinity]);
+  const r = stepLogprobs(l, 4, 5);
+  assert.equal(r.logprob, 0 - Math.log(2));
+  assert.deepEqual(r.top, [{ id: 1, logprob: 0 - Math.log(2) }, {
+    id: 4,
+    logprob: 0 - Math.log(2),
+  }]);
+  assert.equal(stepLogprobs(l, 2, 0).logprob, -Infinity);
+});

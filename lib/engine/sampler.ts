@@ -105,6 +105,7 @@ export function samplingDistribution(
     throw new RangeError("samplingDistribution: temperature 0 is greedy, use argmax()");
   }
   const { max, total, finite } = softmaxMass(logits, temperature);
+  if (max === Infinity) return samplingDistribution(limitRow(logits), opts);
   // Only tokens near the top can survive a filter, so sort just those: candidates are the ids
   // with scaled logit ≥ max − delta, widened (cheap O(vocab) passes, no sort) until the cut
   // provably falls inside them — exact, not an approximation. With no filter, all are kept.
@@ -195,7 +196,24 @@ export function samplingDistribution(
   }
 }
 
-// Max logit, Σ exp((l − max)/T) over finite logits (float64), and how many are finite.
+/**
+ * The row sampling runs on when `logits` holds +Infinity: such a token outweighs every finite one,
+ * so in the limit the +Infinity tokens share all the probability equally. The limit row has 0 for
+ * them and -Infinity for everything else, which keeps Infinity − Infinity (NaN) out of the sums
+ * and the candidate widening (a NaN floor made it spin forever). Greedy picks the same token
+ * either way (the lowest-id +Infinity).
+ *
+ * @param logits one row holding at least one +Infinity
+ * @returns (vocab,) float32: 0 where logits is +Infinity, -Infinity elsewhere
+ */
+export function limitRow(logits: ArrayLike<number>): Float32Array {
+  const out = new Float32Array(logits.length).fill(-Infinity);
+  for (let i = 0; i < logits.length; i++) if (logits[i] === Infinity) out[i] = 0;
+  return out;
+}
+
+// Max logit, Σ exp((l − max)/T) over finite logits (float64), and how many are finite. The total
+// is NaN when max is +Infinity: callers switch to limitRow() first.
 function softmaxMass(
   logits: ArrayLike<number>,
   temperature: number,
@@ -253,7 +271,11 @@ export class Sampler {
     const { temperature, topK, topP, minP } = this.options;
     if (topK === 0 && topP >= 1 && minP === 0) {
       // Plain softmax sampling: one pass in id order, no sort.
-      const { max, total } = softmaxMass(logits, temperature);
+      let { max, total } = softmaxMass(logits, temperature);
+      if (max === Infinity) {
+        logits = limitRow(logits);
+        ({ max, total } = softmaxMass(logits, temperature));
+      }
       const target = this.#rng.nextFloat() * total;
       let cumulative = 0;
       let last = -1;

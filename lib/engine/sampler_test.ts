@@ -220,3 +220,50 @@ Deno.test("`samplingDistribution()` equals a full-sort reference on wide random 
     close(got.probs, want.probs, 1e-9, ctx);
   }
 });
+
+Deno.test("`samplingDistribution()` gives +Infinity logits all the probability, shared equally, under every filter", () => {
+  // ids 2, 5 and 9 are +Infinity; the finite rest (and NaN, -Infinity) must get nothing
+  const l = Float32Array.from([3, NaN, Infinity, 1e30, -Infinity, Infinity, 0, -5, 2, Infinity]);
+  const infs = [2, 5, 9];
+  const configs = [
+    { temperature: 1 },
+    { temperature: 0.5, topK: 1 },
+    { temperature: 1, topK: 2 },
+    { temperature: 1.5, topK: 50 },
+    { temperature: 1, topP: 0.5 },
+    { temperature: 1, topP: 0.9 },
+    { temperature: 1, minP: 0.1 },
+    { temperature: 0.8, topK: 40, topP: 0.95, minP: 0.02 },
+  ];
+  for (const c of configs) {
+    // top_k keeps the lowest-id k of the tied +Infinity tokens; top_p the shortest prefix of equal
+    // shares reaching p; min_p keeps all (equal probabilities)
+    let kept = infs.slice(0, c.topK ?? infs.length);
+    if (c.topP !== undefined) kept = kept.slice(0, Math.ceil(c.topP * kept.length - 1e-12));
+    const d = samplingDistribution(l, c);
+    assertEquals(Array.from(d.ids), kept, JSON.stringify(c));
+    close(d.probs, kept.map(() => 1 / kept.length), 1e-12, JSON.stringify(c));
+  }
+  // one +Infinity among finite logits: certain
+  const one = Float32Array.from([5, Infinity, 7]);
+  assertEquals(Array.from(samplingDistribution(one, { temperature: 1, topK: 3 }).ids), [1]);
+});
+
+Deno.test("`Sampler.sample()` draws only +Infinity tokens when a row has them, greedy or not", () => {
+  const l = Float32Array.from([3, Infinity, 9, Infinity, 1]);
+  for (
+    const c of [
+      { temperature: 0 },
+      { temperature: 1 },
+      { temperature: 1, topK: 2 },
+      { temperature: 1, topP: 0.9 },
+      { temperature: 1, minP: 0.5 },
+    ]
+  ) {
+    const s = new Sampler({ ...c, seed: 3 });
+    const seen = new Set<number>();
+    for (let i = 0; i < 200; i++) seen.add(s.sample(l));
+    // greedy: the lowest id of the tie; otherwise both +Infinity tokens, nothing else
+    assertEquals([...seen].sort(), c.temperature === 0 ? [1] : [1, 3], JSON.stringify(c));
+  }
+});

@@ -114,6 +114,29 @@ Deno.test("NativeSampler returns the chosen and top-n logprobs of a plain float6
   assert.deepEqual(Array.from(r.top!.ids), [3, 1]);
 });
 
+Deno.test("NativeSampler draws the TypeScript Sampler's tokens on rows holding +Infinity (their limit), every setting", () => {
+  const data = new Xoshiro128(77);
+  for (const [si, s] of SETTINGS.entries()) {
+    const ts = new Sampler({ ...s, seed: 11 + si });
+    using nat = NativeSampler.create({ ...ts.options });
+    for (let step = 0; step < 8; step++) {
+      const l = row(step % 2 ? 300 : 4096, data, step);
+      const infs = 1 + (step % 3);
+      for (let j = 0; j < infs; j++) l[(step * 977 + j * 131) % l.length] = Infinity;
+      const want = ts.sample(l);
+      assert.equal(l[want], Infinity, `TypeScript picks a +Infinity token (${JSON.stringify(s)})`);
+      const r = nat.sample(l, l.length, { logprob: true, topLogprobs: 4 });
+      assert.equal(r.token, want, `settings ${JSON.stringify(s)} step ${step}`);
+      const count = l.filter((v) => v === Infinity).length;
+      assert.equal(r.logprob, 0 - Math.log(count)); // the limit row: 0 − (0 + log(count))
+      assert.deepEqual(
+        Array.from(r.top!.ids),
+        [...l.keys()].filter((i) => l[i] === Infinity).slice(0, 4),
+      );
+    }
+  }
+});
+
 Deno.test("NativeSampler rejects bad options, widths and rows without a finite logit", () => {
   const base = { temperature: 1, topK: 0, topP: 1, minP: 0, seed: 1 };
   assert.throws(() => NativeSampler.create({ ...base, temperature: -1 }), /temperature/);

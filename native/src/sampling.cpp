@@ -168,6 +168,17 @@ int64_t argmax_row(const float* logits, size_t n) {
 
 namespace {
 
+// limitRow of sampler.ts: the row sampling runs on when l holds +inf (such tokens outweigh every
+// finite one, so in the limit they share all the probability equally): 0 where l is +inf, -inf
+// elsewhere. Keeps inf − inf (NaN) out of the sums and the candidate widening, which a NaN floor
+// made spin forever.
+const float* limit_row(const float* l, size_t n, std::vector<float>& out) {
+  out.assign(n, -std::numeric_limits<float>::infinity());
+  for (size_t i = 0; i < n; ++i)
+    if (static_cast<double>(l[i]) == kInf) out[i] = 0.0f;
+  return out.data();
+}
+
 // softmaxMass of sampler.ts: max finite logit, Σ exp((l − max)/T) over finite logits in id order
 // (skipped when want_total is false: the caller does not read it), and how many are finite.
 // When terms is given, terms[i] = exp((l[i] − max)/T) for finite logits (for the caller to reuse).
@@ -209,6 +220,10 @@ void sampling_distribution(const float* l, size_t n, const SamplingConfig& cfg,
   // total and the candidates' mass matter only without top_k (sampler.ts reads them there only).
   const bool need_mass = top_k == 0;
   softmax_mass(l, n, temperature, need_mass, &max, &total, &finite);
+  if (max == kInf) {
+    l = limit_row(l, n, sc.limit);
+    softmax_mass(l, n, temperature, need_mass, &max, &total, &finite);
+  }
   const bool no_filter = top_k == 0 && top_p >= 1 && min_p == 0;
   double delta = no_filter ? kInf : 1;
   auto widen = [&] { delta = delta > 1e4 ? kInf : delta * 2; };
@@ -310,6 +325,10 @@ int64_t sample_row(const float* l, size_t n, const SamplingConfig& cfg, Xoshiro1
     size_t finite;
     sc.probs.resize(n);  // the exp terms, computed once and summed twice in the same order
     softmax_mass(l, n, cfg.temperature, true, &max, &total, &finite, sc.probs.data());
+    if (max == kInf) {
+      l = limit_row(l, n, sc.limit);
+      softmax_mass(l, n, cfg.temperature, true, &max, &total, &finite, sc.probs.data());
+    }
     if (finite == 0) return -1;
     const double target = rng.next_double() * total;
     double cumulative = 0;
@@ -369,6 +388,11 @@ size_t logprobs_row(const float* l, size_t n, int64_t id, double* id_logprob, si
   for (size_t i = 0; i < n; ++i) {
     const double v = l[i];
     if (v > max) max = v;
+  }
+  std::vector<float> limited;  // +inf tokens share the probability: -log(count) each (logits.ts)
+  if (max == kInf) {
+    l = limit_row(l, n, limited);
+    max = 0;
   }
   double total = 0;
   for (size_t i = 0; i < n; ++i) {

@@ -42,6 +42,7 @@ struct SamplingConfig {
 struct SamplingScratch {
   std::vector<int32_t> ids;
   std::vector<double> probs;
+  std::vector<float> limit;  // the limit row of a row holding +inf (sampling.cpp limit_row)
 };
 
 // Index of the largest of logits[0..n), NaN as -inf, ties to the lowest index; -1 when none is

@@ -2,7 +2,7 @@
 // reference candidate selection against a full sort, and — the exactness claim of the CUDA route
 // — that drawing from the best min(top_k, finite) candidates (sampler_run_candidates) gives the
 // same token and leaves the same PRNG state as the CPU sampler on the whole row (sampler_run),
-// over random rows with ties, NaN and -inf. Built by CMake as kvr_sample_math_test (with
+// over random rows with ties, NaN, -inf and +inf. Built by CMake as kvr_sample_math_test (with
 // sampling.cpp, sampler_api.cpp, errors.cpp); run by sample_math_test.ts. Exit status 1 on failure.
 #include "common/sample_math.h"
 
@@ -30,9 +30,8 @@ void check(bool ok, const char* what, long long a = 0, long long b = 0) {
   if (!ok && ++g_failures <= 20) std::printf("FAIL %s (%lld vs %lld)\n", what, a, b);
 }
 
-// A row with the hazards the selection must order: ties (values on a coarse grid), NaN, -inf.
-// +inf is left out: the sampler (like sampler.ts) never settles on a row holding +inf with top_k
-// set (its floor max − δ·T is +inf or NaN), a pre-existing limit both routes share.
+// A row with the hazards the selection must order: ties (values on a coarse grid), NaN, -inf,
+// and in some rows one to three +inf (the sampler's limit row: they share the probability).
 std::vector<float> random_row(std::mt19937& rng, size_t n) {
   std::uniform_real_distribution<float> u(-6.0f, 6.0f);
   std::uniform_int_distribution<int> pick(0, 99);
@@ -43,6 +42,10 @@ std::vector<float> random_row(std::mt19937& rng, size_t n) {
     if (p < 3) v = std::numeric_limits<float>::quiet_NaN();
     else if (p < 8) v = -std::numeric_limits<float>::infinity();
     else v = coarse ? std::round(u(rng) * 2) / 2 : u(rng);
+  }
+  if (pick(rng) < 15) {
+    const int count = 1 + pick(rng) % 3;
+    for (int c = 0; c < count; ++c) row[rng() % n] = std::numeric_limits<float>::infinity();
   }
   if (pick(rng) < 3) std::fill(row.begin(), row.end(), -std::numeric_limits<float>::infinity());
   return row;

@@ -9,9 +9,9 @@
 #include <cstdint>
 #include <limits>
 
-#include <omp.h>
 
 #include "cpu/convert.h"
+#include "cpu/parallel_for.h"
 #include "cpu/simd.h"
 #include "cpu/vec_math.h"
 #include "kvrelay.h"
@@ -488,16 +488,15 @@ void attention(const AttnArgs& a, float* scratch) {
   float* thread_base = align64(scratch + ((p.items * p.partial_per_item + 15) & ~size_t{15}));
   const int nt = std::max(a.n_threads, 1);
 
-#pragma omp parallel num_threads(nt) if (p.parallel && p.items > 1)
-  {
-    const ThreadBufs tb = thread_bufs(
-        p, a.head_dim, thread_base + static_cast<size_t>(omp_get_thread_num()) * p.thread_floats);
-#pragma omp for schedule(dynamic, 1)
-    for (size_t item = 0; item < p.items; ++item) run_item(a, p, item, tb, partial + item * p.partial_per_item);
-    const size_t blocks = a.kv_heads * p.nqb;
-#pragma omp for schedule(static)
-    for (size_t b = 0; b < blocks; ++b) merge_block(a, p, b, partial + b * p.splits * p.partial_per_item);
-  }
+  // Pass 1 items claimed dynamically (their key ranges differ), then pass 2 merges (static).
+  const int team = p.parallel && p.items > 1 ? nt : 1;
+  parallel_dynamic(a.workers, team, p.items, [&](size_t item, unsigned t) {
+    const ThreadBufs tb = thread_bufs(p, a.head_dim, thread_base + t * p.thread_floats);
+    run_item(a, p, item, tb, partial + item * p.partial_per_item);
+  });
+  parallel_static(a.workers, team, a.kv_heads * p.nqb, [&](size_t b, unsigned) {
+    merge_block(a, p, b, partial + b * p.splits * p.partial_per_item);
+  });
 }
 
 size_t attention_group_scratch_floats(const AttnArgs& a) {

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "cpu/parallel_for.h"
 #include "kv_cache.h"
 
 namespace kvr::cpu {
@@ -21,6 +22,7 @@ struct AttnArgs {
   float* out = nullptr;          // (n, heads*head_dim) rows with stride ldo
   size_t ldo = 0;
   int n_threads = 1;
+  Workers workers = Workers::kOpenMP;  // where the n_threads come from (parallel_for.h)
 };
 
 // Floats of scratch attention() needs for these arguments.

@@ -1,6 +1,7 @@
 // CPU forward pass (see forward.h). Prefill runs in chunks of up to kChunk tokens so scratch stays
 // bounded; each chunk does batched GEMMs (cpu::matmul_xwt) over all its tokens and blocked
-// attention; only the requested rows go through the lm_head. Row-wise ops run on OpenMP threads.
+// attention; only the requested rows go through the lm_head. Row-wise ops run on the worker pool
+// (parallel_for.h).
 #include "cpu/forward.h"
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include "cpu/decode_step.h"
 #include "cpu/gemm.h"
 #include "cpu/ops.h"
+#include "cpu/parallel_for.h"
 #include "rope.h"
 
 namespace kvr::cpu {
@@ -24,7 +26,8 @@ void forward_chunk(const ModelGeometry& m, const Weights& w, KvCache& kv, const 
   const size_t H = m.hidden, I = m.inter, hd = m.head_dim, half = hd / 2;
   const size_t qd = m.q_dim, kvd = m.kv_dim, ldqkv = qd + 2 * kvd;
   const int nt = m.n_threads;
-  const bool par_rows = n > 1 && n * m.hidden >= 16384;  // below this a fork/join costs more than it saves
+  // Below this a region costs more than it saves.
+  const int row_team = n > 1 && n * m.hidden >= 16384 ? nt : 1;
   const float eps = m.params.rms_norm_eps;
   const bool qwen3 = m.params.arch == KVR_ARCH_QWEN3;
 
@@ -49,26 +52,24 @@ void forward_chunk(const ModelGeometry& m, const Weights& w, KvCache& kv, const 
   aa.out = att;
   aa.ldo = qd;
   aa.n_threads = nt;
+  aa.workers = Workers::kPool;
   const size_t attn_need = attention_scratch_floats(aa);
   if (sc.attn.size() < attn_need) sc.attn.resize(attn_need);
 
   // Embeddings and RoPE tables (double precision angles, rounded to f32).
-#pragma omp parallel for num_threads(nt) schedule(static) if (par_rows)
-  for (size_t i = 0; i < n; ++i) {
+  parallel_static(Workers::kPool, row_team, n, [&](size_t i, unsigned) {
     embed_row(w, static_cast<size_t>(tokens[i]), H, x + i * H);
     // The CUDA backend computes the same bits (common/device_math.h via rope.h).
     rope_cos_sin_rows(m.inv_freq, pos0 + i, 1, cs + i * hd, hd);
-  }
+  });
 
   for (size_t l = 0; l < m.layers; ++l) {
     const LayerWeights& L = w.layer[l];
 
-#pragma omp parallel for num_threads(nt) schedule(static) if (par_rows)
-    for (size_t i = 0; i < n; ++i) rmsnorm(x + i * H, h + i * H, L.attn_norm.data(), H, eps);
-    matmul_xwt(h, n, H, L.qkv, qkv, ldqkv, false, nt);
+    parallel_static(Workers::kPool, row_team, n, [&](size_t i, unsigned) { rmsnorm(x + i * H, h + i * H, L.attn_norm.data(), H, eps); });
+    matmul_xwt(h, n, H, L.qkv, qkv, ldqkv, false, nt, Workers::kPool);
 
-#pragma omp parallel for num_threads(nt) schedule(static) if (par_rows)
-    for (size_t i = 0; i < n; ++i) {
+    parallel_static(Workers::kPool, row_team, n, [&](size_t i, unsigned) {
       float* row = qkv + i * ldqkv;
       if (!L.qkv_bias.empty()) add_inplace(row, L.qkv_bias.data(), ldqkv);
       float* kr = row + qd;
@@ -84,25 +85,23 @@ void forward_chunk(const ModelGeometry& m, const Weights& w, KvCache& kv, const 
         from_f32(kr + g * hd, kv.dtype, kv.at(l, 0, g, pos0 + i), hd);
         from_f32(vr + g * hd, kv.dtype, kv.at(l, 1, g, pos0 + i), hd);
       }
-    }
+    });
 
     aa.layer = l;
     attention(aa, sc.attn.data());
 
-    matmul_xwt(att, n, qd, L.o, x, H, true, nt);
+    matmul_xwt(att, n, qd, L.o, x, H, true, nt, Workers::kPool);
     if (!L.o_bias.empty())
       for (size_t i = 0; i < n; ++i) add_inplace(x + i * H, L.o_bias.data(), H);
 
-#pragma omp parallel for num_threads(nt) schedule(static) if (par_rows)
-    for (size_t i = 0; i < n; ++i) rmsnorm(x + i * H, h + i * H, L.mlp_norm.data(), H, eps);
-    matmul_xwt(h, n, H, L.gate_up, gu, 2 * I, false, nt);
-#pragma omp parallel for num_threads(nt) schedule(static) if (par_rows)
-    for (size_t i = 0; i < n; ++i) {
+    parallel_static(Workers::kPool, row_team, n, [&](size_t i, unsigned) { rmsnorm(x + i * H, h + i * H, L.mlp_norm.data(), H, eps); });
+    matmul_xwt(h, n, H, L.gate_up, gu, 2 * I, false, nt, Workers::kPool);
+    parallel_static(Workers::kPool, row_team, n, [&](size_t i, unsigned) {
       float* row = gu + i * 2 * I;
       if (!L.gate_up_bias.empty()) add_inplace(row, L.gate_up_bias.data(), 2 * I);
       swiglu(row, row + I, row, I);
-    }
-    matmul_xwt(gu, n, 2 * I, L.down, x, H, true, nt);
+    });
+    matmul_xwt(gu, n, 2 * I, L.down, x, H, true, nt, Workers::kPool);
     if (!L.down_bias.empty())
       for (size_t i = 0; i < n; ++i) add_inplace(x + i * H, L.down_bias.data(), H);
   }
@@ -110,7 +109,7 @@ void forward_chunk(const ModelGeometry& m, const Weights& w, KvCache& kv, const 
   if (logit_rows == 0) return;
   for (size_t r = 0; r < logit_rows; ++r)
     rmsnorm(x + (logit_row0 + r) * H, h + r * H, w.final_norm.data(), H, eps);
-  matmul_xwt(h, logit_rows, H, w.lm_head, logits, m.vocab, false, nt);
+  matmul_xwt(h, logit_rows, H, w.lm_head, logits, m.vocab, false, nt, Workers::kPool);
 }
 
 }  // namespace

@@ -1,11 +1,13 @@
 // Packed single-precision GEMM y (m, n) = x (m, k) · Wᵀ (W packed as f32 or bf16): weight packing,
-// cache blocking, bf16 panel widening, OpenMP work split and runtime kernel dispatch (AVX2+FMA or
-// portable). The micro-kernels themselves live in gemm_avx2.cpp / gemm_generic.cpp; this file has
-// no ISA-specific code.
+// cache blocking, bf16 panel widening, work split (OpenMP, or for m > 1 the caller's choice of
+// OpenMP or the worker pool: parallel_for.h) and runtime kernel dispatch (AVX2+FMA or portable).
+// The micro-kernels themselves live in gemm_avx2.cpp / gemm_generic.cpp; this file has no
+// ISA-specific code.
 // Layout, blocking and measured numbers: docs/gemm.md.
 #include "cpu/gemm.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -18,6 +20,7 @@
 #include "cpu/gemm_kernels.h"
 #include "cpu/gemm_q4.h"
 #include "cpu/gemm_q8.h"
+#include "cpu/parallel_for.h"
 
 namespace kvr::cpu {
 
@@ -440,7 +443,7 @@ void PackedWeight::row_f32(size_t r, float* out) const {
 }
 
 void matmul_xwt(const float* x, size_t m, size_t ldx, const PackedWeight& w, float* y,
-                size_t ldy, bool accumulate, int n_threads) {
+                size_t ldy, bool accumulate, int n_threads, Workers workers) {
   const size_t n = w.rows(), k = w.cols();
   if (m == 0 || n == 0) return;
   if (k == 0) {  // empty sum
@@ -474,7 +477,7 @@ void matmul_xwt(const float* x, size_t m, size_t ldx, const PackedWeight& w, flo
   }
 
   if (w.is_q8() || w.is_q4()) {  // int8 activations and integer dots, as the GEMV (gemm_int8.h)
-    int8::matmul(x, m, ldx, w, y, ldy, accumulate, nt);
+    int8::matmul(x, m, ldx, w, y, ldy, accumulate, nt, workers);
     return;
   }
 
@@ -488,31 +491,28 @@ void matmul_xwt(const float* x, size_t m, size_t ldx, const PackedWeight& w, flo
     std::vector<float, AlignedAllocator<float>> apack(row_tiles * kTileRows * k);
     pack_a(x, ldx, m, k, apack.data());
     const size_t tasks = task_count(panels, nt, panels);
-#pragma omp parallel for num_threads(static_cast<int>(nt)) schedule(dynamic, 1)
-    for (long t = 0; t < static_cast<long>(tasks); ++t) {
+    parallel_dynamic(workers, static_cast<int>(nt), tasks, [&](size_t t, unsigned) {
       size_t p0, p1;
-      split_range(panels, tasks, static_cast<size_t>(t), &p0, &p1);
+      split_range(panels, tasks, t, &p0, &p1);
       gemm_panels(kt, apack.data(), m, w, y, ldy, accumulate, p0, p1);
-    }
+    });
     return;
   }
 
   // Many rows: split the row tiles into blocks of at most MC rows (each packs its own A once);
   // threads share the weight panels through L3.
   const size_t tasks = task_count(row_tiles, nt, kMC / kTileRows);
-  bool failed = false;  // an exception may not leave an OpenMP region: carry it out by hand
-#pragma omp parallel for num_threads(static_cast<int>(nt)) schedule(dynamic, 1) \
-    reduction(|| : failed)
-  for (long t = 0; t < static_cast<long>(tasks); ++t) {
+  std::atomic<bool> failed{false};  // a loop body must not throw: carry it out by hand
+  parallel_dynamic(workers, static_cast<int>(nt), tasks, [&](size_t t, unsigned) {
     size_t t0, t1;
-    split_range(row_tiles, tasks, static_cast<size_t>(t), &t0, &t1);
+    split_range(row_tiles, tasks, t, &t0, &t1);
     try {
       gemm_rows(kt, x, ldx, w, y, ldy, accumulate, t0 * kTileRows, std::min(m, t1 * kTileRows));
     } catch (...) {  // only std::bad_alloc from a_scratch() can occur
-      failed = true;
+      failed.store(true, std::memory_order_relaxed);
     }
-  }
-  if (failed) throw std::bad_alloc();
+  });
+  if (failed.load()) throw std::bad_alloc();
 }
 
 void gemv_range(const float* x, const PackedWeight& w, float* y, bool accumulate, size_t p0,

@@ -10,9 +10,13 @@
 #include <utility>
 #include <vector>
 
+#include "cpu/huge_pages.h"
+#include "cpu/parallel_for.h"
+
 namespace kvr::cpu {
 
-// Minimal allocator giving 64-byte (cache line) aligned storage for packed panels.
+// Minimal allocator giving 64-byte (cache line) aligned storage for packed panels (2 MiB aligned
+// and on huge pages when large, cpu/huge_pages.h).
 template <typename T>
 struct AlignedAllocator {
   using value_type = T;
@@ -22,12 +26,16 @@ struct AlignedAllocator {
   AlignedAllocator(const AlignedAllocator<U>&) {}
   T* allocate(size_t count) {
     if (count > static_cast<size_t>(-1) / sizeof(T) - kAlign) throw std::bad_alloc();
-    size_t bytes = (count * sizeof(T) + kAlign - 1) / kAlign * kAlign;
-    void* p = std::aligned_alloc(kAlign, bytes == 0 ? kAlign : bytes);
+    const size_t bytes = count * sizeof(T);
+    // Large buffers (packed weights) on transparent huge pages: cpu/huge_pages.h.
+    void* p = alloc_maybe_huge(bytes == 0 ? kAlign : bytes, kAlign);
     if (p == nullptr) throw std::bad_alloc();
     return static_cast<T*>(p);
   }
-  void deallocate(T* p, size_t) { std::free(p); }
+  void deallocate(T* p, size_t count) {
+    const size_t bytes = count * sizeof(T);
+    free_maybe_huge(p, bytes == 0 ? kAlign : bytes, kAlign);
+  }
   template <typename U>
   bool operator==(const AlignedAllocator<U>&) const { return true; }
   template <typename U>
@@ -145,11 +153,12 @@ class PackedWeight {
 };
 
 // y (m, n) with row stride ldy = x (m, k) with row stride ldx · Wᵀ; when accumulate, y += x · Wᵀ.
-// Runs on n_threads OpenMP threads (>= 1). Bounds are the caller's: shapes come from the model.
+// Runs on n_threads threads (>= 1) from `workers` (m = 1: OpenMP always; parallel_for.h). Bounds
+// are the caller's: shapes come from the model.
 // y must not overlap x or W. Throws std::bad_alloc when a thread's first call cannot allocate its
 // ~96 KiB packing scratch (y is then partly written).
 void matmul_xwt(const float* x, size_t m, size_t ldx, const PackedWeight& w, float* y,
-                size_t ldy, bool accumulate, int n_threads);
+                size_t ldy, bool accumulate, int n_threads, Workers workers = Workers::kOpenMP);
 
 // y (n) (+)= x (k) · Wᵀ restricted to weight panels [p0, p1) (output columns p0*16 ..
 // min(p1*16, n)), on the calling thread: the same sums as matmul_xwt with m = 1, so threads of

@@ -1,6 +1,7 @@
 // Driver of the int8 GEMM (gemm_int8.h): activation row quantization, cache blocking of tiles over
-// (row block × panel chunk), the OpenMP split and the runtime choice of tile kernels
-// (gemm_int8_avx512.cpp, gemm_int8_avxvnni.cpp; cpu_features.h). Without VNNI the rows go one by
+// (row block × panel chunk), the thread split and the runtime choice of tile kernels
+// (gemm_int8_avx512.cpp, gemm_int8_avxvnni.cpp; cpu_features.h); threads from OpenMP or the worker
+// pool (parallel_for.h). Without VNNI the rows go one by
 // one through the q8/q4 GEMV kernels (gemm_q8.cpp / gemm_q4.cpp), which give the same bits.
 // Measured speed and quality: docs/int8_gemm.md.
 #include "cpu/gemm_int8.h"
@@ -12,6 +13,7 @@
 #include "cpu/gemm_int8_kernels.h"
 #include "cpu/gemm_q4.h"
 #include "cpu/gemm_q8.h"
+#include "cpu/parallel_for.h"
 
 namespace kvr::cpu::int8 {
 namespace {
@@ -128,7 +130,7 @@ void gemm_rect(const QuantRows& q, const PackedWeight& w, float* y, size_t ldy, 
 }
 
 void matmul(const float* x, size_t m, size_t ldx, const PackedWeight& w, float* y, size_t ldy,
-            bool accumulate, size_t n_threads) {
+            bool accumulate, size_t n_threads, Workers workers) {
   const size_t k = w.cols(), panels = w.panels();
   // The caller's buffers, reached by the team through a reference (a thread_local named inside
   // the parallel region would be each worker's own).
@@ -157,15 +159,9 @@ void matmul(const float* x, size_t m, size_t ldx, const PackedWeight& w, float* 
     for (size_t i = 0; i < tasks; ++i) run_task(i);
     return;
   }
-#pragma omp parallel num_threads(static_cast<int>(nt))
-  {
-#pragma omp for schedule(static)
-    for (long r = 0; r < static_cast<long>(m); ++r) {
-      q.quantize(x, ldx, k, static_cast<size_t>(r), static_cast<size_t>(r) + 1);
-    }
-#pragma omp for schedule(dynamic, 1)
-    for (long i = 0; i < static_cast<long>(tasks); ++i) run_task(static_cast<size_t>(i));
-  }
+  // Quantize (rows split evenly), then the tiles (claimed one task at a time).
+  parallel_static(workers, static_cast<int>(nt), m, [&](size_t r, unsigned) { q.quantize(x, ldx, k, r, r + 1); });
+  parallel_dynamic(workers, static_cast<int>(nt), tasks, [&](size_t i, unsigned) { run_task(i); });
 }
 
 const char* kernel_name() {

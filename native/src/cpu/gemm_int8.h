@@ -30,10 +30,10 @@ struct QuantRows {
 void gemm_rect(const QuantRows& q, const PackedWeight& w, float* y, size_t ldy, bool accumulate,
                size_t r0, size_t r1, size_t p0, size_t p1);
 
-// y (m, n) (+)= x (m, k) · Wᵀ for a q8/q4 W on n_threads OpenMP threads: rows quantized (split
+// y (m, n) (+)= x (m, k) · Wᵀ for a q8/q4 W on n_threads threads from `workers`: rows quantized (split
 // over the threads), then row blocks × panel ranges. Throws std::bad_alloc (buffers; y untouched).
 void matmul(const float* x, size_t m, size_t ldx, const PackedWeight& w, float* y, size_t ldy,
-            bool accumulate, size_t n_threads);
+            bool accumulate, size_t n_threads, Workers workers);
 
 // "avx512-vnni", "avx-vnni" or "rows" (the q8/q4 GEMV kernel once per row).
 const char* kernel_name();

@@ -91,6 +91,8 @@ struct CudaSeq final : SeqState {
   std::shared_ptr<CudaPool> pool;  // paged: position p lives in block table[p / block_tokens]
   std::vector<uint32_t> table;     // paged: block ids held (host copy; uploaded with each step)
   cudaEvent_t ready = nullptr;     // orders this stream against batched steps (batch_step.cpp)
+  DevBuf stage;    // paged: one snapshot chunk in the contiguous layout (device codec), on demand
+  DevBuf d_table;  // paged: the block table on the device (snapshot chunks), on demand
   DevBuf scratch;   // activations, see CudaBackend::forward
   DevBuf partial;   // attention split partials
   DevBuf workspace; // cuBLASLt workspace
@@ -208,6 +210,10 @@ class CudaBackend final : public Backend {
   void run_group(BatchCtx& c, Item* items, const std::vector<bp::Piece>& pieces) const;
   // The cache of s as the kernels address it; d_table: the device copy of a paged table.
   bp::KvView kv_view(const CudaSeq& s, const uint32_t* d_table) const;
+  // A paged sequence's snapshot chunk of `tokens` positions: grows s.stage to hold them in the
+  // contiguous layout (capacity = tokens) and uploads the block table to s.d_table (on s.stream);
+  // returns the stage as the device codec addresses it and sets *paged to the sequence's view.
+  DevKv chunk_stage(CudaSeq& s, uint32_t tokens, bp::KvView* paged, bp::KvView* staged) const;
   // Calls fn(pos, len, k_dev, v_dev, pitch) for each run of positions [start, start + count) of a
   // layer that is contiguous per kv head (the whole range when contiguous; block by block when
   // paged); k_dev/v_dev point at kv head 0, heads `pitch` bytes apart.

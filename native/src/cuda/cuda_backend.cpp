@@ -4,7 +4,8 @@
 // sequence, replayed for every step), and copies KV through pinned staging. Every CUDA status is
 // mapped by status.h; a kernel fault marks the backend failed (failure()). Design: docs/cuda.md.
 // Declarations: backend_impl.h. Paged sequences (kv_pool.cpp) run their forward passes through the
-// batched step (batch_step.cpp) and take the host codec / copy paths for snapshots and migration.
+// batched step (batch_step.cpp), their snapshot chunks through the device codec on a contiguous stage,
+// and migration / fit through the host copy paths.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -245,23 +246,68 @@ std::unique_ptr<SeqState> CudaBackend::create_seq(uint32_t capacity) const {
   return s;
 }
 
+DevKv CudaBackend::chunk_stage(CudaSeq& s, uint32_t tokens, bp::KvView* paged, bp::KvView* staged) const {
+  const size_t es = dtype_size(g_.kv_dtype());
+  const size_t bytes = 2 * g_.layers * g_.kv_heads * static_cast<size_t>(tokens) * g_.head_dim * es;
+  if (s.stage.bytes < bytes) {
+    if (s.stage.p) cudaFree(s.stage.p);
+    s.stage.p = nullptr;
+    s.stage.bytes = 0;
+    alloc_dev(s.stage, bytes, "allocating snapshot chunk staging");
+  }
+  const size_t bt = s.pool->blocks.tokens_per_block;
+  if (!s.d_table.p) alloc_dev(s.d_table, std::max<size_t>(1, (s.capacity + bt - 1) / bt) * 4, "allocating a block table");
+  if (!s.table.empty())
+    ck(cudaMemcpyAsync(s.d_table.p, s.table.data(), s.table.size() * 4, cudaMemcpyHostToDevice, s.stream),
+       "copying the block table");
+  *paged = kv_view(s, static_cast<const uint32_t*>(s.d_table.p));
+  *staged = bp::KvView{};
+  staged->base = s.stage.p;
+  staged->span = tokens;
+  return DevKv{static_cast<uint8_t*>(s.stage.p), tokens, g_.kv_dtype(), g_.layers, g_.kv_heads, g_.head_dim};
+}
+
 void CudaBackend::export_chunk(const SeqState& ss, const ChunkSpec& c, uint8_t* frame, size_t frame_len) const {
-  // A paged cache takes the host codec (through kv_read); the device codec addresses one plane.
-  if (static_cast<const CudaSeq&>(ss).paged()) return Backend::export_chunk(ss, c, frame, frame_len);
   ensure_healthy();
   use_device();
   CudaSeq& s = const_cast<CudaSeq&>(static_cast<const CudaSeq&>(ss));  // staging only; the cache is read
   if (!s.codec) s.codec = std::make_unique<CodecStaging>(codec_copy_threads());
+  if (s.paged()) {  // the chunk's positions gathered into the contiguous layout, then the device codec
+    const uint32_t T = static_cast<uint32_t>(c.layout.tokens);
+    bp::KvView paged, staged;
+    const DevKv kv = chunk_stage(s, T, &paged, &staged);
+    const uint32_t planes = static_cast<uint32_t>(2 * g_.layers * g_.kv_heads);
+    ck(launch_kv_copy(paged, c.start, staged, 0, T, planes, static_cast<uint32_t>(g_.head_dim),
+                      static_cast<uint32_t>(dtype_size(g_.kv_dtype())), s.stream),
+       "kv copy launch");
+    ChunkSpec c0 = c;
+    c0.start = 0;  // the stage holds positions [start, start + tokens) at 0..
+    s.codec->export_chunk(kv, c0, frame, frame_len, s.stream, [this](cudaError_t e, const char* w) { ck(e, w); });
+    return;
+  }
   const DevKv kv{static_cast<uint8_t*>(s.kv.p), s.capacity, g_.kv_dtype(), g_.layers, g_.kv_heads, g_.head_dim};
   s.codec->export_chunk(kv, c, frame, frame_len, s.stream, [this](cudaError_t e, const char* w) { ck(e, w); });
 }
 
 void CudaBackend::import_chunk(SeqState& ss, const ChunkSpec& c, const uint8_t* frame, size_t frame_len) const {
-  if (static_cast<const CudaSeq&>(ss).paged()) return Backend::import_chunk(ss, c, frame, frame_len);
   ensure_healthy();
   use_device();
   CudaSeq& s = static_cast<CudaSeq&>(ss);
   if (!s.codec) s.codec = std::make_unique<CodecStaging>(codec_copy_threads());
+  if (s.paged()) {  // decoded (and checked) into the contiguous stage, then scattered into the blocks
+    const uint32_t T = static_cast<uint32_t>(c.layout.tokens);
+    bp::KvView paged, staged;
+    const DevKv kv = chunk_stage(s, T, &paged, &staged);
+    ChunkSpec c0 = c;
+    c0.start = 0;
+    s.codec->import_chunk(kv, c0, frame, frame_len, s.stream, [this](cudaError_t e, const char* w) { ck(e, w); });
+    const uint32_t planes = static_cast<uint32_t>(2 * g_.layers * g_.kv_heads);
+    ck(launch_kv_copy(staged, 0, paged, c.start, T, planes, static_cast<uint32_t>(g_.head_dim),
+                      static_cast<uint32_t>(dtype_size(g_.kv_dtype())), s.stream),
+       "kv copy launch");
+    ck(cudaStreamSynchronize(s.stream), "import_chunk");
+    return;
+  }
   const DevKv kv{static_cast<uint8_t*>(s.kv.p), s.capacity, g_.kv_dtype(), g_.layers, g_.kv_heads, g_.head_dim};
   s.codec->import_chunk(kv, c, frame, frame_len, s.stream, [this](cudaError_t e, const char* w) { ck(e, w); });
 }

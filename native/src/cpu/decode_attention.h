@@ -20,4 +20,10 @@ size_t decode_attention_scratch_floats(const AttnArgs& a);
 // Does not allocate or throw.
 void decode_attention(const AttnArgs& a, float* scratch);
 
+// The same for the query heads of kv head g's GQA group only (g < a.kv_heads): writes only their
+// columns of out, on the calling thread, with the same scratch; decode_attention runs it for every
+// group. A caller splitting one group's heads over threads passes a group of one head
+// (heads = kv_heads) with q and out shifted to that head (cpu/decode_step.cpp).
+void decode_attention_group(const AttnArgs& a, size_t g, float* scratch);
+
 }  // namespace kvr::cpu

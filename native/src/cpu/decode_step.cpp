@@ -16,6 +16,7 @@
 
 #include "common/device_math.h"
 #include "cpu/attention.h"
+#include "cpu/decode_attention.h"
 #include "cpu/convert.h"
 #include "cpu/gemm.h"
 #include "cpu/ops.h"
@@ -75,7 +76,7 @@ unsigned decode_step(const ModelGeometry& m, const Weights& w, KvCache& kv, int3
   aa.head_dim = hd;
   aa.ldo = qd;
   aa.n_threads = 1;
-  const size_t attn_each = (attention_group_scratch_floats(aa) + 15) & ~size_t{15};
+  const size_t attn_each = (decode_attention_scratch_floats(aa) + 15) & ~size_t{15};
   const size_t h_each = (H + 15) & ~size_t{15};
   const size_t need = H + ldqkv + qd + 2 * I + hd + nt * h_each;
   if (sc.main.size() < need) sc.main.resize(need);
@@ -91,12 +92,11 @@ unsigned decode_step(const ModelGeometry& m, const Weights& w, KvCache& kv, int3
 
   // Attention stages. Fused (head_dim a multiple of 16, so a head's columns are whole panels, and
   // enough GQA groups to go round): one unit per group — its q/k/v columns of the QKV projection,
-  // k-norm, RoPE, KV write, q-norm, RoPE and attention_group, nothing read from another unit.
-  // Else three stages: QKV panel chunks; per group k/v processing and KV write; attention per
-  // query head (a group of one head with shifted q/out pointers: the same per-row kernel as the
-  // whole group when the group is below the kernel's 8-row block path) or per group.
+  // k-norm, RoPE, KV write, q-norm, RoPE and the group's attention (cpu/decode_attention.h),
+  // nothing read from another unit. Else three stages: QKV panel chunks; per group k/v processing
+  // and KV write; attention per query head (a group of one head with shifted q/out pointers; each
+  // head's scores, softmax and values are computed alone, so the bits do not depend on the split).
   const bool fused_attn = hd % pw == 0 && (m.kv_heads % nt == 0 || m.kv_heads >= 2 * nt);
-  const bool head_units = group < 8;
   // gate and up panels line up when I is a multiple of the panel width: a unit of gate panels
   // [a, b) also computes up panels [I/16 + a, I/16 + b) and applies SwiGLU there.
   const bool fused_swiglu = I % pw == 0;
@@ -199,7 +199,7 @@ unsigned decode_step(const ModelGeometry& m, const Weights& w, KvCache& kv, int3
                     (qd + kvd + (g + 1) * hd) / pw);
           kv_write(g);
           for (size_t hh = g * group; hh < (g + 1) * group; ++hh) q_prep(hh);
-          attention_group(la, g, as);
+          decode_attention_group(la, g, as);
         });
       } else {
         stage(*st++, units(qkv_panels, qkv_chunk), [&](uint32_t u) {
@@ -207,24 +207,17 @@ unsigned decode_step(const ModelGeometry& m, const Weights& w, KvCache& kv, int3
           gemv_part(h, L.qkv, L.qkv_bias, qkv, false, u * qkv_chunk, std::min(qkv_panels, (u + 1) * qkv_chunk));
         });
         stage(*st++, static_cast<uint32_t>(m.kv_heads), [&](uint32_t g) { kv_write(g); });
-        if (head_units) {
-          stage(*st++, static_cast<uint32_t>(m.heads), [&](uint32_t hh) {
-            q_prep(hh);
-            // Head hh alone as a group of one: attention_group reads (and writes) head g·1 + 0,
-            // so shift q and out by the difference to hh.
-            const size_t g = hh / group, shift = (hh - g) * hd;
-            AttnArgs sa = la;
-            sa.heads = m.kv_heads;
-            sa.q = qkv + shift;
-            sa.out = att + shift;
-            attention_group(sa, g, as);
-          });
-        } else {
-          stage(*st++, static_cast<uint32_t>(m.kv_heads), [&](uint32_t g) {
-            for (size_t hh = g * group; hh < (g + 1) * group; ++hh) q_prep(hh);
-            attention_group(la, g, as);
-          });
-        }
+        stage(*st++, static_cast<uint32_t>(m.heads), [&](uint32_t hh) {
+          q_prep(hh);
+          // Head hh alone as a group of one: decode_attention_group reads (and writes) head
+          // g·1 + 0, so shift q and out by the difference to hh.
+          const size_t g = hh / group, shift = (hh - g) * hd;
+          AttnArgs sa = la;
+          sa.heads = m.kv_heads;
+          sa.q = qkv + shift;
+          sa.out = att + shift;
+          decode_attention_group(sa, g, as);
+        });
       }
 
       stage(*st++, units(o_panels, o_chunk), [&](uint32_t u) {

@@ -10,11 +10,13 @@
 #include <utility>
 #include <vector>
 
+#include "cpu/huge_pages.h"
 #include "cpu/parallel_for.h"
 
 namespace kvr::cpu {
 
-// Minimal allocator giving 64-byte (cache line) aligned storage for packed panels.
+// Minimal allocator giving 64-byte (cache line) aligned storage for packed panels (2 MiB aligned
+// and on huge pages when large, cpu/huge_pages.h).
 template <typename T>
 struct AlignedAllocator {
   using value_type = T;
@@ -24,12 +26,16 @@ struct AlignedAllocator {
   AlignedAllocator(const AlignedAllocator<U>&) {}
   T* allocate(size_t count) {
     if (count > static_cast<size_t>(-1) / sizeof(T) - kAlign) throw std::bad_alloc();
-    size_t bytes = (count * sizeof(T) + kAlign - 1) / kAlign * kAlign;
-    void* p = std::aligned_alloc(kAlign, bytes == 0 ? kAlign : bytes);
+    const size_t bytes = count * sizeof(T);
+    // Large buffers (packed weights) on transparent huge pages: cpu/huge_pages.h.
+    void* p = alloc_maybe_huge(bytes == 0 ? kAlign : bytes, kAlign);
     if (p == nullptr) throw std::bad_alloc();
     return static_cast<T*>(p);
   }
-  void deallocate(T* p, size_t) { std::free(p); }
+  void deallocate(T* p, size_t count) {
+    const size_t bytes = count * sizeof(T);
+    free_maybe_huge(p, bytes == 0 ? kAlign : bytes, kAlign);
+  }
   template <typename U>
   bool operator==(const AlignedAllocator<U>&) const { return true; }
   template <typename U>

@@ -91,6 +91,8 @@ struct CudaSeq final : SeqState {
   std::shared_ptr<CudaPool> pool;  // paged: position p lives in block table[p / block_tokens]
   std::vector<uint32_t> table;     // paged: block ids held (host copy; uploaded with each step)
   cudaEvent_t ready = nullptr;     // orders this stream against batched steps (batch_step.cpp)
+  DevBuf stage;    // paged: one snapshot chunk in the contiguous layout (device codec), on demand
+  DevBuf d_table;  // paged: the block table on the device (snapshot chunks), on demand
   DevBuf scratch;   // activations, see CudaBackend::forward
   DevBuf partial;   // attention split partials
   DevBuf workspace; // cuBLASLt workspace
@@ -116,6 +118,17 @@ struct CudaSeq final : SeqState {
     if (ready) cudaEventDestroy(ready);
     if (pool) pool->blocks.release(table.data(), table.size());  // no work on them is queued now
   }
+};
+
+// A sequence's cache as the projection and fit kernels see it, slab by slab (cuda_backend.cpp
+// slab_*): a contiguous cache directly; a paged one through `stage` (kSlabTokens positions in the
+// contiguous layout, DevKv.first = the slab's start), copied from / to its blocks by launch_kv_copy.
+struct SlabIo {
+  static constexpr uint32_t kSlabTokens = 256;
+  const CudaSeq* s = nullptr;
+  const CudaBackend* b = nullptr;  // the sequence's backend (this one or another on the device)
+  DevBuf stage, table;
+  bp::KvView view;  // paged: the blocks, table on the device
 };
 
 class CudaBackend final : public Backend {
@@ -206,8 +219,19 @@ class CudaBackend final : public Backend {
   void run_items(Item* items, size_t count) const;
   // One group of run_items (at most kBatchRows rows; bp::plan_groups), ending synchronised.
   void run_group(BatchCtx& c, Item* items, const std::vector<bp::Piece>& pieces) const;
+  // SlabIo: binds io to s (of backend b) and uploads a paged table on st; the DevKv to read
+  // positions [start, start + m) from (a paged slab is copied into the stage first); the DevKv to
+  // write them to; and the write-back of a paged slab's stage into its blocks.
+  void slab_open(SlabIo& io, const CudaSeq& s, const CudaBackend& b, cudaStream_t st) const;
+  DevKv slab_read(SlabIo& io, uint32_t start, uint32_t m, cudaStream_t st) const;
+  DevKv slab_target(SlabIo& io, uint32_t start) const;
+  void slab_write(SlabIo& io, uint32_t start, uint32_t m, cudaStream_t st) const;
   // The cache of s as the kernels address it; d_table: the device copy of a paged table.
   bp::KvView kv_view(const CudaSeq& s, const uint32_t* d_table) const;
+  // A paged sequence's snapshot chunk of `tokens` positions: grows s.stage to hold them in the
+  // contiguous layout (capacity = tokens) and uploads the block table to s.d_table (on s.stream);
+  // returns the stage as the device codec addresses it and sets *paged to the sequence's view.
+  DevKv chunk_stage(CudaSeq& s, uint32_t tokens, bp::KvView* paged, bp::KvView* staged) const;
   // Calls fn(pos, len, k_dev, v_dev, pitch) for each run of positions [start, start + count) of a
   // layer that is contiguous per kv head (the whole range when contiguous; block by block when
   // paged); k_dev/v_dev point at kv head 0, heads `pitch` bytes apart.

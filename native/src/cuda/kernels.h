@@ -124,6 +124,13 @@ struct BatchAttnArgs {
 cudaError_t launch_batch_attention(const BatchAttnArgs& a, uint32_t blocks, uint32_t rows_per_warp, uint32_t splits,
                                    cudaStream_t stream);
 
+// Copies positions [src_pos0, +count) of `src` to [dst_pos0, +count) of `dst` for planes
+// [0, planes) ((layer, {K,V}, kv head) planes: 2·layers·kv_heads), head_dim elements of
+// elem_bytes each, bytes as they are. Table pointers of paged views: device memory.
+cudaError_t launch_kv_copy(const bp::KvView& src, uint32_t src_pos0, const bp::KvView& dst, uint32_t dst_pos0,
+                           uint32_t count, uint32_t planes, uint32_t head_dim, uint32_t elem_bytes,
+                           cudaStream_t stream);
+
 // Whether the attention kernels are compiled for this head_dim (32, 64, 128, 256).
 bool attention_supports(uint32_t head_dim);
 // Raises the dynamic shared-memory limit of the attention kernels (once per device).

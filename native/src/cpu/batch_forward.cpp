@@ -61,6 +61,19 @@ void forward_batch(const ModelGeometry& m, const Weights& w, const BatchSeq* seq
   // [a, b) and up panels [I/16 + a, I/16 + b) give it whole SwiGLU columns (no extra stage).
   const bool fused_swiglu = I % pw == 0;
 
+  // A lone decode (one sequence, one token: a scheduler with one request) is the single-sequence
+  // decode step — one fused region tuned for a single row (cpu/decode_step.h), the result of
+  // running alone bit for bit — instead of ~8 stages per layer of one-row units. Not for q8/q4
+  // weights: there the decode step's logits differ from the GEMV/int8-GEMM path's by ~3.5e-3
+  // relative (tiny-powerful, 2026-12-03; not a batching effect), so a sequence's result would
+  // depend on whether it shared its step.
+  const PackedWeight& w0 = w.layer.empty() ? w.lm_head : w.layer[0].qkv;
+  const bool quantized = w0.is_q8() || w0.is_q4() || w.lm_head.is_q8() || w.lm_head.is_q4();
+  if (count == 1 && seqs[0].n == 1 && seqs[0].logits != nullptr && !quantized) {
+    forward(m, w, *seqs[0].kv, seqs[0].tokens, 1, seqs[0].pos0, false, seqs[0].logits, sc.single);
+    return;
+  }
+
   size_t rows = 0;
   std::vector<size_t> row0(count);
   for (size_t e = 0; e < count; ++e) {

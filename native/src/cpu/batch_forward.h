@@ -36,6 +36,7 @@ struct BatchScratch {
   std::vector<PreparedRows> prepared;  // each thread's prepared GEMM input (few-row steps)
   std::unique_ptr<StageCounter[]> stages;  // work counters of the step's stages (stage_units.h)
   size_t stage_count = 0;
+  Scratch single;  // a step of one decode runs the single-sequence decode step (forward.h)
 };
 
 // Runs the step. Sequences must be distinct caches. Throws std::bad_alloc when scratch cannot

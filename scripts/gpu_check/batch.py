@@ -14,7 +14,9 @@ the backend under test (the CPU in a dry run) over paged and contiguous sequence
   paged alone       a paged sequence's own calls vs a contiguous twin: prefill (every position),
                     decodes, greedy decode_sample; KV written across block boundaries reads back
                     bit for bit; snapshot chunks exported from it are byte-identical to the
-                    contiguous twin's and import into a paged sequence bit for bit.
+                    contiguous twin's and import into a paged sequence bit for bit; a linear
+                    projection (kvr_projector_apply_seq) into a paged target and from a paged source
+                    writes the same bits as with contiguous ones.
   sweep             decode tokens/s of batched steps at batch 1, 2, 4, 8, 16, 32, 64 (native greedy
                     sampling, paged pool, context ~96) beside the single-sequence decode
                     (bench_batch_sweep; run from the bench section on the demo models and the
@@ -27,7 +29,8 @@ import time
 import numpy as np
 
 import kvr
-from handoff import bind as bind_handoff, decode_sample, export_chunk, import_chunk_status, make_sampler, sample_logits
+from handoff import (MODELS, bind as bind_handoff, decode_sample, export_chunk, import_chunk_status, make_projector,
+                     make_sampler, projector_weights, sample_logits)
 
 # Batched vs alone bound: the CPU test's bf16-cache bound (lib/native/batch_test.ts REL_TOL_BF16),
 # for both caches. On CUDA a batched decode row goes through the bf16 hi/lo-split tensor-core GEMM
@@ -353,6 +356,43 @@ def check_paged_single(rep, lib, dut_backend, model_dir, rng):
         m.close()
 
 
+def check_paged_projection(rep, lib, dut_backend, rng):
+    """kvr_projector_apply_seq with a paged target / a paged source = with contiguous ones, bit for bit
+    (300 tokens: more than one 256-token slab and many 16-token blocks)."""
+    pdir = os.path.join(MODELS, "projectors", "tiny-fast--tiny-balanced")
+    src = kvr.Model(lib, os.path.join(MODELS, "tiny-fast"), "f32", dut_backend)
+    dst = kvr.Model(lib, os.path.join(MODELS, "tiny-balanced"), "f32", dut_backend)
+    proj = make_projector(lib, src, dst, projector_weights(lib, pdir, src, dst))
+    n = 300
+    try:
+        spool, dpool = Pool(src, 64), Pool(dst, 64)
+        s_c, s_p = src.seq(n + 8), spool.seq(n + 8)
+        s_c.prefill(rng.integers(0, src.vocab, n).astype(np.int32))
+        sp = src.params
+        for layer in range(sp.num_layers):  # the same bits in the paged source
+            k, v = s_c.kv_read(layer, 0, n, "f32")
+            s_p.kv_write(layer, 0, k, v, "f32")
+        s_p.set_length(n)
+        targets = [dst.seq(n + 8), dpool.seq(n + 8), dst.seq(n + 8)]  # c ← c, p ← c, c ← p
+        sts = [lib.kvr_projector_apply_seq(proj, a.handle, t.handle, n, 0)
+               for a, t in zip((s_c, s_c, s_p), targets)]
+        L = dst.params.num_layers
+        same = [all(np.array_equal(t.kv_read(layer, 0, n, "f32")[w], targets[0].kv_read(layer, 0, n, "f32")[w])
+                    for layer in range(L) for w in range(2)) for t in targets[1:]]
+        rep.check("batch", "projection into a paged target = into a contiguous one, bit for bit",
+                  sts[0] == kvr.OK and sts[1] == kvr.OK and same[0], f"status {sts[:2]}")
+        rep.check("batch", "projection from a paged source = from a contiguous one, bit for bit",
+                  sts[0] == kvr.OK and sts[2] == kvr.OK and same[1], f"status {sts[0]}, {sts[2]}")
+        for q in [s_c, s_p] + targets:
+            q.close()
+        spool.close()
+        dpool.close()
+    finally:
+        lib.kvr_projector_free(proj)
+        src.close()
+        dst.close()
+
+
 def section_batch(rep, lib, dut_backend, budget, quick, demos, checkpoints):
     bind(lib)
     t0 = time.time()
@@ -368,9 +408,12 @@ def section_batch(rep, lib, dut_backend, budget, quick, demos, checkpoints):
             check_equivalence(rep, lib, dut_backend, d, kv, rng)
         except Exception as e:  # noqa: BLE001
             rep.check("batch", f"{os.path.basename(d)}/{kv} batched vs alone", False, f"raised {type(e).__name__}: {e}")
-    for fn in (check_sampling_in_step, check_pool_exhaustion, check_paged_single):
+    for fn in (check_sampling_in_step, check_pool_exhaustion, check_paged_single, check_paged_projection):
         try:
-            fn(rep, lib, dut_backend, demos[0], rng)
+            if fn is check_paged_projection:
+                fn(rep, lib, dut_backend, rng)
+            else:
+                fn(rep, lib, dut_backend, demos[0], rng)
         except Exception as e:  # noqa: BLE001
             rep.check("batch", fn.__name__, False, f"raised {type(e).__name__}: {e}")
 

@@ -125,6 +125,7 @@ Deno.test("gpu_check.py --dry-run passes its batched-step checks (batched vs alo
     );
     // a paged sequence's own calls, KV copies and snapshot chunks vs a contiguous twin
     assert.equal(names.filter((n) => /\/bf16 paged /.test(n)).length, 6, names.join("\n"));
+    assert.equal(names.filter((n) => /projection (into|from) a paged/.test(n)).length, 2);
     // the sweep's code path ran at every batch size
     const sweep = report.bench.find((r: { what?: string }) => r.what === "batch decode tok/s");
     assert.ok(sweep, JSON.stringify(report.bench));

@@ -120,6 +120,17 @@ struct CudaSeq final : SeqState {
   }
 };
 
+// A sequence's cache as the projection and fit kernels see it, slab by slab (cuda_backend.cpp
+// slab_*): a contiguous cache directly; a paged one through `stage` (kSlabTokens positions in the
+// contiguous layout, DevKv.first = the slab's start), copied from / to its blocks by launch_kv_copy.
+struct SlabIo {
+  static constexpr uint32_t kSlabTokens = 256;
+  const CudaSeq* s = nullptr;
+  const CudaBackend* b = nullptr;  // the sequence's backend (this one or another on the device)
+  DevBuf stage, table;
+  bp::KvView view;  // paged: the blocks, table on the device
+};
+
 class CudaBackend final : public Backend {
  public:
   CudaBackend(const ModelGeometry& g, const TensorTable& t, int32_t device);
@@ -208,6 +219,13 @@ class CudaBackend final : public Backend {
   void run_items(Item* items, size_t count) const;
   // One group of run_items (at most kBatchRows rows; bp::plan_groups), ending synchronised.
   void run_group(BatchCtx& c, Item* items, const std::vector<bp::Piece>& pieces) const;
+  // SlabIo: binds io to s (of backend b) and uploads a paged table on st; the DevKv to read
+  // positions [start, start + m) from (a paged slab is copied into the stage first); the DevKv to
+  // write them to; and the write-back of a paged slab's stage into its blocks.
+  void slab_open(SlabIo& io, const CudaSeq& s, const CudaBackend& b, cudaStream_t st) const;
+  DevKv slab_read(SlabIo& io, uint32_t start, uint32_t m, cudaStream_t st) const;
+  DevKv slab_target(SlabIo& io, uint32_t start) const;
+  void slab_write(SlabIo& io, uint32_t start, uint32_t m, cudaStream_t st) const;
   // The cache of s as the kernels address it; d_table: the device copy of a paged table.
   bp::KvView kv_view(const CudaSeq& s, const uint32_t* d_table) const;
   // A paged sequence's snapshot chunk of `tokens` positions: grows s.stage to hold them in the

@@ -4,8 +4,8 @@
 // sequence, replayed for every step), and copies KV through pinned staging. Every CUDA status is
 // mapped by status.h; a kernel fault marks the backend failed (failure()). Design: docs/cuda.md.
 // Declarations: backend_impl.h. Paged sequences (kv_pool.cpp) run their forward passes through the
-// batched step (batch_step.cpp), their snapshot chunks through the device codec on a contiguous stage,
-// and migration / fit through the host copy paths.
+// batched step (batch_step.cpp); their snapshot chunks, projections and fits run on the device
+// through contiguous stages (SlabIo, chunk_stage) copied from / to their blocks (k_kvcopy.cu).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -323,12 +323,56 @@ struct DevProjection {
 
 }  // namespace
 
+void CudaBackend::slab_open(SlabIo& io, const CudaSeq& s, const CudaBackend& b, cudaStream_t st) const {
+  io.s = &s;
+  io.b = &b;
+  if (!s.paged()) return;
+  const ModelGeometry& g = b.g_;
+  alloc_dev(io.stage, 2 * g.layers * g.kv_heads * SlabIo::kSlabTokens * g.head_dim * dtype_size(g.kv_dtype()),
+            "allocating a slab stage");
+  alloc_dev(io.table, std::max<size_t>(1, s.table.size()) * sizeof(uint32_t), "allocating a block table");
+  if (!s.table.empty())
+    ck(cudaMemcpyAsync(io.table.p, s.table.data(), s.table.size() * sizeof(uint32_t), cudaMemcpyHostToDevice, st),
+       "copying a block table");
+  io.view = b.kv_view(s, static_cast<const uint32_t*>(io.table.p));
+}
+
+DevKv CudaBackend::slab_target(SlabIo& io, uint32_t start) const {
+  const ModelGeometry& g = io.b->g_;
+  if (!io.s->paged())
+    return DevKv{static_cast<uint8_t*>(io.s->kv.p), io.s->capacity, g.kv_dtype(), g.layers, g.kv_heads, g.head_dim};
+  return DevKv{static_cast<uint8_t*>(io.stage.p), SlabIo::kSlabTokens, g.kv_dtype(), g.layers, g.kv_heads,
+               g.head_dim, start};
+}
+
+DevKv CudaBackend::slab_read(SlabIo& io, uint32_t start, uint32_t m, cudaStream_t st) const {
+  if (io.s->paged()) {
+    const ModelGeometry& g = io.b->g_;
+    bp::KvView staged;
+    staged.base = io.stage.p;
+    staged.span = SlabIo::kSlabTokens;
+    ck(launch_kv_copy(io.view, start, staged, 0, m, static_cast<uint32_t>(2 * g.layers * g.kv_heads),
+                      static_cast<uint32_t>(g.head_dim), static_cast<uint32_t>(dtype_size(g.kv_dtype())), st),
+       "kv copy launch");
+  }
+  return slab_target(io, start);
+}
+
+void CudaBackend::slab_write(SlabIo& io, uint32_t start, uint32_t m, cudaStream_t st) const {
+  if (!io.s->paged()) return;
+  const ModelGeometry& g = io.b->g_;
+  bp::KvView staged;
+  staged.base = io.stage.p;
+  staged.span = SlabIo::kSlabTokens;
+  ck(launch_kv_copy(staged, 0, io.view, start, m, static_cast<uint32_t>(2 * g.layers * g.kv_heads),
+                    static_cast<uint32_t>(g.head_dim), static_cast<uint32_t>(dtype_size(g.kv_dtype())), st),
+     "kv copy launch");
+}
+
 bool CudaBackend::project_linear(const SeqState& src_s, const Backend& src_backend, SeqState& dst_s,
                                  const LinearProjection& p, uint32_t n_tokens) const {
   const auto* sb = dynamic_cast<const CudaBackend*>(&src_backend);
   if (sb == nullptr || sb->device_ != device_) return false;  // mixed CPU/GPU or two GPUs: copy path
-  // A paged cache on either side: the copy path (projector.cpp), through kv_read / kv_write.
-  if (static_cast<const CudaSeq&>(src_s).paged() || static_cast<const CudaSeq&>(dst_s).paged()) return false;
   ensure_healthy();
   sb->ensure_healthy();
   use_device();
@@ -359,22 +403,24 @@ bool CudaBackend::project_linear(const SeqState& src_s, const Backend& src_backe
   }
   // Ordered after the work queued on the source sequence (its prefill), without a host wait.
   order_after(src.stream, dst.stream, "ordering the projection after the source");
-  constexpr size_t kTokens = 256;  // scratch 2·kTokens·(ws + wt) floats
+  constexpr size_t kTokens = SlabIo::kSlabTokens;  // scratch 2·kTokens·(ws + wt) floats
   DevBuf scratch;
   alloc_dev(scratch, 2 * kTokens * (ws + wt) * sizeof(float), "allocating projection scratch");
   float* fk = static_cast<float*>(scratch.p);
   float* fv = fk + kTokens * ws;
   float* ok = fv + kTokens * ws;
   float* ov = ok + kTokens * wt;
-  const DevKv skv{static_cast<uint8_t*>(src.kv.p), src.capacity, sb->g_.kv_dtype(), sb->g_.layers, sb->g_.kv_heads,
-                  sb->g_.head_dim};
-  const DevKv dkv{static_cast<uint8_t*>(dst.kv.p), dst.capacity, g_.kv_dtype(), g_.layers, g_.kv_heads, g_.head_dim};
+  SlabIo in, out;  // paged caches go through a stage slab by slab
+  slab_open(in, src, *sb, dst.stream);
+  slab_open(out, dst, *this, dst.stream);
   for (uint32_t start = 0; start < n_tokens; start += kTokens) {
     const uint32_t m = static_cast<uint32_t>(std::min<size_t>(kTokens, n_tokens - start));
-    ck(launch_gather_features(skv, sb->inv_freq_, start, m, fk, fv, dst.stream), "gather launch");
+    ck(launch_gather_features(slab_read(in, start, m, dst.stream), sb->inv_freq_, start, m, fk, fv, dst.stream),
+       "gather launch");
     ck(launch_gemm(fk, ws, m, w->mk, static_cast<const float*>(w->bk.p), ok, wt, false, dst.stream), "gemm launch");
     ck(launch_gemm(fv, ws, m, w->mv, static_cast<const float*>(w->bv.p), ov, wt, false, dst.stream), "gemm launch");
-    ck(launch_scatter_features(dkv, inv_freq_, start, m, ok, ov, dst.stream), "scatter launch");
+    ck(launch_scatter_features(slab_target(out, start), inv_freq_, start, m, ok, ov, dst.stream), "scatter launch");
+    slab_write(out, start, m, dst.stream);
   }
   ck(cudaStreamSynchronize(dst.stream), "projection");
   return true;
@@ -383,8 +429,6 @@ bool CudaBackend::project_linear(const SeqState& src_s, const Backend& src_backe
 void CudaBackend::accumulate_fit(const SeqState& dst_s, const FitRequest& r) const {
   const auto* sb = dynamic_cast<const CudaBackend*>(r.src_backend);
   if (sb == nullptr || sb->device_ != device_) return Backend::accumulate_fit(dst_s, r);  // host rows
-  if (static_cast<const CudaSeq&>(dst_s).paged() || static_cast<const CudaSeq*>(r.src)->paged())
-    return Backend::accumulate_fit(dst_s, r);  // paged: host rows through kv_read
   ensure_healthy();
   sb->ensure_healthy();
   use_device();
@@ -395,7 +439,7 @@ void CudaBackend::accumulate_fit(const SeqState& dst_s, const FitRequest& r) con
   const size_t n1 = ws + 1, stat = n1 * n1 + n1 * wt + wt;  // doubles per K/V: G, C, yy
   // Ordered after the work queued on the source sequence (its prefill), without a host wait.
   order_after(src.stream, dst.stream, "ordering the fit after the source");
-  constexpr size_t kTokens = 256;  // feature rows per slab: 2·kTokens·(ws + wt) floats
+  constexpr size_t kTokens = SlabIo::kSlabTokens;  // feature rows per slab: 2·kTokens·(ws + wt) floats
   DevBuf feats, stats, bad;
   alloc_dev(feats, 2 * kTokens * (ws + wt) * sizeof(float), "allocating fit features");
   alloc_dev(stats, 2 * stat * sizeof(double), "allocating fit statistics");
@@ -408,14 +452,17 @@ void CudaBackend::accumulate_fit(const SeqState& dst_s, const FitRequest& r) con
   float* yv = yk + kTokens * wt;
   double* sk = static_cast<double*>(stats.p);  // [G | C | yy] keys, then values
   double* sv = sk + stat;
-  const DevKv skv{static_cast<uint8_t*>(src.kv.p), src.capacity, sg.kv_dtype(), sg.layers, sg.kv_heads, sg.head_dim};
-  const DevKv dkv{static_cast<uint8_t*>(dst.kv.p), dst.capacity, dg.kv_dtype(), dg.layers, dg.kv_heads, dg.head_dim};
+  SlabIo sin, din;  // paged caches go through a stage slab by slab
+  slab_open(sin, src, *sb, dst.stream);
+  slab_open(din, dst, *this, dst.stream);
   const uint32_t nin = static_cast<uint32_t>(ws), nout = static_cast<uint32_t>(wt);
   uint32_t* d_bad = static_cast<uint32_t*>(bad.p);
   for (uint32_t start = 0; start < r.n_tokens; start += kTokens) {
     const uint32_t m = static_cast<uint32_t>(std::min<size_t>(kTokens, r.n_tokens - start));
-    ck(launch_gather_features(skv, sb->inv_freq_, start, m, xk, xv, dst.stream), "gather launch");
-    ck(launch_gather_features(dkv, inv_freq_, start, m, yk, yv, dst.stream), "gather launch");
+    ck(launch_gather_features(slab_read(sin, start, m, dst.stream), sb->inv_freq_, start, m, xk, xv, dst.stream),
+       "gather launch");
+    ck(launch_gather_features(slab_read(din, start, m, dst.stream), inv_freq_, start, m, yk, yv, dst.stream),
+       "gather launch");
     ck(launch_ridge_accumulate(xk, yk, m, nin, nout, sk, sk + n1 * n1, sk + n1 * n1 + n1 * wt, d_bad, dst.stream),
        "fit launch");
     ck(launch_ridge_accumulate(xv, yv, m, nin, nout, sv, sv + n1 * n1, sv + n1 * n1 + n1 * wt, d_bad, dst.stream),

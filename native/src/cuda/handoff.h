@@ -16,11 +16,15 @@
 namespace kvr::cuda {
 
 // A sequence's device KV cache: (layer, {K, V}, kv_head, capacity, head_dim) in kv_dtype.
+// `first`: the position of the buffer's row 0 — a stage holding a paged sequence's positions
+// [first, first + capacity) (cuda_backend.cpp); honoured by the projection gather / scatter only
+// (the codec is given start 0 instead).
 struct DevKv {
   uint8_t* base = nullptr;
   uint32_t capacity = 0;
   uint32_t kv_dtype = 0;  // kvr_dtype
   size_t layers = 0, heads = 0, dim = 0;
+  uint32_t first = 0;
 };
 
 // ---- snapshot chunk codec (codec.cu) ----

@@ -42,7 +42,7 @@ __global__ void gather_features(DevKv src, const double* inv_freq, uint32_t p0, 
     const size_t i = idx % half, lh = (idx / half) % (src.layers * src.heads), t = idx / (half * src.layers * src.heads);
     const size_t l = lh / src.heads, h = lh % src.heads;
     const size_t pos = p0 + t;
-    const size_t base = (h * src.capacity + pos) * src.dim;
+    const size_t base = (h * src.capacity + (pos - src.first)) * src.dim;
     const size_t col = t * width + lh * src.dim;
     const float ka = load_kv(src, l, 0, base + i), kb = load_kv(src, l, 0, base + i + half);
     // cos/sin from the engine's fixed sincos (no local-memory argument reduction), rounded to f32:
@@ -67,7 +67,7 @@ __global__ void scatter_features(DevKv dst, const double* inv_freq, uint32_t p0,
     const size_t i = idx % half, lh = (idx / half) % (dst.layers * dst.heads), t = idx / (half * dst.layers * dst.heads);
     const size_t l = lh / dst.heads, h = lh % dst.heads;
     const size_t pos = p0 + t;
-    const size_t base = (h * dst.capacity + pos) * dst.dim;
+    const size_t base = (h * dst.capacity + (pos - dst.first)) * dst.dim;
     const size_t col = t * width + lh * dst.dim;
     float c, s;
     dm::rope_cos_sin(static_cast<uint32_t>(pos), inv_freq[i], &c, &s);

@@ -1,5 +1,6 @@
 // NativeSequence: one token sequence with its native KV cache (kvr_seq) — prefill/decode
-// (nonblocking FFI, one call in flight per sequence), truncate, KV read/write, set length.
+// (nonblocking FFI, one call in flight per sequence; short decode steps synchronous, see
+// sync_step.ts), truncate, KV read/write, set length.
 // Every argument is checked here before FFI; native failures become EngineError with the
 // sequence's own message (kvr_seq_last_error, valid across threads). Created by NativeModel.
 
@@ -16,6 +17,7 @@ import {
   SampleBuffers,
   type SampleResult,
 } from "./sampler.ts";
+import { chooseSync, nonblockingDone } from "./sync_step.ts";
 
 /** Largest logits buffer a prefill may request, in f32 elements (4 GiB of memory). */
 const MAX_LOGITS = 2 ** 30;
@@ -63,6 +65,8 @@ export class NativeSequence {
   readonly #lib: NativeLibrary;
   #ptr: Deno.PointerObject | null;
   #inFlight = false;
+  /** duration of the last decode/decodeSample (ms), Infinity before the first */
+  #lastStepMs = Infinity;
   /** buffers a nonblocking call is reading/writing: referenced here until it settles */
   #pinned: ArrayBufferView[] = [];
   #freeRequested = false;
@@ -117,8 +121,14 @@ export class NativeSequence {
     throw sequenceError(this.#lib, this.#ptr, status, call);
   }
 
+  /** A single-token step ended: its duration picks the next step's call (sync_step.ts). */
+  #stepDone(sync: boolean, t0: number): void {
+    this.#lastStepMs = performance.now() - t0;
+    if (!sync) nonblockingDone();
+  }
+
   async #run(
-    call: () => Promise<number>,
+    call: () => Promise<number> | number,
     name: string,
     pinned: ArrayBufferView[],
   ): Promise<void> {
@@ -218,13 +228,19 @@ export class NativeSequence {
       );
     }
     const logits = new Float32Array(vocab);
+    const sync = chooseSync(this.#lastStepMs);
+    const t0 = performance.now();
     try {
       await this.#run(
-        () => this.#lib.symbols.kvr_seq_decode(ptr, token, logits, BigInt(vocab)),
+        () =>
+          sync
+            ? this.#lib.symbols.kvr_seq_decode_sync(ptr, token, logits, BigInt(vocab))
+            : this.#lib.symbols.kvr_seq_decode(ptr, token, logits, BigInt(vocab)),
         "kvr_seq_decode",
         [logits],
       );
     } finally {
+      this.#stepDone(sync, t0);
       this.#settle();
     }
     return logits;
@@ -271,10 +287,15 @@ export class NativeSequence {
       );
     }
     const sp = sampler.acquire();
+    const sync = chooseSync(this.#lastStepMs);
+    const t0 = performance.now();
     try {
+      const f = sync
+        ? this.#lib.symbols.kvr_seq_decode_sample_sync
+        : this.#lib.symbols.kvr_seq_decode_sample;
       await this.#run(
         () =>
-          this.#lib.symbols.kvr_seq_decode_sample(
+          f(
             ptr,
             token,
             sp,
@@ -291,6 +312,7 @@ export class NativeSequence {
       );
     } finally {
       sampler.release();
+      this.#stepDone(sync, t0);
       this.#settle();
     }
     return out.result(req, top);

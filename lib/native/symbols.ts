@@ -48,6 +48,12 @@ export const coreSymbols = {
     result: "i32",
     nonblocking: true,
   },
+  // The same function as a synchronous call, for short steps (lib/native/sync_step.ts).
+  kvr_seq_decode_sync: {
+    name: "kvr_seq_decode",
+    parameters: ["pointer", "i32", "buffer", "usize"],
+    result: "i32",
+  },
   kvr_seq_truncate: { parameters: ["pointer", "u32"], result: "i32" },
   // (seq, layer, start, count, dtype, k, k_bytes, v, v_bytes)
   kvr_seq_kv_read: {
@@ -392,6 +398,23 @@ export const samplingSymbols = {
     ],
     result: "i32",
     nonblocking: true,
+  },
+  // The same function as a synchronous call, for short steps (lib/native/sync_step.ts).
+  kvr_seq_decode_sample_sync: {
+    name: "kvr_seq_decode_sample",
+    parameters: [
+      "pointer",
+      "i32",
+      "pointer",
+      "u32",
+      "buffer",
+      "buffer",
+      "buffer",
+      "buffer",
+      "u32",
+      "buffer",
+    ],
+    result: "i32",
   },
 } as const satisfies Deno.ForeignLibraryInterface;
 

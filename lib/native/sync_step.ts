@@ -1,0 +1,43 @@
+// When a single-token step (NativeSequence.decode / decodeSample) runs as a synchronous FFI call
+// on the JavaScript thread instead of a nonblocking one. A nonblocking call hands the work to a
+// Deno worker thread and wakes the event loop when done: ~45 µs per call on our 2-vCPU machines
+// (a nonblocking getpid: 42 µs mean), 66–110 µs between decode steps of tiny-powerful (measured
+// natively, docs/native.md "Per-token overhead") — a third of a tiny model's step. A synchronous
+// call has none of that but blocks the event loop, so it is taken only for short steps and for
+// a bounded time: after `budgetMs` of back-to-back synchronous steps the next step is nonblocking,
+// which gives timers and I/O their turn. Not a scheduler: the batched step is unaffected.
+
+/** The policy; tests may change it (`maxStepMs = 0` makes every step nonblocking). */
+export const syncStep = {
+  /** a step whose previous run took less than this (ms) runs synchronously */
+  maxStepMs: 1,
+  /** longest run of back-to-back synchronous steps (ms) before one nonblocking step */
+  budgetMs: 4,
+  /** synchronous steps taken in this process (a counter for tests and diagnostics) */
+  taken: 0,
+};
+
+/** performance.now() when the current run of synchronous steps began; -1 when none. */
+let runStart = -1;
+
+/**
+ * Whether the next step runs synchronously.
+ * @param lastStepMs duration of this sequence's previous step (Infinity when none)
+ * @returns true: call the synchronous symbol; false: the nonblocking one
+ */
+export function chooseSync(lastStepMs: number): boolean {
+  if (!(lastStepMs < syncStep.maxStepMs)) return false;
+  const now = performance.now();
+  if (runStart < 0) runStart = now;
+  if (now - runStart >= syncStep.budgetMs) {
+    runStart = -1; // this step is nonblocking: the event loop gets its turn
+    return false;
+  }
+  syncStep.taken++;
+  return true;
+}
+
+/** Records that a nonblocking step completed (the event loop had a turn). */
+export function nonblockingDone(): void {
+  runStart = -1;
+}

@@ -1,0 +1,74 @@
+// Tests for the synchronous short-step policy (sync_step.ts) through NativeSequence: the same
+// logits whichever call runs a step, and the event loop still gets its turn within the budget.
+// Needs the built library.
+
+import assert from "node:assert/strict";
+import { NativeModel } from "./model.ts";
+import { syncStep } from "./sync_step.ts";
+import { checkpoint, DEMO_DIRS, tokens } from "./test_helpers.ts";
+
+const STEPS = 40;
+
+async function decodeAll(maxStepMs: number): Promise<Float32Array[]> {
+  const saved = syncStep.maxStepMs;
+  syncStep.maxStepMs = maxStepMs;
+  try {
+    using m = await NativeModel.load(await checkpoint(DEMO_DIRS[0]), { threads: 2 });
+    const toks = tokens(20 + STEPS, m.config.vocabSize, 3);
+    using s = m.createSequence(20 + STEPS);
+    await s.prefill(toks.slice(0, 20));
+    const out = [];
+    for (let i = 0; i < STEPS; i++) out.push(await s.decode(toks[20 + i]));
+    return out;
+  } finally {
+    syncStep.maxStepMs = saved;
+  }
+}
+
+Deno.test("decode() logits are the same bits with synchronous and nonblocking steps", async () => {
+  const nonblocking = await decodeAll(0);
+  const mixed = await decodeAll(50); // every step after the first synchronous, within budgets
+  for (let i = 0; i < STEPS; i++) {
+    assert.ok(mixed[i].every((x, j) => Object.is(x, nonblocking[i][j])), `step ${i} differs`);
+  }
+});
+
+/** Steps of a decode loop: how many completed before a timer set after a first (warm-up) step
+ *  fired, and how many ran synchronously. */
+async function loop(maxStepMs: number, total: number): Promise<{ fired: number; sync: number }> {
+  const saved = syncStep.maxStepMs;
+  syncStep.maxStepMs = maxStepMs;
+  try {
+    using m = await NativeModel.load(await checkpoint(DEMO_DIRS[0]), { threads: 1 });
+    const toks = tokens(total + 2, m.config.vocabSize, 9);
+    using s = m.createSequence(total + 2);
+    await s.prefill(toks.slice(0, 1));
+    await s.decode(toks[1]); // nonblocking (no previous step): measures the step time
+    const taken0 = syncStep.taken;
+    let done = 0;
+    let fired = -1;
+    setTimeout(() => fired = done, 0);
+    for (let i = 0; i < total; i++) {
+      await s.decode(toks[2 + i]);
+      done++;
+    }
+    const sync = syncStep.taken - taken0;
+    await new Promise((r) => setTimeout(r, 0));
+    return { fired, sync };
+  } finally {
+    syncStep.maxStepMs = saved;
+  }
+}
+
+Deno.test("short decode steps run synchronously, yet a timer fires within the budget", async () => {
+  const total = 200; // ~0.2 ms each on tiny-fast: far more than budgetMs of synchronous steps
+  const mixed = await loop(50, total);
+  assert.ok(mixed.sync >= total / 2, `only ${mixed.sync} of ${total} steps were synchronous`);
+  assert.ok(mixed.sync < total, "no step was nonblocking: the event loop never had a turn");
+  assert.ok(
+    mixed.fired >= 0 && mixed.fired < total,
+    `the timer waited for the loop (${mixed.fired})`,
+  );
+  const nonblocking = await loop(0, total);
+  assert.equal(nonblocking.sync, 0);
+});

@@ -4,6 +4,7 @@
 // every argument before FFI, holds every sequence and sampler busy until the call settles (a
 // free() meanwhile is deferred), and maps failures to EngineError. Not the scheduler (lib/serve).
 
+import { setImmediate } from "node:timers";
 import { checkInt, quoteValue } from "./check.ts";
 import { EngineError } from "./errors.ts";
 import type { NativeLibrary } from "./library.ts";
@@ -33,6 +34,23 @@ export type BatchResult = Float32Array | number | EngineError | null;
 /** Most sequences and tokens one step takes (the native bounds). */
 export const MAX_BATCH_SEQS = 4096;
 export const MAX_BATCH_TOKENS = 65536;
+
+/**
+ * A decode-only step (one token per item) of a model whose previous decode-only step took less than
+ * this many milliseconds runs on the calling (JavaScript) thread instead of Deno's blocking pool.
+ * Why: a nonblocking FFI call hands the step to a pool thread and the result back to the event
+ * loop, and each step lands on whichever pool thread is free (cold caches as the step's thread 0);
+ * for short steps that cost ~0.3 ms of a 1.3 ms 32-row tiny-fast step (measured 2026-12-03: 1.0–
+ * 1.2 vs 1.3–1.6 ms per step through the scheduler). The bound keeps the event loop blocked no
+ * longer than a few milliseconds; prefill chunks and slower models' steps stay off-thread. Such a
+ * step then yields one event-loop turn (setImmediate, ~4 µs) before it resolves, as an off-thread
+ * step does: a scheduler's loop of synchronous steps resolved through microtasks alone would
+ * starve timers and I/O (HTTP accepts, streamed tokens) until every decode finished.
+ */
+export const SYNC_DECODE_STEP_MS = 4;
+
+/** The last decode-only step's duration per model (ms), for SYNC_DECODE_STEP_MS. */
+const lastDecodeStepMs = new WeakMap<NativeModel, number>();
 
 /**
  * @internal Runs one batched step (use NativeModel.batchStep).
@@ -118,6 +136,7 @@ export async function runBatchStep(
   const busy: NativeSampler[] = [];
   let status = 0;
   let message = "";
+  let sync = false;
   try {
     items.forEach((it, i) => {
       ptrs[i] = BigInt(Deno.UnsafePointer.value(it.seq.beginHold("batchStep")));
@@ -127,8 +146,12 @@ export async function runBatchStep(
         busy.push(it.sample.sampler);
       }
     });
+    const decodeOnly = total === n;
+    sync = decodeOnly && (lastDecodeStepMs.get(model) ?? Infinity) < SYNC_DECODE_STEP_MS;
+    const t0 = performance.now();
+    const sym = lib.symbols;
     status = await (samplerPtrs
-      ? lib.symbols.kvr_batch_step_sample(
+      ? (sync ? sym.kvr_batch_step_sample_sync : sym.kvr_batch_step_sample)(
         ptrs,
         n,
         counts,
@@ -141,7 +164,7 @@ export async function runBatchStep(
         widths,
         tokensOut,
       )
-      : lib.symbols.kvr_batch_step(
+      : (sync ? sym.kvr_batch_step_sync : sym.kvr_batch_step)(
         ptrs,
         n,
         counts,
@@ -151,6 +174,9 @@ export async function runBatchStep(
         logits,
         BigInt(wanted * vocab),
       ));
+    if (decodeOnly) {
+      lastDecodeStepMs.set(model, performance.now() - t0);
+    }
     // The message is on every sequence of the batch; read it before a deferred free runs.
     if (status !== 0) {
       message = cString(lib.symbols.kvr_seq_last_error(Deno.UnsafePointer.create(ptrs[0])));
@@ -159,6 +185,7 @@ export async function runBatchStep(
     for (const s of busy) s.release();
     for (const s of held) s.endHold();
   }
+  if (sync) await new Promise<void>((resolve) => setImmediate(resolve));
   if (status !== 0) throw new EngineError(status, message || lib.lastError(), "kvr_batch_step");
   const out: BatchResult[] = [];
   let row = 0;

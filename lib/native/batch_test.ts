@@ -459,3 +459,22 @@ Deno.test("batchStep() refuses bad sampling items before any work", async () => 
   assert.equal(a.length, 2);
   assert.equal(b.length, 1);
 });
+
+Deno.test("batchStep() decode-only steps run on the calling thread yet let timers fire between steps", async () => {
+  using model = NativeModel.load(await checkpoint(DEMO_DIRS[0]), { threads: 2 });
+  using seq = model.createSequence(400);
+  await logitsStep(model, [{ seq, tokens: [1, 2, 3], wantLogits: false }]);
+  // Two decodes first: the model's decode steps are then known to be short (sync from here on).
+  for (let i = 0; i < 2; i++) {
+    await logitsStep(model, [{ seq, tokens: [5 + i], wantLogits: false }]);
+  }
+  let fired = false;
+  const timer = setTimeout(() => fired = true, 1);
+  let steps = 0;
+  while (!fired && steps < 300) {
+    await logitsStep(model, [{ seq, tokens: [7], wantLogits: false }]);
+    steps++;
+  }
+  clearTimeout(timer);
+  assert.ok(fired, `a 1 ms timer did not fire during ${steps} decode steps`);
+});

@@ -456,6 +456,29 @@ export const batchSymbols = {
     result: "i32",
     nonblocking: true,
   },
+  // The same two on the calling thread, for short decode-only steps (lib/native/batch.ts).
+  kvr_batch_step_sync: {
+    name: "kvr_batch_step",
+    parameters: ["buffer", "u32", "buffer", "buffer", "usize", "buffer", "buffer", "usize"],
+    result: "i32",
+  },
+  kvr_batch_step_sample_sync: {
+    name: "kvr_batch_step_sample",
+    parameters: [
+      "buffer",
+      "u32",
+      "buffer",
+      "buffer",
+      "usize",
+      "buffer",
+      "buffer",
+      "usize",
+      "buffer",
+      "buffer",
+      "buffer",
+    ],
+    result: "i32",
+  },
 } as const satisfies Deno.ForeignLibraryInterface;
 
 export const symbols = {

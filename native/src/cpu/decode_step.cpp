@@ -39,19 +39,29 @@ void gemv_part(const float* x, const PackedWeight& w, const std::vector<float>& 
   add_inplace(y + c0, bias.data() + c0, c1 - c0);
 }
 
-// The last tuner choice per model (keyed by Weights::uid). choice != 0 stores; returns the stored
-// choice (0: none yet).
+// The last tuner choice per model (keyed by Weights::uid). choice != 0 stores (a fresh probe);
+// choice == 0 looks up for a new sequence: returns the stored choice, or 0 — probe — when none is
+// stored or kReprobeSequences sequences have started from it since its probe (one unlucky probe,
+// e.g. a stalled step on a busy machine, would otherwise decide every later short sequence of the
+// model: measured, q4 tiny-balanced ran 1 thread at 0.95x the 1-thread mean where forced 2
+// threads gave 1.13x).
 int shared_choice(uint64_t model, int choice) {
+  constexpr uint32_t kReprobeSequences = 4;
+  struct Entry {
+    int choice;
+    uint32_t uses;
+  };
   static std::mutex mu;
-  static std::unordered_map<uint64_t, int> last;
+  static std::unordered_map<uint64_t, Entry> last;
   std::lock_guard<std::mutex> lock(mu);
   if (choice != 0) {
     if (last.size() > 64) last.clear();  // bounded: models come and go
-    last[model] = choice;
+    last[model] = {choice, 0};
     return choice;
   }
   const auto it = last.find(model);
-  return it == last.end() ? 0 : it->second;
+  if (it == last.end() || ++it->second.uses > kReprobeSequences) return 0;
+  return it->second.choice;
 }
 
 }  // namespace
@@ -273,7 +283,8 @@ void decode_tuned(const ModelGeometry& m, const Weights& w, KvCache& kv, int32_t
   constexpr uint32_t half = DecodeTuner::kProbe / 2;
   if (tu.step == 0 && tu.chosen == 0) {
     // A new sequence starts from the model's last measured choice (a short generation would
-    // otherwise spend most of its steps probing) and probes again after kReprobeEvery steps.
+    // otherwise spend most of its steps probing; every few sequences probe afresh, see
+    // shared_choice) and probes again after kReprobeEvery steps.
     const int shared = shared_choice(w.uid, 0);
     if (shared != 0) {
       tu.chosen = shared;

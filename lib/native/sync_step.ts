@@ -4,8 +4,10 @@
 // (a nonblocking getpid: 42 µs mean), 66–110 µs between decode steps of tiny-powerful (measured
 // natively, docs/native.md "Per-token overhead") — a third of a tiny model's step. A synchronous
 // call has none of that but blocks the event loop, so it is taken only for short steps and for
-// a bounded time: after `budgetMs` of back-to-back synchronous steps the next step is nonblocking,
-// which gives timers and I/O their turn. Not a scheduler: the batched step is unaffected.
+// a bounded time: after `budgetMs` of back-to-back synchronous steps the next step is nonblocking
+// and returns to the event loop (I/O is polled there; due timers were seen to wait for the whole
+// loop once in a full parallel test run, so a timer is not guaranteed a turn). Not a scheduler: the
+// batched step (the HTTP server's default path) is unaffected.
 
 /** The policy; tests may change it (`maxStepMs = 0` makes every step nonblocking). */
 export const syncStep = {

@@ -210,25 +210,25 @@ void gemv_panels(const KernelTable& kt, const float* x, const PackedWeight& w, f
                  bool accumulate, size_t p0, size_t p1) {
   const size_t n = w.rows(), k = w.cols();
   if (w.is_q8()) {  // x quantized per 32-block (as llama.cpp's q8_0 dot), integer dot products
-    thread_local std::vector<uint8_t> xq;
+    thread_local std::vector<int8_t> xq;
     thread_local std::vector<float> dx;
+    thread_local std::vector<int32_t> xoff;
     const size_t blocks = w.q8_blocks();
     if (xq.size() < blocks * PackedWeight::kQ8Block) xq.resize(blocks * PackedWeight::kQ8Block);
-    if (dx.size() < blocks) dx.resize(blocks);
-    q8::quantize_x(x, k, blocks, xq.data(), dx.data());
-    q8::gemv(w, xq.data(), dx.data(), p0, p1, y, accumulate);
+    if (dx.size() < blocks) dx.resize(blocks), xoff.resize(blocks);
+    q8::quantize_x(x, k, blocks, xq.data(), dx.data(), xoff.data());
+    for (size_t b = 0; b < blocks; ++b) xoff[b] *= -128;  // undoes the weights' +128, per block
+    q8::gemv(w, xq.data(), dx.data(), xoff.data(), p0, p1, y, accumulate);
     return;
   }
-  if (w.is_q4()) {  // the same activation quantizer, as signed codes plus dx·Σcode per block
-    thread_local std::vector<uint8_t> xq;
+  if (w.is_q4()) {  // the same activation quantizer, plus dx·Σcode per block
     thread_local std::vector<int8_t> xs;
     thread_local std::vector<float> dx, dxs;
     thread_local std::vector<int32_t> sx;
     const size_t blocks = w.q8_blocks(), kq = blocks * PackedWeight::kQ8Block;
-    if (xq.size() < kq) xq.resize(kq), xs.resize(kq);
+    if (xs.size() < kq) xs.resize(kq);
     if (dx.size() < blocks) dx.resize(blocks), dxs.resize(blocks), sx.resize(blocks);
-    q8::quantize_x(x, k, blocks, xq.data(), dx.data(), sx.data());
-    for (size_t i = 0; i < kq; ++i) xs[i] = static_cast<int8_t>(static_cast<int>(xq[i]) - 128);
+    q8::quantize_x(x, k, blocks, xs.data(), dx.data(), sx.data());
     for (size_t b = 0; b < blocks; ++b) dxs[b] = dx[b] * static_cast<float>(sx[b]);
     q4::gemv(w, xs.data(), dx.data(), dxs.data(), p0, p1, y, accumulate);
     return;
@@ -311,15 +311,34 @@ PackedWeight PackedWeight::pack(const float* w, size_t n, size_t k) {
   return p;
 }
 
+namespace {
+
+// d (finite, ≥ 0) rounded up to the next bf16 (its upper 16 bits): quantizing against the
+// rounded-up scale keeps every |w|/d ≤ 127, so no code clamps and each error stays ≤ d/2.
+uint16_t bf16_round_up(float d) {
+  uint32_t u;
+  std::memcpy(&u, &d, sizeof u);
+  if ((u & 0xFFFFu) != 0) u += 0x10000u;
+  return static_cast<uint16_t>(u >> 16);
+}
+
+float bf16_to_f32(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+}  // namespace
+
 PackedWeight PackedWeight::pack_q8(const float* w, size_t n, size_t k) {
   PackedWeight p;
   p.n_ = n;
   p.k_ = k;
   p.q8_ = true;
   const size_t P = p.panels(), B = p.q8_blocks();
-  p.data8_.assign(P * B * 512, 0);
-  p.q8_scale_.assign(P * B * 16, 0.f);
-  p.q8_corr_.assign(P * B * 16, 0);
+  p.data8_.assign(P * B * 512, 128);  // q = 0 (padding columns and k past the end)
+  p.q8_scale_.assign(P * B * 16, 0);
   for (size_t r = 0; r < n; ++r) {
     const size_t pi = r / kPanelWidth, c = r % kPanelWidth;
     const float* src = w + r * k;
@@ -327,18 +346,16 @@ PackedWeight PackedWeight::pack_q8(const float* w, size_t n, size_t k) {
       const size_t k0 = b * kQ8Block, k1 = std::min(k, k0 + kQ8Block);
       float amax = 0.f;
       for (size_t i = k0; i < k1; ++i) amax = std::max(amax, std::fabs(src[i]));
-      const float d = amax / 127.f;
+      const uint16_t d16 = bf16_round_up(amax / 127.f);
+      const float d = bf16_to_f32(d16);
       const float inv = d > 0.f ? 1.f / d : 0.f;
-      int32_t sum = 0;
-      int8_t* blk = p.data8_.data() + (pi * B + b) * 512;
+      uint8_t* blk = p.data8_.data() + (pi * B + b) * 512;
       for (size_t i = k0; i < k1; ++i) {
         const int q = std::clamp(static_cast<int>(std::nearbyint(src[i] * inv)), -127, 127);
         const size_t t = i - k0;
-        blk[(t / 4) * 64 + c * 4 + t % 4] = static_cast<int8_t>(q);
-        sum += q;
+        blk[(t / 4) * 64 + c * 4 + t % 4] = static_cast<uint8_t>(q + 128);
       }
-      p.q8_scale_[(pi * B + b) * 16 + c] = d;
-      p.q8_corr_[(pi * B + b) * 16 + c] = 128 * sum;
+      p.q8_scale_[(pi * B + b) * 16 + c] = d16;
     }
   }
   return p;

@@ -39,8 +39,7 @@ class KvRecycler {
   }
 
   // Buffers from this size on are mapped on their own, outside malloc's heap: a kept buffer there
-  // would pin the heap's top (and a calloc of reused heap memory pays a full memset), and the
-  // snapshot path's transient buffers (V8 ArrayBuffers) could then no longer reuse that memory.
+  // would pin memory in the heap that other allocations could no longer reuse.
   static constexpr size_t kMapBytes = size_t{256} << 10;
   // A zero-filled allocation of `bytes` (nullptr when out of memory); free with release().
   static Buffer allocate(size_t bytes) {

@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <memory>
-#include <mutex>
 #include <cstring>
 #include <initializer_list>
 #include <new>
@@ -141,29 +140,6 @@ void kv_copy(const KvCache& kv, size_t layer, size_t which, uint32_t start, uint
   }
 }
 
-#if defined(__GLIBC__)
-// Fixes glibc's mmap and trim thresholds, once per process, at the values its dynamic rule only
-// reaches after freeing a 32 MiB mapped chunk (mmap 32 MiB, trim 2x). Why: with the start values
-// (128 KiB, 128 KiB) every transient buffer of the snapshot path from 128 KiB up — the chunk frames
-// and the whole snapshot, V8 ArrayBuffers of 0.25-8 MiB for the demo models — was mapped fresh or
-// carved from a just-trimmed heap top, and its first writer paid a minor page fault per 4 KiB:
-// measured in `bench snapshot` (tiny-fast f32 cache, bf16 encoding) ~513 faults, +0.6 ms on a
-// 0.7 ms export. Bound: at most 64 MiB of freed memory stays resident at the heap's top. A
-// process that set MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_ (or glibc.malloc tunables)
-// keeps its own choice.
-void fix_malloc_thresholds() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    const char* tunables = std::getenv("GLIBC_TUNABLES");
-    if (std::getenv("MALLOC_MMAP_THRESHOLD_") != nullptr || std::getenv("MALLOC_TRIM_THRESHOLD_") != nullptr ||
-        (tunables != nullptr && std::strstr(tunables, "glibc.malloc.") != nullptr))
-      return;
-    mallopt(M_MMAP_THRESHOLD, 32 << 20);
-    mallopt(M_TRIM_THRESHOLD, 64 << 20);
-  });
-}
-#endif
-
 class CpuBackend final : public Backend {
  public:
   CpuBackend(const ModelGeometry& g, const TensorTable& t) : g_(g) {
@@ -173,7 +149,6 @@ class CpuBackend final : public Backend {
     // packed weights no longer reuse them (large ones are mapped on huge pages, huge_pages.h).
     // Measured on Qwen3-0.6B q8: process RSS after load 1026 → 973 MB.
     malloc_trim(0);
-    fix_malloc_thresholds();
 #endif
   }
 

@@ -12,6 +12,7 @@ import { cString } from "./library.ts";
 import type { NativeModel } from "./model.ts";
 import type { NativeSampler } from "./sampler.ts";
 import type { NativeSequence } from "./sequence.ts";
+import { nonblockingDone, turnDue } from "./sync_step.ts";
 
 /** One sequence's part of a batched step. */
 export interface BatchItem {
@@ -42,10 +43,12 @@ export const MAX_BATCH_TOKENS = 65536;
  * loop, and each step lands on whichever pool thread is free (cold caches as the step's thread 0);
  * for short steps that cost ~0.3 ms of a 1.3 ms 32-row tiny-fast step (measured 2026-12-03: 1.0–
  * 1.2 vs 1.3–1.6 ms per step through the scheduler). The bound keeps the event loop blocked no
- * longer than a few milliseconds; prefill chunks and slower models' steps stay off-thread. Such a
- * step then yields one event-loop turn (setImmediate, ~4 µs) before it resolves, as an off-thread
- * step does: a scheduler's loop of synchronous steps resolved through microtasks alone would
- * starve timers and I/O (HTTP accepts, streamed tokens) until every decode finished.
+ * longer than a few milliseconds; prefill chunks and slower models' steps stay off-thread. After
+ * `syncStep.budgetMs` (sync_step.ts, shared with the single-sequence steps) of back-to-back
+ * synchronous steps, one yields an event-loop turn (setImmediate) before it resolves: a scheduler's
+ * loop of synchronous steps resolved through microtasks alone would starve timers and I/O (HTTP
+ * accepts, streamed tokens) until every decode finished, and a turn after every step cost 40–100 µs
+ * of a ~1.2 ms step.
  */
 export const SYNC_DECODE_STEP_MS = 4;
 
@@ -185,7 +188,8 @@ export async function runBatchStep(
     for (const s of busy) s.release();
     for (const s of held) s.endHold();
   }
-  if (sync) await new Promise<void>((resolve) => setImmediate(resolve));
+  if (!sync) nonblockingDone();
+  else if (turnDue()) await new Promise<void>((resolve) => setImmediate(resolve));
   if (status !== 0) throw new EngineError(status, message || lib.lastError(), "kvr_batch_step");
   const out: BatchResult[] = [];
   let row = 0;

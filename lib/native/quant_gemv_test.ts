@@ -13,6 +13,14 @@ import { quantizeActivation as quantizeX, quantValues as values } from "./quant_
 
 const SHAPES: [number, number][] = [[37, 100], [64, 256], [16, 32], [5, 7], [48, 1000]];
 
+/** f32 d ≥ 0 rounded up to the next bfloat16 (the q8 weight scale, gemm.h "q8 layout"). */
+function bf16RoundUp(d: number): number {
+  const f = new Float32Array([d]), u = new Uint32Array(f.buffer);
+  if ((u[0] & 0xffff) !== 0) u[0] += 0x10000;
+  u[0] &= 0xffff0000;
+  return f[0];
+}
+
 /** Checks the dequantized weights of one format against its rule; throws naming the block. */
 function checkWeights(
   format: WeightFormat,
@@ -36,10 +44,17 @@ function checkWeights(
         levels.add(deq[r * k + i]);
       }
       if (format === "q8") {
-        const d = Math.fround(amax / 127);
+        // The stored scale: amax/127 rounded up to bf16; every value d·q with |q| ≤ 127 and
+        // within d/2 (the codes are quantized against the stored d).
+        const d = bf16RoundUp(Math.fround(amax / 127));
         for (let i = k0; i < k1; i++) {
           const e = Math.abs(w[r * k + i] - deq[r * k + i]);
           assert.ok(e <= d * 0.5 * (1 + 1e-5), `${at}: error ${e} > d/2 = ${d / 2}`);
+          const q = d > 0 ? deq[r * k + i] / d : 0;
+          assert.ok(
+            Number.isInteger(q) && Math.abs(q) <= 127,
+            `${at}: ${deq[r * k + i]} is not d·q (d ${d})`,
+          );
         }
       } else {
         assert.ok(levels.size <= 16, `${at}: ${levels.size} distinct values`);
@@ -85,6 +100,14 @@ Deno.test(ORACLE_TEST, () => {
       }
     }
   }
+});
+
+Deno.test("q8 weights of tiny magnitude keep the nearest-code rule (bf16 scales do not underflow)", () => {
+  // amax/127 near 1e-9 is far below f16's normal range (6e-5): an f16 scale would lose its
+  // precision or flush to zero there; bf16 has f32's exponent range.
+  const [n, k] = [16, 64];
+  const w = values(n * k, 5).map((v) => v * 1e-7);
+  checkWeights("q8", n, k, w, gemvQuantized("q8", n, k, w).weights);
 });
 
 Deno.test("bf16 (f32 given) weights pass through kvr_gemv_quantized unchanged", () => {

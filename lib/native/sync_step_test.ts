@@ -4,7 +4,7 @@
 
 import assert from "node:assert/strict";
 import { NativeModel } from "./model.ts";
-import { syncStep } from "./sync_step.ts";
+import { nonblockingDone, syncStep, turnDue } from "./sync_step.ts";
 import { checkpoint, DEMO_DIRS, tokens } from "./test_helpers.ts";
 
 const STEPS = 40;
@@ -71,4 +71,26 @@ Deno.test("short decode steps run synchronously, with a nonblocking step after e
   assert.ok(mixed.fired >= 0, "the timer never fired");
   const nonblocking = await loop(0, total);
   assert.equal(nonblocking.sync, 0);
+});
+
+Deno.test("turnDue() is true once per budget of back-to-back synchronous steps", () => {
+  const saved = syncStep.budgetMs;
+  syncStep.budgetMs = 3;
+  try {
+    nonblockingDone(); // a fresh run starts at the first call
+    const start = performance.now();
+    assert.equal(turnDue(), false);
+    let calls = 1;
+    let due = false;
+    while (!(due = turnDue()) && performance.now() - start < 1000) calls++;
+    assert.ok(due, "never due within 1 s");
+    const elapsed = performance.now() - start;
+    assert.ok(elapsed >= 3, `due after ${elapsed} ms, before the 3 ms budget`);
+    assert.ok(calls > 1);
+    // The turn starts a new run: not due again at once.
+    assert.equal(turnDue(), false);
+  } finally {
+    syncStep.budgetMs = saved;
+    nonblockingDone();
+  }
 });

@@ -43,12 +43,12 @@ Deno.test("q8 weights hold fewer bytes and give logits within quantization error
   for (const dir of DEMO_DIRS) {
     using bf16 = NativeModel.load(await checkpoint(dir), { threads: 1 });
     using q8 = NativeModel.load(await checkpoint(dir), { threads: 1, weights: "q8" });
-    // Linear weights (and the tied lm_head) hold 1.25 bytes per weight: 16-column panels of
-    // 32-wide blocks, 512 code bytes + 16 f32 scales + 16 int32 sums each. The rest is norms
+    // Linear weights (and the tied lm_head) hold 1.0625 bytes per weight, as llama.cpp's Q8_0:
+    // 16-column panels of 32-wide blocks, 512 code bytes + 16 bf16 scales each. The rest is norms
     // (f32): the demo models tie their embeddings, and no table is left beside the quantized
     // lm_head (lookups read it).
     const c = q8.config;
-    const q8Bytes = (n: number, k: number) => Math.ceil(n / 16) * Math.ceil(k / 32) * 640;
+    const q8Bytes = (n: number, k: number) => Math.ceil(n / 16) * Math.ceil(k / 32) * 544;
     const qkvRows = (c.numHeads + 2 * c.numKvHeads) * c.headDim;
     const linear = c.numLayers * (q8Bytes(qkvRows, c.hiddenSize) +
           q8Bytes(c.hiddenSize, c.numHeads * c.headDim) +

@@ -174,7 +174,7 @@ void forward_batch(const ModelGeometry& m, const Weights& w, const BatchSeq* seq
   enum class Split { kGemv, kPanels, kRows };
   constexpr size_t kFewRows = 48;
   const Split split = rows == 1 ? Split::kGemv : rows < kFewRows ? Split::kPanels : Split::kRows;
-  if (split == Split::kPanels && sc.prepared.size() < nt) sc.prepared.resize(nt);
+  if (sc.prepared.size() < nt) sc.prepared.resize(nt);  // kPanels GEMMs and the lm_head
   // Row blocks of the kRows split: about 2 per thread, whole 6-row tiles.
   const size_t gemm_rows_each = ((rows + 2 * nt - 1) / (2 * nt) + 5) / 6 * 6;
   const uint32_t gemm_row_units = units_of(rows, gemm_rows_each);
@@ -341,8 +341,26 @@ void forward_batch(const ModelGeometry& m, const Weights& w, const BatchSeq* seq
         rmsnorm(x + want_rows[k] * H, h + k * H, w.final_norm.data(), H, eps);
     });
     const size_t vp = w.lm_head.panels(), vchunk = chunk_of(vp);
+    // One run of several rows (every wanted row returned, or every one sampled: the usual
+    // decode step): each thread prepares the input once for all its panel chunks, as above.
+    const bool head_prepared = runs.size() == 1 && wn > 1 && wn < kFewRows;
+    if (head_prepared && !prep) prep = &sc.prepared[t];
+    bool head_ready = false;
     stage(wn == 0 ? 0 : units_of(vp, vchunk), [&](uint32_t u) {
       const size_t p0 = u * vchunk, p1 = std::min(vp, (u + 1) * vchunk);
+      if (head_prepared) {
+        if (!head_ready) {
+          try {
+            prep->prepare(h, wn, H, w.lm_head);
+          } catch (...) {
+            failed.store(true, std::memory_order_relaxed);
+            return;
+          }
+          head_ready = true;
+        }
+        prep->gemm_range(w.lm_head, runs[0].dst, m.vocab, false, p0, p1);
+        return;
+      }
       for (const HeadRun& run : runs) {
         try {
           gemm_range(h + run.row0 * H, run.len, H, w.lm_head, run.dst, m.vocab, false, p0, p1);

@@ -70,43 +70,49 @@ float* a_scratch() {
   return buf.data();
 }
 
-// Packs x rows [0, mc) and columns [0, kc) (row stride ldx) into (ceil(mc/6), kc, 6) k-major
-// micro-panels; rows past mc are zero.
-void pack_a(const float* x, size_t ldx, size_t mc, size_t kc, float* dst) {
-  for (size_t g = 0; g < mc; g += kTileRows) {
+// Packs x rows [0, mc) and columns [0, kc) (row stride ldx) into (ceil(mc/g), kc, g) k-major
+// micro-panels of g rows (6, or kTallRows for the tall tiles); rows past mc are zero.
+void pack_a(const float* x, size_t ldx, size_t mc, size_t kc, float* dst, size_t g_rows = kTileRows) {
+  for (size_t g = 0; g < mc; g += g_rows) {
     float* panel = dst + g * kc;
-    const size_t rows = std::min(kTileRows, mc - g);
-    for (size_t r = 0; r < kTileRows; ++r) {
+    const size_t rows = std::min(g_rows, mc - g);
+    for (size_t r = 0; r < g_rows; ++r) {
       if (r < rows) {
         const float* src = x + (g + r) * ldx;
-        for (size_t t = 0; t < kc; ++t) panel[t * kTileRows + r] = src[t];
+        for (size_t t = 0; t < kc; ++t) panel[t * g_rows + r] = src[t];
       } else {
-        for (size_t t = 0; t < kc; ++t) panel[t * kTileRows + r] = 0.f;
+        for (size_t t = 0; t < kc; ++t) panel[t * g_rows + r] = 0.f;
       }
     }
   }
 }
 
-// The tile kernel for mr rows over f32 or bf16 panel slices.
-inline detail::TileFn tile(const KernelTable& kt, size_t mr, const float*) { return kt.tile[mr]; }
-inline detail::TileBf16Fn tile(const KernelTable& kt, size_t mr, const uint16_t*) {
-  return kt.tile_bf16[mr];
+// The tile kernel for mr rows over f32 or bf16 panel slices (tall: A in kTallRows micro-panels).
+inline detail::TileFn tile(const KernelTable& kt, size_t mr, const float*, bool tall) {
+  return tall ? kt.tall[mr] : kt.tile[mr];
+}
+inline detail::TileBf16Fn tile(const KernelTable& kt, size_t mr, const uint16_t*, bool tall) {
+  return tall ? kt.tall_bf16[mr] : kt.tile_bf16[mr];
 }
 
+// Rows of the A micro-panels gemm_pack_a writes: the tall tiles' when the table has them.
+size_t packed_group(const KernelTable& kt) { return kt.tall[1] != nullptr ? detail::kTallRows : kTileRows; }
+
 // y rows [0, mc) x columns of panel slice bp (kc, 16) (+)= packed A rows · bp, tile by tile.
-// a: first packed tile of the rows, a_stride floats between tiles (A tiles are (kc', 6) with
-// kc' >= kc; the slice for this k block starts at a). ncol <= 16 valid columns at y. bp is f32,
-// or bf16 when the table has direct bf16 tiles.
+// a: first packed tile of the rows, a_stride floats between tiles (A tiles are (kc', g) with
+// kc' >= kc and g = 6, or kTallRows when tall; the slice for this k block starts at a). ncol <= 16
+// valid columns at y. bp is f32, or bf16 when the table has direct bf16 tiles.
 template <typename T>
 void run_tiles(const KernelTable& kt, const float* a, size_t a_stride, size_t mc, size_t kc,
-               const T* bp, float* y, size_t ldy, size_t ncol, bool load) {
-  alignas(64) float tmp[kTileRows * kPanelWidth];
-  for (size_t ir = 0; ir < mc; ir += kTileRows) {
-    const size_t mr = std::min(kTileRows, mc - ir);
-    const float* at = a + (ir / kTileRows) * a_stride;
+               const T* bp, float* y, size_t ldy, size_t ncol, bool load, bool tall = false) {
+  const size_t g = tall ? detail::kTallRows : kTileRows;
+  alignas(64) float tmp[detail::kTallRows * kPanelWidth];
+  for (size_t ir = 0; ir < mc; ir += g) {
+    const size_t mr = std::min(g, mc - ir);
+    const float* at = a + (ir / g) * a_stride;
     float* cp = y + ir * ldy;
     if (ncol == kPanelWidth) {
-      tile(kt, mr, bp)(kc, at, bp, cp, ldy, load);
+      tile(kt, mr, bp, tall)(kc, at, bp, cp, ldy, load);
     } else {
       // Column tail: compute the full 16-wide tile into tmp, copy the valid columns.
       if (load) {
@@ -114,7 +120,7 @@ void run_tiles(const KernelTable& kt, const float* a, size_t a_stride, size_t mc
           std::memcpy(tmp + r * kPanelWidth, cp + r * ldy, ncol * sizeof(float));
         }
       }
-      tile(kt, mr, bp)(kc, at, bp, tmp, kPanelWidth, load);
+      tile(kt, mr, bp, tall)(kc, at, bp, tmp, kPanelWidth, load);
       for (size_t r = 0; r < mr; ++r) {
         std::memcpy(cp + r * ldy, tmp + r * kPanelWidth, ncol * sizeof(float));
       }
@@ -173,10 +179,12 @@ void gemm_rows(const KernelTable& kt, const float* x, size_t ldx, const PackedWe
 }
 
 // All m rows of y against weight panels [p0, p1), with A already packed whole: apack is
-// (ceil(m/6), k, 6) (pack_a over all of k). Used for small m, where the work splits over panels.
+// (ceil(m/g), k, g) (pack_a over all of k, g = packed_group(kt)). Used for small m, where the
+// work splits over panels.
 void gemm_panels(const KernelTable& kt, const float* apack, size_t m, const PackedWeight& w,
                  float* y, size_t ldy, bool accumulate, size_t p0, size_t p1) {
-  const size_t n = w.rows(), k = w.cols();
+  const size_t n = w.rows(), k = w.cols(), g = packed_group(kt);
+  const bool tall = g != kTileRows;
   const bool direct_bf16 = w.is_bf16() && kt.tile_bf16[1] != nullptr;
   alignas(64) float bbuf[kKC * kPanelWidth];  // widened bf16 panel slice (16 KiB)
   for (size_t pc = 0; pc < k; pc += kKC) {
@@ -185,11 +193,11 @@ void gemm_panels(const KernelTable& kt, const float* apack, size_t m, const Pack
     for (size_t p = p0; p < p1; ++p) {
       const size_t col = p * kPanelWidth, ncol = std::min(kPanelWidth, n - col);
       if (direct_bf16) {
-        run_tiles(kt, apack + pc * kTileRows, k * kTileRows, m, kc,
-                  w.panel_bf16(p) + pc * kPanelWidth, y + col, ldy, ncol, load);
+        run_tiles(kt, apack + pc * g, k * g, m, kc, w.panel_bf16(p) + pc * kPanelWidth, y + col,
+                  ldy, ncol, load, tall);
       } else {
-        run_tiles(kt, apack + pc * kTileRows, k * kTileRows, m, kc,
-                  panel_slice(kt, w, p, pc, kc, bbuf), y + col, ldy, ncol, load);
+        run_tiles(kt, apack + pc * g, k * g, m, kc, panel_slice(kt, w, p, pc, kc, bbuf), y + col,
+                  ldy, ncol, load, tall);
       }
     }
   }
@@ -202,25 +210,25 @@ void gemv_panels(const KernelTable& kt, const float* x, const PackedWeight& w, f
                  bool accumulate, size_t p0, size_t p1) {
   const size_t n = w.rows(), k = w.cols();
   if (w.is_q8()) {  // x quantized per 32-block (as llama.cpp's q8_0 dot), integer dot products
-    thread_local std::vector<uint8_t> xq;
+    thread_local std::vector<int8_t> xq;
     thread_local std::vector<float> dx;
+    thread_local std::vector<int32_t> xoff;
     const size_t blocks = w.q8_blocks();
     if (xq.size() < blocks * PackedWeight::kQ8Block) xq.resize(blocks * PackedWeight::kQ8Block);
-    if (dx.size() < blocks) dx.resize(blocks);
-    q8::quantize_x(x, k, blocks, xq.data(), dx.data());
-    q8::gemv(w, xq.data(), dx.data(), p0, p1, y, accumulate);
+    if (dx.size() < blocks) dx.resize(blocks), xoff.resize(blocks);
+    q8::quantize_x(x, k, blocks, xq.data(), dx.data(), xoff.data());
+    for (size_t b = 0; b < blocks; ++b) xoff[b] *= -128;  // undoes the weights' +128, per block
+    q8::gemv(w, xq.data(), dx.data(), xoff.data(), p0, p1, y, accumulate);
     return;
   }
-  if (w.is_q4()) {  // the same activation quantizer, as signed codes plus dx·Σcode per block
-    thread_local std::vector<uint8_t> xq;
+  if (w.is_q4()) {  // the same activation quantizer, plus dx·Σcode per block
     thread_local std::vector<int8_t> xs;
     thread_local std::vector<float> dx, dxs;
     thread_local std::vector<int32_t> sx;
     const size_t blocks = w.q8_blocks(), kq = blocks * PackedWeight::kQ8Block;
-    if (xq.size() < kq) xq.resize(kq), xs.resize(kq);
+    if (xs.size() < kq) xs.resize(kq);
     if (dx.size() < blocks) dx.resize(blocks), dxs.resize(blocks), sx.resize(blocks);
-    q8::quantize_x(x, k, blocks, xq.data(), dx.data(), sx.data());
-    for (size_t i = 0; i < kq; ++i) xs[i] = static_cast<int8_t>(static_cast<int>(xq[i]) - 128);
+    q8::quantize_x(x, k, blocks, xs.data(), dx.data(), sx.data());
     for (size_t b = 0; b < blocks; ++b) dxs[b] = dx[b] * static_cast<float>(sx[b]);
     q4::gemv(w, xs.data(), dx.data(), dxs.data(), p0, p1, y, accumulate);
     return;
@@ -303,15 +311,34 @@ PackedWeight PackedWeight::pack(const float* w, size_t n, size_t k) {
   return p;
 }
 
+namespace {
+
+// d (finite, ≥ 0) rounded up to the next bf16 (its upper 16 bits): quantizing against the
+// rounded-up scale keeps every |w|/d ≤ 127, so no code clamps and each error stays ≤ d/2.
+uint16_t bf16_round_up(float d) {
+  uint32_t u;
+  std::memcpy(&u, &d, sizeof u);
+  if ((u & 0xFFFFu) != 0) u += 0x10000u;
+  return static_cast<uint16_t>(u >> 16);
+}
+
+float bf16_to_f32(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+}  // namespace
+
 PackedWeight PackedWeight::pack_q8(const float* w, size_t n, size_t k) {
   PackedWeight p;
   p.n_ = n;
   p.k_ = k;
   p.q8_ = true;
   const size_t P = p.panels(), B = p.q8_blocks();
-  p.data8_.assign(P * B * 512, 0);
-  p.q8_scale_.assign(P * B * 16, 0.f);
-  p.q8_corr_.assign(P * B * 16, 0);
+  p.data8_.assign(P * B * 512, 128);  // q = 0 (padding columns and k past the end)
+  p.q8_scale_.assign(P * B * 16, 0);
   for (size_t r = 0; r < n; ++r) {
     const size_t pi = r / kPanelWidth, c = r % kPanelWidth;
     const float* src = w + r * k;
@@ -319,18 +346,16 @@ PackedWeight PackedWeight::pack_q8(const float* w, size_t n, size_t k) {
       const size_t k0 = b * kQ8Block, k1 = std::min(k, k0 + kQ8Block);
       float amax = 0.f;
       for (size_t i = k0; i < k1; ++i) amax = std::max(amax, std::fabs(src[i]));
-      const float d = amax / 127.f;
+      const uint16_t d16 = bf16_round_up(amax / 127.f);
+      const float d = bf16_to_f32(d16);
       const float inv = d > 0.f ? 1.f / d : 0.f;
-      int32_t sum = 0;
-      int8_t* blk = p.data8_.data() + (pi * B + b) * 512;
+      uint8_t* blk = p.data8_.data() + (pi * B + b) * 512;
       for (size_t i = k0; i < k1; ++i) {
         const int q = std::clamp(static_cast<int>(std::nearbyint(src[i] * inv)), -127, 127);
         const size_t t = i - k0;
-        blk[(t / 4) * 64 + c * 4 + t % 4] = static_cast<int8_t>(q);
-        sum += q;
+        blk[(t / 4) * 64 + c * 4 + t % 4] = static_cast<uint8_t>(q + 128);
       }
-      p.q8_scale_[(pi * B + b) * 16 + c] = d;
-      p.q8_corr_[(pi * B + b) * 16 + c] = 128 * sum;
+      p.q8_scale_[(pi * B + b) * 16 + c] = d16;
     }
   }
   return p;
@@ -488,8 +513,8 @@ void matmul_xwt(const float* x, size_t m, size_t ldx, const PackedWeight& w, flo
 
   if (row_tiles < 4 * nt && row_tiles * kTileRows * k <= kMaxWholeA) {
     // Few rows: pack all of A once here (small), split the weight panels among threads.
-    std::vector<float, AlignedAllocator<float>> apack(row_tiles * kTileRows * k);
-    pack_a(x, ldx, m, k, apack.data());
+    std::vector<float, AlignedAllocator<float>> apack(gemm_packed_a_floats(m, k));
+    pack_a(x, ldx, m, k, apack.data(), packed_group(kt));
     const size_t tasks = task_count(panels, nt, panels);
     parallel_dynamic(workers, static_cast<int>(nt), tasks, [&](size_t t, unsigned) {
       size_t p0, p1;
@@ -546,11 +571,12 @@ void gemm_range(const float* x, size_t m, size_t ldx, const PackedWeight& w, flo
 }
 
 size_t gemm_packed_a_floats(size_t m, size_t k) {
-  return (m + kTileRows - 1) / kTileRows * kTileRows * k;
+  const size_t g = packed_group(kernels());
+  return (m + g - 1) / g * g * k;
 }
 
 void gemm_pack_a(const float* x, size_t m, size_t ldx, size_t k, float* apack) {
-  pack_a(x, ldx, m, k, apack);
+  pack_a(x, ldx, m, k, apack, packed_group(kernels()));
 }
 
 void gemm_packed_range(const float* apack, size_t m, const PackedWeight& w, float* y, size_t ldy,

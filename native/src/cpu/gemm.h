@@ -99,7 +99,7 @@ class PackedWeight {
   // Resident bytes of the packed panels (padding columns included).
   size_t size_bytes() const {
     return data_.size() * sizeof(float) + data16_.size() * sizeof(uint16_t) + data8_.size() +
-           q8_scale_.size() * sizeof(float) + q8_corr_.size() * sizeof(int32_t) + data4_.size() +
+           q8_scale_.size() * sizeof(uint16_t) + data4_.size() +
            q4_scale_.size() * sizeof(uint16_t) + q4_min_.size() * sizeof(uint16_t);
   }
   size_t panels() const { return (n_ + kPanelWidth - 1) / kPanelWidth; }
@@ -116,15 +116,16 @@ class PackedWeight {
   void unpack_f32(float* out) const;
 
   // q8 layout (is_q8()): k padded with zeros to kq = ceil(k/32)·32 and cut into blocks of 32.
-  // Per panel and block, 512 int8 codes ordered (k/4, 16 columns, 4 consecutive k) — one 64-byte
-  // load feeds vpdpbusd 4 k-steps of all 16 columns — plus per column an f32 scale d
-  // (w ≈ d·code, d = absmax/127 of the column's 32 weights, codes in [-127, 127]) and the int32
-  // 128·Σ codes that undoes the +128 offset of unsigned activation codes.
+  // Per panel and block, 512 code bytes ordered (k/4, 16 columns, 4 consecutive k) — one 64-byte
+  // load feeds vpdpbusd 4 k-steps of all 16 columns — plus per column a bf16 scale d:
+  // w ≈ d·(code − 128), code = q + 128 with q in [-127, 127] (unsigned, vpdpbusd's first
+  // operand; the activation side supplies the −128·Σq that removes the offset, gemm_q8.h).
+  // d is absmax/127 of the column's 32 weights rounded up to bf16, and q = rint(w/d) against
+  // that stored d. 512 + 32 bytes per 512 weights: 1.0625 bytes per weight, as llama.cpp's Q8_0.
   static constexpr size_t kQ8Block = 32;
   size_t q8_blocks() const { return (k_ + kQ8Block - 1) / kQ8Block; }
-  const int8_t* panel_q8(size_t p) const { return data8_.data() + p * q8_blocks() * 512; }
-  const float* panel_q8_scale(size_t p) const { return q8_scale_.data() + p * q8_blocks() * 16; }
-  const int32_t* panel_q8_corr(size_t p) const { return q8_corr_.data() + p * q8_blocks() * 16; }
+  const uint8_t* panel_q8(size_t p) const { return data8_.data() + p * q8_blocks() * 512; }
+  const uint16_t* panel_q8_scale(size_t p) const { return q8_scale_.data() + p * q8_blocks() * 16; }
 
   // q4 layout (is_q4()): the same blocks of 32 (q8_blocks()). Per column and block, w ≈ d·c + m
   // with c in [0, 15] and d, m f16 (llama.cpp Q4_1-like; d and m fitted by least squares at
@@ -145,9 +146,8 @@ class PackedWeight {
   std::vector<uint8_t, AlignedAllocator<uint8_t>> data4_;      // q4 nibbles, or empty
   std::vector<uint16_t, AlignedAllocator<uint16_t>> q4_scale_;  // (panels, blocks, 16) f16 d
   std::vector<uint16_t, AlignedAllocator<uint16_t>> q4_min_;    // (panels, blocks, 16) f16 m
-  std::vector<int8_t, AlignedAllocator<int8_t>> data8_;     // q8 codes, or empty
-  std::vector<float, AlignedAllocator<float>> q8_scale_;    // (panels, blocks, 16)
-  std::vector<int32_t, AlignedAllocator<int32_t>> q8_corr_;  // (panels, blocks, 16)
+  std::vector<uint8_t, AlignedAllocator<uint8_t>> data8_;     // q8 codes (q + 128), or empty
+  std::vector<uint16_t, AlignedAllocator<uint16_t>> q8_scale_;  // (panels, blocks, 16) bf16 d
   std::vector<float, AlignedAllocator<float>> data_;        // f32 panels, or empty
   std::vector<uint16_t, AlignedUninitAllocator<uint16_t>> data16_;  // bf16 panels, or empty
 };

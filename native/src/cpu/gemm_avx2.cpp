@@ -133,7 +133,9 @@ const KernelTable& avx2_kernels() {
        &tile_avx2<4, uint16_t>, &tile_avx2<5, uint16_t>, &tile_avx2<6, uint16_t>},
       &gemv_avx2<float>,
       &gemv_avx2<uint16_t>,
-      &widen_bf16_avx2};
+      &widen_bf16_avx2,
+      {},  // no tall tiles: A in 6-row micro-panels
+      {}};
   return table;
 }
 #else

@@ -2,7 +2,8 @@
 // zmm register per panel row instead of two ymm halves — a 6x16 tile is 6 zmm accumulators, a
 // GEMV step is one FMA per panel — and bf16 panels widened exactly in registers. Every output
 // still accumulates its products in k order in one lane with FMA, then adds C once: the results
-// are bit-identical to the AVX2 kernels (lib/native/gemm_avx512_test.ts). Compiled per function
+// are bit-identical to the AVX2 kernels (lib/native/gemm_avx512_test.ts). The tall tiles (16 rows
+// of A per micro-panel, gemm_kernels.h) are the same kernel with a 16-row A stride. Compiled per function
 // with target attributes; the driver calls these only when cpu_features.h says AVX-512F.
 #include <immintrin.h>
 
@@ -30,12 +31,13 @@ KVR_AVX512_TARGET inline __m512 load16(const uint16_t* p) {
   return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, _mm512_maskz_cvtepu16_epi32(0xFFFF, h), 16));
 }
 
-// c (MR, 16) (+)= a (kc, 6)[:, :MR] · b (kc, 16); see TileFn / TileBf16Fn.
-template <int MR, typename T>
+// c (MR, 16) (+)= a (kc, AR)[:, :MR] · b (kc, 16); see TileFn / TileBf16Fn (AR = 6) and the tall
+// tiles (AR = 16) of KernelTable.
+template <int MR, typename T, int AR = static_cast<int>(kTileRows)>
 KVR_AVX512_TARGET void tile_avx512(size_t kc, const float* a, const T* b, float* c, size_t ldc,
                                    bool load_c) {
   __m512 acc[MR];
-#pragma GCC unroll 6
+#pragma GCC unroll 16
   for (int r = 0; r < MR; ++r) {
     if (load_c) _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc), _MM_HINT_T0);
     acc[r] = _mm512_setzero_ps();
@@ -43,12 +45,12 @@ KVR_AVX512_TARGET void tile_avx512(size_t kc, const float* a, const T* b, float*
 #pragma GCC unroll 4
   for (size_t t = 0; t < kc; ++t) {
     const __m512 bv = load16(b);
-#pragma GCC unroll 6
+#pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(a[r]), bv, acc[r]);
-    a += kTileRows;
+    a += AR;
     b += 16;
   }
-#pragma GCC unroll 6
+#pragma GCC unroll 16
   for (int r = 0; r < MR; ++r) {
     float* row = c + r * ldc;
     if (load_c) acc[r] = _mm512_add_ps(acc[r], _mm512_loadu_ps(row));
@@ -108,7 +110,19 @@ const KernelTable& avx512_kernels() {
        &tile_avx512<4, uint16_t>, &tile_avx512<5, uint16_t>, &tile_avx512<6, uint16_t>},
       &gemv_avx512<float>,
       &gemv_avx512<uint16_t>,
-      &widen_bf16_avx512};
+      &widen_bf16_avx512,
+      {nullptr, &tile_avx512<1, float, 16>, &tile_avx512<2, float, 16>, &tile_avx512<3, float, 16>,
+       &tile_avx512<4, float, 16>, &tile_avx512<5, float, 16>, &tile_avx512<6, float, 16>,
+       &tile_avx512<7, float, 16>, &tile_avx512<8, float, 16>, &tile_avx512<9, float, 16>,
+       &tile_avx512<10, float, 16>, &tile_avx512<11, float, 16>, &tile_avx512<12, float, 16>,
+       &tile_avx512<13, float, 16>, &tile_avx512<14, float, 16>, &tile_avx512<15, float, 16>,
+       &tile_avx512<16, float, 16>},
+      {nullptr, &tile_avx512<1, uint16_t, 16>, &tile_avx512<2, uint16_t, 16>, &tile_avx512<3, uint16_t, 16>,
+       &tile_avx512<4, uint16_t, 16>, &tile_avx512<5, uint16_t, 16>, &tile_avx512<6, uint16_t, 16>,
+       &tile_avx512<7, uint16_t, 16>, &tile_avx512<8, uint16_t, 16>, &tile_avx512<9, uint16_t, 16>,
+       &tile_avx512<10, uint16_t, 16>, &tile_avx512<11, uint16_t, 16>, &tile_avx512<12, uint16_t, 16>,
+       &tile_avx512<13, uint16_t, 16>, &tile_avx512<14, uint16_t, 16>, &tile_avx512<15, uint16_t, 16>,
+       &tile_avx512<16, uint16_t, 16>}};
   return table;
 }
 #else

@@ -91,7 +91,9 @@ const KernelTable& generic_kernels() {
       {},  // no direct bf16 tiles: the driver widens bf16 panel slices for tile_generic
       &gemv_generic<float>,
       &gemv_generic<uint16_t>,
-      &widen_bf16_generic};
+      &widen_bf16_generic,
+      {},  // no tall tiles: A in 6-row micro-panels
+      {}};
   return table;
 }
 

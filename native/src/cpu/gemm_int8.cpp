@@ -49,13 +49,12 @@ void rows_by_gemv(const QuantRows& q, const PackedWeight& w, float* y, size_t ld
                   size_t r0, size_t r1, size_t p0, size_t p1) {
   const size_t kq = q.blocks * kB;
   for (size_t r = r0; r < r1; ++r) {
-    const uint8_t* c = q.codes.data() + r * kq;
+    const int8_t* c = q.codes.data() + r * kq;
     const float* dx = q.dx.data() + r * q.blocks;
     if (q.q4) {
-      q4::gemv(w, reinterpret_cast<const int8_t*>(c), dx, q.dxs.data() + r * q.blocks, p0, p1, y + r * ldy,
-               accumulate);
+      q4::gemv(w, c, dx, q.dxs.data() + r * q.blocks, p0, p1, y + r * ldy, accumulate);
     } else {
-      q8::gemv(w, c, dx, p0, p1, y + r * ldy, accumulate);
+      q8::gemv(w, c, dx, q.xoff.data() + r * q.blocks, p0, p1, y + r * ldy, accumulate);
     }
   }
 }
@@ -70,25 +69,27 @@ void QuantRows::prepare(size_t m_rows, const PackedWeight& w) {
   if (codes.size() < m * kq) codes.resize(m * kq);
   if (dx.size() < m * blocks) dx.resize(m * blocks);
   if (q4 && dxs.size() < m * blocks) dxs.resize(m * blocks);
+  if (!q4 && xoff.size() < m * blocks) xoff.resize(m * blocks);
 }
 
 void QuantRows::quantize(const float* x, size_t ldx, size_t k, size_t r0, size_t r1) {
   const size_t kq = blocks * kB;
   int32_t sums[256];  // per-block Σq, in pieces of 256 blocks (8192 inputs)
   for (size_t r = r0; r < r1; ++r) {
-    uint8_t* c = codes.data() + r * kq;
+    int8_t* c = codes.data() + r * kq;
     float* d = dx.data() + r * blocks;
-    if (!q4) {
-      q8::quantize_x(x + r * ldx, k, blocks, c, d);
-      continue;
-    }
-    // As gemm.cpp's q4 GEMV: signed codes (code − 128) and dx·Σq per block.
+    // As gemm.cpp's GEMV: q8 xoff = −128·Σq, q4 dxs = dx·Σq per block.
     for (size_t b0 = 0; b0 < blocks; b0 += 256) {
       const size_t nb = std::min<size_t>(256, blocks - b0), k0 = b0 * kB;
       q8::quantize_x(x + r * ldx + k0, std::min(k - k0, nb * kB), nb, c + k0, d + b0, sums);
-      for (size_t b = 0; b < nb; ++b) dxs[r * blocks + b0 + b] = d[b0 + b] * static_cast<float>(sums[b]);
+      for (size_t b = 0; b < nb; ++b) {
+        if (q4) {
+          dxs[r * blocks + b0 + b] = d[b0 + b] * static_cast<float>(sums[b]);
+        } else {
+          xoff[r * blocks + b0 + b] = -128 * sums[b];
+        }
+      }
     }
-    for (size_t i = 0; i < kq; ++i) c[i] ^= 0x80;  // q + 128 → q as int8 (two's complement)
   }
 }
 
@@ -98,7 +99,7 @@ void gemm_rect(const QuantRows& q, const PackedWeight& w, float* y, size_t ldy, 
   const TileKernels* t = tiles();
   if (t == nullptr) return rows_by_gemv(q, w, y, ldy, accumulate, r0, r1, p0, p1);
   const size_t n = w.rows(), blocks = q.blocks, kq = blocks * kB, R = tile_rows(*t, q.q4);
-  const size_t panel_bytes = blocks * (q.q4 ? 320 : 640);
+  const size_t panel_bytes = blocks * (q.q4 ? 320 : 544);
   const size_t chunk = std::max<size_t>(2, kChunkBytes / panel_bytes / 2 * 2);
   alignas(64) float acc[kMaxTileRows * kTileCols];
   for (size_t pc = p0; pc < p1; pc += chunk) {
@@ -106,13 +107,14 @@ void gemm_rect(const QuantRows& q, const PackedWeight& w, float* y, size_t ldy, 
     for (size_t r = r0; r < r1; r += R) {
       const size_t rows = std::min(R, r1 - r);
       const XRows xr{q.codes.data() + r * kq, kq, q.dx.data() + r * blocks,
-                     q.q4 ? q.dxs.data() + r * blocks : nullptr, blocks};
+                     q.q4 ? q.dxs.data() + r * blocks : nullptr, q.q4 ? nullptr : q.xoff.data() + r * blocks,
+                     blocks};
       for (size_t p = pc; p < pe; p += 2) {
         const size_t np = std::min<size_t>(2, pe - p);
         if (q.q4) {
           t->q4(rows, np, blocks, xr, w.panel_q4(p), w.panel_q4_scale(p), w.panel_q4_min(p), acc);
         } else {
-          t->q8(rows, np, blocks, xr, w.panel_q8(p), w.panel_q8_scale(p), w.panel_q8_corr(p), acc);
+          t->q8(rows, np, blocks, xr, w.panel_q8(p), w.panel_q8_scale(p), acc);
         }
         const size_t c0 = p * kPanelWidth, nc = std::min(n, (p + np) * kPanelWidth) - c0;
         for (size_t i = 0; i < rows; ++i) {

@@ -12,13 +12,15 @@
 
 namespace kvr::cpu::int8 {
 
-// Activation rows quantized for one weight format: per row kq = blocks·32 code bytes (q8: q+128;
-// q4: q as int8), dx (blocks scales) and, for q4, dxs = dx·Σq per block. q in [-127, 127].
+// Activation rows quantized for one weight format: per row kq = blocks·32 signed codes q in
+// [-127, 127], dx (blocks scales) and per block, for q8, xoff = −128·Σq (undoes the weights'
+// +128 offset) or, for q4, dxs = dx·Σq.
 struct QuantRows {
   size_t m = 0, blocks = 0;
   bool q4 = false;
-  std::vector<uint8_t, AlignedAllocator<uint8_t>> codes;  // (m, kq)
-  std::vector<float> dx, dxs;                            // (m, blocks)
+  std::vector<int8_t, AlignedAllocator<int8_t>> codes;  // (m, kq)
+  std::vector<float> dx, dxs;                          // (m, blocks); dxs for q4
+  std::vector<int32_t> xoff;                           // (m, blocks); q8
   // Sizes the buffers for m rows against w (q8 or q4). Throws std::bad_alloc.
   void prepare(size_t m_rows, const PackedWeight& w);
   // Quantizes rows [r0, r1) of x (row stride ldx, w.cols() values each) after prepare().

@@ -24,7 +24,7 @@ constexpr int kQ8Rows = 6;  // 12 int32 + 12 f32 accumulators + 2 weight vectors
 constexpr int kQ4Rows = 4;  // q4 also keeps 2 nibble vectors per panel live
 
 // 4 activation code bytes broadcast to every int32 lane.
-KVR_TARGET_VNNI512 inline __m512i bcast4(const uint8_t* p) {
+KVR_TARGET_VNNI512 inline __m512i bcast4(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
   return _mm512_set1_epi32(v);
@@ -33,11 +33,18 @@ KVR_TARGET_VNNI512 inline __m512i bcast4(const uint8_t* p) {
 // int32 → f32, exact (|dot| < 2^24); maskz form as in gemm_q8.cpp (GCC 12 -Werror).
 KVR_TARGET_VNNI512 inline __m512 to_f32(__m512i v) { return _mm512_maskz_cvtepi32_ps(0xFFFF, v); }
 
-// q8: s = Σ (x+128)·w − 128·Σw per block (vpdpbusd: unsigned activation, signed weight), then
+// 16 bf16 scales → f32 (as gemm_q8.cpp).
+KVR_TARGET_VNNI512 inline __m512 scales16(const uint16_t* s) {
+  const __m512i w = _mm512_maskz_cvtepu16_epi32(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s)));
+  return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, w, 16));
+}
+
+// q8: s = −128·Σq + Σ q·(w+128) per block (vpdpbusd: unsigned weight code, signed activation
+// code; the start value is per row and block, shared by every column), then
 // acc = fma(dx·d, s, acc) as gemm_q8.cpp's gemv_avx512.
 template <int R, int P>
-KVR_TARGET_VNNI512 void q8_tile(size_t blocks, const XRows& x, const int8_t* codes, const float* scale,
-                                const int32_t* corr, float* out) {
+KVR_TARGET_VNNI512 void q8_tile(size_t blocks, const XRows& x, const uint8_t* codes, const uint16_t* scale,
+                                float* out) {
   const size_t cs = blocks * 512, ms = blocks * 16;
   __m512 acc[R][P];
 #pragma GCC unroll 6
@@ -47,9 +54,11 @@ KVR_TARGET_VNNI512 void q8_tile(size_t blocks, const XRows& x, const int8_t* cod
   for (size_t b = 0; b < blocks; ++b) {
     __m512i s[R][P];
 #pragma GCC unroll 6
-    for (int r = 0; r < R; ++r)
+    for (int r = 0; r < R; ++r) {
+      const __m512i off = _mm512_set1_epi32(x.xoff[r * x.ldd + b]);
 #pragma GCC unroll 2
-      for (int p = 0; p < P; ++p) s[r][p] = _mm512_setzero_si512();
+      for (int p = 0; p < P; ++p) s[r][p] = off;
+    }
 #pragma GCC unroll 8
     for (int g = 0; g < 8; ++g) {
       __m512i wv[P];
@@ -59,17 +68,16 @@ KVR_TARGET_VNNI512 void q8_tile(size_t blocks, const XRows& x, const int8_t* cod
       for (int r = 0; r < R; ++r) {
         const __m512i xb = bcast4(x.codes + r * x.ld + b * 32 + g * 4);
 #pragma GCC unroll 2
-        for (int p = 0; p < P; ++p) s[r][p] = _mm512_dpbusd_epi32(s[r][p], xb, wv[p]);
+        for (int p = 0; p < P; ++p) s[r][p] = _mm512_dpbusd_epi32(s[r][p], wv[p], xb);
       }
     }
 #pragma GCC unroll 2
     for (int p = 0; p < P; ++p) {
-      const __m512i c = _mm512_load_si512(corr + p * ms + b * 16);
-      const __m512 sc = _mm512_load_ps(scale + p * ms + b * 16);
+      const __m512 sc = scales16(scale + p * ms + b * 16);
 #pragma GCC unroll 6
       for (int r = 0; r < R; ++r) {
         const __m512 d = _mm512_mul_ps(_mm512_set1_ps(x.dx[r * x.ldd + b]), sc);
-        acc[r][p] = _mm512_fmadd_ps(d, to_f32(_mm512_sub_epi32(s[r][p], c)), acc[r][p]);
+        acc[r][p] = _mm512_fmadd_ps(d, to_f32(s[r][p]), acc[r][p]);
       }
     }
   }
@@ -109,7 +117,7 @@ KVR_TARGET_VNNI512 void q4_tile(size_t blocks, const XRows& x, const uint8_t* co
       }
 #pragma GCC unroll 6
       for (int r = 0; r < R; ++r) {
-        const uint8_t* xr = x.codes + r * x.ld + b * 32;
+        const int8_t* xr = x.codes + r * x.ld + b * 32;
         const __m512i xl = bcast4(xr + j * 4), xh = bcast4(xr + 16 + j * 4);
 #pragma GCC unroll 2
         for (int p = 0; p < P; ++p) {
@@ -140,13 +148,13 @@ KVR_TARGET_VNNI512 void q4_tile(size_t blocks, const XRows& x, const uint8_t* co
 
 // Runtime (rows, np) → template instance.
 template <int R>
-KVR_TARGET_VNNI512 void q8_rows(size_t rows, size_t np, size_t blocks, const XRows& x, const int8_t* codes,
-                                const float* scale, const int32_t* corr, float* out) {
+KVR_TARGET_VNNI512 void q8_rows(size_t rows, size_t np, size_t blocks, const XRows& x, const uint8_t* codes,
+                                const uint16_t* scale, float* out) {
   if constexpr (R > 1) {
-    if (rows < static_cast<size_t>(R)) return q8_rows<R - 1>(rows, np, blocks, x, codes, scale, corr, out);
+    if (rows < static_cast<size_t>(R)) return q8_rows<R - 1>(rows, np, blocks, x, codes, scale, out);
   }
-  if (np == 2) return q8_tile<R, 2>(blocks, x, codes, scale, corr, out);
-  q8_tile<R, 1>(blocks, x, codes, scale, corr, out);
+  if (np == 2) return q8_tile<R, 2>(blocks, x, codes, scale, out);
+  q8_tile<R, 1>(blocks, x, codes, scale, out);
 }
 
 template <int R>
@@ -159,9 +167,9 @@ KVR_TARGET_VNNI512 void q4_rows(size_t rows, size_t np, size_t blocks, const XRo
   q4_tile<R, 1>(blocks, x, codes, scale, mins, out);
 }
 
-void q8_entry(size_t rows, size_t np, size_t blocks, const XRows& x, const int8_t* codes, const float* scale,
-              const int32_t* corr, float* out) {
-  q8_rows<kQ8Rows>(rows, np, blocks, x, codes, scale, corr, out);
+void q8_entry(size_t rows, size_t np, size_t blocks, const XRows& x, const uint8_t* codes, const uint16_t* scale,
+              float* out) {
+  q8_rows<kQ8Rows>(rows, np, blocks, x, codes, scale, out);
 }
 
 void q4_entry(size_t rows, size_t np, size_t blocks, const XRows& x, const uint8_t* codes,

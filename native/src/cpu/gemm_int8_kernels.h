@@ -11,23 +11,24 @@ namespace kvr::cpu::int8::detail {
 
 // Quantized activation rows as the tiles read them (layout: gemm_int8.h, QuantRows).
 struct XRows {
-  const uint8_t* codes;  // row r's kq code bytes at codes + r·ld (q8: q+128; q4: q as int8)
-  size_t ld;             // bytes between rows (kq)
-  const float* dx;       // row r's block scales at dx + r·ldd
-  const float* dxs;      // q4: dx·Σq per block (same stride); null for q8
-  size_t ldd;            // floats between rows (blocks)
+  const int8_t* codes;  // row r's kq signed codes at codes + r·ld
+  size_t ld;            // bytes between rows (kq)
+  const float* dx;      // row r's block scales at dx + r·ldd
+  const float* dxs;     // q4: dx·Σq per block (same stride); null for q8
+  const int32_t* xoff;  // q8: −128·Σq per block (same stride); null for q4
+  size_t ldd;           // entries between rows (blocks)
 };
 
 // Width of one tile's accumulator row: two panels of 16 columns.
 constexpr size_t kTileCols = 32;
 
 // acc (rows, kTileCols) = x rows [0, rows) · panels [0, np) (np = 1 or 2), columns 16·np valid.
-// The first panel's data start at codes / scale / corr (q8) or codes / scale / mins (q4); the
-// second follows at the format's panel stride (q8: blocks·512 codes, blocks·16 scales; q4:
+// The first panel's data start at codes / scale (q8) or codes / scale / mins (q4); the second
+// follows at the format's panel stride (q8: blocks·512 codes, blocks·16 bf16 scales; q4:
 // blocks·256 code bytes, blocks·16 halves). Per output, per block, the exact int32 dot, then the
 // GEMV's f32 epilogue in block order (gemm_q8.h / gemm_q4.h): the same bits as the GEMV.
-using TileQ8Fn = void (*)(size_t rows, size_t np, size_t blocks, const XRows& x, const int8_t* codes,
-                          const float* scale, const int32_t* corr, float* acc);
+using TileQ8Fn = void (*)(size_t rows, size_t np, size_t blocks, const XRows& x, const uint8_t* codes,
+                          const uint16_t* scale, float* acc);
 using TileQ4Fn = void (*)(size_t rows, size_t np, size_t blocks, const XRows& x, const uint8_t* codes,
                           const uint16_t* scale, const uint16_t* mins, float* acc);
 

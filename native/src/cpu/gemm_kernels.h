@@ -39,6 +39,13 @@ using GemvBf16Fn = void (*)(size_t kc, const float* x, const uint16_t* b, size_t
 // dst (count) = src (count) bf16 bit patterns widened exactly to f32 (bits << 16).
 using WidenBf16Fn = void (*)(size_t count, const uint16_t* src, float* dst);
 
+// Rows per "tall" packed A micro-panel: the few-rows GEMMs of the batched step (2–47 rows, A packed
+// once per GEMM by gemm_pack_a) use 16-row tiles where the table has them. Why: a bf16 panel slice
+// is widened in registers once per tile call, and at 32 rows the 6-row tiles widened it six times
+// (five 6-row tiles and a latency-bound 2-row one per panel); a 16-row tile widens it twice and
+// keeps 16 FMA chains in flight. Same sums per output (see TileFn), so the same bits.
+constexpr size_t kTallRows = 16;
+
 struct KernelTable {
   const char* name;
   TileFn tile[kTileRows + 1];  // tile[mr] for mr = 1..6; tile[0] unused
@@ -48,6 +55,11 @@ struct KernelTable {
   GemvFn gemv;
   GemvBf16Fn gemv_bf16;
   WidenBf16Fn widen_bf16;
+  // Tall tiles, or all null when the table has none (A is then packed in 6-row micro-panels):
+  // tall[mr] / tall_bf16[mr] for mr = 1..16 are TileFn / TileBf16Fn with a packed (kc, 16) k-major
+  // (only the first mr of each 16 are read).
+  TileFn tall[kTallRows + 1];
+  TileBf16Fn tall_bf16[kTallRows + 1];
 };
 
 const KernelTable& generic_kernels();

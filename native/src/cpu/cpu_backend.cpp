@@ -29,6 +29,7 @@
 #include "dtype.h"
 #include "errors.h"
 #include "kv_pool.h"
+#include "kv_recycle.h"
 
 namespace kvr::cpu {
 namespace {
@@ -180,7 +181,10 @@ class CpuBackend final : public Backend {
     kv.kv_heads = g_.kv_heads;
     kv.head_dim = g_.head_dim;
     kv.capacity = capacity;
-    kv.data = static_cast<uint8_t*>(std::calloc(bytes, 1));
+    const KvRecycler::Buffer buf = recycler_->take(bytes);  // all-zero, like calloc
+    kv.data = buf.data;
+    kv.alloc_bytes = buf.bytes;
+    kv.recycler = recycler_;
     if (!kv.data)
       throw BackendError(KVR_ERR_OUT_OF_MEMORY,
                          format("out of memory allocating a KV cache of %zu bytes (capacity %u, %s)", bytes,
@@ -340,6 +344,11 @@ class CpuBackend final : public Backend {
 
   ModelGeometry g_;
   Weights w_;
+  // Freed contiguous caches, kept zeroed for the next sequences (kv_recycle.h: why). Budget per
+  // model: 64 MiB and 8 buffers — a demo model's 1024-token cache is 2–8 MiB (f32); a cache over
+  // 64 MiB (Qwen3-0.6B from ~290 f32 tokens) is freed as before: its first-touch faults are small
+  // next to the prefill or import that fills it. Shared with the caches, which may outlive us.
+  std::shared_ptr<KvRecycler> recycler_ = std::make_shared<KvRecycler>(size_t{64} << 20, 8);
 };
 
 }  // namespace

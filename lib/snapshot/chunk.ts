@@ -145,8 +145,11 @@ function bytesOf(a: ArrayBufferView): Uint8Array {
  * @param index chunk index (stored, checked on decode)
  * @param start source position of the chunk's first token
  * @param signed reserve TAG_BYTES zero bytes at the end for the HMAC tag (filled by the caller)
- * @returns the frame bytes
- * @throws TypeError when a quantized encoding lacks a codec; EngineError from the source
+ * @param into zero-filled bytes of exactly the frame's length to encode into (a slice of a whole
+ *   snapshot: encodeSnapshot); default a new array
+ * @returns the frame bytes (`into` when given)
+ * @throws TypeError when a quantized encoding lacks a codec; RangeError when `into` has the wrong
+ *   length; EngineError from the source
  */
 export function encodeChunk(
   shape: ChunkShape,
@@ -156,16 +159,21 @@ export function encodeChunk(
   tokens: number,
   signed: boolean,
   codec?: KvQuantCodec,
+  into?: Uint8Array,
 ): Uint8Array {
   const { encoding, numLayers: L, numKvHeads: H, headDim: D, groupSize } = shape;
   const layerBytes = layerPayloadBytes(encoding, H, D, tokens, groupSize);
-  const frame = new Uint8Array(CHUNK_FRAME_BYTES + L * layerBytes + (signed ? TAG_BYTES : 0));
+  const bytes = CHUNK_FRAME_BYTES + L * layerBytes + (signed ? TAG_BYTES : 0);
+  if (into !== undefined && into.length !== bytes) {
+    throw new RangeError(`encodeChunk(): into holds ${into.length} bytes, the frame ${bytes}`);
+  }
+  const frame = into ?? new Uint8Array(bytes);
   if (source.exportChunk) {
     const end = frame.length - (signed ? TAG_BYTES : 0);
     source.exportChunk(encoding, groupSize, index, start, tokens, frame.subarray(0, end));
     return frame;
   }
-  const dv = new DataView(frame.buffer);
+  const dv = new DataView(frame.buffer, frame.byteOffset, frame.byteLength);
   dv.setUint32(0, index, true);
   dv.setUint32(4, tokens, true);
   let p = 8;

@@ -12,7 +12,12 @@ import { type CacheDtype, decodeHeader, PREFIX_BYTES, type SnapshotEncoding } fr
 import { MemoryKv, rng } from "./kv_test_helper.ts";
 import { nativeSink, nativeSource, readKvSource, writeKvSink } from "./native_chunk.ts";
 import { NativeKvCodec } from "./native_codec.ts";
-import { decodeSnapshot, encodeSnapshot, type SnapshotMeta } from "./stream.ts";
+import {
+  decodeSnapshot,
+  encodeSnapshot,
+  encodeSnapshotStream,
+  type SnapshotMeta,
+} from "./stream.ts";
 import { geometryOf } from "./engine.ts";
 
 const MODELS = new URL("../../models/", import.meta.url).pathname;
@@ -68,6 +73,14 @@ Deno.test("`nativeSource()` encodes the same snapshot bytes as the TypeScript co
           assert(
             got.every((b, i) => b === want[i]),
             `${kvDtype} cache, ${encoding}, chunk ${chunkTokens}, group ${groupSize}, start ${start}`,
+          );
+          // the native encoder writing into slices of one array = into its own frames
+          const parts: Uint8Array[] = [];
+          for await (const p of encodeSnapshotStream(nativeSource(seq), meta, opts)) parts.push(p);
+          let o = 0;
+          assert(
+            parts.every((p) => p.every((b) => b === got[o++])) && o === got.length,
+            `stream: ${kvDtype} cache, ${encoding}, chunk ${chunkTokens}, start ${start}`,
           );
         }
       }

@@ -196,17 +196,49 @@ export async function encodeSnapshot(
   meta: SnapshotMeta,
   opts: EncodeOptions = {},
 ): Promise<Uint8Array> {
-  const parts: Uint8Array[] = [];
-  let n = 0;
-  for await (const p of encodeSnapshotStream(source, meta, opts)) {
-    parts.push(p);
-    n += p.length;
+  // The same bytes as encodeSnapshotStream, but each chunk is encoded in place in the one output
+  // array (its size is known from the header's chunk table): no per-chunk frames to allocate and
+  // copy once more. Half the transient bytes matters: a fresh ArrayBuffer is first-touched page by
+  // page (measured, bench snapshot tiny-fast f32→bf16: ~513 minor faults per export, ~0.6 ms).
+  const header = buildHeader(meta, opts);
+  const headerBytes = encodeHeader(header);
+  const signed = opts.sign !== undefined;
+  if (
+    (header.encoding === "q8" || header.encoding === "q4") && !opts.codec && !source.exportChunk
+  ) {
+    throw new TypeError(`encoding ${header.encoding} needs opts.codec`);
   }
+  const headLength = headerBytes.length + (signed ? TAG_BYTES : 0);
+  let n = headLength;
+  for (const row of header.chunks) n += row.length;
   const out = new Uint8Array(n);
-  let o = 0;
-  for (const p of parts) {
-    out.set(p, o);
-    o += p.length;
+  out.set(headerBytes);
+  let key: CryptoKey | null = null;
+  let headerTag: Uint8Array = new Uint8Array(0);
+  if (signed) {
+    key = await toCryptoKey(opts.sign!.key);
+    headerTag = await signHeader(key, headerBytes);
+    out.set(headerTag, headerBytes.length);
+  }
+  const g = header.geometry;
+  const shape = {
+    encoding: header.encoding,
+    numLayers: g.numLayers,
+    numKvHeads: g.numKvHeads,
+    headDim: g.headDim,
+    groupSize: header.groupSize,
+  };
+  let o = headLength;
+  for (let i = 0; i < header.chunks.length; i++) {
+    const row = header.chunks[i];
+    const frame = out.subarray(o, o + row.length);
+    const start = header.positionOffset + i * header.chunkTokens;
+    encodeChunk(shape, source, i, start, row.tokens, signed, opts.codec, frame);
+    if (signed) {
+      const end = frame.length - TAG_BYTES;
+      frame.set(await signChunk(key!, headerTag, frame.subarray(0, end)), end);
+    }
+    o += row.length;
   }
   return out;
 }

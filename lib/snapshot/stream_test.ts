@@ -106,6 +106,37 @@ for (const dtype of ["f32", "bf16", "f16"] as CacheDtype[]) {
   });
 }
 
+async function concatStream(stream: ReadableStream<Uint8Array>): Promise<Uint8Array> {
+  const parts: Uint8Array[] = [];
+  for await (const p of stream) parts.push(p);
+  const out = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
+  let o = 0;
+  for (const p of parts) {
+    out.set(p, o);
+    o += p.length;
+  }
+  return out;
+}
+
+Deno.test("`encodeSnapshot()` (chunks encoded in place) equals the stream's frames concatenated, every encoding, signed or not", async () => {
+  const key = crypto.getRandomValues(new Uint8Array(32));
+  for (const dtype of ["f32", "bf16"] as CacheDtype[]) {
+    const src = MemoryKv.random(2, 2, 16, 70, dtype, 21);
+    for (const encoding of ["f32", "bf16", "f16", "q8", "q4"] as SnapshotEncoding[]) {
+      for (const sign of [undefined, { keyId: "k", key }]) {
+        const opts: EncodeOptions = { encoding, chunkTokens: 32, groupSize: 8, codec, sign };
+        const got = await encodeSnapshot(src, meta(src), opts);
+        const want = await concatStream(encodeSnapshotStream(src, meta(src), opts));
+        assert.equal(got.length, want.length);
+        assert(
+          got.every((b, i) => b === want[i]),
+          `${dtype} ${encoding} signed ${sign !== undefined}`,
+        );
+      }
+    }
+  }
+});
+
 Deno.test("`encodeSnapshot()` with f32 encoding of a bf16 cache decodes bit-exactly", async () => {
   const src = MemoryKv.random(2, 1, 8, 40, "bf16", 3);
   const bytes = await encodeSnapshot(src, meta(src), { encoding: "f32", chunkTokens: 16 });

@@ -1,17 +1,21 @@
 // A sequence's KV cache: for every layer, K and V in the model's kv_dtype, K post-RoPE. Two
-// storages behind one address function (at/run): contiguous — one calloc'ed block laid out
-// (layer, {K,V}, kv_head, pos, dim) of `capacity` positions — or paged — a block table into a
-// shared KvPool (kv_pool.h) that grows block by block up to `capacity` positions.
+// storages behind one address function (at/run): contiguous — one zeroed block laid out
+// (layer, {K,V}, kv_head, pos, dim) of `capacity` positions, calloc'ed or taken from the model's
+// KvRecycler (kv_recycle.h) — or paged — a block table into a shared KvPool (kv_pool.h) that
+// grows block by block up to `capacity` positions.
 // Not the read/write API (sequence.cpp) nor attention (cpu/attention.cpp).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <vector>
 
 #include "kv_pool.h"
+#include "kv_recycle.h"
 
 namespace kvr {
 
@@ -19,7 +23,14 @@ struct KvCache {
   uint32_t dtype = 0;
   size_t elem = 4;  // bytes per element
   size_t layers = 0, kv_heads = 0, head_dim = 0, capacity = 0;
-  uint8_t* data = nullptr;  // contiguous storage, owned (calloc/free); nullptr when paged
+  uint8_t* data = nullptr;  // contiguous storage, owned; nullptr when paged
+  // Contiguous: where data goes back on destruction (nullptr: std::free) and its allocation size.
+  std::shared_ptr<KvRecycler> recycler;
+  size_t alloc_bytes = 0;
+  // Contiguous: positions [0, written) of every (layer, K/V, head) plane may hold data — the
+  // high-water mark of reserve(), which every writer (prefill, decode, kv_write, set_length, chunk
+  // import, projection, batch step) calls before writing. Cleared before data is recycled.
+  size_t written = 0;
   std::shared_ptr<KvPool> pool;  // paged storage: positions [i*bt, (i+1)*bt) live in table[i]
   std::vector<uint32_t> table;
 
@@ -27,8 +38,25 @@ struct KvCache {
   KvCache(const KvCache&) = delete;
   KvCache& operator=(const KvCache&) = delete;
   ~KvCache() {
-    std::free(data);
+    if (data != nullptr && recycler) {
+      clear_written();
+      recycler->give({data, alloc_bytes});
+    } else {
+      std::free(data);
+    }
     if (pool) pool->release(table.data(), table.size());
+  }
+
+  // Contiguous: zeroes positions [0, written) of every plane (the rest was never written), so the
+  // buffer is all-zero again — what KvRecycler::give requires.
+  void clear_written() {
+    const size_t n = std::min(written, capacity) * head_dim * elem;
+    if (data == nullptr || n == 0) return;
+    if (n == head_bytes()) {  // whole planes: one run
+      std::memset(data, 0, 2 * layers * plane_bytes());
+      return;
+    }
+    for (size_t plane = 0; plane < 2 * layers * kv_heads; ++plane) std::memset(data + plane * head_bytes(), 0, n);
   }
 
   bool paged() const { return pool != nullptr; }
@@ -56,10 +84,15 @@ struct KvCache {
     const size_t want = (tokens + pool->tokens_per_block - 1) / pool->tokens_per_block;
     return want > table.size() ? want - table.size() : 0;
   }
-  // Makes positions [0, tokens) (tokens <= capacity) addressable: takes the missing blocks from the
-  // pool, all or none. False when the pool has too few free blocks (nothing changes then).
+  // Makes positions [0, tokens) (tokens <= capacity) addressable and writable: takes the missing
+  // blocks from the pool, all or none (paged), or raises `written` (contiguous). False when the
+  // pool has too few free blocks (nothing changes then).
   // Throws std::bad_alloc when the table cannot grow.
   bool reserve(size_t tokens) {
+    if (!pool) {
+      if (tokens > written) written = tokens;
+      return true;
+    }
     const size_t need = blocks_needed(tokens);
     if (need == 0) return true;
     table.reserve(table.size() + need);

@@ -24,10 +24,12 @@
 #include "cpu/batch_forward.h"
 #include "cpu/forward.h"
 #include "cpu/gemm.h"
+#include "cpu/huge_pages.h"
 #include "cpu/weights.h"
 #include "dtype.h"
 #include "errors.h"
 #include "kv_pool.h"
+#include "kv_recycle.h"
 
 namespace kvr::cpu {
 namespace {
@@ -179,11 +181,20 @@ class CpuBackend final : public Backend {
     kv.kv_heads = g_.kv_heads;
     kv.head_dim = g_.head_dim;
     kv.capacity = capacity;
-    kv.data = static_cast<uint8_t*>(std::calloc(bytes, 1));
+    const KvRecycler::Buffer buf = recycler_->take(bytes);  // all-zero, like calloc
+    kv.data = buf.data;
+    kv.alloc_bytes = buf.bytes;
+    kv.recycler = recycler_;
     if (!kv.data)
       throw BackendError(KVR_ERR_OUT_OF_MEMORY,
                          format("out of memory allocating a KV cache of %zu bytes (capacity %u, %s)", bytes,
                                 capacity, dtype_name(g_.kv_dtype())));
+    // Huge pages: decode attention reads the whole cache every step (Qwen3-0.6B f32 at 512
+    // positions: 117 MB per token); on 4 KiB pages its step was 1.2–2 ms longer (docs/native.md).
+    // A cache of at least 2 MiB then becomes resident in 2 MiB steps, so in practice whole
+    // (capacity = prompt + max tokens) once decode writes every plane, as llama.cpp's
+    // preallocated cache is.
+    cpu::advise_huge(kv.data, bytes);
     return s;
   }
 
@@ -222,6 +233,9 @@ class CpuBackend final : public Backend {
     if (!pool->data)
       throw BackendError(KVR_ERR_OUT_OF_MEMORY, format("out of memory allocating a KV pool of %u blocks x %zu bytes",
                                                        n_blocks, pool->bytes_per_block));
+    // As create_seq's cache: blocks are handed out low ids first, so the pool's resident memory
+    // still grows with the blocks in use (2 MiB at a time).
+    cpu::advise_huge(pool->data, pool->bytes_per_block * n_blocks);
     pool->init_free_list();
     return pool;
   }
@@ -330,6 +344,11 @@ class CpuBackend final : public Backend {
 
   ModelGeometry g_;
   Weights w_;
+  // Freed contiguous caches, kept zeroed for the next sequences (kv_recycle.h: why). Budget per
+  // model: 64 MiB and 8 buffers — a demo model's 1024-token cache is 2–8 MiB (f32); a cache over
+  // 64 MiB (Qwen3-0.6B from ~290 f32 tokens) is freed as before: its first-touch faults are small
+  // next to the prefill or import that fills it. Shared with the caches, which may outlive us.
+  std::shared_ptr<KvRecycler> recycler_ = std::make_shared<KvRecycler>(size_t{64} << 20, 8);
 };
 
 }  // namespace

@@ -22,10 +22,10 @@ void* alloc_maybe_huge(size_t bytes, size_t align);
 void free_maybe_huge(void* p, size_t bytes, size_t align);
 
 // Advises the whole pages inside [p, p + bytes) as huge (best effort; nothing below
-// kHugePageBytes): for buffers owned by malloc/free, e.g. a KV cache that calloc mapped afresh
-// (glibc maps sizes above its mmap threshold on their own, untouched, so they fault in on huge
-// pages; memory already faulted stays on 4 KiB pages). Decode attention streams the whole cache
-// every token, as the GEMVs stream the weights.
+// kHugePageBytes): for buffers someone else allocates and frees, e.g. a KV cache (the KV
+// recycler's own mappings, a pool's calloc). Pages not yet touched then fault in on huge pages;
+// memory already faulted stays on 4 KiB pages. Decode attention streams the whole cache every
+// token, as the GEMVs stream the weights.
 void advise_huge(void* p, size_t bytes);
 
 }  // namespace kvr::cpu

@@ -100,12 +100,11 @@ export async function runBatchStep(
       if (it.wantLogits) {
         throw new RangeError(`batchStep(): items[${i}] has both wantLogits and sample`);
       }
-      widths[i] = checkInt(
-        `batchStep(): items[${i}].sample.width`,
-        it.sample.width ?? vocab,
-        1,
-        vocab,
-      );
+      const width = it.sample.width ?? vocab;
+      // The message string only on failure (a template per item per step showed in profiles).
+      widths[i] = Number.isInteger(width) && width >= 1 && width <= vocab
+        ? width
+        : checkInt(`batchStep(): items[${i}].sample.width`, width, 1, vocab);
       if (samplers.has(it.sample.sampler)) {
         throw new RangeError(`batchStep(): items[${i}].sample.sampler appears twice`);
       }
@@ -122,7 +121,10 @@ export async function runBatchStep(
   let off = 0;
   items.forEach((it, i) => {
     for (let j = 0; j < it.tokens.length; j++) {
-      ids[off++] = checkInt(`batchStep(): items[${i}].tokens[${j}]`, it.tokens[j], 0, vocab - 1);
+      const t = it.tokens[j];
+      ids[off++] = Number.isInteger(t) && t >= 0 && t < vocab
+        ? t
+        : checkInt(`batchStep(): items[${i}].tokens[${j}]`, t, 0, vocab - 1);
     }
     const length = it.seq.length, capacity = it.seq.capacity;
     if (length + it.tokens.length > capacity) {

@@ -10,6 +10,24 @@ export interface Decoder {
 /** How many prompt tokens give the first generated tokens their context (leading spaces). */
 const CONTEXT_TOKENS = 5;
 
+/** Text of one id per decoder and skipSpecialTokens setting. decode() is a pure function of its
+ *  ids, and in the steady state each push decodes the previous id alone (the prefix text): memoized,
+ *  that is one tokenizer call per token instead of two (~1 µs each; 32 per step of 32 requests). At
+ *  most one entry per vocabulary id. */
+const singleIds = new WeakMap<Decoder, Map<number, string>[]>();
+
+function decodeOne(decoder: Decoder, id: number, skipSpecialTokens: boolean): string {
+  let maps = singleIds.get(decoder);
+  if (!maps) singleIds.set(decoder, maps = [new Map(), new Map()]);
+  const map = maps[skipSpecialTokens ? 1 : 0];
+  let text = map.get(id);
+  if (text === undefined) {
+    text = decoder.decode([id], { skipSpecialTokens });
+    map.set(id, text);
+  }
+  return text;
+}
+
 /**
  * Emits, for each pushed id, the text it completes. The text of ids[prefix..] minus the text of
  * ids[prefix..read] is the new text; it is withheld while it ends in U+FFFD (an incomplete UTF-8
@@ -50,10 +68,9 @@ export class IncrementalDetokenizer {
   push(id: number): string {
     this.#ids.push(id);
     const opts = { skipSpecialTokens: this.#skipSpecialTokens };
-    const prefixText = this.#decoder.decode(
-      this.#ids.slice(this.#prefixOffset, this.#readOffset),
-      opts,
-    );
+    const prefixText = this.#readOffset - this.#prefixOffset === 1
+      ? decodeOne(this.#decoder, this.#ids[this.#prefixOffset], this.#skipSpecialTokens)
+      : this.#decoder.decode(this.#ids.slice(this.#prefixOffset, this.#readOffset), opts);
     const newText = this.#decoder.decode(this.#ids.slice(this.#prefixOffset), opts);
     if (newText.length > prefixText.length && !newText.endsWith("\uFFFD")) {
       this.#prefixOffset = this.#readOffset;

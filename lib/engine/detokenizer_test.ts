@@ -52,3 +52,24 @@ Deno.test("`IncrementalDetokenizer` keeps a leading space that only the prompt c
   assertEquals(stream(new IncrementalDetokenizer(fake, [0]), [1, 2, 3]).join(""), " big world!");
   assertEquals(stream(new IncrementalDetokenizer(fake, []), [1, 2, 3]).join(""), "big world!");
 });
+
+Deno.test("`IncrementalDetokenizer.push()` decodes once per id in the steady state, same text", () => {
+  // Each piece is its own text (an oracle independent of the detokenizer); count decode calls.
+  const pieces = ["a", "b", "c", "d"];
+  let calls = 0;
+  const counting = {
+    decode: (ids: ArrayLike<number>) => {
+      calls++;
+      return Array.from(ids, (i) => pieces[i]).join("");
+    },
+  };
+  const ids = [0, 1, 2, 3, 2, 1, 0, 1, 2, 3];
+  const d = new IncrementalDetokenizer(counting, [3]);
+  d.push(ids[0]); // the first push decodes the context as its prefix
+  calls = 0;
+  const rest = ids.slice(1).map((id) => d.push(id));
+  assertEquals(rest.join(""), ids.slice(1).map((i) => pieces[i]).join(""));
+  // Every previous id was seen alone before (ids repeat within 4 values): one call per push for
+  // the new text, plus at most one per distinct id for its memoized prefix text.
+  assert(calls <= rest.length + pieces.length, `${calls} decode calls for ${rest.length} pushes`);
+});

@@ -179,6 +179,21 @@ KVR_TARGET_AVX512 void scores_avx512(const float* q, const float* k, size_t c, s
   }
 }
 
+// max(s[0..n)) (n >= 1): the same value as the scalar loop (max is exact and order-free, and
+// scores are never NaN: finite q·k sums), 16 at a time.
+KVR_TARGET_AVX512 float max_avx512(const float* s, size_t n) {
+  __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  size_t j = 0;
+  // maskz forms: see unpacklo above
+  for (; j + 16 <= n; j += 16) m = _mm512_maskz_max_ps(0xFFFF, m, _mm512_loadu_ps(s + j));
+  alignas(64) float lanes16[16];
+  _mm512_store_ps(lanes16, m);
+  float mx = lanes16[0];
+  for (int i = 1; i < 16; ++i) mx = std::max(mx, lanes16[i]);
+  for (; j < n; ++j) mx = std::max(mx, s[j]);
+  return mx;
+}
+
 // acc[0, 16·NB) += Σ_j p[j] · v_j[0, 16·NB) (v rows of stride hd): even and odd keys in two
 // register sets so consecutive FMAs into one accumulator do not wait on each other.
 template <int NB>
@@ -276,9 +291,13 @@ Kernels pick_kernels(size_t hd) {
   return k;
 }
 
-// max(-inf, x[0..n)) in 8 independent chains (a single chain of dependent max operations was a
-// visible part of a small model's decode step).
+// max(-inf, x[0..n)): 16 at a time (AVX-512) or in 8 independent chains — a single chain of
+// dependent max operations was a visible part of a small model's decode step. Max is exact, so
+// every form gives the same value.
 float max_of(const float* x, size_t n) {
+#if KVR_X86
+  if (simd::has_avx512f()) return max_avx512(x, n);
+#endif
   float m[8];
   for (float& v : m) v = -std::numeric_limits<float>::infinity();
   size_t j = 0;

@@ -45,7 +45,7 @@ using detail::kTileRows;
 #endif
 constexpr size_t kKC = KVR_GEMM_KC;
 constexpr size_t kMC = KVR_GEMM_MC;  // multiple of kTileRows
-static_assert(kMC % kTileRows == 0, "MC must be a multiple of the tile height");
+static_assert(kMC % kTileRows == 0 && kMC % detail::kTallRows == 0, "MC must be a multiple of the tile heights");
 // Below this many multiply-adds a call runs on one thread (team start-up would dominate).
 constexpr size_t kMinParallelMacs = size_t{1} << 17;
 // Largest A (floats) packed whole for the few-rows split (16 MiB); larger goes by row blocks.
@@ -73,6 +73,11 @@ float* a_scratch() {
 // Packs x rows [0, mc) and columns [0, kc) (row stride ldx) into (ceil(mc/g), kc, g) k-major
 // micro-panels of g rows (6, or kTallRows for the tall tiles); rows past mc are zero.
 void pack_a(const float* x, size_t ldx, size_t mc, size_t kc, float* dst, size_t g_rows = kTileRows) {
+  const auto pack_tall = kernels().pack_tall;
+  if (g_rows == detail::kTallRows && pack_tall != nullptr) {  // the same floats, transposed in registers
+    for (size_t g = 0; g < mc; g += g_rows) pack_tall(x + g * ldx, ldx, std::min(g_rows, mc - g), kc, dst + g * kc);
+    return;
+  }
   for (size_t g = 0; g < mc; g += g_rows) {
     float* panel = dst + g * kc;
     const size_t rows = std::min(g_rows, mc - g);
@@ -154,7 +159,8 @@ const float* panel_slice(const KernelTable& kt, const PackedWeight& w, size_t p,
 void gemm_rows(const KernelTable& kt, const float* x, size_t ldx, const PackedWeight& w, float* y,
                size_t ldy, bool accumulate, size_t m0, size_t m1, size_t p0 = 0,
                size_t p1 = SIZE_MAX) {
-  const size_t n = w.rows(), k = w.cols(), panels = std::min(p1, w.panels());
+  const size_t n = w.rows(), k = w.cols(), panels = std::min(p1, w.panels()), g = packed_group(kt);
+  const bool tall = g != kTileRows;  // kMC is a multiple of both row groups
   float* apack = a_scratch();
   const bool direct_bf16 = w.is_bf16() && kt.tile_bf16[1] != nullptr;
   alignas(64) float bbuf[kKC * kPanelWidth];  // widened bf16 panel slice (16 KiB)
@@ -163,15 +169,15 @@ void gemm_rows(const KernelTable& kt, const float* x, size_t ldx, const PackedWe
     const bool load = accumulate || pc > 0;
     for (size_t ic = m0; ic < m1; ic += kMC) {
       const size_t mc = std::min(kMC, m1 - ic);
-      pack_a(x + ic * ldx + pc, ldx, mc, kc, apack);
+      pack_a(x + ic * ldx + pc, ldx, mc, kc, apack, g);
       for (size_t p = p0; p < panels; ++p) {
         const size_t col = p * kPanelWidth, ncol = std::min(kPanelWidth, n - col);
         if (direct_bf16) {
-          run_tiles(kt, apack, kc * kTileRows, mc, kc, w.panel_bf16(p) + pc * kPanelWidth,
-                    y + ic * ldy + col, ldy, ncol, load);
+          run_tiles(kt, apack, kc * g, mc, kc, w.panel_bf16(p) + pc * kPanelWidth, y + ic * ldy + col,
+                    ldy, ncol, load, tall);
         } else {
-          run_tiles(kt, apack, kc * kTileRows, mc, kc, panel_slice(kt, w, p, pc, kc, bbuf),
-                    y + ic * ldy + col, ldy, ncol, load);
+          run_tiles(kt, apack, kc * g, mc, kc, panel_slice(kt, w, p, pc, kc, bbuf), y + ic * ldy + col,
+                    ldy, ncol, load, tall);
         }
       }
     }

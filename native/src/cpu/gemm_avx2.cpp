@@ -135,7 +135,8 @@ const KernelTable& avx2_kernels() {
       &gemv_avx2<uint16_t>,
       &widen_bf16_avx2,
       {},  // no tall tiles: A in 6-row micro-panels
-      {}};
+      {},
+      nullptr};
   return table;
 }
 #else

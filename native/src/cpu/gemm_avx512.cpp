@@ -99,6 +99,49 @@ KVR_AVX512_TARGET void widen_bf16_avx512(size_t count, const uint16_t* src, floa
   }
 }
 
+// See KernelTable::pack_tall: 16 columns of the (up to) 16 rows at a time, transposed in registers
+// (unpack 32-bit pairs, then 64-bit pairs, then 128-bit lanes twice); the column tail one by one.
+KVR_AVX512_TARGET void pack_tall_avx512(const float* x, size_t ldx, size_t mc, size_t kc, float* dst) {
+  size_t t = 0;
+  for (; t + 16 <= kc; t += 16) {
+    __m512 r[16];
+#pragma GCC unroll 16
+    for (size_t i = 0; i < 16; ++i) r[i] = i < mc ? _mm512_loadu_ps(x + i * ldx + t) : _mm512_setzero_ps();
+    __m512 a[16], b[16];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) {  // per 128-bit lane: (r2i[0], r2i+1[0], r2i[1], r2i+1[1]), ...
+      a[2 * i] = _mm512_maskz_unpacklo_ps(0xFFFF, r[2 * i], r[2 * i + 1]);
+      a[2 * i + 1] = _mm512_maskz_unpackhi_ps(0xFFFF, r[2 * i], r[2 * i + 1]);
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {  // per lane: element j of rows 4i..4i+3
+      const __m512d a0 = _mm512_castps_pd(a[4 * i]), a1 = _mm512_castps_pd(a[4 * i + 1]);
+      const __m512d a2 = _mm512_castps_pd(a[4 * i + 2]), a3 = _mm512_castps_pd(a[4 * i + 3]);
+      b[4 * i] = _mm512_castpd_ps(_mm512_maskz_unpacklo_pd(0xFF, a0, a2));
+      b[4 * i + 1] = _mm512_castpd_ps(_mm512_maskz_unpackhi_pd(0xFF, a0, a2));
+      b[4 * i + 2] = _mm512_castpd_ps(_mm512_maskz_unpacklo_pd(0xFF, a1, a3));
+      b[4 * i + 3] = _mm512_castpd_ps(_mm512_maskz_unpackhi_pd(0xFF, a1, a3));
+    }
+    // b[4i + j] lane L holds column 4L + j of rows 4i..4i+3. Gather the four row groups per
+    // column: lanes of b[j] (rows 0-3), b[4 + j] (4-7), b[8 + j], b[12 + j].
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      // c0: (g0 L0, g0 L1, g1 L0, g1 L1), c1: (g0 L2, g0 L3, g1 L2, g1 L3); likewise groups 2, 3
+      const __m512 c0 = _mm512_maskz_shuffle_f32x4(0xFFFF, b[j], b[4 + j], 0x44);
+      const __m512 c1 = _mm512_maskz_shuffle_f32x4(0xFFFF, b[j], b[4 + j], 0xEE);
+      const __m512 c2 = _mm512_maskz_shuffle_f32x4(0xFFFF, b[8 + j], b[12 + j], 0x44);
+      const __m512 c3 = _mm512_maskz_shuffle_f32x4(0xFFFF, b[8 + j], b[12 + j], 0xEE);
+      // column 4L + j = (g0 L, g1 L, g2 L, g3 L)
+      _mm512_storeu_ps(dst + (t + j) * 16, _mm512_maskz_shuffle_f32x4(0xFFFF, c0, c2, 0x88));
+      _mm512_storeu_ps(dst + (t + 4 + j) * 16, _mm512_maskz_shuffle_f32x4(0xFFFF, c0, c2, 0xDD));
+      _mm512_storeu_ps(dst + (t + 8 + j) * 16, _mm512_maskz_shuffle_f32x4(0xFFFF, c1, c3, 0x88));
+      _mm512_storeu_ps(dst + (t + 12 + j) * 16, _mm512_maskz_shuffle_f32x4(0xFFFF, c1, c3, 0xDD));
+    }
+  }
+  for (; t < kc; ++t)
+    for (size_t i = 0; i < 16; ++i) dst[t * 16 + i] = i < mc ? x[i * ldx + t] : 0.f;
+}
+
 }  // namespace
 
 const KernelTable& avx512_kernels() {
@@ -122,7 +165,8 @@ const KernelTable& avx512_kernels() {
        &tile_avx512<7, uint16_t, 16>, &tile_avx512<8, uint16_t, 16>, &tile_avx512<9, uint16_t, 16>,
        &tile_avx512<10, uint16_t, 16>, &tile_avx512<11, uint16_t, 16>, &tile_avx512<12, uint16_t, 16>,
        &tile_avx512<13, uint16_t, 16>, &tile_avx512<14, uint16_t, 16>, &tile_avx512<15, uint16_t, 16>,
-       &tile_avx512<16, uint16_t, 16>}};
+       &tile_avx512<16, uint16_t, 16>},
+      &pack_tall_avx512};
   return table;
 }
 #else

@@ -93,7 +93,8 @@ const KernelTable& generic_kernels() {
       &gemv_generic<uint16_t>,
       &widen_bf16_generic,
       {},  // no tall tiles: A in 6-row micro-panels
-      {}};
+      {},
+      nullptr};
   return table;
 }
 

@@ -60,6 +60,10 @@ struct KernelTable {
   // (only the first mr of each 16 are read).
   TileFn tall[kTallRows + 1];
   TileBf16Fn tall_bf16[kTallRows + 1];
+  // Packs x rows [0, mc) (mc <= 16), columns [0, kc) (row stride ldx) into one tall micro-panel
+  // dst (kc, 16) k-major, rows past mc zero — the same floats as the portable pack_a loop (a copy),
+  // by 16×16 register transposes. Null: the driver's loop.
+  void (*pack_tall)(const float* x, size_t ldx, size_t mc, size_t kc, float* dst);
 };
 
 const KernelTable& generic_kernels();

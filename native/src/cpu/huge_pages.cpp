@@ -42,6 +42,18 @@ void* alloc_maybe_huge(size_t bytes, size_t align) {
   return std::aligned_alloc(align, (bytes + align - 1) / align * align);
 }
 
+void advise_huge(void* p, size_t bytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  if (p == nullptr || bytes < kHugePageBytes) return;
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p), start = (a + kPage - 1) / kPage * kPage;
+  const uintptr_t end = (a + bytes) / kPage * kPage;
+  if (end > start) madvise(reinterpret_cast<void*>(start), end - start, MADV_HUGEPAGE);
+#else
+  (void)p;
+  (void)bytes;
+#endif
+}
+
 void free_maybe_huge(void* p, size_t bytes, size_t align) {
   if (p == nullptr) return;
 #if defined(__linux__) && defined(MADV_HUGEPAGE)

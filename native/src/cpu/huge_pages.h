@@ -21,4 +21,11 @@ constexpr size_t kHugePageBytes = size_t{2} << 20;
 void* alloc_maybe_huge(size_t bytes, size_t align);
 void free_maybe_huge(void* p, size_t bytes, size_t align);
 
+// Advises the whole pages inside [p, p + bytes) as huge (best effort; nothing below
+// kHugePageBytes): for buffers someone else allocates and frees, e.g. a KV cache (the KV
+// recycler's own mappings, a pool's calloc). Pages not yet touched then fault in on huge pages;
+// memory already faulted stays on 4 KiB pages. Decode attention streams the whole cache every
+// token, as the GEMVs stream the weights.
+void advise_huge(void* p, size_t bytes);
+
 }  // namespace kvr::cpu

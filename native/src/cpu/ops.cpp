@@ -47,6 +47,23 @@ KVR_TARGET_AVX2 void rmsnorm_avx2(const float* x, float* y, const float* w, size
   for (; i < d; ++i) y[i] = x[i] * r * w[i];
 }
 
+// dm::rope_pair on 8 pairs at a time: a·c − b·s and b·c + a·s, each product and the sum rounded
+// on its own. The target has no "fma" on purpose: the compiler may then not contract the
+// multiplications into fused multiply-adds, which would round differently from the scalar rule
+// (and CUDA's). Returns the pairs done (a multiple of 8). Was ~0.3 µs per row of the batched
+// step's q/k RoPE as scalar code.
+__attribute__((target("avx2"))) size_t rope_avx(float* x, const float* cos, const float* sin, size_t half) {
+  float* x2 = x + half;
+  size_t i = 0;
+  for (; i + 8 <= half; i += 8) {
+    const __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x2 + i);
+    const __m256 c = _mm256_loadu_ps(cos + i), s = _mm256_loadu_ps(sin + i);
+    _mm256_storeu_ps(x + i, _mm256_sub_ps(_mm256_mul_ps(a, c), _mm256_mul_ps(b, s)));
+    _mm256_storeu_ps(x2 + i, _mm256_add_ps(_mm256_mul_ps(b, c), _mm256_mul_ps(a, s)));
+  }
+  return i;
+}
+
 KVR_TARGET_AVX2 void swiglu_avx2(const float* gate, const float* up, float* out, size_t n) {
   const __m256 one = _mm256_set1_ps(1.f);
   const __m256 sign = _mm256_set1_ps(-0.f);
@@ -72,7 +89,11 @@ void rmsnorm(const float* x, float* y, const float* w, size_t d, float eps) {
 
 void rope(float* x, const float* cos, const float* sin, size_t half) {
   float* x2 = x + half;
-  for (size_t i = 0; i < half; ++i) dm::rope_pair(x[i], x2[i], cos[i], sin[i], &x[i], &x2[i]);  // as on CUDA
+  size_t i = 0;
+#if KVR_X86
+  if (simd::has_avx2()) i = rope_avx(x, cos, sin, half);
+#endif
+  for (; i < half; ++i) dm::rope_pair(x[i], x2[i], cos[i], sin[i], &x[i], &x2[i]);  // as on CUDA
 }
 
 void swiglu(const float* gate, const float* up, float* out, size_t n) {

@@ -12,7 +12,7 @@ import { cString } from "./library.ts";
 import type { NativeModel } from "./model.ts";
 import type { NativeSampler } from "./sampler.ts";
 import type { NativeSequence } from "./sequence.ts";
-import { nonblockingDone, turnDue } from "./sync_step.ts";
+import { nonblockingDone, syncStep, turnDue } from "./sync_step.ts";
 
 /** One sequence's part of a batched step. */
 export interface BatchItem {
@@ -36,23 +36,22 @@ export type BatchResult = Float32Array | number | EngineError | null;
 export const MAX_BATCH_SEQS = 4096;
 export const MAX_BATCH_TOKENS = 65536;
 
-/**
+/*
  * A decode-only step (one token per item) of a model whose previous decode-only step took less than
- * this many milliseconds runs on the calling (JavaScript) thread instead of Deno's blocking pool.
- * Why: a nonblocking FFI call hands the step to a pool thread and the result back to the event
- * loop, and each step lands on whichever pool thread is free (cold caches as the step's thread 0);
- * for short steps that cost ~0.3 ms of a 1.3 ms 32-row tiny-fast step (measured 2026-12-03: 1.0–
- * 1.2 vs 1.3–1.6 ms per step through the scheduler). The bound keeps the event loop blocked no
- * longer than a few milliseconds; prefill chunks and slower models' steps stay off-thread. After
- * `syncStep.budgetMs` (sync_step.ts, shared with the single-sequence steps) of back-to-back
+ * `syncStep.maxBatchStepMs` (sync_step.ts, 4 ms) runs on the calling (JavaScript) thread instead of
+ * Deno's blocking pool. Why: a nonblocking FFI call hands the step to a pool thread and the result
+ * back to the event loop, and each step lands on whichever pool thread is free (cold caches as the
+ * step's thread 0); for short steps that cost ~0.3 ms of a 1.3 ms 32-row tiny-fast step (measured
+ * 2026-12-03: 1.0–1.2 vs 1.3–1.6 ms per step through the scheduler). The bound keeps the event loop
+ * blocked no longer than a few milliseconds; prefill chunks and slower models' steps stay
+ * off-thread. After `syncStep.budgetMs` (shared with the single-sequence steps) of back-to-back
  * synchronous steps, one yields an event-loop turn (setImmediate) before it resolves: a scheduler's
  * loop of synchronous steps resolved through microtasks alone would starve timers and I/O (HTTP
  * accepts, streamed tokens) until every decode finished, and a turn after every step cost 40–100 µs
  * of a ~1.2 ms step.
  */
-export const SYNC_DECODE_STEP_MS = 4;
 
-/** The last decode-only step's duration per model (ms), for SYNC_DECODE_STEP_MS. */
+/** The last decode-only step's duration per model (ms), for syncStep.maxBatchStepMs. */
 const lastDecodeStepMs = new WeakMap<NativeModel, number>();
 
 /**
@@ -100,12 +99,11 @@ export async function runBatchStep(
       if (it.wantLogits) {
         throw new RangeError(`batchStep(): items[${i}] has both wantLogits and sample`);
       }
-      widths[i] = checkInt(
-        `batchStep(): items[${i}].sample.width`,
-        it.sample.width ?? vocab,
-        1,
-        vocab,
-      );
+      const width = it.sample.width ?? vocab;
+      // The message string only on failure (a template per item per step showed in profiles).
+      widths[i] = Number.isInteger(width) && width >= 1 && width <= vocab
+        ? width
+        : checkInt(`batchStep(): items[${i}].sample.width`, width, 1, vocab);
       if (samplers.has(it.sample.sampler)) {
         throw new RangeError(`batchStep(): items[${i}].sample.sampler appears twice`);
       }
@@ -122,7 +120,10 @@ export async function runBatchStep(
   let off = 0;
   items.forEach((it, i) => {
     for (let j = 0; j < it.tokens.length; j++) {
-      ids[off++] = checkInt(`batchStep(): items[${i}].tokens[${j}]`, it.tokens[j], 0, vocab - 1);
+      const t = it.tokens[j];
+      ids[off++] = Number.isInteger(t) && t >= 0 && t < vocab
+        ? t
+        : checkInt(`batchStep(): items[${i}].tokens[${j}]`, t, 0, vocab - 1);
     }
     const length = it.seq.length, capacity = it.seq.capacity;
     if (length + it.tokens.length > capacity) {
@@ -150,7 +151,8 @@ export async function runBatchStep(
       }
     });
     const decodeOnly = total === n;
-    sync = decodeOnly && (lastDecodeStepMs.get(model) ?? Infinity) < SYNC_DECODE_STEP_MS;
+    sync = decodeOnly && (lastDecodeStepMs.get(model) ?? Infinity) < syncStep.maxBatchStepMs;
+    if (sync) syncStep.batchTaken++;
     const t0 = performance.now();
     const sym = lib.symbols;
     status = await (samplerPtrs

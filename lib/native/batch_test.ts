@@ -21,6 +21,7 @@ import {
   writeRandomCheckpoint,
 } from "../../tests/fixtures/random_checkpoint.ts";
 import { loadReferenceModel, referenceForward } from "../../tests/reference/forward.ts";
+import { syncStep } from "./sync_step.ts";
 
 /** Batched vs alone on CPU: the issue's bound (same kernels, different summation splits). */
 const REL_TOL = 1e-5;
@@ -477,4 +478,45 @@ Deno.test("batchStep() decode-only steps run on the calling thread yet let timer
   }
   clearTimeout(timer);
   assert.ok(fired, `a 1 ms timer did not fire during ${steps} decode steps`);
+});
+
+Deno.test("batchStep() decode steps give the same bits synchronous and nonblocking", async () => {
+  // Four sequences, a prefill each, then 12 decode-only steps of all four; once with every decode
+  // step nonblocking (maxBatchStepMs = 0), once with the default policy (synchronous after the
+  // first); the rows must be identical, and the second run must have taken synchronous steps.
+  async function run(maxBatchStepMs: number): Promise<{ rows: Float32Array[]; taken: number }> {
+    const saved = syncStep.maxBatchStepMs;
+    syncStep.maxBatchStepMs = maxBatchStepMs;
+    const taken0 = syncStep.batchTaken;
+    try {
+      using model = NativeModel.load(await checkpoint(DEMO_DIRS[0]), { threads: 2 });
+      const seqs = [0, 1, 2, 3].map(() => model.createSequence(64));
+      try {
+        const toks = tokens(80, model.config.vocabSize, 11);
+        await logitsStep(
+          model,
+          seqs.map((seq, i) => ({ seq, tokens: toks.slice(i, i + 5), wantLogits: false })),
+        );
+        const rows: Float32Array[] = [];
+        for (let step = 0; step < 12; step++) {
+          const out = await logitsStep(
+            model,
+            seqs.map((seq, i) => ({ seq, tokens: [toks[20 + step * 4 + i]], wantLogits: true })),
+          );
+          rows.push(...out.map((r) => r!));
+        }
+        return { rows, taken: syncStep.batchTaken - taken0 };
+      } finally {
+        for (const s of seqs) s.free();
+      }
+    } finally {
+      syncStep.maxBatchStepMs = saved;
+    }
+  }
+  const nonblocking = await run(0);
+  assert.equal(nonblocking.taken, 0, "maxBatchStepMs = 0 took synchronous steps");
+  const sync = await run(1000);
+  assert.ok(sync.taken >= 11, `only ${sync.taken} of 12 decode steps were synchronous`);
+  assert.equal(sync.rows.length, nonblocking.rows.length);
+  sync.rows.forEach((r, i) => assert.deepEqual(r, nonblocking.rows[i], `row ${i}`));
 });

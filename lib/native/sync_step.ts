@@ -12,10 +12,17 @@
 // every step cost 40–100 µs of a ~1.2 ms 32-row tiny-fast step (measured 2026-12-03). Not a
 // scheduler.
 
-/** The policy; tests may change it (`maxStepMs = 0` makes every step nonblocking). */
+/** The policy; tests may change it (`maxStepMs = 0` / `maxBatchStepMs = 0` make every step
+ *  nonblocking). */
 export const syncStep = {
   /** a step whose previous run took less than this (ms) runs synchronously */
   maxStepMs: 1,
+  /** a decode-only batched step (lib/native/batch.ts) of a model whose previous one took less than
+   *  this (ms) runs synchronously: a 32-row step is several single steps long, and the handoff to
+   *  a Deno pool thread and back cost ~0.3 ms of a 1.3 ms 32-row tiny-fast step (2026-12-03) */
+  maxBatchStepMs: 4,
+  /** synchronous batched steps taken in this process (for tests and diagnostics) */
+  batchTaken: 0,
   /** longest run of back-to-back synchronous steps (ms) before one nonblocking step */
   budgetMs: 4,
   /** synchronous steps taken in this process (a counter for tests and diagnostics) */

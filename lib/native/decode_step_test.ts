@@ -8,13 +8,17 @@ import { assertClose, checkpoint, DEMO_DIRS, tokens } from "./test_helpers.ts";
 
 const STEPS = 24; // > the tuner's 16 probe steps, so both of its thread counts run
 
+// A context of 4 attention blocks (cpu/decode_attention.h kDecodeBlock = 64), the last one
+// partial: a split path spreads the blocks over threads.
+const CONTEXT = 200;
+
 async function decodeRun(dir: string, threads: number, kvDtype: "f32" | "bf16") {
   using m = await NativeModel.load(await checkpoint(dir), { threads, kvDtype });
-  const toks = tokens(70 + STEPS, m.config.vocabSize, 11);
-  using s = m.createSequence(70 + STEPS);
-  await s.prefill(toks.slice(0, 70));
+  const toks = tokens(CONTEXT + STEPS, m.config.vocabSize, 11);
+  using s = m.createSequence(CONTEXT + STEPS);
+  await s.prefill(toks.slice(0, CONTEXT));
   const out: Float32Array[] = [];
-  for (let i = 0; i < STEPS; i++) out.push(await s.decode(toks[70 + i]));
+  for (let i = 0; i < STEPS; i++) out.push(await s.decode(toks[CONTEXT + i]));
   return out;
 }
 

@@ -1,6 +1,7 @@
-// Two-pass decode attention (see decode_attention.h): scores of all keys, one max/exp/sum per
-// head, then the value pass. Keys and values are read in place from f32 caches and converted in
-// chunks of at most kChunk positions from f16/bf16 ones.
+// Two-pass decode attention (see decode_attention.h) in fixed blocks of kDecodeBlock positions:
+// scores and a max per block, then per block exp(score - the head's max), a partial sum and a
+// partial Σ p·v, then the partials added in block order. Keys and values are read in place from
+// f32 caches and converted a block at a time from f16/bf16 ones.
 #include "cpu/decode_attention.h"
 
 #include <algorithm>
@@ -23,7 +24,7 @@ namespace {
 // Positions per pass over the group's heads: converted at a time from a non-f32 cache, and the
 // block of keys (or values) every head of the group reads while it is in L1 (64 rows of a
 // 128-wide head: 32 KiB).
-constexpr size_t kChunk = 64;
+constexpr size_t kChunk = kDecodeBlock;
 
 size_t round16(size_t n) { return (n + 15) & ~size_t{15}; }
 
@@ -237,11 +238,152 @@ KVR_TARGET_AVX512 void pv_avx512(const float* p, const float* v, size_t c, size_
 
 }  // namespace
 
+size_t decode_blocks(const AttnArgs& a) { return (a.pos0 + 1 + kDecodeBlock - 1) / kDecodeBlock; }
+
+size_t decode_parts_floats(const AttnArgs& a) {
+  const size_t group = a.kv_heads ? a.heads / a.kv_heads : 0, nb = decode_blocks(a);
+  // scores (group, ldS) | block max, block sum (group, round16(nb)) each | block acc (group, nb, ldA)
+  return group * round16(a.pos0 + 1) + 2 * group * round16(nb) + group * nb * round16(a.head_dim);
+}
+
+DecodeParts decode_parts(const AttnArgs& a, float* base) {
+  const size_t group = a.heads / a.kv_heads, nb = decode_blocks(a);
+  DecodeParts d;
+  d.nb = nb;
+  d.ldS = round16(a.pos0 + 1);
+  d.ldA = round16(a.head_dim);
+  d.S = base;
+  d.bmax = d.S + group * d.ldS;
+  d.bsum = d.bmax + group * round16(nb);
+  d.bacc = d.bsum + group * round16(nb);
+  return d;
+}
+
+size_t decode_block_scratch_floats(const AttnArgs& a) { return kChunk * round16(a.head_dim); }
+
 size_t decode_attention_scratch_floats(const AttnArgs& a) {
-  const size_t group = a.kv_heads ? a.heads / a.kv_heads : 0;
-  // scores (group, L) | acc (group, hd) | K chunk, V chunk (kChunk, hd) each | sums (group)
-  return group * round16(a.pos0 + 1) + group * round16(a.head_dim) + 2 * kChunk * round16(a.head_dim) +
-         round16(group);
+  return decode_parts_floats(a) + decode_block_scratch_floats(a);
+}
+
+namespace {
+
+struct Kernels {
+  void (*scores)(const float*, const float*, size_t, size_t, float, float*) = scores_generic;
+  void (*pv)(const float*, const float*, size_t, size_t, float*) = pv_generic;
+  float (*exp_sum)(float*, size_t, float) = exp_sum_generic;
+};
+
+Kernels pick_kernels(size_t hd) {
+  Kernels k;
+#if KVR_X86
+  if (simd::has_avx2() && hd % 8 == 0) {
+    k.scores = scores_avx2;
+    k.pv = pv_avx2;
+    k.exp_sum = exp_sum_avx2;
+  }
+  if (simd::has_avx512f() && hd % 16 == 0) {
+    k.scores = scores_avx512;
+    k.pv = pv_avx512;
+  }
+#else
+  (void)hd;
+#endif
+  return k;
+}
+
+// max(-inf, x[0..n)): 16 at a time (AVX-512) or in 8 independent chains — a single chain of
+// dependent max operations was a visible part of a small model's decode step. Max is exact, so
+// every form gives the same value.
+float max_of(const float* x, size_t n) {
+#if KVR_X86
+  if (simd::has_avx512f()) return max_avx512(x, n);
+#endif
+  float m[8];
+  for (float& v : m) v = -std::numeric_limits<float>::infinity();
+  size_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int i = 0; i < 8; ++i) m[i] = std::max(m[i], x[j + i]);
+  for (; j < n; ++j) m[0] = std::max(m[0], x[j]);
+  for (int i = 1; i < 8; ++i) m[0] = std::max(m[0], m[i]);
+  return m[0];
+}
+
+// The kernels for head_dim hd (CPU flags are fixed for the process: picked once per class).
+const Kernels& kernels(size_t hd) {
+  static const Kernels by16 = pick_kernels(16), by8 = pick_kernels(8), other = pick_kernels(1);
+  return hd % 16 == 0 ? by16 : hd % 8 == 0 ? by8 : other;
+}
+
+}  // namespace
+
+void decode_scores_block(const AttnArgs& a, size_t g, const float* q, size_t b, const DecodeParts& d, float* tmp) {
+  const size_t hd = a.head_dim, group = a.heads / a.kv_heads, L = a.pos0 + 1;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  const KvCache& kv = *a.kv;
+  const Kernels& k = kernels(hd);
+  const size_t row_bytes = hd * dtype_size(kv.dtype);
+  const size_t p0 = b * kDecodeBlock, p1 = std::min(L, p0 + kDecodeBlock);
+  for (size_t p = p0; p < p1;) {  // the block's contiguous runs (a paged cache may cut it)
+    const size_t c = std::min(kv.run(p), p1 - p);
+    prefetch_rows(kv, a.layer, 0, g, p + c, L, row_bytes);
+    const uint8_t* kp = kv.at(a.layer, 0, g, p);
+    const float* keys = reinterpret_cast<const float*>(kp);
+    if (kv.dtype != KVR_DTYPE_F32) {
+      to_f32(kp, kv.dtype, tmp, c * hd);
+      keys = tmp;
+    }
+    for (size_t r = 0; r < group; ++r) k.scores(q + r * hd, keys, c, hd, scale, d.S + r * d.ldS + p);
+    p += c;
+  }
+  for (size_t r = 0; r < group; ++r) d.bmax[r * round16(d.nb) + b] = max_of(d.S + r * d.ldS + p0, p1 - p0);
+}
+
+void decode_values_block(const AttnArgs& a, size_t g, size_t b, const DecodeParts& d, float* tmp) {
+  const size_t hd = a.head_dim, group = a.heads / a.kv_heads, L = a.pos0 + 1, ldB = round16(d.nb);
+  const KvCache& kv = *a.kv;
+  const Kernels& k = kernels(hd);
+  const size_t row_bytes = hd * dtype_size(kv.dtype);
+  const size_t p0 = b * kDecodeBlock, p1 = std::min(L, p0 + kDecodeBlock);
+  for (size_t r = 0; r < group; ++r) {
+    const float mx = max_of(d.bmax + r * ldB, d.nb);  // the head's max over every block
+    d.bsum[r * ldB + b] = k.exp_sum(d.S + r * d.ldS + p0, p1 - p0, mx);  // unnormalised softmax
+    float* acc = d.bacc + (r * d.nb + b) * d.ldA;
+    std::fill(acc, acc + hd, 0.f);
+  }
+  for (size_t p = p0; p < p1;) {
+    const size_t c = std::min(kv.run(p), p1 - p);
+    prefetch_rows(kv, a.layer, 1, g, p + c, L, row_bytes);
+    const uint8_t* vp = kv.at(a.layer, 1, g, p);
+    const float* v = reinterpret_cast<const float*>(vp);
+    if (kv.dtype != KVR_DTYPE_F32) {
+      to_f32(vp, kv.dtype, tmp, c * hd);
+      v = tmp;
+    }
+    for (size_t r = 0; r < group; ++r) k.pv(d.S + r * d.ldS + p, v, c, hd, d.bacc + (r * d.nb + b) * d.ldA);
+    p += c;
+  }
+}
+
+namespace {
+// o[0, n) = Σ_b acc[b·ld + t] (b in order), then × inv; element-wise, so vectorising keeps the bits.
+void add_blocks(const float* __restrict acc, size_t nb, size_t ld, size_t n, float inv, float* __restrict o) {
+  for (size_t t = 0; t < n; ++t) o[t] = acc[t];
+  for (size_t b = 1; b < nb; ++b) {
+    const float* __restrict ab = acc + b * ld;
+    for (size_t t = 0; t < n; ++t) o[t] += ab[t];
+  }
+  for (size_t t = 0; t < n; ++t) o[t] *= inv;
+}
+}  // namespace
+
+void decode_combine(const AttnArgs& a, size_t g, const DecodeParts& d, float* out) {
+  const size_t hd = a.head_dim, group = a.heads / a.kv_heads, ldB = round16(d.nb);
+  (void)g;
+  for (size_t r = 0; r < group; ++r) {
+    float sum = 0.f;
+    for (size_t b = 0; b < d.nb; ++b) sum += d.bsum[r * ldB + b];
+    add_blocks(d.bacc + r * d.nb * d.ldA, d.nb, d.ldA, hd, 1.f / sum, out + r * hd);
+  }
 }
 
 void decode_attention(const AttnArgs& a, float* scratch) {
@@ -249,81 +391,15 @@ void decode_attention(const AttnArgs& a, float* scratch) {
 }
 
 void decode_attention_group(const AttnArgs& a, size_t g, float* scratch) {
-  const size_t hd = a.head_dim, group = a.heads / a.kv_heads, L = a.pos0 + 1, ldS = round16(L);
-  const size_t ldA = round16(hd);
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
-  const KvCache& kv = *a.kv;
-  const bool f32 = kv.dtype == KVR_DTYPE_F32;
-  float* S = scratch;                 // (group, ldS)
-  float* acc = S + group * ldS;       // (group, ldA)
-  float* kbuf = acc + group * ldA;    // (kChunk, hd)
-  float* vbuf = kbuf + kChunk * ldA;  // (kChunk, hd)
-  float* sums = vbuf + kChunk * ldA;  // (group)
-  auto scores = scores_generic;
-  auto pv = pv_generic;
-  auto exp_sum = exp_sum_generic;
-#if KVR_X86
-  if (simd::has_avx2() && hd % 8 == 0) {
-    scores = scores_avx2;
-    pv = pv_avx2;
-    exp_sum = exp_sum_avx2;
-  }
-  if (simd::has_avx512f() && hd % 16 == 0) {
-    scores = scores_avx512;
-    pv = pv_avx512;
-  }
-#endif
+  const size_t hd = a.head_dim, group = a.heads / a.kv_heads;
+  const DecodeParts d = decode_parts(a, scratch);
+  float* tmp = scratch + decode_parts_floats(a);
   const float* q = a.q + g * group * hd;  // the group's heads follow each other in the row
-  // Pass 1: scores over every contiguous run of keys, kChunk keys at a time for all heads.
-  const size_t row_bytes = hd * dtype_size(kv.dtype);
-  prefetch_rows(kv, a.layer, 0, g, 0, L, row_bytes);
-  for (size_t p = 0; p < L;) {
-    const size_t c = std::min({kv.run(p), L - p, kChunk});
-    prefetch_rows(kv, a.layer, 0, g, p + c, L, row_bytes);
-    const uint8_t* kp = kv.at(a.layer, 0, g, p);
-    const float* k = reinterpret_cast<const float*>(kp);
-    if (!f32) {
-      to_f32(kp, kv.dtype, kbuf, c * hd);
-      k = kbuf;
-    }
-    for (size_t r = 0; r < group; ++r) scores(q + r * hd, k, c, hd, scale, S + r * ldS + p);
-    p += c;
-  }
-  prefetch_rows(kv, a.layer, 1, g, 0, L, row_bytes);
-  // One softmax per head (unnormalised; divided at the end).
-  for (size_t r = 0; r < group; ++r) {
-    float* s = S + r * ldS;
-    float mx = -std::numeric_limits<float>::infinity();
-#if KVR_X86
-    if (simd::has_avx512f()) {
-      mx = max_avx512(s, L);
-    } else {
-      for (size_t j = 0; j < L; ++j) mx = std::max(mx, s[j]);
-    }
-#else
-    for (size_t j = 0; j < L; ++j) mx = std::max(mx, s[j]);
-#endif
-    sums[r] = exp_sum(s, L, mx);
-    std::fill(acc + r * ldA, acc + r * ldA + hd, 0.f);
-  }
-  // Pass 2: values.
-  for (size_t p = 0; p < L;) {
-    const size_t c = std::min({kv.run(p), L - p, kChunk});
-    prefetch_rows(kv, a.layer, 1, g, p + c, L, row_bytes);
-    const uint8_t* vp = kv.at(a.layer, 1, g, p);
-    const float* v = reinterpret_cast<const float*>(vp);
-    if (!f32) {
-      to_f32(vp, kv.dtype, vbuf, c * hd);
-      v = vbuf;
-    }
-    for (size_t r = 0; r < group; ++r) pv(S + r * ldS + p, v, c, hd, acc + r * ldA);
-    p += c;
-  }
-  for (size_t r = 0; r < group; ++r) {
-    float* o = a.out + (g * group + r) * hd;
-    const float inv = 1.f / sums[r];
-    for (size_t t = 0; t < hd; ++t) o[t] = acc[r * ldA + t] * inv;
-  }
+  prefetch_rows(*a.kv, a.layer, 0, g, 0, a.pos0 + 1, hd * dtype_size(a.kv->dtype));
+  for (size_t b = 0; b < d.nb; ++b) decode_scores_block(a, g, q, b, d, tmp);
+  prefetch_rows(*a.kv, a.layer, 1, g, 0, a.pos0 + 1, hd * dtype_size(a.kv->dtype));
+  for (size_t b = 0; b < d.nb; ++b) decode_values_block(a, g, b, d, tmp);
+  decode_combine(a, g, d, a.out + g * group * hd);
 }
 
 }  // namespace kvr::cpu

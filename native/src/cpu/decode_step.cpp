@@ -86,11 +86,16 @@ unsigned decode_step(const ModelGeometry& m, const Weights& w, KvCache& kv, int3
   aa.head_dim = hd;
   aa.ldo = qd;
   aa.n_threads = 1;
-  const size_t attn_each = (decode_attention_scratch_floats(aa) + 15) & ~size_t{15};
+  auto r16 = [](size_t n) { return (n + 15) & ~size_t{15}; };
+  // Per thread: the fused path's whole-group scratch, or the split path's block buffer, its own
+  // roped copy of a group's query heads and its own combined attention row.
+  const size_t attn_each = r16(std::max(decode_attention_scratch_floats(aa),
+                                        decode_block_scratch_floats(aa) + r16(group * hd) + r16(qd)));
+  const size_t parts_each = r16(decode_parts_floats(aa));  // split path: per group, shared
   const size_t h_each = (H + 15) & ~size_t{15};
   const size_t need = H + ldqkv + qd + 2 * I + hd + nt * h_each;
   if (sc.main.size() < need) sc.main.resize(need);
-  if (sc.attn.size() < nt * attn_each) sc.attn.resize(nt * attn_each);
+  if (sc.attn.size() < nt * attn_each + m.kv_heads * parts_each) sc.attn.resize(nt * attn_each + m.kv_heads * parts_each);
   float* x = sc.main.data();  // (H) residual stream, shared
   float* qkv = x + H;         // (q_dim + 2 kv_dim), shared
   float* att = qkv + ldqkv;   // (q_dim), shared
@@ -103,9 +108,13 @@ unsigned decode_step(const ModelGeometry& m, const Weights& w, KvCache& kv, int3
   // Attention stages. Fused (head_dim a multiple of 16, so a head's columns are whole panels, and
   // enough GQA groups to go round): one unit per group — its q/k/v columns of the QKV projection,
   // k-norm, RoPE, KV write, q-norm, RoPE and the group's attention (cpu/decode_attention.h),
-  // nothing read from another unit. Else three stages: QKV panel chunks; per group k/v processing
-  // and KV write; attention per query head (a group of one head with shifted q/out pointers; each
-  // head's scores, softmax and values are computed alone, so the bits do not depend on the split).
+  // nothing read from another unit. Else three stages: QKV panel chunks; scores per (group, block
+  // of kDecodeBlock positions) — the unit of a group's last block first writes the group's K/V at
+  // pos; values per (group, block); each thread then adds the blocks' partials itself (in block
+  // order) before its first O-projection unit. decode_attention_group computes the same phases in
+  // the same order, so the bits do not depend on the split. (Until session 4 the split was per
+  // query head: tiny-balanced's 3 heads over 2 threads ran 2:1 and each head re-read its group's
+  // K/V — attention took 102 µs of thread time at 512 positions against 67 µs for the group.)
   const bool fused_attn = hd % pw == 0 && (m.kv_heads % nt == 0 || m.kv_heads >= 2 * nt);
   // gate and up panels line up when I is a multiple of the panel width: a unit of gate panels
   // [a, b) also computes up panels [I/16 + a, I/16 + b) and applies SwiGLU there.
@@ -142,11 +151,16 @@ unsigned decode_step(const ModelGeometry& m, const Weights& w, KvCache& kv, int3
   const size_t head_chunk = std::max<size_t>(8, w.lm_head.panels() / (4 * nt));
   auto units = [](size_t count, size_t chunk) { return static_cast<uint32_t>((count + chunk - 1) / chunk); };
   const size_t swiglu_chunk = 256;
+  const size_t nb = decode_blocks(aa);
+  const uint32_t attn_units = static_cast<uint32_t>(m.kv_heads * nb);
+  float* parts_base = sc.attn.data() + nt * attn_each;
 
   auto body = [&](unsigned team_thread, unsigned) {
     const size_t t = team_thread;
     float* h = hbase + t * h_each;
     float* as = sc.attn.data() + t * attn_each;
+    float* qloc = as + decode_block_scratch_floats(aa);  // split path: this thread's roped q
+    float* attl = qloc + r16(group * hd);                  // split path: this thread's attention row
     StageCounter* st = sc.stages.get();
     // Runs `unit(u)` for every unit this thread claims of stage *s (total units) — its own share
     // first (the same units every step: their weights stay in this core's cache), then what is left
@@ -216,22 +230,31 @@ unsigned decode_step(const ModelGeometry& m, const Weights& w, KvCache& kv, int3
           norm_once(L.attn_norm);
           gemv_part(h, L.qkv, L.qkv_bias, qkv, false, u * qkv_chunk, std::min(qkv_panels, (u + 1) * qkv_chunk));
         });
-        stage(*st++, static_cast<uint32_t>(m.kv_heads), [&](uint32_t g) { kv_write(g); });
-        stage(*st++, static_cast<uint32_t>(m.heads), [&](uint32_t hh) {
-          q_prep(hh);
-          // Head hh alone as a group of one: decode_attention_group reads (and writes) head
-          // g·1 + 0, so shift q and out by the difference to hh.
-          const size_t g = hh / group, shift = (hh - g) * hd;
-          AttnArgs sa = la;
-          sa.heads = m.kv_heads;
-          sa.q = qkv + shift;
-          sa.out = att + shift;
-          decode_attention_group(sa, g, as);
+        stage(*st++, attn_units, [&](uint32_t u) {
+          const size_t g = u / nb, b = u % nb;
+          if (b == nb - 1) kv_write(g);  // the block holding pos
+          std::copy(qkv + g * group * hd, qkv + (g + 1) * group * hd, qloc);
+          for (size_t r = 0; r < group; ++r) {  // q_prep's arithmetic, on this thread's copy
+            float* qr = qloc + r * hd;
+            if (qwen3) rmsnorm(qr, qr, L.q_norm.data(), hd, eps);
+            rope(qr, cs, cs + half, half);
+          }
+          decode_scores_block(la, g, qloc, b, decode_parts(la, parts_base + g * parts_each), as);
+        });
+        stage(*st++, attn_units, [&](uint32_t u) {
+          const size_t g = u / nb;
+          decode_values_block(la, g, u % nb, decode_parts(la, parts_base + g * parts_each), as);
         });
       }
 
+      bool combined = fused_attn;
       stage(*st++, units(o_panels, o_chunk), [&](uint32_t u) {
-        gemv_part(att, L.o, L.o_bias, x, true, u * o_chunk, std::min(o_panels, (u + 1) * o_chunk));
+        if (!combined) {
+          for (size_t g = 0; g < m.kv_heads; ++g)
+            decode_combine(la, g, decode_parts(la, parts_base + g * parts_each), attl + g * group * hd);
+          combined = true;
+        }
+        gemv_part(fused_attn ? att : attl, L.o, L.o_bias, x, true, u * o_chunk, std::min(o_panels, (u + 1) * o_chunk));
       });
 
       normed = false;

@@ -9,7 +9,45 @@
 
 #include "cpu/futex.h"
 
+#if defined(__linux__)
+#include <sched.h>
+#endif
+
 namespace kvr::cpu {
+
+// Moves the calling thread off `caller_cpu` when it runs there (see worker_pool.h). Why: on the 2-vCPU VM a woken
+// worker was now and then placed on its waker's CPU while the other CPU idled, and since the two
+// threads spin (stage waits, the idle spin) neither slept long enough for the load balancer to
+// move one for 5–10 ms: they took turns in ~0.3 ms time slices and decode steps took ~600 µs
+// instead of ~50 (perf sched timehist, docs/native.md "Decode with 2 threads"). A one-off
+// affinity change migrates the thread at once; the full mask is restored right after (the
+// thread stays where it landed). sched_getcpu is a vDSO read: the check costs nanoseconds.
+void leave_cpu(int caller_cpu) {
+#if defined(__linux__)
+  if (caller_cpu < 0 || sched_getcpu() != caller_cpu) return;
+  cpu_set_t allowed;
+  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return;
+  if (!CPU_ISSET(caller_cpu, &allowed) || CPU_COUNT(&allowed) < 2) return;
+  cpu_set_t others = allowed;
+  CPU_CLR(caller_cpu, &others);
+  if (sched_setaffinity(0, sizeof others, &others) != 0) return;
+  sched_setaffinity(0, sizeof allowed, &allowed);
+#else
+  (void)caller_cpu;
+#endif
+}
+
+namespace {
+
+int current_cpu() {
+#if defined(__linux__)
+  return sched_getcpu();
+#else
+  return -1;
+#endif
+}
+
+}  // namespace
 
 WorkerPool& WorkerPool::shared() {
   // Never destroyed: workers may be asleep in a futex when the process exits.
@@ -46,7 +84,10 @@ void WorkerPool::worker_main(unsigned index, uint32_t seen) {
       }
     }
     seen = gen_.load(std::memory_order_acquire);
-    if (index < team_) job_(ctx_, index, team_);
+    if (index < team_) {
+      leave_cpu(caller_cpu_);
+      job_(ctx_, index, team_);
+    }
     pending_.fetch_sub(1, std::memory_order_acq_rel);
   }
 }
@@ -64,6 +105,7 @@ unsigned WorkerPool::run(unsigned team, Job job, void* ctx) {
   job_ = job;
   ctx_ = ctx;
   team_ = team;
+  caller_cpu_ = current_cpu();
   pending_.store(static_cast<unsigned>(workers_.size()), std::memory_order_relaxed);
   gen_.fetch_add(1, std::memory_order_seq_cst);
   if (sleepers_.load(std::memory_order_seq_cst) > 0) futex_wake_all(&gen_);

@@ -15,6 +15,11 @@
 
 namespace kvr::cpu {
 
+// Moves the calling thread off CPU `cpu` if it is running there and the thread may run elsewhere
+// (its affinity mask is left as it was); otherwise does nothing. A worker calls it with its
+// caller's CPU at each region start (worker_pool.cpp: why).
+void leave_cpu(int cpu);
+
 class WorkerPool {
  public:
   // The job of one region: called as job(ctx, t, T) for every t in [0, T), concurrently; must
@@ -43,6 +48,7 @@ class WorkerPool {
   Job job_ = nullptr;                    // written before gen_ is bumped
   void* ctx_ = nullptr;
   unsigned team_ = 1;
+  int caller_cpu_ = -1;                  // the caller's CPU at region start (written before gen_)
   alignas(64) std::atomic<uint32_t> gen_{0};  // region generation (the futex word)
   alignas(64) std::atomic<unsigned> pending_{0};  // workers of the current region not done yet
   std::atomic<unsigned> sleepers_{0};

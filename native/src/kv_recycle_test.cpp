@@ -6,6 +6,7 @@
 // Prints "kv_recycle: N checks, M failed"; exit status 1 on any failure. Built by CMake; run by
 // kv_recycle_test.ts.
 #include "kv_recycle.h"
+#include "common/test_check.h"
 
 #include <cstdio>
 #include <cstdint>
@@ -16,23 +17,10 @@
 
 namespace {
 
-size_t checks = 0, failed = 0;
+using kvr::test::check;
 
-void check(bool ok, const char* what, unsigned long long a, unsigned long long b) {
-  ++checks;
-  if (!ok) {
-    ++failed;
-    if (failed < 20) std::printf("FAIL %s: %llu vs %llu\n", what, a, b);
-  }
-}
-
-uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-uint32_t rnd(uint32_t n) {
-  rng_state ^= rng_state << 13;
-  rng_state ^= rng_state >> 7;
-  rng_state ^= rng_state << 17;
-  return static_cast<uint32_t>((rng_state >> 11) % n);
-}
+kvr::test::XorShift64 rng{0x9e3779b97f4a7c15ull};
+uint32_t rnd(uint32_t n) { return rng.below(n); }
 
 // Index of the first nonzero byte of b, or b.bytes when all are zero.
 size_t first_nonzero(const kvr::KvRecycler::Buffer& b) {
@@ -175,6 +163,5 @@ int main() {
   test_budget();
   test_no_leak();
   test_outlives_owner();
-  std::printf("kv_recycle: %zu checks, %zu failed\n", checks, failed);
-  return failed == 0 ? 0 : 1;
+  return kvr::test::report("kv_recycle");
 }

@@ -6,6 +6,7 @@
 // every key of every piece in exactly one split). Prints "batch_plan: N checks, M failed"; exit
 // status 1 on any failure. Built by CMake; run by batch_plan_test.ts.
 #include "common/batch_plan.h"
+#include "common/test_check.h"
 
 #include <cstdio>
 #include <cstdint>
@@ -17,23 +18,10 @@
 
 namespace {
 
-size_t checks = 0, failed = 0;
+using kvr::test::check;
 
-void check(bool ok, const char* what, unsigned long long a, unsigned long long b) {
-  ++checks;
-  if (!ok) {
-    ++failed;
-    if (failed < 20) std::printf("FAIL %s: %llu vs %llu\n", what, a, b);
-  }
-}
-
-uint64_t rng_state = 0x2545f4914f6cdd1dull;
-uint32_t rnd(uint32_t n) {
-  rng_state ^= rng_state << 13;
-  rng_state ^= rng_state >> 7;
-  rng_state ^= rng_state << 17;
-  return static_cast<uint32_t>((rng_state >> 11) % n);
-}
+kvr::test::XorShift64 rng{0x2545f4914f6cdd1dull};
+uint32_t rnd(uint32_t n) { return rng.below(n); }
 
 // kv_elem_index · elem vs KvCache::at for one random geometry, contiguous and paged.
 void test_addressing() {
@@ -200,6 +188,5 @@ int main() {
   test_addressing();
   test_groups();
   test_attention_plan();
-  std::printf("batch_plan: %zu checks, %zu failed\n", checks, failed);
-  return failed ? 1 : 0;
+  return kvr::test::report("batch_plan");
 }

@@ -3,6 +3,7 @@
 // against a plain bytewise CRC32C over random data and split points. Prints
 // "chunk_layout: N checks, M failed"; exit status 1 on any failure. Built by CMake.
 #include "common/chunk_layout.h"
+#include "common/test_check.h"
 
 #include <cstdio>
 #include <cstdint>
@@ -10,15 +11,7 @@
 
 namespace {
 
-size_t checks = 0, failed = 0;
-
-void check(bool ok, const char* what, unsigned long long a, unsigned long long b) {
-  ++checks;
-  if (!ok) {
-    ++failed;
-    if (failed < 20) std::printf("FAIL %s: %llu vs %llu\n", what, a, b);
-  }
-}
+using kvr::test::check;
 
 // The reference: bytewise reflected CRC32C with init ~0 and final inversion (RFC 3720).
 uint32_t crc_ref(const uint8_t* p, size_t n) {
@@ -36,13 +29,8 @@ uint32_t raw_of(const uint8_t* p, size_t n) {
   return c;
 }
 
-uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-uint32_t rnd() {
-  rng_state ^= rng_state << 13;
-  rng_state ^= rng_state >> 7;
-  rng_state ^= rng_state << 17;
-  return static_cast<uint32_t>(rng_state >> 11);
-}
+kvr::test::XorShift64 rng{0x9e3779b97f4a7c15ull};
+uint32_t rnd() { return rng.next(); }
 
 size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 
@@ -108,6 +96,5 @@ int main() {
       }
     }
   }
-  std::printf("chunk_layout: %zu checks, %zu failed\n", checks, failed);
-  return failed == 0 ? 0 : 1;
+  return kvr::test::report("chunk_layout");
 }

@@ -3,7 +3,7 @@
 // or a stream, checks header CRC, limits and HMAC before handing over to the sink, then imports
 // chunk by chunk. Not engine-aware: engine.ts binds sources/sinks to NativeSequence.
 
-import { type KvQuantCodec, type KvSink, type KvSource } from "./chunk.ts";
+import { type ChunkShape, type KvQuantCodec, type KvSink, type KvSource } from "./chunk.ts";
 import { checkChunkFrame, decodeChunkPayload, encodeChunk } from "./chunk.ts";
 import { SnapshotError } from "./errors.ts";
 import { checkFiniteKv } from "./finite.ts";
@@ -79,6 +79,18 @@ function toU32(ids: ArrayLike<number>, what: string): Uint32Array {
   return out;
 }
 
+/** What the chunk codec needs to know of a snapshot's header. */
+function chunkShape(header: SnapshotHeader): ChunkShape {
+  const g = header.geometry;
+  return {
+    encoding: header.encoding,
+    numLayers: g.numLayers,
+    numKvHeads: g.numKvHeads,
+    headDim: g.headDim,
+    groupSize: header.groupSize,
+  };
+}
+
 /**
  * Builds the header (with its chunk table) an encoder will write.
  * @throws RangeError/TypeError on out-of-limit fields
@@ -146,14 +158,7 @@ export function encodeSnapshotStream(
   let key: CryptoKey | null = null;
   let headerTag: Uint8Array = new Uint8Array(0);
   let next = -1; // -1: header not sent
-  const g = header.geometry;
-  const shape = {
-    encoding: header.encoding,
-    numLayers: g.numLayers,
-    numKvHeads: g.numKvHeads,
-    headDim: g.headDim,
-    groupSize: header.groupSize,
-  };
+  const shape = chunkShape(header);
   return new ReadableStream<Uint8Array>({
     async pull(controller) {
       if (next === -1) {
@@ -220,14 +225,7 @@ export async function encodeSnapshot(
     headerTag = await signHeader(key, headerBytes);
     out.set(headerTag, headerBytes.length);
   }
-  const g = header.geometry;
-  const shape = {
-    encoding: header.encoding,
-    numLayers: g.numLayers,
-    numKvHeads: g.numKvHeads,
-    headDim: g.headDim,
-    groupSize: header.groupSize,
-  };
+  const shape = chunkShape(header);
   let o = headLength;
   for (let i = 0; i < header.chunks.length; i++) {
     const row = header.chunks[i];
@@ -415,14 +413,7 @@ export async function decodeSnapshot(
       }
     }
     const sink = await handler.onHeader(header, layout);
-    const g = header.geometry;
-    const shape = {
-      encoding: header.encoding,
-      numLayers: g.numLayers,
-      numKvHeads: g.numKvHeads,
-      headDim: g.headDim,
-      groupSize: header.groupSize,
-    };
+    const shape = chunkShape(header);
     if (
       (header.encoding === "q8" || header.encoding === "q4") && !opts.codec && !sink.importChunk
     ) {

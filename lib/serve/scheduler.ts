@@ -397,9 +397,9 @@ export class Scheduler<S, P = unknown, O = unknown> {
     }
   }
 
-  #blocksNeeded(e: Entry<S, P>, tokens: number): number {
+  #blocksNeeded(e: Entry<S, P>, tokens: number, length = this.#engine.length(e.seq)): number {
     const bt = this.#engine.blockTokens;
-    const want = Math.ceil((this.#engine.length(e.seq) + tokens) / bt);
+    const want = Math.ceil((length + tokens) / bt);
     return Math.max(0, want - this.#engine.blocksHeld(e.seq));
   }
 
@@ -442,7 +442,6 @@ export class Scheduler<S, P = unknown, O = unknown> {
     // after each (a getter per use cost ~0.1 µs × several per sequence of a 32-row step).
     let poolFree = this.#engine.blocksFree();
     const free = () => poolFree - committed;
-    const bt = this.#engine.blockTokens;
     // Decodes first, oldest first: a decode that cannot grow preempts the youngest younger
     // sequence; when there is none it waits for a later step.
     for (const e of pending) {
@@ -452,7 +451,7 @@ export class Scheduler<S, P = unknown, O = unknown> {
       const len = this.#engine.length(e.seq);
       if (len === 0) continue;
       // A victim is younger than e, never e: its length and blocks stay as read.
-      const need = Math.max(0, Math.ceil((len + 1) / bt) - this.#engine.blocksHeld(e.seq));
+      const need = this.#blocksNeeded(e, 1, len);
       while (need > free() && this.#preempt(inPlan, e)) poolFree = this.#engine.blocksFree();
       if (need > free()) continue;
       plan.push({ entry: e, n: 1 });

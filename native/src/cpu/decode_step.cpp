@@ -209,8 +209,7 @@ unsigned decode_step(const ModelGeometry& m, const Weights& w, KvCache& kv, int3
         from_f32(kr, kv.dtype, kv.at(l, 0, g, pos), hd);
         from_f32(qkv + qd + kvd + g * hd, kv.dtype, kv.at(l, 1, g, pos), hd);
       };
-      auto q_prep = [&](size_t hh) {
-        float* qr = qkv + hh * hd;
+      auto q_prep = [&](float* qr) {  // one query head in place: Qwen3 q-norm, RoPE
         if (qwen3) rmsnorm(qr, qr, L.q_norm.data(), hd, eps);
         rope(qr, cs, cs + half, half);
       };
@@ -222,7 +221,7 @@ unsigned decode_step(const ModelGeometry& m, const Weights& w, KvCache& kv, int3
           gemv_part(h, L.qkv, L.qkv_bias, qkv, false, (qd + kvd + g * hd) / pw,
                     (qd + kvd + (g + 1) * hd) / pw);
           kv_write(g);
-          for (size_t hh = g * group; hh < (g + 1) * group; ++hh) q_prep(hh);
+          for (size_t hh = g * group; hh < (g + 1) * group; ++hh) q_prep(qkv + hh * hd);
           decode_attention_group(la, g, as);
         });
       } else {
@@ -234,11 +233,7 @@ unsigned decode_step(const ModelGeometry& m, const Weights& w, KvCache& kv, int3
           const size_t g = u / nb, b = u % nb;
           if (b == nb - 1) kv_write(g);  // the block holding pos
           std::copy(qkv + g * group * hd, qkv + (g + 1) * group * hd, qloc);
-          for (size_t r = 0; r < group; ++r) {  // q_prep's arithmetic, on this thread's copy
-            float* qr = qloc + r * hd;
-            if (qwen3) rmsnorm(qr, qr, L.q_norm.data(), hd, eps);
-            rope(qr, cs, cs + half, half);
-          }
+          for (size_t r = 0; r < group; ++r) q_prep(qloc + r * hd);  // on this thread's copy
           decode_scores_block(la, g, qloc, b, decode_parts(la, parts_base + g * parts_each), as);
         });
         stage(*st++, attn_units, [&](uint32_t u) {

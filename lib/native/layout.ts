@@ -3,6 +3,7 @@
 // native/include/kvrelay.h (little-endian). No FFI calls here.
 
 import type { ModelConfig, WeightEntry } from "../model/mod.ts";
+import { concatBytes } from "../util/mod.ts";
 import {
   ARCH_CODE,
   BACKEND_CODE,
@@ -124,11 +125,5 @@ export function encodePaths(paths: string[]): Uint8Array {
     if (p.includes("\0")) throw new TypeError(`path ${JSON.stringify(p)} contains a NUL character`);
     return enc.encode(`${p}\0`);
   });
-  const out = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
-  let o = 0;
-  for (const p of parts) {
-    out.set(p, o);
-    o += p.length;
-  }
-  return out;
+  return concatBytes(parts);
 }

@@ -2,6 +2,7 @@
 // one per chunk frame, chained through the header tag so chunks cannot be moved between
 // snapshots. Not key management: callers hold keys by key id.
 
+import { concatBytes } from "../util/mod.ts";
 import { SnapshotError } from "./errors.ts";
 
 /** Raw key bytes (>= 16 bytes) or an HMAC-SHA256 CryptoKey usable for sign/verify. */
@@ -39,24 +40,12 @@ export async function toCryptoKey(key: HmacKey): Promise<CryptoKey> {
   return k;
 }
 
-function concat(parts: Uint8Array[]): Uint8Array<ArrayBuffer> {
-  let n = 0;
-  for (const p of parts) n += p.length;
-  const out = new Uint8Array(n);
-  let o = 0;
-  for (const p of parts) {
-    out.set(p, o);
-    o += p.length;
-  }
-  return out;
-}
-
 /**
  * Header tag: HMAC(key, HEADER_DOMAIN ‖ prefix+header bytes).
  * @returns 32-byte tag
  */
 export async function signHeader(key: CryptoKey, prefixAndHeader: Uint8Array): Promise<Uint8Array> {
-  const buf = concat([HEADER_DOMAIN, prefixAndHeader]);
+  const buf = concatBytes([HEADER_DOMAIN, prefixAndHeader]);
   return new Uint8Array(await crypto.subtle.sign("HMAC", key, buf));
 }
 
@@ -69,7 +58,7 @@ export async function signChunk(
   headerTag: Uint8Array,
   frameWithoutTag: Uint8Array,
 ): Promise<Uint8Array> {
-  const buf = concat([CHUNK_DOMAIN, headerTag, frameWithoutTag]);
+  const buf = concatBytes([CHUNK_DOMAIN, headerTag, frameWithoutTag]);
   return new Uint8Array(await crypto.subtle.sign("HMAC", key, buf));
 }
 
@@ -83,7 +72,7 @@ export async function verifyTag(
   tag: Uint8Array,
   what: string,
 ): Promise<void> {
-  const ok = await crypto.subtle.verify("HMAC", key, tag.slice(), concat(parts));
+  const ok = await crypto.subtle.verify("HMAC", key, tag.slice(), concatBytes(parts));
   if (!ok) throw new SnapshotError("signature", `${what} HMAC-SHA256 tag does not verify`);
 }
 

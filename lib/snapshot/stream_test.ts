@@ -4,6 +4,7 @@
 // table, size limits) failing with typed SnapshotErrors.
 
 import assert from "node:assert/strict";
+import { concatBytes } from "../util/mod.ts";
 import { crc32c, crc32cUpdate } from "./crc32c.ts";
 import { SnapshotError, type SnapshotErrorKind } from "./errors.ts";
 import {
@@ -109,13 +110,7 @@ for (const dtype of ["f32", "bf16", "f16"] as CacheDtype[]) {
 async function concatStream(stream: ReadableStream<Uint8Array>): Promise<Uint8Array> {
   const parts: Uint8Array[] = [];
   for await (const p of stream) parts.push(p);
-  const out = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
-  let o = 0;
-  for (const p of parts) {
-    out.set(p, o);
-    o += p.length;
-  }
-  return out;
+  return concatBytes(parts);
 }
 
 Deno.test("`encodeSnapshot()` (chunks encoded in place) equals the stream's frames concatenated, every encoding, signed or not", async () => {

@@ -29,22 +29,28 @@ export function fromHex(text: string): Uint8Array {
 }
 
 /**
+ * The concatenation of `parts`, in order, in one new array.
+ * @param parts byte arrays (any number)
+ * @returns a fresh Uint8Array of the summed length
+ */
+export function concatBytes(parts: readonly Uint8Array[]): Uint8Array<ArrayBuffer> {
+  let n = 0;
+  for (const p of parts) n += p.length;
+  const out = new Uint8Array(n);
+  let o = 0;
+  for (const p of parts) {
+    out.set(p, o);
+    o += p.length;
+  }
+  return out;
+}
+
+/**
  * SHA-256 of the concatenation of `parts`.
  * @param parts one or more byte arrays
  * @returns the 32-byte digest
  */
 export async function sha256(...parts: Uint8Array[]): Promise<Uint8Array> {
-  let data: Uint8Array;
-  if (parts.length === 1) data = parts[0];
-  else {
-    let n = 0;
-    for (const p of parts) n += p.length;
-    data = new Uint8Array(n);
-    let o = 0;
-    for (const p of parts) {
-      data.set(p, o);
-      o += p.length;
-    }
-  }
+  const data = parts.length === 1 ? parts[0] : concatBytes(parts);
   return new Uint8Array(await crypto.subtle.digest("SHA-256", data as Uint8Array<ArrayBuffer>));
 }

@@ -4,7 +4,6 @@
 // every argument before FFI, holds every sequence and sampler busy until the call settles (a
 // free() meanwhile is deferred), and maps failures to EngineError. Not the scheduler (lib/serve).
 
-import { setImmediate } from "node:timers";
 import { checkInt, quoteValue } from "./check.ts";
 import { EngineError } from "./errors.ts";
 import type { NativeLibrary } from "./library.ts";
@@ -12,7 +11,7 @@ import { cString } from "./library.ts";
 import type { NativeModel } from "./model.ts";
 import type { NativeSampler } from "./sampler.ts";
 import type { NativeSequence } from "./sequence.ts";
-import { nonblockingDone, syncStep, turnDue } from "./sync_step.ts";
+import { eventLoopTurn, nonblockingDone, syncStep, turnDue } from "./sync_step.ts";
 
 /** One sequence's part of a batched step. */
 export interface BatchItem {
@@ -244,7 +243,7 @@ async function stepWith(
     for (const s of held) s.endHold();
   }
   if (!sync) nonblockingDone();
-  else if (turnDue()) await new Promise<void>((resolve) => setImmediate(resolve));
+  else if (turnDue()) await eventLoopTurn();
   if (status !== 0) throw new EngineError(status, message || lib.lastError(), "kvr_batch_step");
   const out: BatchResult[] = [];
   let row = 0;

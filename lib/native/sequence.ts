@@ -17,7 +17,7 @@ import {
   SampleBuffers,
   type SampleResult,
 } from "./sampler.ts";
-import { chooseSync, nonblockingDone } from "./sync_step.ts";
+import { chooseSync, eventLoopTurn, nonblockingDone, turnDue } from "./sync_step.ts";
 
 /** Largest logits buffer a prefill may request, in f32 elements (4 GiB of memory). */
 const MAX_LOGITS = 2 ** 30;
@@ -243,6 +243,7 @@ export class NativeSequence {
       this.#stepDone(sync, t0);
       this.#settle();
     }
+    if (sync && turnDue()) await eventLoopTurn();
     return logits;
   }
 
@@ -315,7 +316,9 @@ export class NativeSequence {
       this.#stepDone(sync, t0);
       this.#settle();
     }
-    return out.result(req, top);
+    const result = out.result(req, top);
+    if (sync && turnDue()) await eventLoopTurn();
+    return result;
   }
 
   /**

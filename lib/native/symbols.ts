@@ -2,24 +2,62 @@
 // function. Grouped by header section so a new section (e.g. the issue-3 snapshot codec) is one
 // added object plus one spread in `symbols`. Not the place for argument checks (see sequence.ts).
 
+// Signatures of the functions opened twice, as a call on a worker thread (`nonblocking`) and as
+// a synchronous one under another key (`name` = the C function): one definition each.
+const modelLoad = {
+  parameters: ["buffer", "buffer", "usize", "u32", "buffer", "usize", "buffer"],
+  result: "i32",
+} as const;
+const seqDecode = {
+  parameters: ["pointer", "i32", "buffer", "usize"],
+  result: "i32",
+} as const;
+const seqDecodeSample = {
+  parameters: [
+    "pointer",
+    "i32",
+    "pointer",
+    "u32",
+    "buffer",
+    "buffer",
+    "buffer",
+    "buffer",
+    "u32",
+    "buffer",
+  ],
+  result: "i32",
+} as const;
+const batchStep = {
+  parameters: ["buffer", "u32", "buffer", "buffer", "usize", "buffer", "buffer", "usize"],
+  result: "i32",
+} as const;
+const batchStepSample = {
+  parameters: [
+    "buffer",
+    "u32",
+    "buffer",
+    "buffer",
+    "usize",
+    "buffer",
+    "buffer",
+    "usize",
+    "buffer",
+    "buffer",
+    "buffer",
+  ],
+  result: "i32",
+} as const;
+
 /** Core engine: version/errors, model, sequence, KV access, GEMM. */
 export const coreSymbols = {
   kvr_abi_version: { parameters: [], result: "u32" },
   kvr_last_error: { parameters: [], result: "pointer" },
   kvr_model_default_params: { parameters: ["buffer"], result: "void" },
   // (params*, paths, paths_len, n_paths, tensors*, n_tensors, out_model**)
-  kvr_model_load: {
-    parameters: ["buffer", "buffer", "usize", "u32", "buffer", "usize", "buffer"],
-    result: "i32",
-  },
+  kvr_model_load: modelLoad,
   // The same function on a worker thread (model loads can take seconds: weights are read and
   // packed). Its kvr_last_error() stays on that thread; see NativeModel.loadAsync.
-  kvr_model_load_nonblocking: {
-    name: "kvr_model_load",
-    parameters: ["buffer", "buffer", "usize", "u32", "buffer", "usize", "buffer"],
-    result: "i32",
-    nonblocking: true,
-  },
+  kvr_model_load_nonblocking: { ...modelLoad, name: "kvr_model_load", nonblocking: true },
   kvr_model_free: { parameters: ["pointer"], result: "void" },
   kvr_model_threads: { parameters: ["pointer"], result: "u32" },
   kvr_model_weight_bytes: { parameters: ["pointer"], result: "u64" },
@@ -43,17 +81,9 @@ export const coreSymbols = {
     nonblocking: true,
   },
   // (seq, token, logits_out f32*, logits_len) — worker thread
-  kvr_seq_decode: {
-    parameters: ["pointer", "i32", "buffer", "usize"],
-    result: "i32",
-    nonblocking: true,
-  },
+  kvr_seq_decode: { ...seqDecode, nonblocking: true },
   // The same function as a synchronous call, for short steps (lib/native/sync_step.ts).
-  kvr_seq_decode_sync: {
-    name: "kvr_seq_decode",
-    parameters: ["pointer", "i32", "buffer", "usize"],
-    result: "i32",
-  },
+  kvr_seq_decode_sync: { ...seqDecode, name: "kvr_seq_decode" },
   kvr_seq_truncate: { parameters: ["pointer", "u32"], result: "i32" },
   // (seq, layer, start, count, dtype, k, k_bytes, v, v_bytes)
   kvr_seq_kv_read: {
@@ -383,39 +413,9 @@ export const samplingSymbols = {
   },
   // (seq, token, sampler, width, token_out i32*, logprob_out f64* | NULL, top_ids | NULL,
   //  top_logprobs | NULL, top_len, top_count_out u32* | NULL) — worker thread
-  kvr_seq_decode_sample: {
-    parameters: [
-      "pointer",
-      "i32",
-      "pointer",
-      "u32",
-      "buffer",
-      "buffer",
-      "buffer",
-      "buffer",
-      "u32",
-      "buffer",
-    ],
-    result: "i32",
-    nonblocking: true,
-  },
+  kvr_seq_decode_sample: { ...seqDecodeSample, nonblocking: true },
   // The same function as a synchronous call, for short steps (lib/native/sync_step.ts).
-  kvr_seq_decode_sample_sync: {
-    name: "kvr_seq_decode_sample",
-    parameters: [
-      "pointer",
-      "i32",
-      "pointer",
-      "u32",
-      "buffer",
-      "buffer",
-      "buffer",
-      "buffer",
-      "u32",
-      "buffer",
-    ],
-    result: "i32",
-  },
+  kvr_seq_decode_sample_sync: { ...seqDecodeSample, name: "kvr_seq_decode_sample" },
 } as const satisfies Deno.ForeignLibraryInterface;
 
 /** Every symbol opened by openNativeLibrary. */
@@ -433,52 +433,12 @@ export const batchSymbols = {
   kvr_seq_blocks: { parameters: ["pointer"], result: "u32" },
   // (seqs kvr_seq**, n_seqs, n_tokens u32*, tokens i32*, tokens_len, want_logits u32*,
   //  logits_out f32*, logits_len) — worker thread
-  kvr_batch_step: {
-    parameters: ["buffer", "u32", "buffer", "buffer", "usize", "buffer", "buffer", "usize"],
-    result: "i32",
-    nonblocking: true,
-  },
+  kvr_batch_step: { ...batchStep, nonblocking: true },
   // (as kvr_batch_step, then samplers kvr_sampler**, widths u32*, tokens_out i32*) — worker thread
-  kvr_batch_step_sample: {
-    parameters: [
-      "buffer",
-      "u32",
-      "buffer",
-      "buffer",
-      "usize",
-      "buffer",
-      "buffer",
-      "usize",
-      "buffer",
-      "buffer",
-      "buffer",
-    ],
-    result: "i32",
-    nonblocking: true,
-  },
+  kvr_batch_step_sample: { ...batchStepSample, nonblocking: true },
   // The same two on the calling thread, for short decode-only steps (lib/native/batch.ts).
-  kvr_batch_step_sync: {
-    name: "kvr_batch_step",
-    parameters: ["buffer", "u32", "buffer", "buffer", "usize", "buffer", "buffer", "usize"],
-    result: "i32",
-  },
-  kvr_batch_step_sample_sync: {
-    name: "kvr_batch_step_sample",
-    parameters: [
-      "buffer",
-      "u32",
-      "buffer",
-      "buffer",
-      "usize",
-      "buffer",
-      "buffer",
-      "usize",
-      "buffer",
-      "buffer",
-      "buffer",
-    ],
-    result: "i32",
-  },
+  kvr_batch_step_sync: { ...batchStep, name: "kvr_batch_step" },
+  kvr_batch_step_sample_sync: { ...batchStepSample, name: "kvr_batch_step_sample" },
 } as const satisfies Deno.ForeignLibraryInterface;
 
 export const symbols = {

@@ -1,16 +1,18 @@
-// When a single-token step (NativeSequence.decode / decodeSample) runs as a synchronous FFI call
-// on the JavaScript thread instead of a nonblocking one. A nonblocking call hands the work to a
-// Deno worker thread and wakes the event loop when done: ~45 µs per call on our 2-vCPU machines
-// (a nonblocking getpid: 42 µs mean), 66–110 µs between decode steps of tiny-powerful (measured
-// natively, docs/native.md "Per-token overhead") — a third of a tiny model's step. A synchronous
-// call has none of that but blocks the event loop, so it is taken only for short steps and for
-// a bounded time: after `budgetMs` of back-to-back synchronous steps the next step is nonblocking
-// and returns to the event loop (I/O is polled there; due timers were seen to wait for the whole
-// loop once in a full parallel test run, so a timer is not guaranteed a turn). The batched step's
-// synchronous decode steps (lib/native/batch.ts) share the same budget: after budgetMs of them it
-// yields one event-loop turn (setImmediate, which does give due timers their turn) — a turn after
-// every step cost 40–100 µs of a ~1.2 ms 32-row tiny-fast step (measured 2026-12-03). Not a
-// scheduler.
+// When a single-token step (NativeSequence.decode / decodeSample) or a decode-only batched step
+// (lib/native/batch.ts) runs as a synchronous FFI call on the JavaScript thread instead of a
+// nonblocking one. A nonblocking call hands the work to a Deno worker thread and wakes the event
+// loop when done: ~45 µs per call on our 2-vCPU machines (a nonblocking getpid: 42 µs mean),
+// 66–110 µs between decode steps of tiny-powerful (measured natively, docs/native.md "Per-token
+// overhead") — a third of a tiny model's step. A synchronous call has none of that but blocks the
+// event loop, so it is taken only for short steps and for a bounded time: after `budgetMs` of
+// back-to-back synchronous steps (one budget for both kinds) the caller yields one event-loop turn
+// with setImmediate, which gives due timers and I/O their turn. (Until 2026-12-03 the
+// single-sequence policy made the next step nonblocking instead: that polls I/O, but a quickly
+// finished op could resolve before due timers ran, so a timer was not guaranteed a turn.) A turn
+// after every step cost 40–100 µs of a ~1.2 ms 32-row tiny-fast step (measured 2026-12-03), hence
+// one per budget. Not a scheduler.
+
+import { setImmediate } from "node:timers";
 
 /** The policy; tests may change it (`maxStepMs = 0` / `maxBatchStepMs = 0` make every step
  *  nonblocking). */
@@ -23,7 +25,7 @@ export const syncStep = {
   maxBatchStepMs: 4,
   /** synchronous batched steps taken in this process (for tests and diagnostics) */
   batchTaken: 0,
-  /** longest run of back-to-back synchronous steps (ms) before one nonblocking step */
+  /** longest run of back-to-back synchronous steps (ms) before the event loop gets a turn */
   budgetMs: 4,
   /** synchronous steps taken in this process (a counter for tests and diagnostics) */
   taken: 0,
@@ -33,18 +35,12 @@ export const syncStep = {
 let runStart = -1;
 
 /**
- * Whether the next step runs synchronously.
+ * Whether the next single-token step runs synchronously (then call {@link turnDue} after it).
  * @param lastStepMs duration of this sequence's previous step (Infinity when none)
  * @returns true: call the synchronous symbol; false: the nonblocking one
  */
 export function chooseSync(lastStepMs: number): boolean {
   if (!(lastStepMs < syncStep.maxStepMs)) return false;
-  const now = performance.now();
-  if (runStart < 0) runStart = now;
-  if (now - runStart >= syncStep.budgetMs) {
-    runStart = -1; // this step is nonblocking: the event loop gets its turn
-    return false;
-  }
   syncStep.taken++;
   return true;
 }
@@ -55,8 +51,8 @@ export function nonblockingDone(): void {
 }
 
 /**
- * After a synchronous batched step: whether the event loop is due its turn now (budgetMs of
- * back-to-back synchronous steps have passed; the caller then yields with setImmediate).
+ * After a synchronous step: whether the event loop is due its turn now (budgetMs of back-to-back
+ * synchronous steps have passed; the caller then awaits {@link eventLoopTurn}).
  * @returns true once per budget; the next run of synchronous steps starts after it
  */
 export function turnDue(): boolean {
@@ -65,4 +61,9 @@ export function turnDue(): boolean {
   if (now - runStart < syncStep.budgetMs) return false;
   runStart = -1;
   return true;
+}
+
+/** One event-loop turn: due timers and I/O run before it resolves. */
+export function eventLoopTurn(): Promise<void> {
+  return new Promise<void>((resolve) => setImmediate(resolve));
 }

@@ -64,8 +64,8 @@ void forward_batch(const ModelGeometry& m, const Weights& w, const BatchSeq* seq
   // A lone decode (one sequence, one token: a scheduler with one request) is the single-sequence
   // decode step — one fused region tuned for a single row (cpu/decode_step.h), the result of
   // running alone bit for bit — instead of ~8 stages per layer of one-row units. Not for q8/q4
-  // weights: there the decode step's logits differ from the GEMV/int8-GEMM path's by ~3.5e-3
-  // relative (tiny-powerful, 2026-12-03; not a batching effect), so a sequence's result would
+  // weights: int8 activation rounding turns the two paths' last-bit float differences into ~1e-3
+  // logit differences (docs/batching.md "q8/q4: why paths differ"), so a sequence's result would
   // depend on whether it shared its step.
   const PackedWeight& w0 = w.layer.empty() ? w.lm_head : w.layer[0].qkv;
   const bool quantized = w0.is_q8() || w0.is_q4() || w.lm_head.is_q8() || w.lm_head.is_q4();

@@ -23,6 +23,10 @@ const F32_BOUND = 1e-5;
  * each), so logits move by about that much: observed 1.2e-3 on tiny-fast over 256 tokens
  * (2026-12-02); the bound leaves a 4× margin. */
 const BF16_KV_BOUND = 5e-3;
+/** f16 KV cache: 11 significant bits (relative error ≤ 2^-12 each, 8× finer than bf16): observed
+ * 2.6e-4 (tiny-fast) and 8.4e-5 (tiny-balanced) over 256 tokens (2026-12-03); 1e-3 leaves a 4×
+ * margin. The decode kernels read the f16 rows in place (cpu/decode_attention.cpp). */
+const F16_KV_BOUND = 1e-3;
 
 interface Comparison {
   /** max |native − reference| / max |reference| over all compared positions */
@@ -166,6 +170,19 @@ Deno.test("native logits stay near the reference on demo tiny-fast with a bf16 K
   assert.ok(r.decode.ratio < BF16_KV_BOUND, describe("bf16 KV decode", r.decode));
   assert.ok(r.chunks.ratio < BF16_KV_BOUND, describe("bf16 KV chunked", r.chunks));
 });
+
+for (const name of ["tiny-fast", "tiny-balanced"]) {
+  Deno.test(`native logits stay near the reference on demo ${name} with an f16 KV cache (256 tokens)`, async () => {
+    const tokens = await demoTokens();
+    const { ref, logits } = await demoReference(name, 256);
+    const r = await nativeVsReference(`${MODELS_DIR}/${name}`, ref, tokens, logits, "f16", 200);
+    console.log(describe(`${name} f16 KV prefill`, r.prefill));
+    console.log(describe(`${name} f16 KV prefill 200 + decode 56`, r.decode));
+    assert.ok(r.prefill.ratio < F16_KV_BOUND, describe("f16 KV prefill", r.prefill));
+    assert.ok(r.decode.ratio < F16_KV_BOUND, describe("f16 KV decode", r.decode));
+    assert.ok(r.chunks.ratio < F16_KV_BOUND, describe("f16 KV chunked", r.chunks));
+  });
+}
 
 ORACLE_CASES.forEach((spec, i) => {
   Deno.test(`native logits match the reference on generated ${spec.name}`, async () => {

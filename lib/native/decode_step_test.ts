@@ -12,7 +12,7 @@ const STEPS = 24; // > the tuner's 16 probe steps, so both of its thread counts 
 // partial: a split path spreads the blocks over threads.
 const CONTEXT = 200;
 
-async function decodeRun(dir: string, threads: number, kvDtype: "f32" | "bf16") {
+async function decodeRun(dir: string, threads: number, kvDtype: "f32" | "f16" | "bf16") {
   using m = await NativeModel.load(await checkpoint(dir), { threads, kvDtype });
   const toks = tokens(CONTEXT + STEPS, m.config.vocabSize, 11);
   using s = m.createSequence(CONTEXT + STEPS);
@@ -22,7 +22,7 @@ async function decodeRun(dir: string, threads: number, kvDtype: "f32" | "bf16") 
   return out;
 }
 
-for (const kvDtype of ["f32", "bf16"] as const) {
+for (const kvDtype of ["f32", "f16", "bf16"] as const) {
   // 3 threads: GQA groups that do not divide evenly, so one group's query heads are split.
   Deno.test(`decode() logits are bit-identical at 1, 2 and 3 threads, each demo model (${kvDtype} cache)`, async () => {
     for (const dir of DEMO_DIRS) {
@@ -40,12 +40,12 @@ for (const kvDtype of ["f32", "bf16"] as const) {
   });
 }
 
-Deno.test("decode() matches allPositions prefill rows over many steps (long context), each demo model, f32 and bf16 cache", async () => {
+Deno.test("decode() matches allPositions prefill rows over many steps (long context), each demo model, f32, f16 and bf16 cache", async () => {
   // A context past several 64-key attention tiles, so the prefill path (flash-style tiles with
   // online softmax) and the decode path (cpu/decode_attention: all scores, one softmax) differ in
   // algorithm: they agree within rounding. Both read the same cache, so bf16 keeps the tolerance.
   for (const dir of DEMO_DIRS) {
-    for (const kvDtype of ["f32", "bf16"] as const) {
+    for (const kvDtype of ["f32", "f16", "bf16"] as const) {
       using m = await NativeModel.load(await checkpoint(dir), { threads: 2, kvDtype });
       const toks = tokens(300, m.config.vocabSize, 5);
       using s = m.createSequence(300);

@@ -36,9 +36,18 @@ Deno.test("`probeBackend()` answers OK for the CPU with its model name, cores an
   assert.ok(p.info.startsWith(`cpu: ${name}, `), p.info);
   assert.match(
     p.info,
-    /, [1-9]\d* cores, (avx2-fma-f16c|generic) kernels \(gemm [a-z0-9-]+, int8 [a-z0-9-]+, q8 [a-z0-9-]+, q4 [a-z0-9-]+\)$/,
+    /, [1-9]\d* cores, (avx2-fma-f16c|generic) kernels \(gemm [a-z0-9-]+(, few-row bf16 amx)?, int8 [a-z0-9-]+, q8 [a-z0-9-]+, q4 [a-z0-9-]+\)$/,
   );
-  assert.ok(p.info.includes(`(gemm ${cpuKernelName()}, int8 `), p.info);
+  assert.ok(p.info.includes(`(gemm ${cpuKernelName()}, `), p.info);
+  // AMX is named exactly when /proc/cpuinfo lists it (and no narrower kernel is forced).
+  const flags = (await Deno.readTextFile("/proc/cpuinfo").catch(() => "")).match(/^flags\s*:(.*)$/m)
+    ?.[1].split(/\s+/) ?? [];
+  const amx =
+    ["amx_bf16", "amx_tile", "avx512f", "avx512bw", "avx512_vnni"].every((f) =>
+      flags.includes(f)
+    ) &&
+    Deno.env.get("KVRELAY_CPU_KERNEL") === undefined;
+  assert.equal(p.info.includes(", few-row bf16 amx, "), amx, p.info);
 });
 
 Deno.test("`probeBackend()` answers CUDA with a clean UNSUPPORTED reason where there is no GPU", () => {

@@ -210,6 +210,61 @@ export function gemmQuantized(
 }
 
 /**
+ * y = x · Wᵀ (or y0 + x · Wᵀ) through the batched step's few-row GEMM with bf16 weights (AMX tiles
+ * where the CPU has them and m ≥ 8), on the calling thread. For tests.
+ * @param m rows of x
+ * @param n output features (rows of w)
+ * @param k input features
+ * @param w n×k bf16 bit patterns, row-major
+ * @param x m×k values, row-major
+ * @param y0 m×n values to accumulate onto (optional)
+ * @param lib library (default openNativeLibrary())
+ * @returns y (m×n values) and whether the AMX tiles ran
+ * @throws RangeError for bad arguments; EngineError from native
+ */
+export function gemmFewRowsBf16(
+  m: number,
+  n: number,
+  k: number,
+  w: Uint16Array,
+  x: Float32Array,
+  y0?: Float32Array,
+  lib: NativeLibrary = openNativeLibrary(),
+): { y: Float32Array; amx: boolean } {
+  checkInt("m", m, 1, DIM_MAX);
+  checkInt("n", n, 1, DIM_MAX);
+  checkInt("k", k, 1, DIM_MAX);
+  if (!(w instanceof Uint16Array) || w.length !== n * k) {
+    throw new RangeError(`w must be a Uint16Array of ${n * k} values`);
+  }
+  if (!(x instanceof Float32Array) || x.length !== m * k) {
+    throw new RangeError(`x must be a Float32Array of ${m * k} values`);
+  }
+  if (y0 !== undefined && (!(y0 instanceof Float32Array) || y0.length !== m * n)) {
+    throw new RangeError(`y0 must be a Float32Array of m*n = ${m * n} values`);
+  }
+  const y = y0 === undefined ? new Float32Array(m * n) : y0.slice();
+  const amx = new Uint32Array(1);
+  lib.check(
+    lib.symbols.kvr_gemm_few_rows_bf16(
+      m,
+      n,
+      k,
+      w,
+      BigInt(w.length),
+      x,
+      BigInt(x.length),
+      y,
+      BigInt(y.length),
+      y0 === undefined ? 0 : 1,
+      amx,
+    ),
+    "kvr_gemm_few_rows_bf16",
+  );
+  return { y, amx: amx[0] === 1 };
+}
+
+/**
  * The CPU kernel chosen at runtime.
  * @param lib library (default openNativeLibrary())
  * @returns "avx512", "avx2-fma" or "generic"

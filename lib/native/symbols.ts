@@ -133,6 +133,23 @@ export const coreSymbols = {
     ],
     result: "i32",
   },
+  // (m, n, k, w u16*, w_len, x, x_len, y, y_len, accumulate, out_amx u32*)
+  kvr_gemm_few_rows_bf16: {
+    parameters: [
+      "u32",
+      "u32",
+      "u32",
+      "buffer",
+      "usize",
+      "buffer",
+      "usize",
+      "buffer",
+      "usize",
+      "u32",
+      "buffer",
+    ],
+    result: "i32",
+  },
   // (weights, m, n, k, w, w_len, x, x_len, y, y_len, accumulate, n_threads)
   kvr_gemm_quantized: {
     parameters: [

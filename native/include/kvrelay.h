@@ -642,7 +642,8 @@ KVR_API int32_t kvr_seq_decode_sample(kvr_seq* seq, int32_t token, kvr_sampler* 
  * internals; production code (lib/serve, functions/) never uses them.
  *   KVRELAY_CPU_KERNEL=generic   GEMM uses the portable micro-kernel (read once per process);
  *                      =avx2     AVX-512 and AVX-VNNI off (AVX2 GEMM, AVX2 q8/q4 kernels);
- *                      =avxvnni  AVX-512 off (AVX2 GEMM, AVX-VNNI q8/q4 kernels where present).
+ *                      =avxvnni  AVX-512 off (AVX2 GEMM, AVX-VNNI q8/q4 kernels where present);
+ *                      =avx512   AMX off (the AVX-512 tiles for few-row bf16 GEMMs too).
  *   KVRELAY_WEIGHTS_F32=1        BF16 checkpoint weights are widened to f32 at load (per load).
  *   KVRELAY_PROJECT_VIA_COPIES=1 kvr_projector_apply_seq takes the backend-neutral copy path even
  *                                for two CPU sequences (per call; compared with the fast path).
@@ -671,6 +672,15 @@ KVR_API int32_t kvr_gemv_quantized(uint32_t weights, uint32_t n, uint32_t k, con
 KVR_API int32_t kvr_gemm_quantized(uint32_t weights, uint32_t m, uint32_t n, uint32_t k, const float* w,
                                    size_t w_len, const float* x, size_t x_len, float* y, size_t y_len,
                                    uint32_t accumulate, uint32_t n_threads);
+/*
+ * y (m, n) = x (m, k) · Wᵀ (accumulate 1: y += x · Wᵀ) with w (n, k) row-major bf16 bit patterns,
+ * through the batched step's few-row GEMM (the prepared input of several panel ranges: AMX tiles
+ * where the CPU has them and m >= 8, else the AVX/portable tiles) on the calling thread;
+ * *out_amx = 1 when the AMX tiles ran (out_amx may be NULL).
+ */
+KVR_API int32_t kvr_gemm_few_rows_bf16(uint32_t m, uint32_t n, uint32_t k, const uint16_t* w, size_t w_len,
+                                       const float* x, size_t x_len, float* y, size_t y_len,
+                                       uint32_t accumulate, uint32_t* out_amx);
 /*
  * Times `iterations` runs of the model's GEMM on a pre-packed B (m, n, k), returning the median
  * seconds per run in *out_seconds. Inputs are filled deterministically inside the library.

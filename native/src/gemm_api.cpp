@@ -1,7 +1,8 @@
 // C ABI face of the CPU GEMM (kvrelay.h): kvr_gemm_f32 (checked C = A·Bᵀ for tests),
 // kvr_gemm_bench (median time of the model's packed kernel), kvr_gemv_quantized (a q8/q4
 // weight's dequantized values and quantized GEMV, for tests), kvr_gemm_quantized (the model's
-// GEMM with such a weight, for tests) and kvr_cpu_kernel_name.
+// GEMM with such a weight, for tests), kvr_gemm_few_rows_bf16 (the batched step's few-row GEMM
+// with bf16 weights, for tests) and kvr_cpu_kernel_name.
 // Argument checking lives here; the kernels (native/src/cpu/gemm*.cpp) trust their shapes.
 #include <omp.h>
 
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "cpu/gemm.h"
+#include "cpu/gemm_prepared.h"
 #include "errors.h"
 #include "kvrelay.h"
 
@@ -246,6 +248,47 @@ KVR_API int32_t kvr_gemm_quantized(uint32_t weights, uint32_t m, uint32_t n, uin
     return kvr::fail(KVR_ERR_OUT_OF_MEMORY, "kvr_gemm_quantized: cannot allocate the packed weight");
   } catch (...) {
     return kvr::fail(KVR_ERR_INTERNAL, "kvr_gemm_quantized: unexpected exception");
+  }
+  return KVR_OK;
+}
+
+KVR_API int32_t kvr_gemm_few_rows_bf16(uint32_t m, uint32_t n, uint32_t k, const uint16_t* w, size_t w_len,
+                                       const float* x, size_t x_len, float* y, size_t y_len,
+                                       uint32_t accumulate, uint32_t* out_amx) {
+  if (out_amx != nullptr) *out_amx = 0;
+  if (w == nullptr || x == nullptr || y == nullptr) {
+    return kvr::fail(KVR_ERR_INVALID_ARGUMENT, "kvr_gemm_few_rows_bf16: null w, x or y");
+  }
+  if (accumulate > 1) {
+    return kvr::fail(KVR_ERR_INVALID_ARGUMENT, kvr::format("accumulate is %u, 0 or 1 allowed", accumulate));
+  }
+  if (int32_t st = check_dims(m, n, k); st != KVR_OK) return st;
+  size_t nk = 0, mk = 0, mn = 0;
+  if (!mul_size(n, k, &nk) || !mul_size(m, k, &mk) || !mul_size(m, n, &mn) || nk > kBenchMaxFloats ||
+      mk > kBenchMaxFloats || mn > kBenchMaxFloats) {
+    return kvr::fail(KVR_ERR_OUT_OF_RANGE,
+                     kvr::format("kvr_gemm_few_rows_bf16: m=%u n=%u k=%u exceeds %zu values", m, n, k, kBenchMaxFloats));
+  }
+  if (w_len < nk || x_len < mk || y_len < mn) {
+    return kvr::fail(KVR_ERR_OUT_OF_RANGE,
+                     kvr::format("w has %zu values (n*k = %zu needed), x %zu (m*k = %zu), y %zu (m*n = %zu)", w_len,
+                                 nk, x_len, mk, y_len, mn));
+  }
+  if (overlaps(y, mn * 4, w, nk * 2) || overlaps(y, mn * 4, x, mk * 4)) {
+    return kvr::fail(KVR_ERR_INVALID_ARGUMENT, "kvr_gemm_few_rows_bf16: y overlaps w or x");
+  }
+  try {
+    using kvr::cpu::PackedWeight;
+    const PackedWeight::Bf16Rows rows{w, n};
+    const PackedWeight pw = PackedWeight::pack_bf16(&rows, 1, k);
+    kvr::cpu::PreparedRows prepared;
+    prepared.prepare(x, m, k, pw);
+    prepared.gemm_range(pw, y, n, accumulate == 1, 0, pw.panels());
+    if (out_amx != nullptr) *out_amx = prepared.amx() ? 1 : 0;
+  } catch (const std::bad_alloc&) {
+    return kvr::fail(KVR_ERR_OUT_OF_MEMORY, "kvr_gemm_few_rows_bf16: cannot allocate the packed weight");
+  } catch (...) {
+    return kvr::fail(KVR_ERR_INTERNAL, "kvr_gemm_few_rows_bf16: unexpected exception");
   }
   return KVR_OK;
 }

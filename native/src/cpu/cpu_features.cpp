@@ -8,6 +8,11 @@
 #include <cpuid.h>
 #endif
 
+#if defined(__linux__) && defined(__x86_64__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -17,6 +22,18 @@
 
 namespace kvr::cpu {
 namespace {
+
+// Whether this process may use the AMX tile registers: Linux enables the 8 KiB tile state per
+// process on request (ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA); refused (old kernel, a VM
+// without it, a sigaltstack too small for the larger signal frame) means no AMX path.
+bool amx_permitted() {
+#if defined(__linux__) && defined(__x86_64__)
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
+}
 
 CpuFeatures detect() {
   CpuFeatures f;
@@ -35,12 +52,16 @@ CpuFeatures detect() {
   // 7 subleaf 1 (EAX bit 4) directly; the OS's YMM state is implied by avx2 above.
   unsigned a = 0, b = 0, c = 0, d = 0;
   if (f.avx2 && __get_cpuid_count(7, 1, &a, &b, &c, &d)) f.avxvnni = (a >> 4) & 1u;
+  // CPUID 7.0 EDX: bit 22 AMX-BF16, bit 24 AMX-TILE.
+  if (f.avx512f && __get_cpuid_count(7, 0, &a, &b, &c, &d) && ((d >> 22) & 1u) && ((d >> 24) & 1u))
+    f.amx_bf16 = amx_permitted();
 #endif
 #endif
   const char* forced = std::getenv("KVRELAY_CPU_KERNEL");
   f.gemm_forced_generic = forced != nullptr && std::strcmp(forced, "generic") == 0;
   f.gemm_forced_avx2 = forced != nullptr && std::strcmp(forced, "avx2") == 0;
   f.gemm_forced_avxvnni = forced != nullptr && std::strcmp(forced, "avxvnni") == 0;
+  f.gemm_forced_avx512 = forced != nullptr && std::strcmp(forced, "avx512") == 0;
   return f;
 }
 
@@ -73,7 +94,7 @@ const CpuFeatures& cpu_features() {
 std::string cpu_description() {
   const std::string simd = use_avx2_fma_f16c() ? "avx2-fma-f16c" : "generic";
   return "cpu: " + model_name() + ", " + std::to_string(omp_get_num_procs()) + " cores, " + simd +
-         " kernels (gemm " + kernel_name() + ", int8 " + int8_kernel_name() + ", q8 " + q8_kernel_name() + ", q4 " + q4_kernel_name() +
+         " kernels (gemm " + kernel_name() + (use_amx_bf16() ? ", few-row bf16 amx" : "") + ", int8 " + int8_kernel_name() + ", q8 " + q8_kernel_name() + ", q4 " + q4_kernel_name() +
          ")";
 }
 

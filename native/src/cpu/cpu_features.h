@@ -14,10 +14,15 @@ struct CpuFeatures {
   bool avx512bw = false, avx512vl = false, avx512vnni = false;
   // AVX-VNNI (VEX-encoded vpdpbusd on ymm, CPUID 7.1 EAX bit 4): q8/q4 kernels without AVX-512.
   bool avxvnni = false;
+  // AMX-TILE + AMX-BF16 with the kernel's permission to use the tile state (arch_prctl
+  // ARCH_REQ_XCOMP_PERM, asked once at detection): the few-row bf16 GEMM (gemm_amx.h).
+  bool amx_bf16 = false;
   // The environment KVRELAY_CPU_KERNEL (read once) narrows the choice so one machine tests every
   // path it has: `generic` forces the portable kernels; `avx2` keeps AVX-512 and AVX-VNNI off
-  // (an AVX2-only machine); `avxvnni` keeps AVX-512 off (AVX2 + AVX-VNNI, Alder Lake-like).
+  // (an AVX2-only machine); `avxvnni` keeps AVX-512 off (AVX2 + AVX-VNNI, Alder Lake-like);
+  // `avx512` keeps AMX off (an AVX-512 machine without AMX, e.g. AMD Zen 4).
   bool gemm_forced_generic = false;
+  bool gemm_forced_avx512 = false;
   bool gemm_forced_avx2 = false;
   bool gemm_forced_avxvnni = false;
 };
@@ -59,6 +64,11 @@ inline bool use_avx2_quant() {
 inline bool use_avx_vnni() {
   const CpuFeatures& f = cpu_features();
   return f.avxvnni && use_avx2_quant() && !f.gemm_forced_avx2;
+}
+// The AMX bf16 few-row GEMM (gemm_amx.h), unless KVRELAY_CPU_KERNEL forces any narrower path.
+inline bool use_amx_bf16() {
+  const CpuFeatures& f = cpu_features();
+  return f.amx_bf16 && use_avx512_vnni() && !f.gemm_forced_avx512;
 }
 // CRC32C with the SSE4.2 crc32 instruction.
 inline bool use_sse42_crc() { return cpu_features().sse42; }

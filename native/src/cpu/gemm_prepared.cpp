@@ -1,12 +1,19 @@
-// PreparedRows (see gemm_prepared.h): the f32 packing of gemm.h or the int8 quantization of
-// gemm_int8.h, chosen by the weight's format as matmul_xwt chooses.
+// PreparedRows (see gemm_prepared.h): the f32 packing of gemm.h, the AMX planes of gemm_amx.h or
+// the int8 quantization of gemm_int8.h, chosen by the weight's format, the rows and the CPU.
 #include "cpu/gemm_prepared.h"
+
+#include "cpu/cpu_features.h"
 
 namespace kvr::cpu {
 
 void PreparedRows::prepare(const float* x, size_t m, size_t ldx, const PackedWeight& w) {
   m_ = m;
   quant_ = w.is_q8() || w.is_q4();
+  amx_ = !quant_ && w.is_bf16() && m >= amx::kMinRows && use_amx_bf16();
+  if (amx_) {
+    split_.prepare(x, m, ldx, w.cols());
+    return;
+  }
   if (quant_) {
     q_.prepare(m, w);
     q_.quantize(x, ldx, w.cols(), 0, m);
@@ -19,7 +26,9 @@ void PreparedRows::prepare(const float* x, size_t m, size_t ldx, const PackedWei
 
 void PreparedRows::gemm_range(const PackedWeight& w, float* y, size_t ldy, bool accumulate, size_t p0,
                               size_t p1) const {
-  if (quant_) {
+  if (amx_) {
+    split_.gemm_range(w, y, ldy, accumulate, p0, p1);
+  } else if (quant_) {
     int8::gemm_rect(q_, w, y, ldy, accumulate, 0, m_, p0, std::min(p1, w.panels()));
   } else {
     gemm_packed_range(pack_.data(), m_, w, y, ldy, accumulate, p0, p1);

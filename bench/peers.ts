@@ -7,7 +7,7 @@
 
 import { loadCheckpoint } from "../lib/model/mod.ts";
 import { type LoadedModel, loadModel } from "../lib/engine/mod.ts";
-import type { NativeModelOptions } from "../lib/native/mod.ts";
+import type { KvDtype, NativeModelOptions } from "../lib/native/mod.ts";
 import { median } from "./machine.ts";
 import { argmax, compareLogits } from "./peers/agreement.ts";
 import { copyBandwidth } from "./peers/bandwidth.ts";
@@ -94,6 +94,12 @@ export interface PeersOptions {
   formats?: string[];
   /** columns to time (default: all of COLUMNS), to split a slow real-size run into parts */
   columns?: Column[];
+  /**
+   * kvrelay's KV cache dtype (default: the engine's f32). `f16` compares at llama.cpp's own
+   * default KV type (the only one its real-size configurations use); it changes kvrelay's
+   * results, so it is named in the output and its quality is in the logits check (docs/peers.md).
+   */
+  kvrelayKv?: KvDtype;
 }
 
 type Rates = Record<Column, number>;
@@ -156,6 +162,8 @@ export interface PeersResult {
   };
   cpuFlags: string[];
   copyBandwidth: { threads: number; bytesPerSecond: number }[];
+  /** kvrelay's KV cache dtype in this run */
+  kvrelayKv: KvDtype;
   models: PeersModelResult[];
 }
 
@@ -330,8 +338,8 @@ function weightsPerToken(cfg: LoadedModel["checkpoint"]["config"]): number {
   return cfg.numLayers * layer + cfg.vocabSize * h;
 }
 
-async function loadKvrelay(dir: string, threads: number, weights?: string) {
-  const opts = { threads, ...(weights ? { weights } : {}) } as NativeModelOptions;
+async function loadKvrelay(dir: string, threads: number, kvDtype: KvDtype, weights?: string) {
+  const opts = { threads, kvDtype, ...(weights ? { weights } : {}) } as NativeModelOptions;
   return await loadModel(dir, opts);
 }
 
@@ -380,7 +388,7 @@ async function benchModel(
     const before = await rss();
     try {
       const kdir = fmt.kvrelay.copyF32 ? await f32CopyFor(dir) : dir;
-      km = await loadKvrelay(kdir, opts.threads, fmt.kvrelay.weights);
+      km = await loadKvrelay(kdir, opts.threads, opts.kvrelayKv ?? "f32", fmt.kvrelay.weights);
       const limit = fmt.kvrelay.maxWeightRatioToBf16;
       const bf16Bytes = bf16WeightBytes || 2 * params;
       if (limit !== undefined && km.native.weightBytes > limit * bf16Bytes) {
@@ -406,7 +414,13 @@ async function benchModel(
           next.push(argmax(logits[logits.length - 1]));
           logits.push(await seq.decode(next[s]));
         }
-        reference = { format: fmt.name, logits, prompt, next };
+        const kv = opts.kvrelayKv ?? "f32";
+        reference = {
+          format: kv === "f32" ? fmt.name : `${fmt.name} (KV ${kv})`,
+          logits,
+          prompt,
+          next,
+        };
       } finally {
         seq.free();
       }
@@ -596,6 +610,7 @@ export async function benchPeers(
     },
     cpuFlags: [...flags].filter((f) => /^(avx|fma|f16c|amx)/.test(f)).sort(),
     copyBandwidth: bandwidth.map((b) => ({ threads: b.threads, bytesPerSecond: b.bytesPerSecond })),
+    kvrelayKv: opts.kvrelayKv ?? "f32",
     models,
   };
 }
@@ -614,6 +629,8 @@ export function formatPeersTable(r: PeersResult): string {
       r.copyBandwidth.map((b) => `${b.threads}T ${(b.bytesPerSecond / 1e9).toFixed(1)} GB/s`).join(
         ", ",
       )
+    }; kvrelay KV cache ${
+      r.kvrelayKv ?? "f32"
     }; tokens/s, medians; ratio = kvrelay / llama.cpp best`,
     "",
     `${"model".padEnd(14)} ${"fmt".padEnd(5)} ${"engine".padEnd(22)} ${

@@ -4,6 +4,7 @@
 
 import { Tokenizer as HfTokenizer } from "@huggingface/tokenizers";
 import { Template } from "@huggingface/jinja";
+import { ByteLevelDecoder } from "./byte_level.ts";
 import { tokenizerFingerprint } from "./fingerprint.ts";
 
 /** A tokenizer directory or its files are missing, unreadable or not a tokenizer. */
@@ -71,6 +72,8 @@ export class Tokenizer {
     { resolve: (ids: number[]) => void; reject: (e: Error) => void }
   >();
   readonly #specialIds: Set<number>;
+  /** exact fast decoding when the decoder is byte-level (byte_level.ts), else null */
+  readonly #byteLevel: ByteLevelDecoder | null;
   #template: Template | null = null;
 
   private constructor(
@@ -94,6 +97,7 @@ export class Tokenizer {
     this.#specialIds = new Set(
       [...hf.get_added_tokens_decoder().entries()].filter(([, t]) => t.special).map(([id]) => id),
     );
+    this.#byteLevel = ByteLevelDecoder.from(hf);
     const template = config.chat_template;
     // Some configs hold a list of named templates: [{name: "default", template: "..."}, ...].
     if (typeof template === "string") {
@@ -273,7 +277,7 @@ export class Tokenizer {
     }
     const kept = opts.skipSpecialTokens ? list.filter((id) => !this.#specialIds.has(id)) : list;
     if (kept.length === 0) return "";
-    return this.#hf.decode(kept, { skip_special_tokens: false });
+    return this.#byteLevel?.decode(kept) ?? this.#hf.decode(kept, { skip_special_tokens: false });
   }
 
   /**

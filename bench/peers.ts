@@ -130,6 +130,11 @@ export interface PeersFormatResult {
   llamaCpp: Record<string, Rates>;
   /** per column: the screening's fastest configuration, median over the alternating rounds */
   llamaBest: Record<Column, { tokensPerSecond: number; config: string }>;
+  /**
+   * Per column, each timed round's tokens/s of kvrelay and of llama.cpp's best configuration, in
+   * round order (one sample per round: the spread shows what a single round can say)
+   */
+  rounds?: Record<Column, { kvrelay: number[]; llamaBest: number[] }>;
   /** kvrelay / llama.cpp best, per column */
   ratio?: Record<Column, number>;
   /** decode tokens/s at the memory-bandwidth floor, and each engine's share of it */
@@ -311,6 +316,7 @@ async function alternate(
   variants: { v: Variant; columns: readonly Column[] }[],
   ids: Record<Column, number[]>,
   runs: number,
+  perRound?: Map<string, Map<Column, number[]>>,
 ): Promise<Record<string, Partial<Rates>>> {
   const samples = new Map<string, Map<Column, number[]>>();
   for (const { v, columns } of variants) {
@@ -323,6 +329,7 @@ async function alternate(
       v.idle();
     }
   }
+  for (const [name, cols] of samples) perRound?.set(name, cols);
   const out: Record<string, Partial<Rates>> = {};
   for (const [name, cols] of samples) {
     out[name] = Object.fromEntries([...cols].map(([c, xs]) => [c, median(xs)]));
@@ -498,7 +505,8 @@ async function benchModel(
           timed.map((t) => `${t.v.name} [${t.columns.join(",")}]`).join(" | ")
         } × ${runs} rounds`,
       );
-      const rates = await alternate(timed, ids, runs);
+      const perRound = new Map<string, Map<Column, number[]>>();
+      const rates = await alternate(timed, ids, runs, perRound);
       const llamaCpp = screen as Record<string, Rates>;
       const llamaBest = Object.fromEntries(cols.map((c) => [c, {
         tokensPerSecond: rates[bestConfig[c]][c]!,
@@ -522,6 +530,12 @@ async function benchModel(
         kvrelay: kv,
         llamaCpp,
         llamaBest,
+        rounds: kv
+          ? Object.fromEntries(cols.map((c) => {
+            const k = perRound.get("kvrelay")!.get(c)!, l = perRound.get(bestConfig[c])!.get(c)!;
+            return [c, { kvrelay: k, llamaBest: l }];
+          })) as PeersFormatResult["rounds"]
+          : undefined,
         ratio: kv
           ? Object.fromEntries(
             cols.map((c) => [c, kv[c] / llamaBest[c].tokensPerSecond]),
@@ -655,6 +669,15 @@ export function formatPeersTable(r: PeersResult): string {
       }
       row("llama.cpp best", r.columns.map((c) => fmtRate(f.llamaBest[c].tokensPerSecond)));
       if (f.ratio) row("ratio vs best", r.columns.map((c) => f.ratio![c].toFixed(2)));
+      if (f.rounds) {
+        // per-round ratios (round r of kvrelay / round r of llama.cpp best): the noise of one round
+        const span = (c: Column) => {
+          const { kvrelay: k, llamaBest: l } = f.rounds![c];
+          const q = k.map((x, i) => x / l[i]);
+          return `${Math.min(...q).toFixed(2)}-${Math.max(...q).toFixed(2)}`;
+        };
+        row("  per-round ratio", r.columns.map(span));
+      }
     }
   }
   lines.push("", "kvrelay / llama.cpp best, same weight format:");

@@ -1,12 +1,14 @@
 // `deno task bench [section...] [--real | --shapes=a,b] [--models=tiny-fast,..] [--formats=bf16,..]
-// [--columns=prefill128,..] [--runs=N] [--threads=N] [--label=NAME]`: runs benchmark sections
+// [--columns=prefill128,..] [--runs=N] [--threads=N] [--label=NAME] [--kvrelay-kv=f16]`: runs benchmark sections
 // (default: all but peers), prints their tables and writes bench/results/<section>-<date>.json with
 // the machine they ran on (peers: one file per model, peers-<model>[-<formats>][-<columns>]
 // [-<label>]-<date>.json, so split runs never overwrite each other). --real (or --shapes) adds the
 // random-weight real-size shapes (scripts/make_checkpoint.ts; generated on first use) to the engine
 // and peers sections; --models picks demo models; --formats, --columns, --runs and --threads apply
-// to peers (rounds, default 7; threads, default 2); --label tags the result files.
+// to peers (rounds, default 7; threads, default 2); --kvrelay-kv sets kvrelay's KV cache dtype in
+// peers (default f32; f16 is llama.cpp's default); --label tags the result files.
 import { parseArgs } from "node:util";
+import type { KvDtype } from "../lib/native/mod.ts";
 import { benchEngine, formatEngineTable } from "./engine.ts";
 import { benchSnapshots, formatSnapshotTable } from "./snapshot.ts";
 import { benchHttp, formatHttpTable } from "./http.ts";
@@ -34,6 +36,7 @@ const { values: flags, positionals } = parseArgs({
     formats: { type: "string" },
     columns: { type: "string" },
     label: { type: "string" },
+    "kvrelay-kv": { type: "string" },
   },
 });
 const shapeNames = flags.real
@@ -73,6 +76,11 @@ for (const c of columns ?? []) {
     console.error(`unknown column "${c}"; columns: ${COLUMNS.join(", ")}`);
     Deno.exit(2);
   }
+}
+const kvrelayKv = flags["kvrelay-kv"];
+if (kvrelayKv !== undefined && !["f32", "f16", "bf16"].includes(kvrelayKv)) {
+  console.error(`--kvrelay-kv must be f32, f16 or bf16, got "${kvrelayKv}"`);
+  Deno.exit(2);
 }
 const label = flags.label;
 if (label !== undefined && !/^[A-Za-z0-9_.]+$/.test(label)) {
@@ -115,6 +123,7 @@ const sections: Record<string, Section> = {
         realRuns: Math.min(runs, 3),
         formats,
         columns: columns as Column[] | undefined,
+        kvrelayKv: kvrelayKv as KvDtype | undefined,
       }),
     format: formatPeersTable,
   },

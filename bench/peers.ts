@@ -7,7 +7,7 @@
 
 import { loadCheckpoint } from "../lib/model/mod.ts";
 import { type LoadedModel, loadModel } from "../lib/engine/mod.ts";
-import type { NativeModelOptions } from "../lib/native/mod.ts";
+import type { KvDtype, NativeModelOptions } from "../lib/native/mod.ts";
 import { median } from "./machine.ts";
 import { argmax, compareLogits } from "./peers/agreement.ts";
 import { copyBandwidth } from "./peers/bandwidth.ts";
@@ -94,6 +94,12 @@ export interface PeersOptions {
   formats?: string[];
   /** columns to time (default: all of COLUMNS), to split a slow real-size run into parts */
   columns?: Column[];
+  /**
+   * kvrelay's KV cache dtype (default: the engine's f32). `f16` compares at llama.cpp's own
+   * default KV type (the only one its real-size configurations use); it changes kvrelay's
+   * results, so it is named in the output and its quality is in the logits check (docs/peers.md).
+   */
+  kvrelayKv?: KvDtype;
 }
 
 type Rates = Record<Column, number>;
@@ -124,6 +130,11 @@ export interface PeersFormatResult {
   llamaCpp: Record<string, Rates>;
   /** per column: the screening's fastest configuration, median over the alternating rounds */
   llamaBest: Record<Column, { tokensPerSecond: number; config: string }>;
+  /**
+   * Per column, each timed round's tokens/s of kvrelay and of llama.cpp's best configuration, in
+   * round order (one sample per round: the spread shows what a single round can say)
+   */
+  rounds?: Record<Column, { kvrelay: number[]; llamaBest: number[] }>;
   /** kvrelay / llama.cpp best, per column */
   ratio?: Record<Column, number>;
   /** decode tokens/s at the memory-bandwidth floor, and each engine's share of it */
@@ -156,6 +167,8 @@ export interface PeersResult {
   };
   cpuFlags: string[];
   copyBandwidth: { threads: number; bytesPerSecond: number }[];
+  /** kvrelay's KV cache dtype in this run */
+  kvrelayKv: KvDtype;
   models: PeersModelResult[];
 }
 
@@ -303,6 +316,7 @@ async function alternate(
   variants: { v: Variant; columns: readonly Column[] }[],
   ids: Record<Column, number[]>,
   runs: number,
+  perRound?: Map<string, Map<Column, number[]>>,
 ): Promise<Record<string, Partial<Rates>>> {
   const samples = new Map<string, Map<Column, number[]>>();
   for (const { v, columns } of variants) {
@@ -315,6 +329,7 @@ async function alternate(
       v.idle();
     }
   }
+  for (const [name, cols] of samples) perRound?.set(name, cols);
   const out: Record<string, Partial<Rates>> = {};
   for (const [name, cols] of samples) {
     out[name] = Object.fromEntries([...cols].map(([c, xs]) => [c, median(xs)]));
@@ -330,8 +345,8 @@ function weightsPerToken(cfg: LoadedModel["checkpoint"]["config"]): number {
   return cfg.numLayers * layer + cfg.vocabSize * h;
 }
 
-async function loadKvrelay(dir: string, threads: number, weights?: string) {
-  const opts = { threads, ...(weights ? { weights } : {}) } as NativeModelOptions;
+async function loadKvrelay(dir: string, threads: number, kvDtype: KvDtype, weights?: string) {
+  const opts = { threads, kvDtype, ...(weights ? { weights } : {}) } as NativeModelOptions;
   return await loadModel(dir, opts);
 }
 
@@ -380,7 +395,7 @@ async function benchModel(
     const before = await rss();
     try {
       const kdir = fmt.kvrelay.copyF32 ? await f32CopyFor(dir) : dir;
-      km = await loadKvrelay(kdir, opts.threads, fmt.kvrelay.weights);
+      km = await loadKvrelay(kdir, opts.threads, opts.kvrelayKv ?? "f32", fmt.kvrelay.weights);
       const limit = fmt.kvrelay.maxWeightRatioToBf16;
       const bf16Bytes = bf16WeightBytes || 2 * params;
       if (limit !== undefined && km.native.weightBytes > limit * bf16Bytes) {
@@ -406,7 +421,13 @@ async function benchModel(
           next.push(argmax(logits[logits.length - 1]));
           logits.push(await seq.decode(next[s]));
         }
-        reference = { format: fmt.name, logits, prompt, next };
+        const kv = opts.kvrelayKv ?? "f32";
+        reference = {
+          format: kv === "f32" ? fmt.name : `${fmt.name} (KV ${kv})`,
+          logits,
+          prompt,
+          next,
+        };
       } finally {
         seq.free();
       }
@@ -484,7 +505,8 @@ async function benchModel(
           timed.map((t) => `${t.v.name} [${t.columns.join(",")}]`).join(" | ")
         } × ${runs} rounds`,
       );
-      const rates = await alternate(timed, ids, runs);
+      const perRound = new Map<string, Map<Column, number[]>>();
+      const rates = await alternate(timed, ids, runs, perRound);
       const llamaCpp = screen as Record<string, Rates>;
       const llamaBest = Object.fromEntries(cols.map((c) => [c, {
         tokensPerSecond: rates[bestConfig[c]][c]!,
@@ -508,6 +530,12 @@ async function benchModel(
         kvrelay: kv,
         llamaCpp,
         llamaBest,
+        rounds: kv
+          ? Object.fromEntries(cols.map((c) => {
+            const k = perRound.get("kvrelay")!.get(c)!, l = perRound.get(bestConfig[c])!.get(c)!;
+            return [c, { kvrelay: k, llamaBest: l }];
+          })) as PeersFormatResult["rounds"]
+          : undefined,
         ratio: kv
           ? Object.fromEntries(
             cols.map((c) => [c, kv[c] / llamaBest[c].tokensPerSecond]),
@@ -596,6 +624,7 @@ export async function benchPeers(
     },
     cpuFlags: [...flags].filter((f) => /^(avx|fma|f16c|amx)/.test(f)).sort(),
     copyBandwidth: bandwidth.map((b) => ({ threads: b.threads, bytesPerSecond: b.bytesPerSecond })),
+    kvrelayKv: opts.kvrelayKv ?? "f32",
     models,
   };
 }
@@ -614,6 +643,8 @@ export function formatPeersTable(r: PeersResult): string {
       r.copyBandwidth.map((b) => `${b.threads}T ${(b.bytesPerSecond / 1e9).toFixed(1)} GB/s`).join(
         ", ",
       )
+    }; kvrelay KV cache ${
+      r.kvrelayKv ?? "f32"
     }; tokens/s, medians; ratio = kvrelay / llama.cpp best`,
     "",
     `${"model".padEnd(14)} ${"fmt".padEnd(5)} ${"engine".padEnd(22)} ${
@@ -638,6 +669,15 @@ export function formatPeersTable(r: PeersResult): string {
       }
       row("llama.cpp best", r.columns.map((c) => fmtRate(f.llamaBest[c].tokensPerSecond)));
       if (f.ratio) row("ratio vs best", r.columns.map((c) => f.ratio![c].toFixed(2)));
+      if (f.rounds) {
+        // per-round ratios (round r of kvrelay / round r of llama.cpp best): the noise of one round
+        const span = (c: Column) => {
+          const { kvrelay: k, llamaBest: l } = f.rounds![c];
+          const q = k.map((x, i) => x / l[i]);
+          return `${Math.min(...q).toFixed(2)}-${Math.max(...q).toFixed(2)}`;
+        };
+        row("  per-round ratio", r.columns.map(span));
+      }
     }
   }
   lines.push("", "kvrelay / llama.cpp best, same weight format:");

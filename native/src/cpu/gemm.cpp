@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "cpu/cpu_features.h"
+#include "cpu/gemm_amx.h"
 #include "cpu/gemm_int8.h"
 #include "cpu/gemm_kernels.h"
 #include "cpu/gemm_q4.h"
@@ -512,6 +513,30 @@ void matmul_xwt(const float* x, size_t m, size_t ldx, const PackedWeight& w, flo
     return;
   }
 
+  if (w.is_bf16() && m >= amx::kMinRows && use_amx_bf16()) {
+    // AMX tiles (gemm_amx.h): row blocks of kBlockRows, split further into one panel range per
+    // thread when there are fewer blocks than threads; each task splits its rows itself (so a
+    // block's split is repeated per range: fewer ranges measured faster at 128 rows).
+    constexpr size_t kAmxRows = amx::kBlockRows;
+    const size_t blocks = (m + kAmxRows - 1) / kAmxRows;
+    const size_t per_block = blocks >= nt ? 1 : std::min(panels, (nt + blocks - 1) / blocks);
+    std::atomic<bool> failed{false};
+    parallel_dynamic(workers, static_cast<int>(nt), blocks * per_block, [&](size_t t, unsigned) {
+      const size_t b = t / per_block, r0 = b * kAmxRows, r1 = std::min(m, r0 + kAmxRows);
+      size_t p0, p1;
+      split_range(panels, per_block, t % per_block, &p0, &p1);
+      try {
+        thread_local amx::SplitRows split;
+        split.prepare(x + r0 * ldx, r1 - r0, ldx, k);
+        split.gemm_range(w, y + r0 * ldy, ldy, accumulate, p0, p1);
+      } catch (...) {  // only std::bad_alloc of the thread's first planes can occur
+        failed.store(true, std::memory_order_relaxed);
+      }
+    });
+    if (failed.load()) throw std::bad_alloc();
+    return;
+  }
+
   if (nt <= 1) {
     gemm_rows(kt, x, ldx, w, y, ldy, accumulate, 0, m);
     return;
@@ -564,6 +589,14 @@ void gemm_range(const float* x, size_t m, size_t ldx, const PackedWeight& w, flo
   if (m == 0 || p0 >= p1) return;
   if (m == 1 || w.cols() == 0) {  // gemv_range: the m = 1 sums of matmul_xwt, and k = 0
     for (size_t r = 0; r < m; ++r) gemv_range(x + r * ldx, w, y + r * ldy, accumulate, p0, p1);
+    return;
+  }
+  if (w.is_bf16() && m >= amx::kMinRows && use_amx_bf16()) {  // matmul_xwt's AMX tiles, on this thread
+    thread_local amx::SplitRows split;
+    for (size_t r0 = 0; r0 < m; r0 += amx::kBlockRows) {  // planes of kBlockRows rows at a time
+      split.prepare(x + r0 * ldx, std::min(amx::kBlockRows, m - r0), ldx, w.cols());
+      split.gemm_range(w, y + r0 * ldy, ldy, accumulate, p0, p1);
+    }
     return;
   }
   if (w.is_q8() || w.is_q4()) {  // the int8 GEMM of matmul_xwt (gemm_int8.h), on this thread

@@ -1,9 +1,9 @@
 // AMX few-row GEMM (see gemm_amx.h): the three-plane bf16 split of the input rows and the tile
 // kernel over pairs of 16-column weight panels and pairs of 16-row tiles (4 accumulator tiles,
 // 2 weight tiles, 2 input tiles: all 8). The weight panels are stored (k, 16) k-major for the
-// AVX/GEMV kernels; TDPBF16PS wants k pairs interleaved per column, so each panel pair is re-laid
-// over its whole k into the object's buffer before its row tiles (one 64-byte load and one
-// permute per pair of k rows), amortised over all the rows and the three planes. Compiled per function with target
+// AVX/GEMV kernels; TDPBF16PS wants k pairs interleaved per column, so each 32-deep slice of a
+// panel is re-laid into a 1 KiB stack buffer as it is used (one 64-byte load and one permute per
+// pair of k rows), amortised over the row pair and the three planes. Compiled per function with target
 // attributes; called only when cpu_features.h says use_amx_bf16().
 #include "cpu/gemm_amx.h"
 
@@ -114,20 +114,27 @@ void from_tmp(const Block& b, const float* tmp) {
   } while (0)
 
 // Accumulators: tile 0 (rows r0.., panel p), 1 (r0.., p+1), 2 (r0+16.., p), 3 (r0+16.., p+1);
-// weights 4 (p), 5 (p+1); input planes 6 (r0..), 7 (r0+16..). w0/w1: the panels' slices laid out
-// by pair_rows, kp/32 consecutive tiles of 16 × 32 bf16 each.
+// weights 4 (p), 5 (p+1); input planes 6 (r0..), 7 (r0+16..). w0/w1: the (k, 16) panels; each
+// 32-deep slice is laid out by pair_rows into a stack buffer just before its tile load. (Laying a
+// panel pair's whole k out once per block of rows instead measured 40 % slower on a 16-row
+// tiny-powerful step, 1.24 → 1.75 ms, and no faster on prefill: it was reverted.)
 template <bool kTwoPanels, bool kTwoRowTiles>
-KVR_AMX_TARGET void tile_block(const uint16_t* planes, size_t plane_stride, size_t kp, const uint16_t* w0,
+KVR_AMX_TARGET void tile_block(const uint16_t* planes, size_t plane_stride, size_t kp, size_t k, const uint16_t* w0,
                                const uint16_t* w1, Block c0, Block c1, Block c2, Block c3, bool accumulate) {
   alignas(64) float tmp[kRowsPerTile * 16];
+  alignas(64) uint16_t lay0[kDepth * 16], lay1[kDepth * 16];
   KVR_AMX_LOAD_C(0, c0, tmp);
   if constexpr (kTwoPanels) KVR_AMX_LOAD_C(1, c1, tmp);
   if constexpr (kTwoRowTiles) KVR_AMX_LOAD_C(2, c2, tmp);
   if constexpr (kTwoPanels && kTwoRowTiles) KVR_AMX_LOAD_C(3, c3, tmp);
   const int stride = static_cast<int>(kp * sizeof(uint16_t));
   for (size_t k0 = 0; k0 < kp; k0 += kDepth) {
-    _tile_loadd(4, w0 + k0 * 16, 64);
-    if constexpr (kTwoPanels) _tile_loadd(5, w1 + k0 * 16, 64);
+    pair_rows(w0, k, k0, lay0);
+    _tile_loadd(4, lay0, 64);
+    if constexpr (kTwoPanels) {
+      pair_rows(w1, k, k0, lay1);
+      _tile_loadd(5, lay1, 64);
+    }
     for (size_t t = 0; t < kPlanes; ++t) {
       const uint16_t* a = planes + t * plane_stride + k0;
       _tile_loadd(6, a, stride);
@@ -175,7 +182,6 @@ void SplitRows::prepare(const float* x, size_t m, size_t ldx, size_t k) {
   kp_ = round_up(std::max<size_t>(k, 1), kDepth);
   const size_t plane = mp_ * kp_;
   if (planes_.size() < kPlanes * plane) planes_.resize(kPlanes * plane);
-  if (paired_.size() < 2 * kp_ * 16) paired_.resize(2 * kp_ * 16);
   for (size_t t = 0; t < kPlanes; ++t) {  // zero rows [m, mp_): they pad the last row tile
     std::fill(planes_.begin() + static_cast<std::ptrdiff_t>(t * plane + m * kp_),
               planes_.begin() + static_cast<std::ptrdiff_t>((t + 1) * plane), 0);
@@ -192,39 +198,34 @@ void SplitRows::prepare(const float* x, size_t m, size_t ldx, size_t k) {
 }
 
 void SplitRows::gemm_range(const PackedWeight& w, float* y, size_t ldy, bool accumulate, size_t p0,
-                           size_t p1) {
+                           size_t p1) const {
 #if KVR_HAVE_AMX
   p1 = std::min(p1, w.panels());
   if (m_ == 0 || p0 >= p1) return;
   const size_t n = w.rows(), plane = mp_ * kp_;
-  uint16_t* w0 = paired_.data();
-  uint16_t* w1 = w0 + kp_ * 16;
   load_config();
-  for (size_t p = p0; p < p1; p += 2) {
-    // The panel pair's weight tiles over the whole k, laid out once for every row tile.
-    const bool two_panels = p + 1 < p1;
-    for (size_t k0 = 0; k0 < kp_; k0 += kDepth) {
-      pair_rows(w.panel_bf16(p), k_, k0, w0 + k0 * 16);
-      if (two_panels) pair_rows(w.panel_bf16(p + 1), k_, k0, w1 + k0 * 16);
-    }
-    const size_t cols_a = std::min<size_t>(16, n - p * 16);
-    const size_t cols_b = two_panels ? std::min<size_t>(16, n - (p + 1) * 16) : 0;
-    for (size_t r0 = 0; r0 < m_; r0 += 2 * kRowsPerTile) {
-      const bool two_rows = r0 + kRowsPerTile < m_;
-      const size_t rows_a = std::min(kRowsPerTile, m_ - r0);
-      const size_t rows_b = two_rows ? std::min(kRowsPerTile, m_ - r0 - kRowsPerTile) : 0;
-      const uint16_t* a = planes_.data() + r0 * kp_;
+  for (size_t r0 = 0; r0 < m_; r0 += 2 * kRowsPerTile) {
+    const bool two_rows = r0 + kRowsPerTile < m_;
+    const size_t rows_a = std::min(kRowsPerTile, m_ - r0);
+    const size_t rows_b = two_rows ? std::min(kRowsPerTile, m_ - r0 - kRowsPerTile) : 0;
+    const uint16_t* a = planes_.data() + r0 * kp_;
+    for (size_t p = p0; p < p1; p += 2) {
+      const bool two_panels = p + 1 < p1;
+      const size_t cols_a = std::min<size_t>(16, n - p * 16);
+      const size_t cols_b = two_panels ? std::min<size_t>(16, n - (p + 1) * 16) : 0;
       float* ya = y + r0 * ldy + p * 16;
       const Block c0{ya, ldy, rows_a, cols_a}, c1{ya + 16, ldy, rows_a, cols_b};
       const Block c2{ya + kRowsPerTile * ldy, ldy, rows_b, cols_a}, c3{ya + kRowsPerTile * ldy + 16, ldy, rows_b, cols_b};
+      const uint16_t* w0 = w.panel_bf16(p);
+      const uint16_t* w1 = two_panels ? w.panel_bf16(p + 1) : nullptr;
       if (two_panels && two_rows) {
-        tile_block<true, true>(a, plane, kp_, w0, w1, c0, c1, c2, c3, accumulate);
+        tile_block<true, true>(a, plane, kp_, k_, w0, w1, c0, c1, c2, c3, accumulate);
       } else if (two_panels) {
-        tile_block<true, false>(a, plane, kp_, w0, w1, c0, c1, c2, c3, accumulate);
+        tile_block<true, false>(a, plane, kp_, k_, w0, w1, c0, c1, c2, c3, accumulate);
       } else if (two_rows) {
-        tile_block<false, true>(a, plane, kp_, w0, w1, c0, c1, c2, c3, accumulate);
+        tile_block<false, true>(a, plane, kp_, k_, w0, w1, c0, c1, c2, c3, accumulate);
       } else {
-        tile_block<false, false>(a, plane, kp_, w0, w1, c0, c1, c2, c3, accumulate);
+        tile_block<false, false>(a, plane, kp_, k_, w0, w1, c0, c1, c2, c3, accumulate);
       }
     }
   }

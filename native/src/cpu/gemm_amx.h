@@ -30,16 +30,14 @@ class SplitRows {
   void prepare(const float* x, size_t m, size_t ldx, size_t k);
 
   // y (m, n) (+)= the rows · Wᵀ on bf16 weight panels [p0, p1) of w (w.cols() == k of prepare),
-  // on the calling thread. Does not allocate or throw (not const: it lays out weight tiles in
-  // the object's buffer, so one object per thread).
-  void gemm_range(const PackedWeight& w, float* y, size_t ldy, bool accumulate, size_t p0, size_t p1);
+  // on the calling thread. Does not allocate or throw.
+  void gemm_range(const PackedWeight& w, float* y, size_t ldy, bool accumulate, size_t p0, size_t p1) const;
 
   size_t rows() const { return m_; }
 
  private:
   size_t m_ = 0, k_ = 0, mp_ = 0, kp_ = 0;
   std::vector<uint16_t, AlignedAllocator<uint16_t>> planes_;  // 3 × (mp_, kp_)
-  std::vector<uint16_t, AlignedAllocator<uint16_t>> paired_;  // 2 panels × (kp_ / 32) weight tiles
 };
 
 }  // namespace kvr::cpu::amx

@@ -33,7 +33,7 @@ class PreparedRows {
   size_t m_ = 0;
   bool quant_ = false;
   bool amx_ = false;
-  mutable amx::SplitRows split_;  // bf16 weights on AMX (its weight-tile buffer: one object per thread)
+  amx::SplitRows split_;                              // bf16 weights on AMX
   std::vector<float, AlignedAllocator<float>> pack_;  // f32/bf16 weights: gemm_pack_a
   int8::QuantRows q_;                                 // q8/q4 weights
 };

@@ -8,6 +8,7 @@
 import assert from "node:assert/strict";
 import { gemmFewRowsBf16 } from "./gemm.ts";
 import { mulberry32 } from "../../tests/fixtures/random_checkpoint.ts";
+import { childTest } from "./test_helpers.ts";
 
 const FORCED = Deno.env.get("KVRELAY_CPU_KERNEL");
 
@@ -109,22 +110,10 @@ Deno.test({
   ignore: FORCED !== undefined || !cpuFlags().has("avx512f"),
   async fn() {
     const file = new URL(import.meta.url).pathname;
-    const out = await new Deno.Command(Deno.execPath(), {
-      args: [
-        "test",
-        "-A",
-        "--no-check",
-        "--filter",
-        "/^few-row bf16 GEMM (is exact|matches)/",
-        file,
-      ],
-      cwd: new URL("../../", import.meta.url).pathname,
-      env: { KVRELAY_CPU_KERNEL: "avx512", NO_COLOR: "1" },
-      stdout: "piped",
-      stderr: "piped",
-    }).output();
-    const text = new TextDecoder().decode(out.stdout) + new TextDecoder().decode(out.stderr);
-    assert.equal(out.code, 0, `child deno test failed:\n${text}`);
+    const { code, text } = await childTest(file, "/^few-row bf16 GEMM (is exact|matches)/", {
+      KVRELAY_CPU_KERNEL: "avx512",
+    });
+    assert.equal(code, 0, `child deno test failed:\n${text}`);
     assert.match(text, /ok \| 2 passed/, text);
   },
 });

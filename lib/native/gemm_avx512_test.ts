@@ -8,7 +8,7 @@
 import assert from "node:assert/strict";
 import { NativeModel } from "./model.ts";
 import { cpuKernelName, gemmF32 } from "./gemm.ts";
-import { checkpoint, DEMO_DIRS, tokens } from "./test_helpers.ts";
+import { checkpoint, childTest, DEMO_DIRS, tokens } from "./test_helpers.ts";
 import { probeBackend } from "./backend.ts";
 
 /** FNV-1a over float arrays. */
@@ -61,13 +61,10 @@ Deno.test(DIGEST_TEST, async () => {
 async function childDigests(kernel: string): Promise<{ kernel: string; digests: string[] }> {
   const file = await Deno.makeTempFile({ prefix: "kvr-avx512-" });
   try {
-    const { code, stdout, stderr } = await new Deno.Command(Deno.execPath(), {
-      args: ["test", "-A", "--no-check", "--filter", DIGEST_TEST, import.meta.filename!],
-      env: { KVRELAY_CPU_KERNEL: kernel, KVR_GEMM_DIGEST_OUT: file, NO_COLOR: "1" },
-      stdout: "piped",
-      stderr: "piped",
-    }).output();
-    const text = new TextDecoder().decode(stdout) + new TextDecoder().decode(stderr);
+    const { code, text } = await childTest(import.meta.filename!, DIGEST_TEST, {
+      KVRELAY_CPU_KERNEL: kernel,
+      KVR_GEMM_DIGEST_OUT: file,
+    });
     assert.equal(code, 0, `${kernel} child failed:\n${text}`);
     return JSON.parse(await Deno.readTextFile(file));
   } finally {

@@ -5,6 +5,7 @@
 
 import assert from "node:assert/strict";
 import { cpuKernelName, EngineError, gemmBench, gemmF32, openNativeLibrary } from "./mod.ts";
+import { childTest } from "./test_helpers.ts";
 
 const FORCED = Deno.env.get("KVRELAY_CPU_KERNEL");
 
@@ -150,25 +151,14 @@ for (const forced of ["generic", "avx2"]) {
       // The kernel is chosen once per process, so the forced run is a child `deno test` of this
       // file with the variable set, filtered to the reference tests and the kernel-name check.
       const file = new URL(import.meta.url).pathname;
-      const root = new URL("../../", import.meta.url).pathname;
-      const out = await new Deno.Command(Deno.execPath(), {
-        args: [
-          "test",
-          "-A",
-          "--no-check",
-          "--filter",
-          `/matches a float64 reference|bit-identical|is ${
-            forced === "avx2" ? "avx2-fma" : forced
-          } when/`,
-          file,
-        ],
-        cwd: root,
-        env: { KVRELAY_CPU_KERNEL: forced, NO_COLOR: "1" },
-        stdout: "piped",
-        stderr: "piped",
-      }).output();
-      const text = new TextDecoder().decode(out.stdout) + new TextDecoder().decode(out.stderr);
-      assert.equal(out.code, 0, `child deno test failed:\n${text}`);
+      const { code, text } = await childTest(
+        file,
+        `/matches a float64 reference|bit-identical|is ${
+          forced === "avx2" ? "avx2-fma" : forced
+        } when/`,
+        { KVRELAY_CPU_KERNEL: forced },
+      );
+      assert.equal(code, 0, `child deno test failed:\n${text}`);
       // Four tests ran and passed (two reference tests, bit-identity, the kernel-name check).
       assert.match(text, /ok \| 4 passed/, text);
     },

@@ -9,7 +9,7 @@
 import assert from "node:assert/strict";
 import { gemmQuantized, gemvQuantized } from "./gemm.ts";
 import { probeBackend } from "./backend.ts";
-import { forcedQuantKernels } from "./test_helpers.ts";
+import { childTest, forcedQuantKernels } from "./test_helpers.ts";
 import { quantizeActivation, quantValues } from "./quant_test_helpers.ts";
 
 // (m, n, k): tile-row tails (1..7, 13), a column tail, k tails, k = 8300 (q4's per-row sums go in
@@ -110,13 +110,10 @@ Deno.test({
     for (const { force: kernel, name } of await forcedQuantKernels()) {
       // Without VNNI (generic, avx2) the rows go through the GEMV kernel of that path.
       const int8 = name === "avx-vnni" ? "avx-vnni" : "rows";
-      const { code, stdout, stderr } = await new Deno.Command(Deno.execPath(), {
-        args: ["test", "-A", "--no-check", "--filter", ORACLE_TEST, import.meta.filename!],
-        env: { KVRELAY_CPU_KERNEL: kernel, KVR_EXPECT_INT8: int8, NO_COLOR: "1" },
-        stdout: "piped",
-        stderr: "piped",
-      }).output();
-      const text = new TextDecoder().decode(stdout) + new TextDecoder().decode(stderr);
+      const { code, text } = await childTest(import.meta.filename!, ORACLE_TEST, {
+        KVRELAY_CPU_KERNEL: kernel,
+        KVR_EXPECT_INT8: int8,
+      });
       assert.equal(code, 0, `${kernel} child failed:\n${text}`);
       assert.match(text, /1 passed/, `${kernel} child ran no test:\n${text}`);
     }

@@ -8,7 +8,7 @@ import assert from "node:assert/strict";
 import { gemvQuantized } from "./gemm.ts";
 import type { WeightFormat } from "./layout.ts";
 import { probeBackend } from "./backend.ts";
-import { forcedQuantKernels } from "./test_helpers.ts";
+import { childTest, forcedQuantKernels } from "./test_helpers.ts";
 import { quantizeActivation as quantizeX, quantValues as values } from "./quant_test_helpers.ts";
 
 const SHAPES: [number, number][] = [[37, 100], [64, 256], [16, 32], [5, 7], [48, 1000]];
@@ -127,13 +127,10 @@ Deno.test({
   ignore: Deno.env.get("KVRELAY_CPU_KERNEL") !== undefined,
   async fn() {
     for (const { force: kernel, name } of await forcedQuantKernels()) {
-      const { code, stdout, stderr } = await new Deno.Command(Deno.execPath(), {
-        args: ["test", "-A", "--no-check", "--filter", ORACLE_TEST, import.meta.filename!],
-        env: { KVRELAY_CPU_KERNEL: kernel, KVR_EXPECT_KERNEL: name, NO_COLOR: "1" },
-        stdout: "piped",
-        stderr: "piped",
-      }).output();
-      const text = new TextDecoder().decode(stdout) + new TextDecoder().decode(stderr);
+      const { code, text } = await childTest(import.meta.filename!, ORACLE_TEST, {
+        KVRELAY_CPU_KERNEL: kernel,
+        KVR_EXPECT_KERNEL: name,
+      });
       assert.equal(code, 0, `${kernel} child failed:\n${text}`);
       assert.match(text, /1 passed/, `${kernel} child ran no test:\n${text}`);
     }

@@ -69,3 +69,26 @@ export async function forcedQuantKernels(): Promise<{ force: string; name: strin
   }
   return out;
 }
+
+/**
+ * Runs the tests of `file` whose names match `filter` in a child `deno test` with `env` added: the
+ * CPU kernels are chosen once per process, so a forced path (KVRELAY_CPU_KERNEL) needs its own.
+ * @param file the test file (import.meta.filename)
+ * @param filter a --filter value (a name, or /regex/)
+ * @param env variables for the child
+ * @returns the child's exit code and its stdout + stderr
+ */
+export async function childTest(
+  file: string,
+  filter: string,
+  env: Record<string, string>,
+): Promise<{ code: number; text: string }> {
+  const { code, stdout, stderr } = await new Deno.Command(Deno.execPath(), {
+    args: ["test", "-A", "--no-check", "--filter", filter, file],
+    cwd: new URL("../../", import.meta.url).pathname,
+    env: { ...env, NO_COLOR: "1" },
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  return { code, text: new TextDecoder().decode(stdout) + new TextDecoder().decode(stderr) };
+}

@@ -9,7 +9,7 @@
 import assert from "node:assert/strict";
 import { NativeModel } from "./model.ts";
 import { probeBackend } from "./backend.ts";
-import { checkpoint, DEMO_DIRS, tokens } from "./test_helpers.ts";
+import { checkpoint, childTest, DEMO_DIRS, tokens } from "./test_helpers.ts";
 
 const PREFILL = 64;
 const SMALL_PREFILL = 5;
@@ -129,13 +129,9 @@ Deno.test({
   name: `${IDENTITY_TEST} with KVRELAY_CPU_KERNEL=avx512 (AMX off)`,
   ignore: !AMX,
   async fn() {
-    const { code, stdout, stderr } = await new Deno.Command(Deno.execPath(), {
-      args: ["test", "-A", "--no-check", "--filter", IDENTITY_TEST, import.meta.filename!],
-      env: { KVRELAY_CPU_KERNEL: "avx512", NO_COLOR: "1" },
-      stdout: "piped",
-      stderr: "piped",
-    }).output();
-    const text = new TextDecoder().decode(stdout) + new TextDecoder().decode(stderr);
+    const { code, text } = await childTest(import.meta.filename!, IDENTITY_TEST, {
+      KVRELAY_CPU_KERNEL: "avx512",
+    });
     assert.equal(code, 0, `avx512-kernel child failed:\n${text}`);
     assert.match(text, /ok \| 2 passed/, `avx512-kernel child ran no identity test:\n${text}`);
   },
@@ -146,13 +142,9 @@ Deno.test({
   // The kernel is chosen once per process: rerun the identity tests in a child that forces it.
   ignore: Deno.env.get("KVRELAY_CPU_KERNEL") !== undefined,
   async fn() {
-    const { code, stdout, stderr } = await new Deno.Command(Deno.execPath(), {
-      args: ["test", "-A", "--no-check", "--filter", IDENTITY_TEST, import.meta.filename!],
-      env: { KVRELAY_CPU_KERNEL: "generic", NO_COLOR: "1" },
-      stdout: "piped",
-      stderr: "piped",
-    }).output();
-    const text = new TextDecoder().decode(stdout) + new TextDecoder().decode(stderr);
+    const { code, text } = await childTest(import.meta.filename!, IDENTITY_TEST, {
+      KVRELAY_CPU_KERNEL: "generic",
+    });
     assert.equal(code, 0, `generic-kernel child failed:\n${text}`);
     assert.match(text, /ok \| 2 passed/, `generic-kernel child ran no identity test:\n${text}`);
   },

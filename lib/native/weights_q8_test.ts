@@ -7,7 +7,14 @@
 import assert from "node:assert/strict";
 import { NativeModel } from "./model.ts";
 import { probeBackend } from "./backend.ts";
-import { checkpoint, DEMO_DIRS, forcedQuantKernels, relDiff, tokens } from "./test_helpers.ts";
+import {
+  checkpoint,
+  childTest,
+  DEMO_DIRS,
+  forcedQuantKernels,
+  relDiff,
+  tokens,
+} from "./test_helpers.ts";
 
 /** Logits of a 40-token allPositions prefill (last row) and 12 decode steps. */
 async function run(m: NativeModel): Promise<Float32Array[]> {
@@ -104,18 +111,11 @@ Deno.test({
     for (const { force: kernel, name } of await forcedQuantKernels()) {
       const file = await Deno.makeTempFile({ prefix: "kvr-q8-" });
       try {
-        const { code, stdout, stderr } = await new Deno.Command(Deno.execPath(), {
-          args: ["test", "-A", "--no-check", "--filter", DIGEST_TEST, import.meta.filename!],
-          env: {
-            KVRELAY_CPU_KERNEL: kernel,
-            KVR_EXPECT_KERNEL: name,
-            KVR_Q8_DIGEST_OUT: file,
-            NO_COLOR: "1",
-          },
-          stdout: "piped",
-          stderr: "piped",
-        }).output();
-        const text = new TextDecoder().decode(stdout) + new TextDecoder().decode(stderr);
+        const { code, text } = await childTest(import.meta.filename!, DIGEST_TEST, {
+          KVRELAY_CPU_KERNEL: kernel,
+          KVR_EXPECT_KERNEL: name,
+          KVR_Q8_DIGEST_OUT: file,
+        });
         assert.equal(code, 0, `${kernel} child failed:\n${text}`);
         assert.deepEqual(JSON.parse(await Deno.readTextFile(file)), mine, `${kernel} kernel`);
       } finally {

@@ -26,7 +26,7 @@ namespace {
 // Whether this process may use the AMX tile registers: Linux enables the 8 KiB tile state per
 // process on request (ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA); refused (old kernel, a VM
 // without it, a sigaltstack too small for the larger signal frame) means no AMX path.
-bool amx_permitted() {
+[[maybe_unused]] bool amx_permitted() {
 #if defined(__linux__) && defined(__x86_64__)
   constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
   return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;

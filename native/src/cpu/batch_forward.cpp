@@ -173,16 +173,19 @@ void forward_batch(const ModelGeometry& m, const Weights& w, const BatchSeq* seq
   // takes. Many rows (prefill chunks): row blocks, each against every panel (the packing is then
   // per block, and each block's rows are many enough to reuse every weight slice).
   //
-  // Few rows but at least kMinRows per thread, f32/bf16 layer weights: one prepared row block per
-  // thread instead of panel chunks — the rows' activations then stay in the cache of the core that
+  // Few rows but at least 16 (an AMX tile) per thread, f32/bf16 layer weights: one prepared row
+  // block per thread instead of panel chunks — the rows' activations then stay in the cache of the core that
   // made them (the row stages and attention give each thread the same rows), where a panel split
   // moved every GEMM's input and output between the cores: 32-row tiny-fast step 0.59 → 0.51–0.53
   // ms (2026-12-03). Each output's sums do not depend on which rows share a block (tiles and AMX
   // work row by row), and every block has at least amx::kMinRows rows, so the kernel chosen — and
-  // the bits — are those of the panel split. Not for q8/q4 weights (kept on their panel split).
+  // the bits — are those of the panel split. Blocks of fewer than 16 rows would leave AMX tiles
+  // half empty: 16 tiny-powerful decodes took 1.7 instead of 1.5 ms with 8-row blocks. Not for
+  // q8/q4 weights (kept on their panel split).
   enum class Split { kGemv, kPanels, kRows };
-  constexpr size_t kFewRows = 48;
-  const size_t row_blocks = std::min<size_t>(nt, rows / amx::kMinRows);
+  constexpr size_t kFewRows = 48, kBlockRows = 16;
+  static_assert(kBlockRows >= amx::kMinRows, "a row block must take the kernel the panel split takes");
+  const size_t row_blocks = std::min<size_t>(nt, rows / kBlockRows);
   const bool prepared_blocks = rows > 1 && rows < kFewRows && row_blocks >= 2 && !quantized;
   const Split split = rows == 1                      ? Split::kGemv
                       : rows >= kFewRows || prepared_blocks ? Split::kRows

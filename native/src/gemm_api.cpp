@@ -50,6 +50,29 @@ bool overlaps(const void* p, size_t a_bytes, const void* q, size_t b_bytes) {
   return a0 < b0 + b_bytes && b0 < a0 + a_bytes;
 }
 
+// The checks kvr_gemm_quantized and kvr_gemm_few_rows_bf16 share: dimensions ≥ 1, sizes without
+// overflow and below the cap, buffers long enough (w of w_elem bytes per value; x, y f32), y
+// overlapping neither input. `fn` names the entry point in the messages.
+int32_t check_gemm_buffers(const char* fn, uint32_t m, uint32_t n, uint32_t k, const void* w, size_t w_len,
+                           size_t w_elem, const float* x, size_t x_len, const float* y, size_t y_len) {
+  if (int32_t st = check_dims(m, n, k); st != KVR_OK) return st;
+  size_t nk = 0, mk = 0, mn = 0;
+  if (!mul_size(n, k, &nk) || !mul_size(m, k, &mk) || !mul_size(m, n, &mn) || nk > kBenchMaxFloats ||
+      mk > kBenchMaxFloats || mn > kBenchMaxFloats) {
+    return kvr::fail(KVR_ERR_OUT_OF_RANGE,
+                     kvr::format("%s: m=%u n=%u k=%u exceeds %zu values", fn, m, n, k, kBenchMaxFloats));
+  }
+  if (w_len < nk || x_len < mk || y_len < mn) {
+    return kvr::fail(KVR_ERR_OUT_OF_RANGE,
+                     kvr::format("w has %zu values (n*k = %zu needed), x %zu (m*k = %zu), y %zu (m*n = %zu)", w_len,
+                                 nk, x_len, mk, y_len, mn));
+  }
+  if (overlaps(y, mn * 4, w, nk * w_elem) || overlaps(y, mn * 4, x, mk * 4)) {
+    return kvr::fail(KVR_ERR_INVALID_ARGUMENT, kvr::format("%s: y overlaps w or x", fn));
+  }
+  return KVR_OK;
+}
+
 }  // namespace
 
 extern "C" {
@@ -221,23 +244,10 @@ KVR_API int32_t kvr_gemm_quantized(uint32_t weights, uint32_t m, uint32_t n, uin
   if (accumulate > 1) {
     return kvr::fail(KVR_ERR_INVALID_ARGUMENT, kvr::format("accumulate is %u, 0 or 1 allowed", accumulate));
   }
-  if (int32_t st = check_dims(m, n, k); st != KVR_OK) return st;
   int threads = 1;
   if (int32_t st = resolve_threads(n_threads, &threads); st != KVR_OK) return st;
-  size_t nk = 0, mk = 0, mn = 0;
-  if (!mul_size(n, k, &nk) || !mul_size(m, k, &mk) || !mul_size(m, n, &mn) || nk > kBenchMaxFloats ||
-      mk > kBenchMaxFloats || mn > kBenchMaxFloats) {
-    return kvr::fail(KVR_ERR_OUT_OF_RANGE,
-                     kvr::format("kvr_gemm_quantized: m=%u n=%u k=%u exceeds %zu values", m, n, k, kBenchMaxFloats));
-  }
-  if (w_len < nk || x_len < mk || y_len < mn) {
-    return kvr::fail(KVR_ERR_OUT_OF_RANGE,
-                     kvr::format("w has %zu floats (n*k = %zu needed), x %zu (m*k = %zu), y %zu (m*n = %zu)", w_len,
-                                 nk, x_len, mk, y_len, mn));
-  }
-  if (overlaps(y, mn * 4, w, nk * 4) || overlaps(y, mn * 4, x, mk * 4)) {
-    return kvr::fail(KVR_ERR_INVALID_ARGUMENT, "kvr_gemm_quantized: y overlaps w or x");
-  }
+  if (int32_t st = check_gemm_buffers("kvr_gemm_quantized", m, n, k, w, w_len, 4, x, x_len, y, y_len); st != KVR_OK)
+    return st;
   try {
     using kvr::cpu::PackedWeight;
     const PackedWeight pw = weights == KVR_WEIGHTS_Q8   ? PackedWeight::pack_q8(w, n, k)
@@ -262,21 +272,9 @@ KVR_API int32_t kvr_gemm_few_rows_bf16(uint32_t m, uint32_t n, uint32_t k, const
   if (accumulate > 1) {
     return kvr::fail(KVR_ERR_INVALID_ARGUMENT, kvr::format("accumulate is %u, 0 or 1 allowed", accumulate));
   }
-  if (int32_t st = check_dims(m, n, k); st != KVR_OK) return st;
-  size_t nk = 0, mk = 0, mn = 0;
-  if (!mul_size(n, k, &nk) || !mul_size(m, k, &mk) || !mul_size(m, n, &mn) || nk > kBenchMaxFloats ||
-      mk > kBenchMaxFloats || mn > kBenchMaxFloats) {
-    return kvr::fail(KVR_ERR_OUT_OF_RANGE,
-                     kvr::format("kvr_gemm_few_rows_bf16: m=%u n=%u k=%u exceeds %zu values", m, n, k, kBenchMaxFloats));
-  }
-  if (w_len < nk || x_len < mk || y_len < mn) {
-    return kvr::fail(KVR_ERR_OUT_OF_RANGE,
-                     kvr::format("w has %zu values (n*k = %zu needed), x %zu (m*k = %zu), y %zu (m*n = %zu)", w_len,
-                                 nk, x_len, mk, y_len, mn));
-  }
-  if (overlaps(y, mn * 4, w, nk * 2) || overlaps(y, mn * 4, x, mk * 4)) {
-    return kvr::fail(KVR_ERR_INVALID_ARGUMENT, "kvr_gemm_few_rows_bf16: y overlaps w or x");
-  }
+  if (int32_t st = check_gemm_buffers("kvr_gemm_few_rows_bf16", m, n, k, w, w_len, 2, x, x_len, y, y_len);
+      st != KVR_OK)
+    return st;
   try {
     using kvr::cpu::PackedWeight;
     const PackedWeight::Bf16Rows rows{w, n};

@@ -6,6 +6,7 @@
 #include "cpu/decode_attention.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -415,11 +416,13 @@ using PvFn = void (*)(const float*, const void*, size_t, size_t, float*);
 // acc0, acc1); nullptr: a head at a time.
 using Scores2Fn = void (*)(const float*, const float*, const void*, size_t, size_t, float, float*, float*);
 using Pv2Fn = void (*)(const float*, const float*, const void*, size_t, size_t, float*, float*);
+// Indexed by kvr_dtype: the brace lists below are in that order.
+static_assert(KVR_DTYPE_F32 == 0 && KVR_DTYPE_F16 == 1 && KVR_DTYPE_BF16 == 2, "kernel tables follow kvr_dtype");
 struct Kernels {
-  ScoresFn scores[3] = {scores_generic, nullptr, nullptr};
-  PvFn pv[3] = {pv_generic, nullptr, nullptr};
-  Scores2Fn scores2[3] = {nullptr, nullptr, nullptr};
-  Pv2Fn pv2[3] = {nullptr, nullptr, nullptr};
+  std::array<ScoresFn, 3> scores = {scores_generic, nullptr, nullptr};
+  std::array<PvFn, 3> pv = {pv_generic, nullptr, nullptr};
+  std::array<Scores2Fn, 3> scores2 = {nullptr, nullptr, nullptr};
+  std::array<Pv2Fn, 3> pv2 = {nullptr, nullptr, nullptr};
   float (*exp_sum)(float*, size_t, float) = exp_sum_generic;
 };
 
@@ -427,27 +430,15 @@ Kernels pick_kernels(size_t hd) {
   Kernels k;
 #if KVR_X86
   if (simd::has_avx2() && hd % 8 == 0) {
-    k.scores[KVR_DTYPE_F32] = scores_avx2<F32Rows>;
-    k.scores[KVR_DTYPE_F16] = scores_avx2<F16Rows>;
-    k.scores[KVR_DTYPE_BF16] = scores_avx2<Bf16Rows>;
-    k.pv[KVR_DTYPE_F32] = pv_avx2<F32Rows>;
-    k.pv[KVR_DTYPE_F16] = pv_avx2<F16Rows>;
-    k.pv[KVR_DTYPE_BF16] = pv_avx2<Bf16Rows>;
+    k.scores = {scores_avx2<F32Rows>, scores_avx2<F16Rows>, scores_avx2<Bf16Rows>};
+    k.pv = {pv_avx2<F32Rows>, pv_avx2<F16Rows>, pv_avx2<Bf16Rows>};
     k.exp_sum = exp_sum_avx2;
   }
   if (simd::has_avx512f() && hd % 16 == 0) {
-    k.scores[KVR_DTYPE_F32] = scores_avx512<F32Rows>;
-    k.scores[KVR_DTYPE_F16] = scores_avx512<F16Rows>;
-    k.scores[KVR_DTYPE_BF16] = scores_avx512<Bf16Rows>;
-    k.pv[KVR_DTYPE_F32] = pv_avx512<F32Rows>;
-    k.pv[KVR_DTYPE_F16] = pv_avx512<F16Rows>;
-    k.pv[KVR_DTYPE_BF16] = pv_avx512<Bf16Rows>;
-    k.scores2[KVR_DTYPE_F32] = scores2_avx512<F32Rows>;
-    k.scores2[KVR_DTYPE_F16] = scores2_avx512<F16Rows>;
-    k.scores2[KVR_DTYPE_BF16] = scores2_avx512<Bf16Rows>;
-    k.pv2[KVR_DTYPE_F32] = pv2_avx512<F32Rows>;
-    k.pv2[KVR_DTYPE_F16] = pv2_avx512<F16Rows>;
-    k.pv2[KVR_DTYPE_BF16] = pv2_avx512<Bf16Rows>;
+    k.scores = {scores_avx512<F32Rows>, scores_avx512<F16Rows>, scores_avx512<Bf16Rows>};
+    k.pv = {pv_avx512<F32Rows>, pv_avx512<F16Rows>, pv_avx512<Bf16Rows>};
+    k.scores2 = {scores2_avx512<F32Rows>, scores2_avx512<F16Rows>, scores2_avx512<Bf16Rows>};
+    k.pv2 = {pv2_avx512<F32Rows>, pv2_avx512<F16Rows>, pv2_avx512<Bf16Rows>};
   }
 #else
   (void)hd;

@@ -8,6 +8,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "cpu/gemm_kernels.h"
 
@@ -144,29 +145,27 @@ KVR_AVX512_TARGET void pack_tall_avx512(const float* x, size_t ldx, size_t mc, s
 
 }  // namespace
 
+// table[mr] = tile_avx512<mr, T, Stride> for mr = 1..sizeof...(R); table[0] stays null.
+template <class T, size_t Stride, class Fn, size_t N, size_t... R>
+void fill_tiles(Fn (&table)[N], std::index_sequence<R...>) {
+  static_assert(sizeof...(R) + 1 == N, "one kernel per row count");
+  ((table[R + 1] = &tile_avx512<static_cast<int>(R + 1), T, static_cast<int>(Stride)>), ...);
+}
+
 const KernelTable& avx512_kernels() {
-  static const KernelTable table = {
-      "avx512",
-      {nullptr, &tile_avx512<1, float>, &tile_avx512<2, float>, &tile_avx512<3, float>,
-       &tile_avx512<4, float>, &tile_avx512<5, float>, &tile_avx512<6, float>},
-      {nullptr, &tile_avx512<1, uint16_t>, &tile_avx512<2, uint16_t>, &tile_avx512<3, uint16_t>,
-       &tile_avx512<4, uint16_t>, &tile_avx512<5, uint16_t>, &tile_avx512<6, uint16_t>},
-      &gemv_avx512<float>,
-      &gemv_avx512<uint16_t>,
-      &widen_bf16_avx512,
-      {nullptr, &tile_avx512<1, float, 16>, &tile_avx512<2, float, 16>, &tile_avx512<3, float, 16>,
-       &tile_avx512<4, float, 16>, &tile_avx512<5, float, 16>, &tile_avx512<6, float, 16>,
-       &tile_avx512<7, float, 16>, &tile_avx512<8, float, 16>, &tile_avx512<9, float, 16>,
-       &tile_avx512<10, float, 16>, &tile_avx512<11, float, 16>, &tile_avx512<12, float, 16>,
-       &tile_avx512<13, float, 16>, &tile_avx512<14, float, 16>, &tile_avx512<15, float, 16>,
-       &tile_avx512<16, float, 16>},
-      {nullptr, &tile_avx512<1, uint16_t, 16>, &tile_avx512<2, uint16_t, 16>, &tile_avx512<3, uint16_t, 16>,
-       &tile_avx512<4, uint16_t, 16>, &tile_avx512<5, uint16_t, 16>, &tile_avx512<6, uint16_t, 16>,
-       &tile_avx512<7, uint16_t, 16>, &tile_avx512<8, uint16_t, 16>, &tile_avx512<9, uint16_t, 16>,
-       &tile_avx512<10, uint16_t, 16>, &tile_avx512<11, uint16_t, 16>, &tile_avx512<12, uint16_t, 16>,
-       &tile_avx512<13, uint16_t, 16>, &tile_avx512<14, uint16_t, 16>, &tile_avx512<15, uint16_t, 16>,
-       &tile_avx512<16, uint16_t, 16>},
-      &pack_tall_avx512};
+  static const KernelTable table = [] {
+    KernelTable t{};
+    t.name = "avx512";
+    fill_tiles<float, kTileRows>(t.tile, std::make_index_sequence<kTileRows>());
+    fill_tiles<uint16_t, kTileRows>(t.tile_bf16, std::make_index_sequence<kTileRows>());
+    t.gemv = &gemv_avx512<float>;
+    t.gemv_bf16 = &gemv_avx512<uint16_t>;
+    t.widen_bf16 = &widen_bf16_avx512;
+    fill_tiles<float, kTallRows>(t.tall, std::make_index_sequence<kTallRows>());
+    fill_tiles<uint16_t, kTallRows>(t.tall_bf16, std::make_index_sequence<kTallRows>());
+    t.pack_tall = &pack_tall_avx512;
+    return t;
+  }();
   return table;
 }
 #else

@@ -513,7 +513,7 @@ void matmul_xwt(const float* x, size_t m, size_t ldx, const PackedWeight& w, flo
     return;
   }
 
-  if (w.is_bf16() && m >= amx::kMinRows && use_amx_bf16()) {
+  if (amx::applies(w, m)) {
     // AMX tiles (gemm_amx.h): row blocks of kBlockRows, split further into one panel range per
     // thread when there are fewer blocks than threads; each task splits its rows itself (so a
     // block's split is repeated per range: fewer ranges measured faster at 128 rows).
@@ -591,7 +591,7 @@ void gemm_range(const float* x, size_t m, size_t ldx, const PackedWeight& w, flo
     for (size_t r = 0; r < m; ++r) gemv_range(x + r * ldx, w, y + r * ldy, accumulate, p0, p1);
     return;
   }
-  if (w.is_bf16() && m >= amx::kMinRows && use_amx_bf16()) {  // matmul_xwt's AMX tiles, on this thread
+  if (amx::applies(w, m)) {  // matmul_xwt's AMX tiles, on this thread
     thread_local amx::SplitRows split;
     for (size_t r0 = 0; r0 < m; r0 += amx::kBlockRows) {  // planes of kBlockRows rows at a time
       split.prepare(x + r0 * ldx, std::min(amx::kBlockRows, m - r0), ldx, w.cols());

@@ -13,12 +13,18 @@
 #include <cstdint>
 #include <vector>
 
+#include "cpu/cpu_features.h"
 #include "cpu/gemm.h"
 
 namespace kvr::cpu::amx {
 
 // Rows below which the AVX-512 tiles are kept (an AMX tile is 16 rows; fewer waste its work).
 constexpr size_t kMinRows = 8;
+// Whether a GEMM of m rows on w takes the AMX tiles: bf16 weights, at least kMinRows rows, and the
+// CPU (and KVRELAY_CPU_KERNEL) allows AMX. The one rule for every caller, so the same rows always
+// get the same kernel (the batched step's row blocks rely on it).
+inline bool applies(const PackedWeight& w, size_t m) { return w.is_bf16() && m >= kMinRows && use_amx_bf16(); }
+
 // Rows split at a time by the prefill GEMMs: their three bf16 planes (6 bytes per input) stay
 // in L2 while every weight panel passes, and a thread's buffers stay bounded (≤ 2.3 MiB at k 3072).
 constexpr size_t kBlockRows = 128;

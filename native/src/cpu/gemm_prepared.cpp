@@ -2,14 +2,12 @@
 // the int8 quantization of gemm_int8.h, chosen by the weight's format, the rows and the CPU.
 #include "cpu/gemm_prepared.h"
 
-#include "cpu/cpu_features.h"
-
 namespace kvr::cpu {
 
 void PreparedRows::prepare(const float* x, size_t m, size_t ldx, const PackedWeight& w) {
   m_ = m;
   quant_ = w.is_q8() || w.is_q4();
-  amx_ = !quant_ && w.is_bf16() && m >= amx::kMinRows && use_amx_bf16();
+  amx_ = amx::applies(w, m);
   if (amx_) {
     split_.prepare(x, m, ldx, w.cols());
     return;

@@ -130,6 +130,23 @@ async function batchedVsAlone(
   return { worst, steps, rows };
 }
 
+Deno.test("batchStep() gives every sequence its alone logits when each thread runs whole sequences (40 lanes, short chunks)", async () => {
+  // Steps of 30–60 rows of many sequences: cpu/batch_forward.cpp splits them into one group of
+  // whole sequences per thread (no stage between the threads).
+  for (const dir of [DEMO_DIRS[0], DEMO_DIRS[2]]) {
+    using model = NativeModel.load(await checkpoint(dir), { threads: 2 });
+    const r = await batchedVsAlone(model, {
+      lanes: 40,
+      maxLen: 60,
+      maxChunk: 3,
+      seed: 11,
+      paged: true,
+    });
+    assert.ok(r.rows > 400, `compared ${r.rows} rows`);
+    assert.ok(r.worst <= REL_TOL, `${dir}: worst relative difference ${r.worst.toExponential(3)}`);
+  }
+});
+
 for (const dir of DEMO_DIRS) {
   const name = dir.split("/").pop();
   for (const kvDtype of ["f32", "bf16"] as KvDtype[]) {
@@ -350,19 +367,26 @@ Deno.test("batchStep() refuses bad batches before any work and leaves every leng
   assert.ok(relDiff(l!, want) <= REL_TOL);
 });
 
-Deno.test("batchStep() samples natively inside the step: the token the same sampler draws from the alone logits", async () => {
+// n = 6: the stage split; n = 36 (two groups of whole sequences, one per thread, each sampling
+// its own rows: cpu/batch_forward.cpp) — every decode step here has at least 35 rows.
+for (const n of [6, 36]) {
+  Deno.test(`batchStep() samples natively inside the step: the token the same sampler draws from the alone logits (${n} sequences)`, async () => {
+    await nativeSamplingCase(n);
+  });
+}
+
+async function nativeSamplingCase(n: number): Promise<void> {
   using model = NativeModel.load(await checkpoint(DEMO_DIRS[0]), { threads: 2 });
   const vocab = model.config.vocabSize;
-  const pool = model.createKvPool(256, 16);
-  const n = 6;
+  const pool = model.createKvPool(512, 16);
   const seqs = Array.from({ length: n }, () => pool.createSequence(64));
   const alone = Array.from({ length: n }, () => model.createSequence(64));
-  // Seeded non-greedy samplers (and one greedy): the batched one and its twin on alone logits.
+  // Seeded non-greedy samplers (and greedy ones): the batched one and its twin on alone logits.
   const opts = (i: number): NativeSamplingOptions => ({
-    temperature: i === 0 ? 0 : 0.7 + 0.1 * i,
-    topK: i === 2 ? 50 : 0,
-    topP: i === 3 ? 0.9 : 1,
-    minP: i === 4 ? 0.05 : 0,
+    temperature: i % 6 === 0 ? 0 : 0.7 + 0.1 * (i % 6),
+    topK: i % 6 === 2 ? 50 : 0,
+    topP: i % 6 === 3 ? 0.9 : 1,
+    minP: i % 6 === 4 ? 0.05 : 0,
     seed: 1000 + i,
   });
   const batched = seqs.map((_, i) => model.createSampler(opts(i)));
@@ -418,7 +442,7 @@ Deno.test("batchStep() samples natively inside the step: the token the same samp
     for (const x of [...seqs, ...alone]) x.free();
     pool.free();
   }
-});
+}
 
 Deno.test("batchStep() refuses bad sampling items before any work", async () => {
   using model = NativeModel.load(await checkpoint(DEMO_DIRS[0]), { threads: 1 });

@@ -30,6 +30,7 @@
 #include "cpu/ops.h"
 #include "cpu/stage_units.h"
 #include "cpu/worker_pool.h"
+#include "sampler.h"
 
 namespace kvr::cpu {
 namespace {
@@ -49,12 +50,141 @@ struct HeadRun {
   float* dst;
 };
 
+// Rows a prepared row block (and a group of whole sequences, below) holds at least: a full AMX
+// tile, so the kernel chosen — and the bits — are those of the panel split.
+constexpr size_t kBlockRows = 16;
+static_assert(kBlockRows >= amx::kMinRows, "a row block must take the kernel the panel split takes");
+
+// q8/q4 weights (their int8 activation rounding keeps them off the paths below that would change
+// a row's bits with the batch's composition: see forward_stages).
+bool int8_weights(const Weights& w) {
+  const PackedWeight& w0 = w.layer.empty() ? w.lm_head : w.layer[0].qkv;
+  return w0.is_q8() || w0.is_q4() || w.lm_head.is_q8() || w.lm_head.is_q4();
+}
+
+// The step on `nt` threads with stages (the body of forward_batch below).
+void forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq* seqs, size_t count, BatchScratch& sc,
+                    unsigned nt);
+
+// Cost of a sequence's part of a step in multiply-adds: its rows through the layers, its last
+// row's lm_head when it wants logits, and its attention — weighted ×4 per multiply-add against the
+// GEMMs', the ratio measured on the 32-row tiny-fast step (attention 21 % of the time for 4 % of
+// the multiply-adds, 2026-12-03).
+double step_cost(const ModelGeometry& m, const BatchSeq& s) {
+  const double per_row =
+      static_cast<double>(m.layers * (m.hidden * (m.q_dim + 2 * m.kv_dim) + m.q_dim * m.hidden + 3 * m.hidden * m.inter));
+  const double ctx = static_cast<double>(s.pos0) + static_cast<double>(s.n + 1) / 2;
+  const double attn = 4.0 * 2.0 * static_cast<double>(m.layers * m.q_dim) * ctx;
+  const double head = s.logits ? static_cast<double>(m.hidden * m.vocab) : 0.0;
+  return static_cast<double>(s.n) * (per_row + attn) + head;
+}
+
+// Splits the step into `nt` groups of whole sequences, group g = seqs [(*bounds)[g], (*bounds)[g+1]),
+// each of at least kBlockRows rows and none costing over 1.15× the even share; false when the
+// step has no such split (too few rows, or one sequence's prefill chunk outweighs the rest).
+bool plan_groups(const ModelGeometry& m, const BatchSeq* seqs, size_t count, unsigned nt, std::vector<size_t>* bounds) {
+  std::vector<double> cost(count);
+  double total = 0;
+  size_t rows = 0;
+  for (size_t e = 0; e < count; ++e) {
+    total += cost[e] = step_cost(m, seqs[e]);
+    rows += seqs[e].n;
+  }
+  if (rows < nt * kBlockRows) return false;
+  bounds->assign(1, 0);
+  double acc = 0;
+  for (size_t e = 0; e < count && bounds->size() < nt; ++e) {
+    const double target = total * static_cast<double>(bounds->size()) / nt;
+    // End the group before e when that lands closer to the target than ending it after e.
+    if (acc + cost[e] >= target) {
+      const bool before = target - acc < acc + cost[e] - target && e > bounds->back();
+      bounds->push_back(before ? e : e + 1);
+      if (!before) {
+        acc += cost[e];
+        continue;
+      }
+    }
+    acc += cost[e];
+  }
+  if (bounds->size() != nt) return false;
+  bounds->push_back(count);
+  const double cap = 1.15 * total / nt;
+  for (unsigned g = 0; g < nt; ++g) {
+    double c = 0;
+    size_t n = 0;
+    for (size_t e = (*bounds)[g]; e < (*bounds)[g + 1]; ++e) {
+      c += cost[e];
+      n += seqs[e].n;
+    }
+    if (n < kBlockRows || c > cap) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
-void forward_batch(const ModelGeometry& m, const Weights& w, const BatchSeq* seqs, size_t count, BatchScratch& sc) {
+// Many rows of whole sequences (the decode-heavy step of a busy scheduler): each thread runs one
+// group of sequences through every layer by itself, with no stage between the threads at all.
+// The row-block split below already gave each thread its own rows, but its ~38 stages per step
+// (9 per layer) made the threads wait for each other at each one: on the 32-row tiny-fast step
+// a fifth of both threads' time went to stage waits (perf, 2026-12-03). A group's rows take the
+// kernels the stage split takes (at least kBlockRows rows: tiles and AMX compute row by row), so
+// results do not depend on the split. Groups are claimed, not assigned: a worker that arrives
+// late (or is preempted) leaves its group to the first thread done.
+void forward_batch(const ModelGeometry& m, const Weights& w, BatchSeq* seqs, size_t count, BatchScratch& sc) {
+  const unsigned nt = static_cast<unsigned>(std::max(m.n_threads, 1));
+  const bool quantized = int8_weights(w);
+  std::vector<size_t> bounds;
+  if (nt < 2 || quantized || !plan_groups(m, seqs, count, nt, &bounds)) {
+    forward_stages(m, w, seqs, count, sc, nt);
+    return;
+  }
+  if (sc.groups.size() < nt) sc.groups.resize(nt);
+  for (auto& g : sc.groups)
+    if (!g) g = std::make_unique<BatchScratch>();
+  struct Ctx {
+    const ModelGeometry& m;
+    const Weights& w;
+    BatchSeq* seqs;
+    const std::vector<size_t>& bounds;
+    BatchScratch& sc;
+    std::atomic<uint32_t> next{0};
+    std::atomic<bool> failed{false};
+  } ctx{m, w, seqs, bounds, sc};
+  WorkerPool::shared().run(
+      nt,
+      [](void* p, unsigned, unsigned) {
+        Ctx& c = *static_cast<Ctx*>(p);
+        const size_t groups = c.bounds.size() - 1;
+        for (size_t g = c.next.fetch_add(1, std::memory_order_relaxed); g < groups;
+             g = c.next.fetch_add(1, std::memory_order_relaxed)) {
+          try {
+            forward_stages(c.m, c.w, c.seqs + c.bounds[g], c.bounds[g + 1] - c.bounds[g], *c.sc.groups[g], 1);
+          } catch (...) {
+            c.failed.store(true, std::memory_order_relaxed);
+            continue;
+          }
+          // The group's draws while its rows are in this core's cache, both threads at once
+          // (after the step, the caller's thread alone took ~25 µs for 32 greedy rows).
+          for (size_t e = c.bounds[g]; e < c.bounds[g + 1]; ++e) {
+            BatchSeq& s = c.seqs[e];
+            if (!s.sampler || !s.logits) continue;
+            if (sampler_run(s.sampler, s.logits, s.width, s.token_out, nullptr, nullptr, nullptr, 0, nullptr) != KVR_OK)
+              *s.token_out = -1;
+            s.sampled = true;
+          }
+        }
+      },
+      &ctx);
+  if (ctx.failed.load(std::memory_order_relaxed)) throw std::bad_alloc();
+}
+
+namespace {
+
+void forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq* seqs, size_t count, BatchScratch& sc,
+                    unsigned nt) {
   const size_t H = m.hidden, I = m.inter, hd = m.head_dim, half = hd / 2;
   const size_t qd = m.q_dim, kvd = m.kv_dim, ldqkv = qd + 2 * kvd;
-  const unsigned nt = static_cast<unsigned>(std::max(m.n_threads, 1));
   const float eps = m.params.rms_norm_eps;
   const bool qwen3 = m.params.arch == KVR_ARCH_QWEN3;
   const size_t pw = kPanelWidth;
@@ -68,8 +198,7 @@ void forward_batch(const ModelGeometry& m, const Weights& w, const BatchSeq* seq
   // weights: int8 activation rounding turns the two paths' last-bit float differences into ~1e-3
   // logit differences (docs/batching.md "q8/q4: why paths differ"), so a sequence's result would
   // depend on whether it shared its step.
-  const PackedWeight& w0 = w.layer.empty() ? w.lm_head : w.layer[0].qkv;
-  const bool quantized = w0.is_q8() || w0.is_q4() || w.lm_head.is_q8() || w.lm_head.is_q4();
+  const bool quantized = int8_weights(w);
   if (count == 1 && seqs[0].n == 1 && seqs[0].logits != nullptr && !quantized) {
     forward(m, w, *seqs[0].kv, seqs[0].tokens, 1, seqs[0].pos0, false, seqs[0].logits, sc.single);
     return;
@@ -183,8 +312,7 @@ void forward_batch(const ModelGeometry& m, const Weights& w, const BatchSeq* seq
   // half empty: 16 tiny-powerful decodes took 1.7 instead of 1.5 ms with 8-row blocks. Not for
   // q8/q4 weights (kept on their panel split).
   enum class Split { kGemv, kPanels, kRows };
-  constexpr size_t kFewRows = 48, kBlockRows = 16;
-  static_assert(kBlockRows >= amx::kMinRows, "a row block must take the kernel the panel split takes");
+  constexpr size_t kFewRows = 48;
   const size_t row_blocks = std::min<size_t>(nt, rows / kBlockRows);
   const bool prepared_blocks = rows > 1 && rows < kFewRows && row_blocks >= 2 && !quantized;
   const Split split = rows == 1                      ? Split::kGemv
@@ -411,4 +539,5 @@ void forward_batch(const ModelGeometry& m, const Weights& w, const BatchSeq* seq
   if (failed.load(std::memory_order_relaxed)) throw std::bad_alloc();
 }
 
+}  // namespace
 }  // namespace kvr::cpu

@@ -21,12 +21,18 @@ namespace kvr::cpu {
 
 // One sequence of a step: tokens[0..n) go to positions pos0..pos0+n-1 of kv (which holds storage
 // for them: kv.held_tokens() >= pos0 + n). logits: where its last row's (vocab) logits go, or
-// nullptr for none.
+// nullptr for none. sampler (with logits): the step may sample logits[0..width) into *token_out
+// itself (the draw of kvr_sampler_sample; -1 when the row has no finite logit) and then sets
+// `sampled`; else the caller samples.
 struct BatchSeq {
   KvCache* kv = nullptr;
   const int32_t* tokens = nullptr;
   size_t n = 0, pos0 = 0;
   float* logits = nullptr;
+  kvr_sampler* sampler = nullptr;
+  uint32_t width = 0;
+  int32_t* token_out = nullptr;
+  bool sampled = false;
 };
 
 // Buffers of a step, reused from step to step by the caller's thread.
@@ -37,10 +43,11 @@ struct BatchScratch {
   std::unique_ptr<StageCounter[]> stages;  // work counters of the step's stages (stage_units.h)
   size_t stage_count = 0;
   Scratch single;  // a step of one decode runs the single-sequence decode step (forward.h)
+  std::vector<std::unique_ptr<BatchScratch>> groups;  // a step split in groups of sequences: one each
 };
 
-// Runs the step. Sequences must be distinct caches. Throws std::bad_alloc when scratch cannot
+// Runs the step (and may sample: see BatchSeq). Sequences must be distinct caches, samplers distinct. Throws std::bad_alloc when scratch cannot
 // grow (caches may then hold partial writes at positions >= pos0; lengths are the caller's).
-void forward_batch(const ModelGeometry& m, const Weights& w, const BatchSeq* seqs, size_t count, BatchScratch& sc);
+void forward_batch(const ModelGeometry& m, const Weights& w, BatchSeq* seqs, size_t count, BatchScratch& sc);
 
 }  // namespace kvr::cpu

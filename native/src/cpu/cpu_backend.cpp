@@ -278,8 +278,12 @@ class CpuBackend final : public Backend {
       batch[i].n = entries[i].n;
       batch[i].pos0 = entries[i].pos0;
       batch[i].logits = entries[i].logits;
+      batch[i].sampler = entries[i].sampler;
+      batch[i].width = entries[i].width;
+      batch[i].token_out = entries[i].token_out;
     }
     cpu::forward_batch(g_, w_, batch.data(), count, scratch);
+    for (size_t i = 0; i < count; ++i) entries[i].sampled = batch[i].sampled;
   }
 
  private:

@@ -45,8 +45,9 @@ function fullPrecision(count: number, seed: number): Float32Array {
   );
 }
 
-// (m, n): one row tile (m ≤ 16, or the odd last tile of 33, 40, 47) over 1–9 panels, runs of 4
-// with tails of 1–3 panels and a partial last panel; two row tiles over pairs of panels.
+// (m, n): one row tile (m ≤ 16, or the odd last tile of 33, 40, 47) over 1–9 panels: groups of 2
+// panels (of 4 from k 512: k 520 below) with tails and a partial last panel; two row tiles over
+// pairs of panels.
 const SHAPES: [number, number][] = [
   [4, 16],
   [8, 16],
@@ -88,18 +89,19 @@ Deno.test("few-row bf16 GEMM is exact for power-of-two weights: the bf16 planes 
 
 Deno.test("few-row bf16 GEMM matches a float64 reference with tails of m, n, k and when accumulating", () => {
   for (const [m, n] of SHAPES) {
-    for (const k of [1, 31, 32, 33, 130, 300]) {
+    for (const k of [1, 31, 32, 33, 130, 300, 520]) {
       const rnd = mulberry32(m * 7919 + n * 31 + k);
       const x = Float32Array.from({ length: m * k }, () => rnd() * 2 - 1);
       const w = Uint16Array.from({ length: n * k }, () => bf16Bits((rnd() * 2 - 1) * 0.1));
       const y0 = Float32Array.from({ length: m * n }, () => rnd() * 4 - 2);
+      const wv = Float64Array.from(w, bf16Value); // the weights' values, decoded once
       for (const acc of [false, true]) {
         const { y } = gemmFewRowsBf16(m, n, k, w, x, acc ? y0 : undefined);
         for (let r = 0; r < m; r++) {
           for (let c = 0; c < n; c++) {
             let ref = acc ? y0[r * n + c] : 0, mag = Math.abs(ref);
             for (let j = 0; j < k; j++) {
-              const p = x[r * k + j] * bf16Value(w[c * k + j]);
+              const p = x[r * k + j] * wv[c * k + j];
               ref += p;
               mag += Math.abs(p);
             }
@@ -121,8 +123,8 @@ Deno.test("few-row bf16 GEMM gives a row the same bits whatever rows share its c
   // The batched step runs a thread's group of ≤ 16 rows by itself, where one call of all rows
   // would pair row tiles: the kernels must give each row the same summation (batched == alone).
   const ignore = !expectAmx(32);
-  for (const n of [45, 77, 130]) {
-    for (const k of [33, 300]) {
+  for (const n of [45, 77, 96, 130]) {
+    for (const k of [33, 300, 520]) {
       const rnd = mulberry32(n * 131 + k);
       const x = Float32Array.from({ length: 32 * k }, () => rnd() * 2 - 1);
       const w = Uint16Array.from({ length: n * k }, () => bf16Bits((rnd() * 2 - 1) * 0.1));

@@ -243,7 +243,7 @@ async function stepWith(
     for (const s of held) s.endHold();
   }
   if (!sync) nonblockingDone();
-  else if (turnDue()) await eventLoopTurn();
+  else if (turnDue()) await eventLoopTurn(lib);
   if (status !== 0) throw new EngineError(status, message || lib.lastError(), "kvr_batch_step");
   const out: BatchResult[] = [];
   let row = 0;

@@ -45,10 +45,22 @@ function fullPrecision(count: number, seed: number): Float32Array {
   );
 }
 
-const SHAPES: [number, number][] = [[4, 16], [8, 16], [16, 45], [17, 16], [32, 77], [33, 32], [
-  47,
-  45,
-]];
+// (m, n): one row tile (m ≤ 16, or the odd last tile of 33, 40, 47) over 1–9 panels, runs of 4
+// with tails of 1–3 panels and a partial last panel; two row tiles over pairs of panels.
+const SHAPES: [number, number][] = [
+  [4, 16],
+  [8, 16],
+  [9, 77],
+  [12, 100],
+  [16, 45],
+  [16, 96],
+  [16, 130],
+  [17, 16],
+  [32, 77],
+  [33, 32],
+  [40, 61],
+  [47, 45],
+];
 
 Deno.test("few-row bf16 GEMM is exact for power-of-two weights: the bf16 planes rebuild every input bit", () => {
   for (const [m, n] of SHAPES) {
@@ -97,6 +109,43 @@ Deno.test("few-row bf16 GEMM matches a float64 reference with tails of m, n, k a
             assert.ok(
               err <= tol,
               `m=${m} n=${n} k=${k} acc=${acc} [${r}][${c}]: err ${err} > ${tol}`,
+            );
+          }
+        }
+      }
+    }
+  }
+});
+
+Deno.test("few-row bf16 GEMM gives a row the same bits whatever rows share its call (AMX)", () => {
+  // The batched step runs a thread's group of ≤ 16 rows by itself, where one call of all rows
+  // would pair row tiles: the kernels must give each row the same summation (batched == alone).
+  const ignore = !expectAmx(32);
+  for (const n of [45, 77, 130]) {
+    for (const k of [33, 300]) {
+      const rnd = mulberry32(n * 131 + k);
+      const x = Float32Array.from({ length: 32 * k }, () => rnd() * 2 - 1);
+      const w = Uint16Array.from({ length: n * k }, () => bf16Bits((rnd() * 2 - 1) * 0.1));
+      const y0 = Float32Array.from({ length: 32 * n }, () => rnd() * 4 - 2);
+      for (const acc of [false, true]) {
+        const whole = gemmFewRowsBf16(32, n, k, w, x, acc ? y0 : undefined).y;
+        for (const [r0, m] of [[0, 16], [16, 16], [0, 9], [24, 8], [5, 13]]) {
+          const part = gemmFewRowsBf16(
+            m,
+            n,
+            k,
+            w,
+            x.slice(r0 * k, (r0 + m) * k),
+            acc ? y0.slice(r0 * n, (r0 + m) * n) : undefined,
+          );
+          if (ignore) continue;
+          assert.ok(part.amx);
+          for (let i = 0; i < m * n; i++) {
+            assert.ok(
+              Object.is(part.y[i], whole[r0 * n + i]),
+              `n=${n} k=${k} acc=${acc} rows ${r0}+${m}: [${Math.floor(i / n)}][${i % n}] ${
+                part.y[i]
+              } != ${whole[r0 * n + i]}`,
             );
           }
         }

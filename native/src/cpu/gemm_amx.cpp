@@ -1,9 +1,10 @@
-// AMX few-row GEMM (see gemm_amx.h): the three-plane bf16 split of the input rows and the tile
-// kernel over pairs of 16-column weight panels and pairs of 16-row tiles (4 accumulator tiles,
-// 2 weight tiles, 2 input tiles: all 8). The weight panels are stored (k, 16) k-major for the
-// AVX/GEMV kernels; TDPBF16PS wants k pairs interleaved per column, so each 32-deep slice of a
-// panel is re-laid into a 1 KiB stack buffer as it is used (one 64-byte load and one permute per
-// pair of k rows), amortised over the row pair and the three planes. Compiled per function with target
+// AMX few-row GEMM (see gemm_amx.h): the three-plane bf16 split of the input rows and two tile
+// kernels: pairs of 16-row tiles over pairs of 16-column weight panels (4 accumulator tiles, 2
+// weight tiles, 2 input tiles: all 8), and one row tile over up to 4 panels (4 accumulators, the 3
+// input planes, 1 weight tile). The weight panels are stored (k, 16) k-major for the AVX/GEMV
+// kernels; TDPBF16PS wants k pairs interleaved per column, so each 32-deep slice of a panel is
+// re-laid into a 1 KiB stack buffer as it is used (one 64-byte load and one permute per pair of k
+// rows), amortised over the rows and the three planes. Compiled per function with target
 // attributes; called only when cpu_features.h says use_amx_bf16().
 #include "cpu/gemm_amx.h"
 
@@ -113,20 +114,20 @@ void from_tmp(const Block& b, const float* tmp) {
     }                                                                            \
   } while (0)
 
-// Accumulators: tile 0 (rows r0.., panel p), 1 (r0.., p+1), 2 (r0+16.., p), 3 (r0+16.., p+1);
-// weights 4 (p), 5 (p+1); input planes 6 (r0..), 7 (r0+16..). w0/w1: the (k, 16) panels; each
-// 32-deep slice is laid out by pair_rows into a stack buffer just before its tile load. (Laying a
-// panel pair's whole k out once per block of rows instead measured 40 % slower on a 16-row
-// tiny-powerful step, 1.24 → 1.75 ms, and no faster on prefill: it was reverted.)
-template <bool kTwoPanels, bool kTwoRowTiles>
+// Two row tiles. Accumulators: tile 0 (rows r0.., panel p), 1 (r0.., p+1), 2 (r0+16.., p), 3
+// (r0+16.., p+1); weights 4 (p), 5 (p+1); input planes 6 (r0..), 7 (r0+16..). w0/w1: the (k, 16)
+// panels; each 32-deep slice is laid out by pair_rows into a stack buffer just before its tile
+// load. (Laying a panel pair's whole k out once per block of rows instead measured 40 % slower on
+// a 16-row tiny-powerful step, 1.24 → 1.75 ms, and no faster on prefill: it was reverted.)
+template <bool kTwoPanels>
 KVR_AMX_TARGET void tile_block(const uint16_t* planes, size_t plane_stride, size_t kp, size_t k, const uint16_t* w0,
                                const uint16_t* w1, Block c0, Block c1, Block c2, Block c3, bool accumulate) {
   alignas(64) float tmp[kRowsPerTile * 16];
   alignas(64) uint16_t lay0[kDepth * 16], lay1[kDepth * 16];
   KVR_AMX_LOAD_C(0, c0, tmp);
   if constexpr (kTwoPanels) KVR_AMX_LOAD_C(1, c1, tmp);
-  if constexpr (kTwoRowTiles) KVR_AMX_LOAD_C(2, c2, tmp);
-  if constexpr (kTwoPanels && kTwoRowTiles) KVR_AMX_LOAD_C(3, c3, tmp);
+  KVR_AMX_LOAD_C(2, c2, tmp);
+  if constexpr (kTwoPanels) KVR_AMX_LOAD_C(3, c3, tmp);
   const int stride = static_cast<int>(kp * sizeof(uint16_t));
   for (size_t k0 = 0; k0 < kp; k0 += kDepth) {
     pair_rows(w0, k, k0, lay0);
@@ -140,17 +141,70 @@ KVR_AMX_TARGET void tile_block(const uint16_t* planes, size_t plane_stride, size
       _tile_loadd(6, a, stride);
       _tile_dpbf16ps(0, 6, 4);
       if constexpr (kTwoPanels) _tile_dpbf16ps(1, 6, 5);
-      if constexpr (kTwoRowTiles) {
-        _tile_loadd(7, a + kRowsPerTile * kp, stride);
-        _tile_dpbf16ps(2, 7, 4);
-        if constexpr (kTwoPanels) _tile_dpbf16ps(3, 7, 5);
-      }
+      _tile_loadd(7, a + kRowsPerTile * kp, stride);
+      _tile_dpbf16ps(2, 7, 4);
+      if constexpr (kTwoPanels) _tile_dpbf16ps(3, 7, 5);
     }
   }
   KVR_AMX_STORE_C(0, c0, tmp);
   if constexpr (kTwoPanels) KVR_AMX_STORE_C(1, c1, tmp);
-  if constexpr (kTwoRowTiles) KVR_AMX_STORE_C(2, c2, tmp);
-  if constexpr (kTwoPanels && kTwoRowTiles) KVR_AMX_STORE_C(3, c3, tmp);
+  KVR_AMX_STORE_C(2, c2, tmp);
+  if constexpr (kTwoPanels) KVR_AMX_STORE_C(3, c3, tmp);
+}
+
+// One row tile (≤ 16 rows: a thread's group in the batched step, or the odd last row tile of
+// more rows) over kPanels ≤ 4 panels.
+// Accumulators: tiles 0..kPanels-1 (panels w[0..kPanels)); the three input planes of the current
+// 32-deep slice sit in tiles 4, 5, 6 and each panel's slice passes through tile 7. A tile load
+// of a buffer just written by 16 vector stores waits for them to retire, which left the tile
+// unit idle most of the time (~40–65 cycles per TDPBF16PS, 16 is its rate); so the pair_rows of
+// the NEXT (slice, panel) step goes into the other of two buffers before this step's tile load
+// and TDPs, and those stores retire while the tile unit works. Each accumulator still gets the
+// same TDPBF16PS sequence as tile_block's (slice by slice, planes hi, mid, lo), so the result is
+// the same bits. (Laying all weights out once, in a second copy, measured faster still in a
+// microbenchmark but doubles the bf16 weight memory: not done.)
+template <size_t kPanels>
+KVR_AMX_TARGET void row_tile(const uint16_t* planes, size_t plane_stride, size_t kp, size_t k,
+                             const uint16_t* const* w, const Block* c, bool accumulate) {
+  static_assert(kPanels >= 1 && kPanels <= 4, "tiles 0-3 are the accumulators");
+  alignas(64) float tmp[kRowsPerTile * 16];
+  alignas(64) uint16_t lay[2][kDepth * 16];
+  KVR_AMX_LOAD_C(0, c[0], tmp);
+  if constexpr (kPanels > 1) KVR_AMX_LOAD_C(1, c[1], tmp);
+  if constexpr (kPanels > 2) KVR_AMX_LOAD_C(2, c[2], tmp);
+  if constexpr (kPanels > 3) KVR_AMX_LOAD_C(3, c[3], tmp);
+  const int stride = static_cast<int>(kp * sizeof(uint16_t));
+  size_t cur = 0;
+  pair_rows(w[0], k, 0, lay[0]);
+  for (size_t k0 = 0; k0 < kp; k0 += kDepth) {
+    _tile_loadd(4, planes + k0, stride);
+    _tile_loadd(5, planes + plane_stride + k0, stride);
+    _tile_loadd(6, planes + 2 * plane_stride + k0, stride);
+    // Panel i of this slice: lay out the next step (panel i + 1, or panel 0 of the next slice),
+    // then load and multiply this one. Tile numbers are immediates, hence the macro.
+#define KVR_AMX_STEP(i)                                                                  \
+  do {                                                                                   \
+    if constexpr ((i) + 1 < kPanels) {                                                   \
+      pair_rows(w[(i) + 1], k, k0, lay[cur ^ 1]);                                        \
+    } else if (k0 + kDepth < kp) {                                                       \
+      pair_rows(w[0], k, k0 + kDepth, lay[cur ^ 1]);                                     \
+    }                                                                                    \
+    _tile_loadd(7, lay[cur], 64);                                                        \
+    _tile_dpbf16ps(i, 4, 7);                                                             \
+    _tile_dpbf16ps(i, 5, 7);                                                             \
+    _tile_dpbf16ps(i, 6, 7);                                                             \
+    cur ^= 1;                                                                            \
+  } while (0)
+    KVR_AMX_STEP(0);
+    if constexpr (kPanels > 1) KVR_AMX_STEP(1);
+    if constexpr (kPanels > 2) KVR_AMX_STEP(2);
+    if constexpr (kPanels > 3) KVR_AMX_STEP(3);
+#undef KVR_AMX_STEP
+  }
+  KVR_AMX_STORE_C(0, c[0], tmp);
+  if constexpr (kPanels > 1) KVR_AMX_STORE_C(1, c[1], tmp);
+  if constexpr (kPanels > 2) KVR_AMX_STORE_C(2, c[2], tmp);
+  if constexpr (kPanels > 3) KVR_AMX_STORE_C(3, c[3], tmp);
 }
 #undef KVR_AMX_LOAD_C
 #undef KVR_AMX_STORE_C
@@ -207,25 +261,43 @@ void SplitRows::gemm_range(const PackedWeight& w, float* y, size_t ldy, bool acc
   for (size_t r0 = 0; r0 < m_; r0 += 2 * kRowsPerTile) {
     const bool two_rows = r0 + kRowsPerTile < m_;
     const size_t rows_a = std::min(kRowsPerTile, m_ - r0);
-    const size_t rows_b = two_rows ? std::min(kRowsPerTile, m_ - r0 - kRowsPerTile) : 0;
     const uint16_t* a = planes_.data() + r0 * kp_;
+    float* yr = y + r0 * ldy;
+    if (!two_rows) {
+      // One row tile: 2 panels at a time, 4 from k 512 on. (4 measured slower at small k with wide
+      // outputs — 16-row lm_head 4096 × 128: 47 → 71 µs — and faster at k 512: 213 → 194 µs.)
+      const size_t group = kp_ >= 512 ? 4 : 2;
+      for (size_t p = p0; p < p1; p += group) {
+        const size_t count = std::min<size_t>(group, p1 - p);
+        const uint16_t* wp[4] = {};
+        Block c[4] = {};
+        for (size_t i = 0; i < count; ++i) {
+          wp[i] = w.panel_bf16(p + i);
+          c[i] = Block{yr + (p + i) * 16, ldy, rows_a, std::min<size_t>(16, n - (p + i) * 16)};
+        }
+        switch (count) {
+          case 4: row_tile<4>(a, plane, kp_, k_, wp, c, accumulate); break;
+          case 3: row_tile<3>(a, plane, kp_, k_, wp, c, accumulate); break;
+          case 2: row_tile<2>(a, plane, kp_, k_, wp, c, accumulate); break;
+          default: row_tile<1>(a, plane, kp_, k_, wp, c, accumulate); break;
+        }
+      }
+      continue;
+    }
+    const size_t rows_b = std::min(kRowsPerTile, m_ - r0 - kRowsPerTile);
     for (size_t p = p0; p < p1; p += 2) {
       const bool two_panels = p + 1 < p1;
       const size_t cols_a = std::min<size_t>(16, n - p * 16);
       const size_t cols_b = two_panels ? std::min<size_t>(16, n - (p + 1) * 16) : 0;
-      float* ya = y + r0 * ldy + p * 16;
+      float* ya = yr + p * 16;
       const Block c0{ya, ldy, rows_a, cols_a}, c1{ya + 16, ldy, rows_a, cols_b};
       const Block c2{ya + kRowsPerTile * ldy, ldy, rows_b, cols_a}, c3{ya + kRowsPerTile * ldy + 16, ldy, rows_b, cols_b};
       const uint16_t* w0 = w.panel_bf16(p);
       const uint16_t* w1 = two_panels ? w.panel_bf16(p + 1) : nullptr;
-      if (two_panels && two_rows) {
-        tile_block<true, true>(a, plane, kp_, k_, w0, w1, c0, c1, c2, c3, accumulate);
-      } else if (two_panels) {
-        tile_block<true, false>(a, plane, kp_, k_, w0, w1, c0, c1, c2, c3, accumulate);
-      } else if (two_rows) {
-        tile_block<false, true>(a, plane, kp_, k_, w0, w1, c0, c1, c2, c3, accumulate);
+      if (two_panels) {
+        tile_block<true>(a, plane, kp_, k_, w0, w1, c0, c1, c2, c3, accumulate);
       } else {
-        tile_block<false, false>(a, plane, kp_, k_, w0, w1, c0, c1, c2, c3, accumulate);
+        tile_block<false>(a, plane, kp_, k_, w0, w1, c0, c1, c2, c3, accumulate);
       }
     }
   }

@@ -1,10 +1,10 @@
 // Continuous-batching benchmark (`deno task bench batch`): in one process, through the real
 // Scheduler + native batched step (no HTTP), 2 threads —
 //   1. decode throughput: one request alone on the per-token path vs 32 concurrent requests in
-//      batched steps (aggregate decode tokens/s, p50/p99 time per output token), tiny-fast and
-//      tiny-powerful;
+//      batched steps, the scheduler's defaults (bursts of decode steps on) — aggregate decode
+//      tokens/s, p50/p99 time per output token — tiny-fast and tiny-powerful;
 //   2. chunked prefill: 16 requests decode while a 2,048-token prompt arrives; the time-per-
-//      output-token trace of the decoders and each step's composition;
+//      output-token trace of the decoders and each step's composition (bursts off);
 //   3. KV memory: 64 sequences of 200 tokens in the pool that 8 worst-case (max_context 2048)
 //      sequences needed, peak blocks used.
 // Medians and ratios come from the same run (the dev machine is shared and noisy).
@@ -228,7 +228,12 @@ async function chunkedPrefill(name: string): Promise<ChunkedPrefillResult> {
   const maxStepTokens = 256, decoders = 16, promptTokens = 2048;
   const pool = model.native.createKvPool(2048, 16);
   const steps: (StepStats & { at: number })[] = [];
-  const sched = new Scheduler(nativeStepEngine(model.native, pool), { maxStepTokens }, {
+  // Bursts off: this measures what one step with a prompt chunk adds to a decoder's next token
+  // (with bursts on, the prompt first waits for the burst in progress: decode_burst_ms at most).
+  const sched = new Scheduler(nativeStepEngine(model.native, pool), {
+    maxStepTokens,
+    maxDecodeSteps: 1,
+  }, {
     onStep: (s) => steps.push({ ...s, at: performance.now() }),
   });
   try {

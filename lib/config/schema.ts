@@ -65,6 +65,12 @@ export const tierSchema = z.strictObject({
   max_step_tokens: positiveInt.max(65536).default(256),
   /** Most sequences in one batched step. */
   max_batch: positiveInt.max(4096).default(64),
+  /** Most decode steps one burst runs back to back when every waiting request is decoding
+   *  (docs/batching.md "Bursts"); 1 turns bursts off. */
+  max_decode_steps: positiveInt.max(64).default(8),
+  /** A burst lasts about this long at most (ms, by the last decode step's time): bounds how long a
+   *  new request waits for the next plan and how many tokens a stream gets at once. */
+  decode_burst_ms: z.number().min(0).max(1000).default(4),
 });
 
 /** A projector from a lower tier's cache into a higher tier's cache, with its quality gate. */

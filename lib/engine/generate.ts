@@ -86,6 +86,16 @@ export interface DecodeTarget {
     width?: number,
     req?: LogprobRequest,
   ): Promise<SampleResult>;
+  /** Several tokens at once (both or neither; a scheduler's bursts, lib/serve): appends `token`
+   *  and resolves with 1..most+1 natively sampled tokens, each but the last appended already;
+   *  rewind(n) drops the last n tokens (those past where the generation stopped). */
+  decodeBurst?(
+    token: number,
+    sampler: NativeSampler,
+    width: number | undefined,
+    most: number,
+  ): Promise<Int32Array>;
+  rewind?(n: number): void;
 }
 
 /** Everything the decode loop needs besides the sequence. */
@@ -200,10 +210,18 @@ export async function* decodeLoop(
     ? NativeSampler.create(sampler.options)
     : null;
   let next: SampleResult | undefined; // what the last native decode step sampled
+  // A burst's tokens not consumed yet (each already appended but the burst's last): without
+  // logprobs, a target with bursts returns several tokens per call.
+  const bursts = stepSamples && !lpReq && target.decodeBurst !== undefined &&
+    target.rewind !== undefined;
+  let ahead: Int32Array | null = null;
+  let aheadAt = 0;
   try {
     while (finishReason === undefined) {
       if (opts.signal?.aborted) {
         finishReason = "abort";
+        // As after single steps: the cache ends at the last emitted token.
+        if (ahead && aheadAt < ahead.length) target.rewind!(ahead.length - aheadAt);
         break;
       }
       let id: number;
@@ -239,9 +257,26 @@ export async function* decodeLoop(
         }
       }
       text += delta;
+      if (finishReason !== undefined && ahead && aheadAt < ahead.length) {
+        // Stopped inside a burst: the tokens after this one go back (the cache holds every
+        // generated token but the last, as after single steps).
+        target.rewind!(ahead.length - aheadAt);
+        ahead = null;
+      }
       yield logprobs ? { text: delta, tokenId: id, logprobs } : { text: delta, tokenId: id };
       if (finishReason === undefined) {
-        if (stepSamples) next = await target.decodeSample!(id, native!, sampleWidth, lpReq);
+        if (ahead && aheadAt < ahead.length) {
+          next = { token: ahead[aheadAt++] }; // appended already with the burst
+        } else if (bursts) {
+          ahead = await target.decodeBurst!(
+            id,
+            native!,
+            sampleWidth,
+            maxTokens - tokenIds.length - 1,
+          );
+          next = { token: ahead[0] };
+          aheadAt = 1;
+        } else if (stepSamples) next = await target.decodeSample!(id, native!, sampleWidth, lpReq);
         else logits = await target.decode(id);
       }
     }

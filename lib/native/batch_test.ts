@@ -545,3 +545,100 @@ Deno.test("batchStep() decode steps give the same bits synchronous and nonblocki
   assert.equal(sync.rows.length, nonblocking.rows.length);
   sync.rows.forEach((r, i) => assert.deepEqual(r, nonblocking.rows[i], `row ${i}`));
 });
+
+Deno.test("batchDecodeSteps() gives the tokens and lengths of as many single batched steps", async () => {
+  using model = NativeModel.load(await checkpoint(DEMO_DIRS[0]), { threads: 2 });
+  const vocab = model.config.vocabSize;
+  for (const n of [5, 36]) {
+    const pool = model.createKvPool(1024, 16);
+    const opts = (i: number): NativeSamplingOptions => ({
+      temperature: i % 3 === 0 ? 0 : 0.9,
+      topK: 0,
+      topP: i % 3 === 2 ? 0.9 : 1,
+      minP: 0,
+      seed: 500 + i,
+    });
+    const a = Array.from({ length: n }, () => pool.createSequence(96));
+    const b = Array.from({ length: n }, () => pool.createSequence(96));
+    const sa = a.map((_, i) => model.createSampler(opts(i)));
+    const sb = b.map((_, i) => model.createSampler(opts(i)));
+    try {
+      let next: number[] = [];
+      for (let i = 0; i < n; i++) {
+        const prompt = tokens(4 + (i % 7), vocab, 300 + i);
+        await model.batchStep([{ seq: a[i], tokens: prompt, wantLogits: false }]);
+        await model.batchStep([{ seq: b[i], tokens: prompt, wantLogits: false }]);
+        next.push(prompt[0]);
+      }
+      for (const steps of [4, 1, 3]) {
+        const burst = await model.batchDecodeSteps(
+          a.map((seq, i) => ({ seq, token: next[i], sample: { sampler: sa[i] } })),
+          steps,
+        );
+        const single: number[][] = b.map(() => []);
+        let input = next;
+        for (let s = 0; s < steps; s++) {
+          const out = await model.batchStep(
+            b.map((seq, i) => ({
+              seq,
+              tokens: [input[i]],
+              wantLogits: false,
+              sample: { sampler: sb[i] },
+            })),
+          );
+          input = out.map((r) => r as number);
+          input.forEach((t, i) => single[i].push(t));
+        }
+        for (let i = 0; i < n; i++) {
+          assert.ok(burst[i] instanceof Int32Array);
+          assert.deepEqual(
+            Array.from(burst[i] as Int32Array),
+            single[i],
+            `n=${n} steps=${steps} seq ${i}`,
+          );
+          assert.equal(a[i].length, b[i].length);
+        }
+        next = input;
+      }
+    } finally {
+      for (const x of [...sa, ...sb]) x.free();
+      for (const x of [...a, ...b]) x.free();
+      pool.free();
+    }
+  }
+});
+
+Deno.test("batchDecodeSteps() stops at the step the pool cannot hold and keeps the steps done", async () => {
+  using model = NativeModel.load(await checkpoint(DEMO_DIRS[0]), { threads: 2 });
+  const vocab = model.config.vocabSize;
+  // 4 sequences of 14 tokens in a pool of 5 blocks of 16: step 3 (position 16) needs a second block
+  // for each of them, and only one is free.
+  const pool = model.createKvPool(5, 16);
+  const seqs = Array.from({ length: 4 }, () => pool.createSequence(64));
+  const samplers = seqs.map(() =>
+    model.createSampler({ temperature: 0, topK: 0, topP: 1, minP: 0, seed: 1 })
+  );
+  try {
+    for (let i = 0; i < 4; i++) {
+      await model.batchStep([{
+        seq: seqs[i],
+        tokens: tokens(14, vocab, 900 + i),
+        wantLogits: false,
+      }]);
+    }
+    const out = await model.batchDecodeSteps(
+      seqs.map((seq, i) => ({ seq, token: i + 1, sample: { sampler: samplers[i] } })),
+      6,
+    );
+    for (let i = 0; i < 4; i++) {
+      const t = out[i] as Int32Array;
+      assert.equal(t.length, 2, "two steps fit (positions 14 and 15)");
+      assert.equal(seqs[i].length, 16, "the first token and the first sample are in the cache");
+    }
+    assert.equal(pool.blocksFree, 1, "the failed step took no block");
+  } finally {
+    for (const s of samplers) s.free();
+    for (const s of seqs) s.free();
+    pool.free();
+  }
+});

@@ -10,7 +10,14 @@ export { NativeLibrary, openNativeLibrary } from "./library.ts";
 export { NativeModel, type NativeModelOptions } from "./model.ts";
 export { NativeSequence } from "./sequence.ts";
 export { KvPool } from "./kv_pool.ts";
-export { type BatchItem, type BatchResult, MAX_BATCH_SEQS, MAX_BATCH_TOKENS } from "./batch.ts";
+export {
+  type BatchItem,
+  type BatchResult,
+  type DecodeStepsItem,
+  type DecodeStepsResult,
+  MAX_BATCH_SEQS,
+  MAX_BATCH_TOKENS,
+} from "./batch.ts";
 export { STATUS_POOL_EXHAUSTED } from "./abi.ts";
 export {
   type LogprobRequest,

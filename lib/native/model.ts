@@ -18,7 +18,14 @@ import {
 import { type NativeLibrary, openNativeLibrary } from "./library.ts";
 import { NativeSequence } from "./sequence.ts";
 import { KvPool } from "./kv_pool.ts";
-import { type BatchItem, type BatchResult, runBatchStep } from "./batch.ts";
+import {
+  type BatchItem,
+  type BatchResult,
+  type DecodeStepsItem,
+  type DecodeStepsResult,
+  runBatchDecodeSteps,
+  runBatchStep,
+} from "./batch.ts";
 import { NativeSampler, type NativeSamplingOptions } from "./sampler.ts";
 
 /** Options for NativeModel.load. */
@@ -286,6 +293,24 @@ export class NativeModel {
       return Promise.reject(new Error("NativeModel.batchStep(): the model has been freed"));
     }
     return runBatchStep(this.#lib, this, items);
+  }
+
+  /**
+   * Up to `steps` decode steps of the same sequences in one call (a scheduler's burst): the
+   * first appends each item's token, each later one what the step before sampled; every step
+   * samples natively. The same tokens and caches as `steps` calls of {@link batchStep}.
+   * @param items sequences, their first tokens and samplers, distinct sequences
+   * @param steps most steps; fewer run when a step fails natively (e.g. POOL_EXHAUSTED) or a row
+   *   has no finite logit
+   * @returns per item its sampled tokens (each but the last is in its cache), or the EngineError
+   *   of its first draw
+   * @throws as {@link batchStep} when the first step fails (nothing changes then)
+   */
+  batchDecodeSteps(items: readonly DecodeStepsItem[], steps: number): Promise<DecodeStepsResult[]> {
+    if (this.#freeRequested || this.#ptr === null) {
+      return Promise.reject(new Error("NativeModel.batchDecodeSteps(): the model has been freed"));
+    }
+    return runBatchDecodeSteps(this.#lib, this, items, steps);
   }
 
   /**

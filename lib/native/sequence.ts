@@ -243,7 +243,7 @@ export class NativeSequence {
       this.#stepDone(sync, t0);
       this.#settle();
     }
-    if (sync && turnDue()) await eventLoopTurn();
+    if (sync && turnDue()) await eventLoopTurn(this.#lib);
     return logits;
   }
 
@@ -317,7 +317,7 @@ export class NativeSequence {
       this.#settle();
     }
     const result = out.result(req, top);
-    if (sync && turnDue()) await eventLoopTurn();
+    if (sync && turnDue()) await eventLoopTurn(this.#lib);
     return result;
   }
 

@@ -51,6 +51,13 @@ const batchStepSample = {
 /** Core engine: version/errors, model, sequence, KV access, GEMM. */
 export const coreSymbols = {
   kvr_abi_version: { parameters: [], result: "u32" },
+  /** a nonblocking no-op: its completion makes the event loop poll sockets (sync_step.ts) */
+  kvr_abi_version_nonblocking: {
+    name: "kvr_abi_version",
+    parameters: [],
+    result: "u32",
+    nonblocking: true,
+  },
   kvr_last_error: { parameters: [], result: "pointer" },
   kvr_model_default_params: { parameters: ["buffer"], result: "void" },
   // (params*, paths, paths_len, n_paths, tensors*, n_tensors, out_model**)

@@ -6,13 +6,14 @@
 // overhead") — a third of a tiny model's step. A synchronous call has none of that but blocks the
 // event loop, so it is taken only for short steps and for a bounded time: after `budgetMs` of
 // back-to-back synchronous steps (one budget for both kinds) the caller yields one event-loop turn
-// with setImmediate, which gives due timers and I/O their turn. (Until 2026-12-03 the
+// (eventLoopTurn), which gives due timers and I/O their turn. (Until 2026-12-03 the
 // single-sequence policy made the next step nonblocking instead: that polls I/O, but a quickly
 // finished op could resolve before due timers ran, so a timer was not guaranteed a turn.) A turn
 // after every step cost 40–100 µs of a ~1.2 ms 32-row tiny-fast step (measured 2026-12-03), hence
 // one per budget. Not a scheduler.
 
 import { setImmediate } from "node:timers";
+import type { NativeLibrary } from "./library.ts";
 
 /** The policy; tests may change it (`maxStepMs = 0` / `maxBatchStepMs = 0` make every step
  *  nonblocking). */
@@ -63,7 +64,20 @@ export function turnDue(): boolean {
   return true;
 }
 
-/** One event-loop turn: due timers and I/O run before it resolves. */
-export function eventLoopTurn(): Promise<void> {
-  return new Promise<void>((resolve) => setImmediate(resolve));
+/**
+ * One event-loop turn: sockets are polled and due timers run before it resolves. Measured
+ * 2026-12-03 (Deno 2.9.6; a server spinning in 0.4 ms steps with a turn every 4 ms, and the
+ * service streaming a 250-token generation while another process asked for /metrics):
+ * setImmediate alone runs due timers but never polls sockets — /metrics waited for the whole
+ * generation (120–460 ms); a completed nonblocking FFI call makes the event loop poll every op,
+ * sockets included, but can resolve before due timers run; a poll, the timers, then a second poll
+ * answered /metrics within 8–13 ms, streaming or not (one poll sufficed only without streaming:
+ * an accepted request's handler then needs the next poll). setTimeout(0) does both but costs
+ * ~2.1 ms per turn (Deno's timer granularity), where these cost ~5–45 µs each.
+ * @param lib the library (its nonblocking no-op)
+ */
+export async function eventLoopTurn(lib: NativeLibrary): Promise<void> {
+  await lib.symbols.kvr_abi_version_nonblocking();
+  await new Promise<void>((resolve) => setImmediate(resolve));
+  await lib.symbols.kvr_abi_version_nonblocking();
 }

@@ -93,3 +93,58 @@ Deno.test("turnDue() is true once per budget of back-to-back synchronous steps",
     nonblockingDone();
   }
 });
+
+Deno.test("synchronous batched steps let requests from another process be answered while they run", async () => {
+  // The event loop's turn must poll sockets, not only run timers (eventLoopTurn): a server on this
+  // thread answers a client process promptly while decode-only batched steps keep running
+  // synchronously. With timers alone (setImmediate), requests waited 0.1–0.46 s for an
+  // occasional poll; with the polls, a few ms (a step plus the 4 ms budget).
+  using m = await NativeModel.load(await checkpoint(DEMO_DIRS[0]), { threads: 1 });
+  const pool = m.createKvPool(4 * 512 / 16, 16);
+  const seqs = Array.from({ length: 4 }, () => pool.createSequence(512));
+  const REQUESTS = 6;
+  let answered = 0;
+  const server = Deno.serve({ hostname: "127.0.0.1", port: 0, onListen() {} }, () => {
+    answered++;
+    return new Response("ok");
+  });
+  try {
+    for (const s of seqs) await m.batchStep([{ seq: s, tokens: [1, 2], wantLogits: false }]);
+    const url = `http://127.0.0.1:${server.addr.port}/`;
+    const client = new Deno.Command(Deno.execPath(), {
+      args: [
+        "eval",
+        `const ms = []; for (let i = 0; i < ${REQUESTS}; i++) { const t = performance.now(); ` +
+        `await (await fetch("${url}")).text(); ms.push(performance.now() - t); } ` +
+        `console.log(JSON.stringify(ms));`,
+      ],
+      stdout: "piped",
+      stderr: "null",
+    }).spawn();
+    const taken0 = syncStep.batchTaken;
+    let steps = 0;
+    const t0 = performance.now();
+    while (answered < REQUESTS && performance.now() - t0 < 20_000) {
+      await m.batchStep(
+        seqs.map((seq) => ({ seq, tokens: [3 + (steps % 50)], wantLogits: false })),
+      );
+      steps++;
+      if (seqs[0].length >= 500) { for (const s of seqs) s.truncate(2); }
+    }
+    assert.equal(
+      answered,
+      REQUESTS,
+      `answered ${answered} of ${REQUESTS} requests in ${steps} steps`,
+    );
+    assert.ok(syncStep.batchTaken - taken0 > steps / 2, "the steps ran synchronously");
+    const out = await client.output();
+    const ms: number[] = JSON.parse(new TextDecoder().decode(out.stdout));
+    ms.sort((a, b) => a - b);
+    // The median round trip: a few ms when sockets are polled every budget, ~0.1 s or more when not.
+    assert.ok(ms[ms.length >> 1] < 60, `request round trips ${ms.map((x) => x.toFixed(1))} ms`);
+  } finally {
+    await server.shutdown();
+    for (const s of seqs) s.free();
+    pool.free();
+  }
+});

@@ -54,6 +54,8 @@ export function createBatching(
   const scheduler = new Scheduler(nativeStepEngine(model, pool), {
     maxBatch: tc.max_batch,
     maxStepTokens: tc.max_step_tokens,
+    maxDecodeSteps: tc.max_decode_steps,
+    burstMs: tc.decode_burst_ms,
   }, {
     onStep(s) {
       metrics.batchSize.observe(labels, s.seqs);

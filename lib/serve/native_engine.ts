@@ -1,6 +1,7 @@
 // The StepEngine of a native model with a paged KV pool: the scheduler's view of
 // NativeModel.batchStep and KvPool (block counts, lengths, reset by truncate(0)), with native
-// sampling in the step (a decode returns a token id, no vocabulary row reaches JavaScript).
+// sampling in the step (a decode returns a token id, no vocabulary row reaches JavaScript), and
+// bursts of decode steps in one call (NativeModel.batchDecodeSteps).
 // Not the scheduler (scheduler.ts) nor the pool sizing (pool_size.ts).
 
 import {
@@ -37,5 +38,11 @@ export function nativeStepEngine(
     createSampler: (opts) => model.createSampler(opts),
     sampleRow: (sampler, logits, width, req) => sampler.sample(logits, width, req),
     isPoolExhausted: (e) => e instanceof EngineError && e.codeName === "POOL_EXHAUSTED",
+    decodeSteps: (items: StepItem<NativeSequence, NativeSampler>[], steps: number) =>
+      model.batchDecodeSteps(
+        items.map((it) => ({ seq: it.seq, token: it.tokens[0], sample: it.sample! })),
+        steps,
+      ),
+    truncate: (s, length) => s.truncate(length),
   };
 }

@@ -9,8 +9,8 @@ import { nativeStepEngine } from "./native_engine.ts";
 
 const MODELS = new URL("../../models/", import.meta.url).pathname;
 
-for (const sampled of [false, true]) {
-  Deno.test(`Scheduler + nativeStepEngine: 24 concurrent ${sampled ? "seeded sampled" : "greedy"} generations equal each run alone, also under preemption`, async () => {
+for (const [sampled, bursts] of [[false, false], [true, false], [false, true], [true, true]]) {
+  Deno.test(`Scheduler + nativeStepEngine: 24 concurrent ${sampled ? "seeded sampled" : "greedy"} generations equal each run alone, also under preemption${bursts ? ", in bursts of decode steps" : ""}`, async () => {
     const model = await loadModel(`${MODELS}tiny-fast`, { threads: 2 });
     try {
       const prompts = Array.from(
@@ -20,14 +20,20 @@ for (const sampled of [false, true]) {
             `Request ${i}: the ${["cat", "river", "engine", "storm"][i % 4]} was`,
           ),
       );
-      const opts = (i: number) =>
+      const base = (i: number) =>
         sampled
           ? { maxTokens: 24, temperature: 0.9, topP: 0.95, seed: 500 + i, stopTokenIds: [] }
           : { maxTokens: 24, temperature: 0, stopTokenIds: [] as number[] };
+      // Every third request stops on a token of its own alone run (its 7th..18th), so bursts
+      // stop inside and give tokens back (rewind).
       const alone: number[][] = [];
+      const stops: number[][] = [];
       for (const [i, p] of prompts.entries()) {
-        alone.push((await generate(model, p, opts(i))).tokenIds);
+        const full = (await generate(model, p, base(i))).tokenIds;
+        stops.push(i % 3 === 0 ? [full[6 + (i % 12)]] : []);
+        alone.push((await generate(model, p, { ...base(i), stopTokenIds: stops[i] })).tokenIds);
       }
+      const opts = (i: number) => ({ ...base(i), stopTokenIds: stops[i] });
       for (const blocks of [512, 24]) { // roomy, then a pool that cannot hold everyone
         const pool = model.native.createKvPool(blocks, 16);
         const engine = nativeStepEngine(model.native, pool);
@@ -41,7 +47,13 @@ for (const sampled of [false, true]) {
             }
             return engine.step(items);
           },
-        }, { maxStepTokens: 128 });
+          decodeSteps: async (items, steps) => {
+            const out = await engine.decodeSteps!(items, steps);
+            for (const r of out) sampledRows += r instanceof Int32Array ? r.length : 1;
+            return out;
+          },
+        }, { maxStepTokens: 128, maxDecodeSteps: bursts ? 4 : 1, burstMs: 1e6 });
+        const lengths: [number, number][] = [];
         const got = await Promise.all(prompts.map(async (p, i) => {
           const seq = pool.createSequence(p.length + 24);
           const h = sched.attach(seq);
@@ -56,7 +68,11 @@ for (const sampled of [false, true]) {
             }, opts(i));
             while (true) {
               const s = await loop.next();
-              if (s.done) return s.value.tokenIds;
+              if (s.done) {
+                // Every generated token but the last is in the cache, bursts or not.
+                lengths.push([seq.length, p.length + s.value.tokenIds.length - 1]);
+                return s.value.tokenIds;
+              }
             }
           } finally {
             h.detach();
@@ -71,8 +87,18 @@ for (const sampled of [false, true]) {
           `${sched.counters.steps} steps for 24×24 tokens`,
         );
         if (blocks === 24) assert.ok(sched.counters.preemptions > 0, "the small pool preempted");
+        for (const [got, want] of lengths) assert.equal(got, want, "sequence length at the end");
+        if (bursts && blocks === 512) {
+          // ~22 decode steps per request: several bursts of 4 (3 steps past the first each).
+          assert.ok(sched.counters.burstSteps >= 9, `${sched.counters.burstSteps} steps in bursts`);
+        }
+        if (!bursts) assert.equal(sched.counters.burstSteps, 0);
         // Decodes sample inside the step: logits rows only end prompts (and recomputes).
-        assert.ok(sampledRows >= 24 * 22, `${sampledRows} rows sampled natively`);
+        const decodeRows = alone.reduce((a, t) => a + t.length - 1, 0);
+        assert.ok(
+          sampledRows >= decodeRows - 24,
+          `${sampledRows} of ${decodeRows} rows sampled natively`,
+        );
         assert.ok(logitRows <= 24 + sched.counters.preemptions, `${logitRows} logits rows`);
         assert.equal(pool.blocksFree, pool.blocksTotal);
         pool.free();

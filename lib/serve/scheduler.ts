@@ -51,6 +51,13 @@ export interface StepEngine<S, P = unknown, O = unknown> {
   ): SampleResult;
   /** whether an error from step() means "too few free blocks" (retry after replanning) */
   isPoolExhausted?(e: unknown): boolean;
+  /** up to `steps` decode steps of the same items back to back (every item one token and a
+   *  sampler; each later step appends what the one before sampled): per item the tokens it
+   *  sampled (each but the last now in its cache) or its first draw's error; fewer steps when
+   *  one fails. With truncate: the scheduler's bursts (SchedulerOptions.maxDecodeSteps). */
+  decodeSteps?(items: StepItem<S, P>[], steps: number): Promise<(Int32Array | Error)[]>;
+  /** shortens `seq` to `length` tokens (a burst's tokens past a stop go back) */
+  truncate?(seq: S, length: number): void;
 }
 
 /** Limits of the step loop. */
@@ -65,6 +72,15 @@ export interface SchedulerOptions {
   /** free blocks a NEW prefill must leave for running sequences to grow (default: 1/32 of the
    *  pool, at least 1) */
   watermarkBlocks?: number;
+  /** most decode steps one burst runs (default 8; 1 = no bursts): when every waiting work is a
+   *  decode that takes more tokens ({@link ScheduledSequence.decodeBurst}) and the engine has
+   *  decodeSteps, the steps run back to back in one engine call, each request then consuming
+   *  several tokens at once — the JavaScript between steps (resolving, streaming, planning) is
+   *  then paid once per burst (vLLM's multi-step scheduling) */
+  maxDecodeSteps?: number;
+  /** a burst lasts about this long at most, by the last decode step's time, ms (default 4): it
+   *  bounds how long a new request waits for the next plan and how bursty a stream gets */
+  burstMs?: number;
 }
 
 /** What one step did (for metrics and traces). */
@@ -103,7 +119,10 @@ interface Work<P> {
   sample?: { sampler: P; width?: number };
   /** resolve with a {@link SampleResult} `{ token }` rather than the bare token id */
   asSample: boolean;
-  resolve: (out: Float32Array | number | SampleResult) => void;
+  /** a decodeBurst work: it takes up to this many tokens past the first, and resolves with the
+   *  sampled tokens (Int32Array) */
+  burst?: number;
+  resolve: (out: Float32Array | number | SampleResult | Int32Array) => void;
   reject: (e: unknown) => void;
 }
 
@@ -157,7 +176,40 @@ export class ScheduledSequence<S, P = unknown, O = unknown> {
         // microtask per token per request fewer — 32 of each per step at 32 requests).
         return sched.submit(entry, [token], { sampler, width }, true) as Promise<SampleResult>;
       };
+      if (engine.decodeSteps && engine.truncate) {
+        this.decodeBurst = (token, sampler, width, most) =>
+          sched.submit(entry, [token], { sampler, width }, false, most) as Promise<Int32Array>;
+      }
     }
+  }
+
+  /**
+   * {@link decodeSample} that may take more tokens at once (present when the engine runs bursts:
+   * decodeSteps and truncate): appends `token`, then resolves with 1..most+1 sampled tokens, each
+   * but the last appended already — so the next call passes the last one. A request that stops
+   * before using them all gives the extra ones back with {@link rewind}.
+   * @param token token id
+   * @param sampler the generation's sampler (from createSampler)
+   * @param width ids below width are candidates (default all)
+   * @param most most tokens past the first (0: exactly one)
+   * @returns the sampled tokens, in order
+   * @throws as {@link decodeSample}
+   */
+  readonly decodeBurst?: (
+    token: number,
+    sampler: P,
+    width: number | undefined,
+    most: number,
+  ) => Promise<Int32Array>;
+
+  /**
+   * Drops the last `n` tokens of the sequence (a burst's tokens the request did not use). No
+   * work may be pending.
+   * @param n tokens to drop (<= those the sequence holds)
+   * @throws RangeError for a bad n; Error when a work is pending
+   */
+  rewind(n: number): void {
+    this.#sched.rewind(this.#entry, n);
   }
 
   /** The engine sequence. */
@@ -199,7 +251,10 @@ export class ScheduledSequence<S, P = unknown, O = unknown> {
 
 /** Counters since creation. */
 export interface SchedulerCounters {
+  /** engine steps (a burst's steps each count) */
   steps: number;
+  /** steps run as the second or later step of a burst */
+  burstSteps: number;
   preemptions: number;
   decodeTokens: number;
   prefillTokens: number;
@@ -212,6 +267,10 @@ export class Scheduler<S, P = unknown, O = unknown> {
   readonly #maxStepTokens: number;
   readonly #gatherMs: number;
   readonly #watermark: number;
+  readonly #maxDecodeSteps: number;
+  readonly #burstMs: number;
+  /** wall time of the last decode-only engine step, ms (per step of a burst) */
+  #lastDecodeMs = Infinity;
   readonly #hooks: SchedulerHooks;
   readonly #entries = new Map<number, Entry<S, P>>();
   /** entries whose work resolved in the last step and that have not sent the next one yet */
@@ -224,6 +283,7 @@ export class Scheduler<S, P = unknown, O = unknown> {
   #closed = false;
   readonly counters: SchedulerCounters = {
     steps: 0,
+    burstSteps: 0,
     preemptions: 0,
     decodeTokens: 0,
     prefillTokens: 0,
@@ -246,6 +306,9 @@ export class Scheduler<S, P = unknown, O = unknown> {
     this.#gatherMs = opts.gatherMs ?? 2;
     if (!(this.#gatherMs >= 0)) throw new RangeError(`gatherMs must be >= 0, got ${opts.gatherMs}`);
     this.#watermark = opts.watermarkBlocks ?? Math.max(1, Math.floor(engine.blocksTotal / 32));
+    this.#maxDecodeSteps = positive("maxDecodeSteps", opts.maxDecodeSteps ?? 8);
+    this.#burstMs = opts.burstMs ?? 4;
+    if (!(this.#burstMs >= 0)) throw new RangeError(`burstMs must be >= 0, got ${opts.burstMs}`);
     this.#hooks = hooks;
   }
 
@@ -281,7 +344,8 @@ export class Scheduler<S, P = unknown, O = unknown> {
     tokens: number[],
     sample?: { sampler: P; width?: number },
     asSample = false,
-  ): Promise<Float32Array | number | SampleResult> {
+    burst?: number,
+  ): Promise<Float32Array | number | SampleResult | Int32Array> {
     if (entry.detached || this.#closed) {
       return Promise.reject(new SchedulerClosedError("sequence is detached from the scheduler"));
     }
@@ -299,8 +363,11 @@ export class Scheduler<S, P = unknown, O = unknown> {
         ),
       );
     }
-    return new Promise<Float32Array | number | SampleResult>((resolve, reject) => {
-      entry.work = { tokens, fed: 0, sample, asSample, resolve, reject };
+    if (burst !== undefined && !(Number.isInteger(burst) && burst >= 0)) {
+      return Promise.reject(new RangeError(`most must be an integer >= 0, got ${burst}`));
+    }
+    return new Promise<Float32Array | number | SampleResult | Int32Array>((resolve, reject) => {
+      entry.work = { tokens, fed: 0, sample, asSample, burst, resolve, reject };
       this.#expected.delete(entry);
       this.#kick();
     });
@@ -316,6 +383,19 @@ export class Scheduler<S, P = unknown, O = unknown> {
     entry.work = null;
     w?.reject(new SchedulerClosedError("sequence detached"));
     this.#kick();
+  }
+
+  /** @internal ScheduledSequence.rewind */
+  rewind(entry: Entry<S, P>, n: number): void {
+    if (!Number.isInteger(n) || n < 0 || n > entry.history.length) {
+      throw new RangeError(
+        `rewind(): n must be an integer in [0, ${entry.history.length}], got ${n}`,
+      );
+    }
+    if (entry.work) throw new Error("rewind(): a prefill/decode is still pending on this sequence");
+    if (n === 0 || entry.detached) return;
+    entry.history.length -= n;
+    this.#engine.truncate!(entry.seq, this.#engine.length(entry.seq) - n);
   }
 
   /** Rejects every pending work and refuses new ones. */
@@ -500,8 +580,94 @@ export class Scheduler<S, P = unknown, O = unknown> {
     return plan;
   }
 
-  /** Runs one step; false when the engine found too few blocks (nothing changed: replan). */
+  /** Steps of a burst for this plan: more than one only when the engine runs bursts, every
+   *  waiting work is in the plan as a decode that takes more tokens (a prompt or a logits decode
+   *  waiting elsewhere gets the next plan at once instead), the last decode step times the burst
+   *  within burstMs, and the pool holds every sequence's tokens without a preemption. */
+  #burstSteps(plan: { entry: Entry<S, P>; n: number }[]): number {
+    const eng = this.#engine;
+    if (this.#maxDecodeSteps < 2 || !eng.decodeSteps || !eng.truncate) return 1;
+    let k = Math.min(this.#maxDecodeSteps, Math.floor(this.#burstMs / this.#lastDecodeMs));
+    if (!(k >= 2)) return 1;
+    let waiting = 0;
+    for (const e of this.#entries.values()) if (e.work) waiting++;
+    if (waiting !== plan.length) return 1;
+    for (const { entry, n } of plan) {
+      const w = entry.work!;
+      if (
+        n !== 1 || w.burst === undefined || !w.sample || w.fed !== 0 || w.tokens.length !== 1 ||
+        entry.history.length === 0
+      ) return 1;
+      k = Math.min(k, w.burst + 1);
+    }
+    if (k < 2) return 1;
+    let need = 0;
+    for (const { entry } of plan) need += this.#blocksNeeded(entry, k);
+    return need <= eng.blocksFree() ? k : 1;
+  }
+
+  /** Runs a burst of `k` decode steps of the plan's sequences in one engine call (see
+   *  SchedulerOptions.maxDecodeSteps); false when the engine found too few blocks. */
+  async #burst(plan: { entry: Entry<S, P>; n: number }[], k: number): Promise<boolean> {
+    const items: StepItem<S, P>[] = plan.map(({ entry }) => ({
+      seq: entry.seq,
+      tokens: entry.work!.tokens,
+      wantLogits: false,
+      sample: entry.work!.sample,
+    }));
+    const t0 = performance.now();
+    let out: (Int32Array | Error)[];
+    try {
+      out = await this.#engine.decodeSteps!(items, k);
+    } catch (e) {
+      if (this.#engine.isPoolExhausted?.(e)) return false;
+      for (const { entry } of plan) {
+        const w = entry.work;
+        entry.work = null;
+        w?.reject(e);
+      }
+      return true;
+    }
+    const ms = performance.now() - t0;
+    if (this.#closed) return true;
+    let steps = 1;
+    for (const r of out) if (r instanceof Int32Array && r.length > steps) steps = r.length;
+    this.#lastDecodeMs = ms / steps;
+    this.counters.steps += steps;
+    this.counters.burstSteps += steps - 1;
+    plan.forEach(({ entry }, i) => {
+      const w = entry.work;
+      if (!w) return; // detached meanwhile
+      const r = out[i];
+      entry.history.push(w.tokens[0]);
+      entry.work = null;
+      this.counters.decodeTokens++;
+      if (r instanceof Error) return w.reject(r); // its first draw failed; the others go on
+      // Every token but the last went into the cache as the next step's input.
+      for (let j = 0; j + 1 < r.length; j++) entry.history.push(r[j]);
+      this.counters.decodeTokens += r.length - 1;
+      this.#expected.add(entry);
+      w.resolve(r);
+    });
+    const free = this.#engine.blocksFree();
+    for (let s = 0; s < steps; s++) {
+      this.#hooks.onStep?.({
+        seqs: plan.length,
+        decodes: plan.length,
+        prefillTokens: 0,
+        ms: ms / steps,
+        blocksUsed: this.#engine.blocksTotal - free,
+        blocksFree: free,
+      });
+    }
+    return true;
+  }
+
+  /** Runs one step (or a burst); false when the engine found too few blocks (nothing changed:
+   *  replan). */
   async #step(plan: { entry: Entry<S, P>; n: number }[]): Promise<boolean> {
+    const burst = this.#burstSteps(plan);
+    if (burst > 1) return this.#burst(plan, burst);
     const items: StepItem<S, P>[] = plan.map(({ entry, n }) => {
       const w = entry.work!;
       const last = w.fed + n === w.tokens.length;
@@ -534,6 +700,7 @@ export class Scheduler<S, P = unknown, O = unknown> {
     }
     const ms = performance.now() - t0;
     if (this.#closed) return true; // close() already rejected every work; the engine may be gone
+    if (prefill === 0) this.#lastDecodeMs = ms;
     this.counters.steps++;
     this.counters.decodeTokens += decodes;
     this.counters.prefillTokens += prefill;
@@ -549,7 +716,13 @@ export class Scheduler<S, P = unknown, O = unknown> {
       const r = out[i];
       if (r instanceof Error) return w.reject(r); // its own sampling failed; the others go on
       this.#expected.add(entry);
-      w.resolve(w.asSample ? { token: r as number } : r!);
+      w.resolve(
+        w.burst !== undefined
+          ? Int32Array.of(r as number)
+          : w.asSample
+          ? { token: r as number }
+          : r!,
+      );
     });
     const free = this.#engine.blocksFree();
     this.#hooks.onStep?.({

@@ -215,10 +215,15 @@ export interface ChunkedPrefillResult {
   /** median step time of a decode-only step and of a step carrying a prompt chunk, ms */
   decodeStepMs: number;
   chunkStepMs: number;
-  /** a chunk of maxStepTokens − decoders tokens prefilled alone at the same context, ms */
-  chunkAloneMs: number;
   /** tpotMaxDuringMs − tpotBeforeMs: what the prompt added to a decoder's next token */
   addedDelayMs: number;
+  /** each prompt chunk prefilled alone at its own positions (one sequence, chunk after chunk), ms:
+   *  "one chunk's compute" — chunks cost more as the prompt grows (attention over more positions) */
+  chunkAloneMs: number[];
+  /** the chunk step that added the most beyond its own chunk's compute: its index, the delay it
+   *  added to decoder 0's next token (interval − tpotBeforeMs), that chunk alone, and the excess
+   *  (added − alone; ≤ 0 meets "at most one chunk's compute") */
+  worst: { chunk: number; addedMs: number; aloneMs: number; excessMs: number };
   /** decoder 0's intervals, ms, with the step composition: [ms, prefill tokens in that step] */
   trace: [number, number][];
 }
@@ -238,11 +243,12 @@ async function chunkedPrefill(name: string): Promise<ChunkedPrefillResult> {
   });
   try {
     let arrivedAt = 0, doneAt = 0;
+    // Decoders long enough to run through the whole prompt (a token per step while it prefills).
     const runs = Array.from(
       { length: decoders },
-      (_, i) => scheduled(model, sched, pool, prompt(model, i, 16), 120),
+      (_, i) => scheduled(model, sched, pool, prompt(model, i, 16), 200),
     );
-    await new Promise((r) => setTimeout(r, 150));
+    await new Promise((r) => setTimeout(r, 60));
     arrivedAt = performance.now();
     const long = scheduled(model, sched, pool, prompt(model, 777, promptTokens), 1).then(() => {
       doneAt = performance.now();
@@ -261,21 +267,40 @@ async function chunkedPrefill(name: string): Promise<ChunkedPrefillResult> {
     const chunkSteps = steps.filter((s) => s.prefillTokens > 0 && s.at > arrivedAt).map((s) =>
       s.ms
     );
-    // A chunk alone at mid-prompt context, for the "one chunk's compute" reference.
+    // Each chunk alone at its own positions: the prompt fed chunk by chunk to one sequence.
+    const chunkLens = steps.filter((s) => s.prefillTokens > 0 && s.at > arrivedAt).map((s) =>
+      s.prefillTokens
+    );
     using seq = model.native.createSequence(promptTokens + 1);
     const ids = prompt(model, 777, promptTokens);
-    const chunk = maxStepTokens - decoders;
-    await seq.prefill(ids.slice(0, 1024));
-    const t0 = performance.now();
-    await seq.prefill(ids.slice(1024, 1024 + chunk));
-    const chunkAloneMs = performance.now() - t0;
-    const s0 = stamps[0];
-    const trace: [number, number][] = [];
-    for (let i = 1; i < s0.length; i++) {
-      const st = steps.find((s) => Math.abs(s.at - s0[i]) < 0.5 || s.at >= s0[i]);
-      trace.push([r2(s0[i] - s0[i - 1]), st?.prefillTokens ?? 0]);
+    const chunkAloneMs: number[] = [];
+    for (let j = 0, start = 0; j < chunkLens.length; start += chunkLens[j++]) {
+      const t0 = performance.now();
+      await seq.prefill(ids.slice(start, start + chunkLens[j]));
+      chunkAloneMs.push(performance.now() - t0);
     }
     const tpotBefore = quantile(before, 0.5);
+    const s0 = stamps[0];
+    const trace: [number, number][] = [];
+    const worst = { chunk: -1, addedMs: 0, aloneMs: 0, excessMs: -Infinity };
+    for (let i = 1; i < s0.length; i++) {
+      const at = steps.findIndex((s) => Math.abs(s.at - s0[i]) < 0.5 || s.at >= s0[i]);
+      const st = steps[at];
+      trace.push([r2(s0[i] - s0[i - 1]), st?.prefillTokens ?? 0]);
+      if (!st || st.prefillTokens === 0 || s0[i - 1] < arrivedAt) continue;
+      const chunk = steps.slice(0, at + 1).filter((s) => s.prefillTokens > 0 && s.at > arrivedAt)
+        .length - 1;
+      const added = s0[i] - s0[i - 1] - tpotBefore;
+      const excess = added - chunkAloneMs[chunk];
+      if (excess > worst.excessMs) {
+        Object.assign(worst, {
+          chunk,
+          addedMs: added,
+          aloneMs: chunkAloneMs[chunk],
+          excessMs: excess,
+        });
+      }
+    }
     const maxDuring = Math.max(...during);
     return {
       model: name,
@@ -286,8 +311,14 @@ async function chunkedPrefill(name: string): Promise<ChunkedPrefillResult> {
       tpotMaxDuringMs: r2(maxDuring),
       decodeStepMs: r2(quantile(decodeSteps, 0.5)),
       chunkStepMs: r2(quantile(chunkSteps, 0.5)),
-      chunkAloneMs: r2(chunkAloneMs),
       addedDelayMs: r2(maxDuring - tpotBefore),
+      chunkAloneMs: chunkAloneMs.map(r2),
+      worst: {
+        chunk: worst.chunk,
+        addedMs: r2(worst.addedMs),
+        aloneMs: r2(worst.aloneMs),
+        excessMs: r2(worst.excessMs),
+      },
       trace,
     };
   } finally {
@@ -400,9 +431,10 @@ export function formatBatchTable(r: BatchBenchResult): string {
     "",
     `chunked prefill (${c.model}): ${c.decoders} decoding, a ${c.promptTokens}-token prompt arrives; step budget ${c.maxStepTokens} tokens`,
     `  TPOT before ${c.tpotBeforeMs} ms, max while the prompt prefills ${c.tpotMaxDuringMs} ms (+${c.addedDelayMs} ms)`,
-    `  step: decode-only ${c.decodeStepMs} ms, with a chunk ${c.chunkStepMs} ms; one ${
-      c.maxStepTokens - c.decoders
-    }-token chunk alone ${c.chunkAloneMs} ms`,
+    `  step: decode-only ${c.decodeStepMs} ms, with a chunk ${c.chunkStepMs} ms (median); each chunk alone at its positions: ${
+      c.chunkAloneMs.join(" ")
+    } ms`,
+    `  worst chunk step (decoder 0): chunk ${c.worst.chunk} added ${c.worst.addedMs} ms to the next token, that chunk alone ${c.worst.aloneMs} ms (excess ${c.worst.excessMs} ms; ≤ 0: at most one chunk's compute)`,
     `  decoder 0 trace [ms, prefill tokens in step]: ${
       c.trace.map(([ms, p]) => p ? `${ms}*` : `${ms}`).join(" ")
     }`,

@@ -24,15 +24,14 @@ namespace kvr::cpu {
 namespace {
 
 constexpr size_t kTile = 64;         // keys per tile
-constexpr size_t kQBlock = 24;       // queries per work item (× the GQA group's heads = rows); 6 | 24
+constexpr size_t kQBlock = kAttnQueryBlock;  // queries per work item (attention.h); 6 | 24
 constexpr double kMinParallelWork = 1 << 20;  // multiply-adds below which one thread is faster
 constexpr size_t kBlockMinRows = 8;  // fewer rows (decode): per-row kernel, no K transpose
 
-// Keys per tile: kTile, or the block size of a paged cache with smaller blocks, so a tile never
-// straddles two blocks (f32 tiles are then read in place from either storage).
-size_t tile_keys(const KvCache& kv) {
-  return kv.paged() ? std::min(kTile, kv.pool->tokens_per_block) : kTile;
-}
+// Keys per tile: kTile for either storage. A tile of a paged cache with smaller blocks spans
+// several blocks and is gathered into the thread's tile buffers (f32 tiles inside one block or a
+// contiguous cache are read in place).
+size_t tile_keys(const KvCache&) { return kTile; }
 
 struct Plan {
   bool parallel;
@@ -394,16 +393,18 @@ void run_item(const AttnArgs& a, const Plan& p, size_t item, const ThreadBufs& t
   for (size_t tt = t_begin; tt < t_end; ++tt) {
     const size_t k0 = tt * tile;
     const size_t tl = std::min(tile, kend - k0);
-    const uint8_t* kh = kv.at(a.layer, 0, g, k0);  // tl contiguous (tl, hd) rows
-    const uint8_t* vh = kv.at(a.layer, 1, g, k0);
     const float* kt;
     const float* vt;
-    if (dtype == KVR_DTYPE_F32) {
-      kt = reinterpret_cast<const float*>(kh);
-      vt = reinterpret_cast<const float*>(vh);
+    if (dtype == KVR_DTYPE_F32 && kv.run(k0) >= tl) {  // one run: read in place
+      kt = reinterpret_cast<const float*>(kv.at(a.layer, 0, g, k0));
+      vt = reinterpret_cast<const float*>(kv.at(a.layer, 1, g, k0));
     } else {
-      to_f32(kh, dtype, tb.ktile, tl * hd);
-      to_f32(vh, dtype, tb.vtile, tl * hd);
+      for (size_t k = k0; k < k0 + tl;) {  // each run (block) of the tile into the buffers
+        const size_t c = std::min(kv.run(k), k0 + tl - k);
+        to_f32(kv.at(a.layer, 0, g, k), dtype, tb.ktile + (k - k0) * hd, c * hd);
+        to_f32(kv.at(a.layer, 1, g, k), dtype, tb.vtile + (k - k0) * hd, c * hd);
+        k += c;
+      }
       kt = tb.ktile;
       vt = tb.vtile;
     }

@@ -12,6 +12,10 @@
 
 namespace kvr::cpu {
 
+// Queries per work item of attention() (× the GQA group's heads = rows of one pass over the
+// keys): a caller splitting a chunk's queries into units of this many reads the keys once each.
+constexpr size_t kAttnQueryBlock = 24;
+
 struct AttnArgs {
   const float* q = nullptr;      // (n, heads*head_dim) rows with stride ldq, post-RoPE
   size_t ldq = 0;

@@ -36,8 +36,12 @@ namespace kvr::cpu {
 namespace {
 
 // Query rows of a prefill chunk per attention unit: enough units for the threads to balance a
-// long chunk (row i's cost grows with its position), few enough that claiming stays negligible.
-constexpr size_t kAttnRows = 16;
+// long chunk (row i's cost grows with its position), few enough that claiming stays negligible —
+// attention()'s query block: each unit reads its sequence's keys and values once per block, so
+// 16-row units read them 15 times for a 240-row chunk where 24-row ones read them 10 times (a
+// 240-token tiny-powerful chunk at positions 1680–1920 with 16 decodes: 37.8–39.0 → 34.0–34.2 ms,
+// 2026-12-03).
+constexpr size_t kAttnRows = kAttnQueryBlock;
 
 // Rows [r0, r1) of sequence `seq`'s new tokens: one unit of attention work.
 struct AttnUnit {

@@ -30,6 +30,8 @@ export const syncStep = {
   budgetMs: 4,
   /** synchronous steps taken in this process (a counter for tests and diagnostics) */
   taken: 0,
+  /** event-loop turns taken (eventLoopTurn; for tests and diagnostics) */
+  turns: 0,
 };
 
 /** performance.now() when the current run of synchronous steps began; -1 when none. */
@@ -77,6 +79,7 @@ export function turnDue(): boolean {
  * @param lib the library (its nonblocking no-op)
  */
 export async function eventLoopTurn(lib: NativeLibrary): Promise<void> {
+  syncStep.turns++;
   await lib.symbols.kvr_abi_version_nonblocking();
   await new Promise<void>((resolve) => setImmediate(resolve));
   await lib.symbols.kvr_abi_version_nonblocking();

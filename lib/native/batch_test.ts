@@ -644,8 +644,9 @@ Deno.test("batchDecodeSteps() stops at the step the pool cannot hold and keeps t
 });
 
 Deno.test("batchStep() prefill on a paged sequence gives the bits of a contiguous prefill (64-key attention tiles over 16-token blocks)", async () => {
-  // attention() gathers a paged cache's blocks into 64-key tiles, the tiles of a contiguous
-  // cache, so the two storages sum in the same order (16-key tiles differed by ~1e-7).
+  // attention() reads a paged cache's blocks in 64-key tiles, the tiles of a contiguous cache
+  // (f32 in place 8 keys at a time, bf16 gathered), so the two storages sum in the same order
+  // (16-key tiles differed by ~1e-7).
   for (const kvDtype of ["f32", "bf16"] as KvDtype[]) {
     using model = NativeModel.load(await checkpoint(DEMO_DIRS[2]), { threads: 2, kvDtype });
     const pool = model.createKvPool(256, 16);

@@ -11,7 +11,7 @@
 // a 32-row tiny-fast step inside Deno; a C harness got 1.7–2.0×). Units: GEMMs by chunks of
 // weight panels (a thread takes its own share first, the same panels every step, so its part of
 // the weights stays in its core's cache), row ops by chunks of rows, attention by a decode row or
-// a block of a prefill chunk's rows.
+// a block of a prefill chunk's rows for one kv head.
 #include "cpu/batch_forward.h"
 
 #include <algorithm>
@@ -43,9 +43,11 @@ namespace {
 // 2026-12-03).
 constexpr size_t kAttnRows = kAttnQueryBlock;
 
-// Rows [r0, r1) of sequence `seq`'s new tokens: one unit of attention work.
+// Rows [r0, r1) of sequence `seq`'s new tokens, kv head g's group of query heads (a prefill
+// block) or every head (g = kAllHeads: a decode row): one unit of attention work.
+constexpr size_t kAllHeads = ~size_t{0};
 struct AttnUnit {
-  size_t seq, r0, r1;
+  size_t seq, r0, r1, g;
 };
 
 // One run of compacted final-norm rows [row0, row0 + len) whose logits go to dst (contiguous).
@@ -57,6 +59,9 @@ struct HeadRun {
 // Rows a prepared row block (and a group of whole sequences, below) holds at least: a full AMX
 // tile, so the kernel chosen — and the bits — are those of the panel split.
 constexpr size_t kBlockRows = 16;
+// GEMM row blocks per thread of a many-row step (prefill chunks): 2, so a late thread's share
+// can be taken over.
+constexpr size_t kGemmBlocksPerThread = 2;
 static_assert(kBlockRows >= amx::kMinRows, "a row block must take the kernel the panel split takes");
 
 // q8/q4 weights (their int8 activation rounding keeps them off the paths below that would change
@@ -231,8 +236,12 @@ void forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq* se
       pos_of[row0[e] + i] = seqs[e].pos0 + i;
     }
 
-  // Attention units: prefill chunks' row blocks first (the longest work, so the claims end
-  // balanced), then the decodes. Each unit runs on one thread with its own scratch slice.
+  // Attention units: a prefill chunk's row blocks per kv head (half the work of a block of all
+  // heads, so the threads end a stage closer together), and the decodes. Each unit runs on one
+  // thread with its own scratch slice. Laid out so that thread t's share (stage_units.h) holds
+  // the blocks of its own kv heads, longest work first, then its part of the decodes: a thread
+  // reads the keys and values of its heads only, which stay in its core's cache from one block
+  // to the next (one kv head of a 1,920-token tiny-powerful context is 1 MiB, both 2 MiB).
   AttnArgs base;
   base.ldq = ldqkv;
   base.heads = m.heads;
@@ -250,19 +259,24 @@ void forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq* se
     a.pos0 = s.pos0 + u.r0;
     return a;
   };
-  std::vector<AttnUnit> units;
+  std::vector<AttnUnit> units, decodes;
   size_t attn_floats = 0;
-  for (int pass = 0; pass < 2; ++pass)
-    for (size_t e = 0; e < count; ++e) {
-      const size_t n = seqs[e].n;
-      if ((n > 1) != (pass == 0) || n == 0) continue;
-      for (size_t r = 0; r < n; r += kAttnRows) {
-        units.push_back({e, r, std::min(n, r + kAttnRows)});
-        const AttnArgs a = unit_args(units.back());
-        // A decode scores its whole context in one pass (decode_attention.h).
-        attn_floats = std::max(attn_floats, a.n == 1 ? decode_attention_scratch_floats(a) : attention_scratch_floats(a));
+  for (size_t e = 0; e < count; ++e)
+    if (seqs[e].n == 1) decodes.push_back({e, 0, 1, kAllHeads});
+  for (unsigned t = 0; t < nt; ++t) {
+    for (size_t g = t * m.kv_heads / nt; g < (t + 1) * m.kv_heads / nt; ++g)
+      for (size_t e = 0; e < count; ++e) {
+        const size_t n = seqs[e].n;
+        if (n < 2) continue;
+        for (size_t r = 0; r < n; r += kAttnRows) units.push_back({e, r, std::min(n, r + kAttnRows), g});
       }
-    }
+    units.insert(units.end(), decodes.begin() + t * decodes.size() / nt, decodes.begin() + (t + 1) * decodes.size() / nt);
+  }
+  for (const AttnUnit& u : units) {
+    const AttnArgs a = unit_args(u);
+    // A decode scores its whole context in one pass (decode_attention.h).
+    attn_floats = std::max(attn_floats, a.n == 1 ? decode_attention_scratch_floats(a) : attention_group_scratch_floats(a));
+  }
   attn_floats = (attn_floats + 15) & ~size_t{15};
   if (sc.attn.size() < attn_floats * nt) sc.attn.resize(attn_floats * nt);
 
@@ -324,16 +338,25 @@ void forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq* se
                                                             : Split::kPanels;
   if (sc.prepared.size() < nt) sc.prepared.resize(nt);  // prepared GEMM inputs and the lm_head
   // Row blocks of the kRows split: prepared ones balanced (block b: rows [b·rows/n, (b+1)·rows/n));
-  // else about 2 per thread, whole 6-row tiles.
-  const size_t gemm_rows_each = ((rows + 2 * nt - 1) / (2 * nt) + 5) / 6 * 6;
-  const uint32_t gemm_row_units = prepared_blocks ? static_cast<uint32_t>(row_blocks) : units_of(rows, gemm_rows_each);
+  // else about kGemmBlocksPerThread per thread of whole kernel tiles — 32 rows (two AMX row tiles)
+  // for AMX bf16 weights, 6 for the AVX tiles. 6-row blocks gave AMX a 2-row tail per block (a
+  // 256-row step: 4 blocks of 66 rows, each tail a 16-row tile's work). A last block of fewer than
+  // kBlockRows rows joins the one before: a 1-row block would take the GEMV, other bits than the
+  // tiles (the rows of a 55-row step were once blocked 18, 18, 18, 1).
+  const bool amx_layers = !w.layer.empty() && amx::applies(w.layer[0].qkv, kBlockRows);
+  const size_t granule = amx_layers ? 32 : 6;  // SplitRows::gemm_range: 2 tiles of 16 rows
+  const size_t gemm_rows_each =
+      ((rows + kGemmBlocksPerThread * nt - 1) / (kGemmBlocksPerThread * nt) + granule - 1) / granule * granule;
+  uint32_t gemm_row_units = prepared_blocks ? static_cast<uint32_t>(row_blocks) : units_of(rows, gemm_rows_each);
+  if (!prepared_blocks && gemm_row_units > 1 && rows - (gemm_row_units - 1) * gemm_rows_each < kBlockRows)
+    --gemm_row_units;
   auto row_block = [&](uint32_t u, size_t* r0, size_t* r1) {
     if (prepared_blocks) {
       *r0 = u * rows / row_blocks;
       *r1 = (u + 1) * rows / row_blocks;
     } else {
       *r0 = u * gemm_rows_each;
-      *r1 = std::min(rows, *r0 + gemm_rows_each);
+      *r1 = u + 1 == gemm_row_units ? rows : std::min(rows, *r0 + gemm_rows_each);
     }
   };
 
@@ -462,10 +485,10 @@ void forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq* se
       stage(static_cast<uint32_t>(units.size()), [&](uint32_t u) {
         AttnArgs a = unit_args(units[u]);
         a.layer = l;
-        if (a.n == 1) {
+        if (units[u].g == kAllHeads) {
           decode_attention(a, scratch);
         } else {
-          attention(a, scratch);
+          attention_group(a, units[u].g, scratch);
         }
       });
 

@@ -91,8 +91,9 @@ async function scheduled(
 async function aloneDecode(
   model: LoadedModel,
   round: number,
-): Promise<{ tps: number; cpuTps: number; tpot: number[] }> {
+): Promise<{ tps: number; cpuTps: number; tpot: number[]; requestTpot: number[] }> {
   const tpot: number[] = [];
+  const requestTpot: number[] = [];
   let wall = 0, cpu = 0, tokens = 0;
   for (let r = 0; r < 4; r++) {
     const ids = prompt(model, round * 4 + r, 24);
@@ -110,8 +111,9 @@ async function aloneDecode(
     wall += (stamps[ALONE_TOKENS] - stamps[0]) / 1000;
     tokens += ALONE_TOKENS;
     tpot.push(...stamps.slice(1).map((t, i) => t - stamps[i]));
+    requestTpot.push((stamps[ALONE_TOKENS] - stamps[0]) / ALONE_TOKENS);
   }
-  return { tps: tokens / wall, cpuTps: tokens / cpu, tpot };
+  return { tps: tokens / wall, cpuTps: tokens / cpu, tpot, requestTpot };
 }
 
 /** Throughput at one concurrency through the scheduler, decode phase only. */
@@ -138,6 +140,8 @@ async function concurrent(model: LoadedModel, n: number) {
   const cpu = cpuSeconds() - t0box.cpu;
   const end = Math.max(...stamps.map((s) => s[s.length - 1]));
   const tpot = stamps.flatMap((s) => s.slice(1).map((t, i) => t - s[i]));
+  // vLLM's TPOT: a request's mean interval between its tokens (its ITL are the `tpot` entries).
+  const requestTpot = stamps.map((s) => (s[s.length - 1] - s[0]) / (s.length - 1));
   const tokens = stamps.reduce((a, s) => a + s.length - 1, 0);
   sched.close();
   pool.free();
@@ -145,6 +149,7 @@ async function concurrent(model: LoadedModel, n: number) {
     aggregate: tokens / ((end - t0box.t) / 1000),
     cpuTps: tokens / cpu,
     tpot,
+    requestTpot,
     steps: sched.counters.steps,
   };
 }
@@ -161,8 +166,13 @@ export interface ThroughputRow {
   aloneCpuTps: number;
   batched32CpuTps: number;
   cpuRatio32: number;
+  /** per token (inter-token latency, vLLM's ITL): the interval before each token */
   tpot32Ms: { p50: number; p99: number };
   tpotRatioP99: number;
+  /** per request (vLLM's TPOT): each request's mean interval between its tokens; p99 over the
+   *  alone requests of every round and over the 32 requests of the median round */
+  requestTpotMs: { aloneP99: number; c32P99: number };
+  requestTpotRatioP99: number;
 }
 
 async function throughput(name: string): Promise<ThroughputRow> {
@@ -196,6 +206,13 @@ async function throughput(name: string): Promise<ThroughputRow> {
       cpuRatio32: r2(midCpu / aloneCpu),
       tpot32Ms: { p50: r2(quantile(mid.tpot, 0.5)), p99: r2(quantile(mid.tpot, 0.99)) },
       tpotRatioP99: r2(quantile(mid.tpot, 0.99) / aloneP99),
+      requestTpotMs: {
+        aloneP99: r2(quantile(alone.flatMap((a) => a.requestTpot), 0.99)),
+        c32P99: r2(quantile(mid.requestTpot, 0.99)),
+      },
+      requestTpotRatioP99: r2(
+        quantile(mid.requestTpot, 0.99) / quantile(alone.flatMap((a) => a.requestTpot), 0.99),
+      ),
     };
   } finally {
     model.native.free();
@@ -406,7 +423,7 @@ export async function benchBatch(): Promise<BatchBenchResult> {
 export function formatBatchTable(r: BatchBenchResult): string {
   const lines = [
     `decode throughput (${r.threads} threads; alone: 4 × ${ALONE_TOKENS} tokens per round, c=32: ${r.decodeTokens} tokens each; medians of ${ROUNDS} alternating rounds)`,
-    "model          alone tok/s  batched c=1  c=32 tok/s  ratio | tok/CPU-s alone  c=32  ratio | TPOT p99 alone  c=32  ratio",
+    "model          alone tok/s  batched c=1  c=32 tok/s  ratio | tok/CPU-s alone  c=32  ratio | per-token p99 ms alone  c=32  ratio | per-request TPOT p99 ms alone  c=32  ratio",
   ];
   for (const t of r.throughput) {
     const cells = [
@@ -420,9 +437,13 @@ export function formatBatchTable(r: BatchBenchResult): string {
       String(t.batched32CpuTps).padStart(5),
       t.cpuRatio32.toFixed(2).padStart(5),
       "|",
-      t.aloneTpotMs.p99.toFixed(2).padStart(14),
+      t.aloneTpotMs.p99.toFixed(2).padStart(22),
       t.tpot32Ms.p99.toFixed(2).padStart(5),
       t.tpotRatioP99.toFixed(2).padStart(5),
+      "|",
+      t.requestTpotMs.aloneP99.toFixed(2).padStart(29),
+      t.requestTpotMs.c32P99.toFixed(2).padStart(5),
+      t.requestTpotRatioP99.toFixed(2).padStart(5),
     ];
     lines.push(cells.join("  ").replaceAll("  |  ", " | "));
   }

@@ -98,9 +98,11 @@ Deno.test("synchronous batched steps answer a request already waiting on the soc
   // The event loop's turn must poll sockets, not only run timers (eventLoopTurn). A client process
   // connects and sends its request while this thread spins without the event loop (so the request
   // waits in the kernel); then decode-only batched steps run synchronously with a turn every
-  // 0.5 ms of them. Counted in turns, not time, so load does not matter: polled, the request is
-  // accepted, read and answered in 2–3 turns; with setImmediate alone it waited for an occasional
-  // poll (0.1–0.46 s apart, measured 2026-12-03) and the 40 turns here pass without it.
+  // 0.25 ms of them, counted in turns (measured 2026-12-03): polled, the request is answered within
+  // 1–3 turns on a quiet machine and within ~40 under the parallel suite's load; with setImmediate
+  // alone, 121 turns every time on a quiet machine (Deno polled sockets only every ~30 ms) — but
+  // 4–34 under load, where Deno polls more often anyway: this catches that regression on a quiet
+  // machine only.
   using m = await NativeModel.load(await checkpoint(DEMO_DIRS[0]), { threads: 1 });
   const pool = m.createKvPool(4 * 512 / 16, 16);
   const seqs = Array.from({ length: 4 }, () => pool.createSequence(512));
@@ -137,10 +139,10 @@ Deno.test("synchronous batched steps answer a request already waiting on the soc
         if (performance.now() - t0 > 20_000) throw new Error("the client never sent its request");
       }
     }
-    syncStep.budgetMs = 0.5;
+    syncStep.budgetMs = 0.25;
     const turns0 = syncStep.turns;
     let steps = 0;
-    while (!answered && syncStep.turns - turns0 < 40) {
+    while (!answered && syncStep.turns - turns0 < 300) {
       await m.batchStep(
         seqs.map((seq) => ({ seq, tokens: [3 + (steps % 50)], wantLogits: false })),
       );
@@ -149,7 +151,7 @@ Deno.test("synchronous batched steps answer a request already waiting on the soc
     }
     const turns = syncStep.turns - turns0;
     assert.ok(answered, `not answered after ${turns} event-loop turns (${steps} steps)`);
-    assert.ok(turns <= 10, `answered after ${turns} event-loop turns`);
+    assert.ok(turns <= 80, `answered only after ${turns} event-loop turns`);
     syncStep.budgetMs = saved;
     assert.equal((await client.status).code, 0);
   } finally {

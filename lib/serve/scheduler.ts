@@ -580,6 +580,18 @@ export class Scheduler<S, P = unknown, O = unknown> {
     return plan;
   }
 
+  /** An engine call of the plan failed: false when the engine found too few blocks (blocks went
+   *  elsewhere meanwhile: nothing changed, replan), else every work of the plan gets the error. */
+  #failed(plan: { entry: Entry<S, P>; n: number }[], e: unknown): boolean {
+    if (this.#engine.isPoolExhausted?.(e)) return false;
+    for (const { entry } of plan) {
+      const w = entry.work;
+      entry.work = null;
+      w?.reject(e);
+    }
+    return true;
+  }
+
   /** Steps of a burst for this plan: more than one only when the engine runs bursts, every
    *  waiting work is in the plan as a decode that takes more tokens (a prompt or a logits decode
    *  waiting elsewhere gets the next plan at once instead), the last decode step times the burst
@@ -620,13 +632,7 @@ export class Scheduler<S, P = unknown, O = unknown> {
     try {
       out = await this.#engine.decodeSteps!(items, k);
     } catch (e) {
-      if (this.#engine.isPoolExhausted?.(e)) return false;
-      for (const { entry } of plan) {
-        const w = entry.work;
-        entry.work = null;
-        w?.reject(e);
-      }
-      return true;
+      return this.#failed(plan, e);
     }
     const ms = performance.now() - t0;
     if (this.#closed) return true;
@@ -690,13 +696,7 @@ export class Scheduler<S, P = unknown, O = unknown> {
     try {
       out = await this.#engine.step(items);
     } catch (e) {
-      if (this.#engine.isPoolExhausted?.(e)) return false; // blocks went elsewhere meanwhile
-      for (const { entry } of plan) {
-        const w = entry.work;
-        entry.work = null;
-        w?.reject(e);
-      }
-      return true;
+      return this.#failed(plan, e);
     }
     const ms = performance.now() - t0;
     if (this.#closed) return true; // close() already rejected every work; the engine may be gone

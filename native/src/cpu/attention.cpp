@@ -369,6 +369,18 @@ ThreadBufs thread_bufs(const Plan& p, size_t hd, float* tb) {
   return b;
 }
 
+// Keys and values [k0, k0 + tl) of kv head g as f32 rows in the thread's tile buffers, run (block)
+// by run, converted from the cache's dtype.
+void gather_tile(const KvCache& kv, size_t layer, size_t g, size_t k0, size_t tl, const ThreadBufs& tb) {
+  const size_t hd = kv.head_dim;
+  for (size_t k = k0; k < k0 + tl;) {
+    const size_t c = std::min(kv.run(k), k0 + tl - k);
+    to_f32(kv.at(layer, 0, g, k), kv.dtype, tb.ktile + (k - k0) * hd, c * hd);
+    to_f32(kv.at(layer, 1, g, k), kv.dtype, tb.vtile + (k - k0) * hd, c * hd);
+    k += c;
+  }
+}
+
 // Pass 1 for one (kv head, query block, key segment) item into its partial (acc, m, l) rows.
 void run_item(const AttnArgs& a, const Plan& p, size_t item, const ThreadBufs& tb, float* acc) {
   const size_t hd = a.head_dim;
@@ -416,12 +428,7 @@ void run_item(const AttnArgs& a, const Plan& p, size_t item, const ThreadBufs& t
         vg[j / 8] = reinterpret_cast<const float*>(kv.at(a.layer, 1, g, k0 + j));
       }
       if (!in_place) {
-        for (size_t k = k0; k < k0 + tl;) {  // each run (block) of the tile into the buffers
-          const size_t c = std::min(kv.run(k), k0 + tl - k);
-          to_f32(kv.at(a.layer, 0, g, k), dtype, tb.ktile + (k - k0) * hd, c * hd);
-          to_f32(kv.at(a.layer, 1, g, k), dtype, tb.vtile + (k - k0) * hd, c * hd);
-          k += c;
-        }
+        gather_tile(kv, a.layer, g, k0, tl, tb);
         for (size_t j = 0; j < tl; j += 8) {
           kg[j / 8] = tb.ktile + j * hd;
           vg[j / 8] = tb.vtile + j * hd;
@@ -446,12 +453,7 @@ void run_item(const AttnArgs& a, const Plan& p, size_t item, const ThreadBufs& t
       kt = reinterpret_cast<const float*>(kv.at(a.layer, 0, g, k0));
       vt = reinterpret_cast<const float*>(kv.at(a.layer, 1, g, k0));
     } else {
-      for (size_t k = k0; k < k0 + tl;) {  // each run (block) of the tile into the buffers
-        const size_t c = std::min(kv.run(k), k0 + tl - k);
-        to_f32(kv.at(a.layer, 0, g, k), dtype, tb.ktile + (k - k0) * hd, c * hd);
-        to_f32(kv.at(a.layer, 1, g, k), dtype, tb.vtile + (k - k0) * hd, c * hd);
-        k += c;
-      }
+      gather_tile(kv, a.layer, g, k0, tl, tb);
       kt = tb.ktile;
       vt = tb.vtile;
     }

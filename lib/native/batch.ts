@@ -269,56 +269,42 @@ async function stepWith(
     if (sync) syncStep.batchTaken++;
     const t0 = performance.now();
     const sym = lib.symbols;
-    status = await (samplerPtrs
-      ? (sync ? sym.kvr_batch_step_sample_sync : sym.kvr_batch_step_sample)(
-        ptrs,
-        n,
-        counts,
-        ids,
-        BigInt(total),
-        want,
-        logits,
-        BigInt(wanted * vocab),
-        samplerPtrs,
-        widths,
-        tokensOut,
-      )
-      : (sync ? sym.kvr_batch_step_sync : sym.kvr_batch_step)(
-        ptrs,
-        n,
-        counts,
-        ids,
-        BigInt(total),
-        want,
-        logits,
-        BigInt(wanted * vocab),
-      ));
-    // The message is on every sequence of the batch; read it before a deferred free runs.
-    if (status !== 0) {
-      message = cString(lib.symbols.kvr_seq_last_error(Deno.UnsafePointer.create(ptrs[0])));
-    } else if (steps !== null) {
-      burst = items.map((_, i) => [tokensOut[i]]);
-      while (
-        done < steps && burst.every((b) =>
-          b[b.length - 1] >= 0
-        )
-      ) {
-        for (let i = 0; i < n; i++) ids[i] = tokensOut[i];
-        const sym = lib.symbols;
-        const st = await (sync ? sym.kvr_batch_step_sample_sync : sym.kvr_batch_step_sample)(
+    // One native step over the arrays as they stand (a burst's later steps refill `ids` first).
+    const step = () =>
+      samplerPtrs
+        ? (sync ? sym.kvr_batch_step_sample_sync : sym.kvr_batch_step_sample)(
           ptrs,
           n,
           counts,
           ids,
-          BigInt(n),
+          BigInt(total),
           want,
           logits,
-          0n,
+          BigInt(wanted * vocab),
           samplerPtrs,
           widths,
           tokensOut,
+        )
+        : (sync ? sym.kvr_batch_step_sync : sym.kvr_batch_step)(
+          ptrs,
+          n,
+          counts,
+          ids,
+          BigInt(total),
+          want,
+          logits,
+          BigInt(wanted * vocab),
         );
-        if (st !== 0) break; // nothing changed in that step: the ones done stand
+    status = await step();
+    // The message is on every sequence of the batch; read it before a deferred free runs.
+    if (status !== 0) {
+      message = cString(lib.symbols.kvr_seq_last_error(Deno.UnsafePointer.create(ptrs[0])));
+    } else if (steps !== null) {
+      // A burst (every item one token and a sampler): each step's draws are the next one's input.
+      burst = items.map((_, i) => [tokensOut[i]]);
+      while (done < steps && burst.every((b) => b[b.length - 1] >= 0)) {
+        for (let i = 0; i < n; i++) ids[i] = tokensOut[i];
+        if (await step() !== 0) break; // nothing changed in that step: the ones done stand
         done++;
         for (let i = 0; i < n; i++) burst[i].push(tokensOut[i]);
       }

@@ -216,12 +216,17 @@ export async function* decodeLoop(
     target.rewind !== undefined;
   let ahead: Int32Array | null = null;
   let aheadAt = 0;
+  // Gives back the burst's tokens after the last one emitted (all appended already), so the cache
+  // ends as after single steps.
+  const giveBack = () => {
+    if (ahead && aheadAt < ahead.length) target.rewind!(ahead.length - aheadAt);
+    ahead = null;
+  };
   try {
     while (finishReason === undefined) {
       if (opts.signal?.aborted) {
         finishReason = "abort";
-        // As after single steps: the cache ends at the last emitted token.
-        if (ahead && aheadAt < ahead.length) target.rewind!(ahead.length - aheadAt);
+        giveBack();
         break;
       }
       let id: number;
@@ -257,12 +262,7 @@ export async function* decodeLoop(
         }
       }
       text += delta;
-      if (finishReason !== undefined && ahead && aheadAt < ahead.length) {
-        // Stopped inside a burst: the tokens after this one go back (the cache holds every
-        // generated token but the last, as after single steps).
-        target.rewind!(ahead.length - aheadAt);
-        ahead = null;
-      }
+      if (finishReason !== undefined) giveBack(); // stopped inside a burst
       yield logprobs ? { text: delta, tokenId: id, logprobs } : { text: delta, tokenId: id };
       if (finishReason === undefined) {
         if (ahead && aheadAt < ahead.length) {

@@ -655,17 +655,7 @@ export class Scheduler<S, P = unknown, O = unknown> {
       this.#expected.add(entry);
       w.resolve(r);
     });
-    const free = this.#engine.blocksFree();
-    for (let s = 0; s < steps; s++) {
-      this.#hooks.onStep?.({
-        seqs: plan.length,
-        decodes: plan.length,
-        prefillTokens: 0,
-        ms: ms / steps,
-        blocksUsed: this.#engine.blocksTotal - free,
-        blocksFree: free,
-      });
-    }
+    for (let s = 0; s < steps; s++) this.#reportStep(plan.length, plan.length, 0, ms / steps);
     return true;
   }
 
@@ -724,16 +714,22 @@ export class Scheduler<S, P = unknown, O = unknown> {
           : r!,
       );
     });
+    this.#reportStep(plan.length, decodes, prefill, ms);
+    return true;
+  }
+
+  /** One engine step's {@link StepStats} to the onStep hook (with the pool's counts now). */
+  #reportStep(seqs: number, decodes: number, prefillTokens: number, ms: number): void {
+    if (!this.#hooks.onStep) return;
     const free = this.#engine.blocksFree();
-    this.#hooks.onStep?.({
-      seqs: plan.length,
+    this.#hooks.onStep({
+      seqs,
       decodes,
-      prefillTokens: prefill,
+      prefillTokens,
       ms,
       blocksUsed: this.#engine.blocksTotal - free,
       blocksFree: free,
     });
-    return true;
   }
 }
 

@@ -155,9 +155,7 @@ int32_t batch_impl(kvr_seq* const* seqs, uint32_t n_seqs, const uint32_t* n_toke
   // Sampling failures stay with their row (its sampler's message); the step itself succeeded.
   for (uint32_t i = 0; i < n_seqs; ++i) {
     if (!samplers[i] || batch[i].sampled) continue;  // sampled: the backend did it on its device
-    if (sampler_run(samplers[i], batch[i].logits, widths[i], &tokens_out[i], nullptr, nullptr, nullptr, 0, nullptr) !=
-        KVR_OK)
-      tokens_out[i] = -1;
+    sample_step_token(samplers[i], batch[i].logits, widths[i], &tokens_out[i]);
   }
   return KVR_OK;
 }

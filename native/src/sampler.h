@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "kvrelay.h"
 #include "sampling.h"
 
 struct kvr_sampler {
@@ -28,6 +29,12 @@ int32_t sampler_check_out(kvr_sampler* s, const int32_t* token_out, const int32_
 int32_t sampler_run(kvr_sampler* s, const float* logits, size_t width, int32_t* token_out,
                     double* logprob_out, int32_t* top_ids, double* top_logprobs, uint32_t top_len,
                     uint32_t* top_count_out);
+
+// A batched step's draw (kvr_batch_step_sample): sampler_run's token without logprobs, or -1 in
+// *token_out when the row has no finite logit (the message is then on the sampler).
+inline void sample_step_token(kvr_sampler* s, const float* logits, size_t width, int32_t* token_out) {
+  if (sampler_run(s, logits, width, token_out, nullptr, nullptr, nullptr, 0, nullptr) != KVR_OK) *token_out = -1;
+}
 
 // The step's token from a device's reduced row (common/sample_math.h plan_route): kGreedy takes
 // ids[0]; kTopK draws from the m candidates (sample_candidates). m == 0: no finite logit among

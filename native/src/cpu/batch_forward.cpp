@@ -178,8 +178,7 @@ void forward_batch(const ModelGeometry& m, const Weights& w, BatchSeq* seqs, siz
           for (size_t e = c.bounds[g]; e < c.bounds[g + 1]; ++e) {
             BatchSeq& s = c.seqs[e];
             if (!s.sampler || !s.logits) continue;
-            if (sampler_run(s.sampler, s.logits, s.width, s.token_out, nullptr, nullptr, nullptr, 0, nullptr) != KVR_OK)
-              *s.token_out = -1;
+            sample_step_token(s.sampler, s.logits, s.width, s.token_out);
             s.sampled = true;
           }
         }

@@ -115,8 +115,8 @@ export async function benchEngine(modelDirs: string[]): Promise<EngineBenchResul
   const info = await machineInfo();
   const threads = info.logicalCpus;
   const models: EngineModelResult[] = [];
-  // 1 thread and all cores with the checkpoint's weights (2-thread decode vs 1-thread is an
-  // issue-13 target), then q8 and q4 at all cores.
+  // 1 thread and all cores with the checkpoint's weights (shows how decode scales with threads),
+  // then q8 and q4 at all cores.
   for (const dir of modelDirs) {
     for (const t of [...new Set([1, threads])]) models.push(await benchModel(dir, t, "bf16"));
     models.push(await benchModel(dir, threads, "q8"));

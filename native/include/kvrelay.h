@@ -5,7 +5,7 @@
  * this boundary: TypeScript parses config.json and safetensors headers and passes fixed-layout
  * structs (offsets documented per field, little-endian).
  *
- * Rules (DESIGN.md §3): opaque handles, *_free(NULL) is a no-op, every fallible call returns an
+ * Rules (docs/native.md): opaque handles, *_free(NULL) is a no-op, every fallible call returns an
  * int32_t status (KVR_OK or a negative kvr_status), the caller owns every buffer and passes its
  * length, and the library checks every length. No exception, exit or abort crosses this boundary.
  *
@@ -272,7 +272,7 @@ KVR_API int32_t kvr_seq_kv_write(kvr_seq* seq, uint32_t layer, uint32_t start, u
 /* Sets length to n_tokens (<= capacity). The caller vouches positions < n_tokens hold data. */
 KVR_API int32_t kvr_seq_set_length(kvr_seq* seq, uint32_t n_tokens);
 
-/* ---- Paged KV pool and batched step (issue 10: continuous batching) — declarations below ----
+/* ---- Paged KV pool and batched step (continuous batching) — declarations below ----
  *
  * A pool is one model's arena of fixed-size KV blocks (block_tokens positions each, every layer's
  * K and V: 2 · layers · kv_heads · block_tokens · head_dim · sizeof(kv_dtype) bytes per block).
@@ -337,7 +337,7 @@ KVR_API int32_t kvr_batch_step_sample(kvr_seq* const* seqs, uint32_t n_seqs, con
 
 /* ---- end paged KV pool and batched step ---- */
 
-/* ---- KV snapshot codec (issue 3: quantize/dequantize chunks) — declarations below ---- */
+/* ---- KV snapshot codec (quantize/dequantize chunks) — declarations below ---- */
 
 /*
  * Quantization of one KV block (heads, tokens, head_dim) row-major f32 for snapshots
@@ -438,7 +438,7 @@ KVR_API int32_t kvr_seq_import_chunk(kvr_seq* seq, uint32_t encoding, uint32_t g
 
 /* ---- end KV snapshot codec ---- */
 
-/* ---- Cross-model KV projection (issue 4: ridge fit accumulation, apply) — declarations below ---- */
+/* ---- Cross-model KV projection (ridge fit accumulation, apply) — declarations below ---- */
 
 /*
  * KV layout used by this section: a "cache block" is (layers, kv_heads, tokens, head_dim)
@@ -573,7 +573,7 @@ KVR_API int32_t kvr_projector_apply_seq(const kvr_projector* projector, const kv
 
 /* ---- end cross-model KV projection ---- */
 
-/* ---- Native sampling (issues 9/13: a decode step returns a token, not logits) ---- */
+/* ---- Native sampling (a decode step returns a token, not logits) ---- */
 
 /*
  * Sampling settings, 40 bytes, by pointer (kvr_sampling_default_params fills the defaults):

@@ -29,32 +29,31 @@ const esc = (s: string) =>
   s.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;").replace(/\|/g, "\\|");
 
 /**
- * One section's Markdown: a heading, where and when it was measured, and a table whose columns
- * are the rows' label names, then metric, median, spread and runs.
+ * One section's Markdown: a heading, where and when it was measured, and a table per run of rows
+ * with the same label names (columns: the labels, then metric, median, spread and runs).
  * @param r The section's file.
  * @returns Markdown.
  */
 export function sectionMarkdown(r: SectionResult): string {
-  const labelNames: string[] = [];
-  for (const row of r.rows) {
-    for (const k of Object.keys(row.labels)) if (!labelNames.includes(k)) labelNames.push(k);
-  }
-  const header = [...labelNames, "metric", "median", "spread (min–max)", "runs"];
   const lines = [
     `## ${r.section}`,
     "",
     `Machine: ${r.machine.cpu}, ${r.machine.cores} logical CPUs (${r.machine.os}, Deno ${r.machine.deno}). ` +
     `Commit \`${r.commit}\`, ${r.date.slice(0, 10)}. Command: \`${r.command}\`.`,
-    "",
-    `| ${header.join(" | ")} |`,
-    `| ${header.map(() => "---").join(" | ")} |`,
   ];
+  let keys = "";
   for (const row of r.rows) {
+    const names = Object.keys(row.labels);
+    if (names.join("\0") !== keys || lines.length === 3) {
+      keys = names.join("\0");
+      const header = [...names, "metric", "median", "spread (min–max)", "runs"];
+      lines.push("", `| ${header.join(" | ")} |`, `| ${header.map(() => "---").join(" | ")} |`);
+    }
     const spread = row.min === null || row.max === null
       ? "—"
       : `${fmtNumber(row.min)}–${fmtNumber(row.max)}`;
     const cells = [
-      ...labelNames.map((k) => k in row.labels ? esc(String(row.labels[k])) : ""),
+      ...names.map((k) => esc(String(row.labels[k]))),
       `${esc(row.metric)} (${esc(row.unit)})`,
       fmtNumber(row.median),
       spread,

@@ -40,6 +40,8 @@ export interface EngineModelResult {
   prefillTokensPerSecond: Record<string, number>;
   decodeTokensPerSecond: number;
   decodeContext: number;
+  /** every run's tokens/s (the medians above are of these), for the result file's spread */
+  runs: { prefill: Record<string, number[]>; decode: number[] };
 }
 
 async function benchModel(
@@ -51,6 +53,7 @@ async function benchModel(
   try {
     const vocab = model.checkpoint.config.vocabSize;
     const prefill: Record<string, number> = {};
+    const prefillRuns: Record<string, number[]> = {};
     for (const n of PREFILL_LENGTHS) {
       const ids = promptIds(n, vocab);
       const times: number[] = [];
@@ -65,6 +68,7 @@ async function benchModel(
         }
       }
       prefill[String(n)] = n / median(times);
+      prefillRuns[String(n)] = times.map((t) => n / t);
     }
     const decodeTimes: number[] = [];
     for (let r = 0; r < RUNS; r++) {
@@ -85,6 +89,7 @@ async function benchModel(
       prefillTokensPerSecond: prefill,
       decodeTokensPerSecond: DECODE_STEPS / median(decodeTimes),
       decodeContext: DECODE_CONTEXT,
+      runs: { prefill: prefillRuns, decode: decodeTimes.map((t) => DECODE_STEPS / t) },
     };
   } finally {
     model.native.free();

@@ -3,7 +3,7 @@
 // median, and the spread over the runs where the section keeps them). Each run of a section
 // overwrites its file, so the directory holds the current figures only; git history keeps the
 // older ones. bench/report.ts turns the files into bench/RESULTS.md and the plots.
-import type { MachineInfo } from "./machine.ts";
+import { type MachineInfo, median } from "./machine.ts";
 
 /** One measured figure. */
 export interface ResultRow {
@@ -53,10 +53,15 @@ export function row(
     return { labels, metric, unit, median: value, min: null, max: null, runs: null };
   }
   if (value.length === 0) throw new RangeError(`no samples for ${metric}`);
-  const s = [...value].sort((a, b) => a - b);
-  const mid = s.length >> 1;
-  const median = s.length % 2 ? s[mid] : (s[mid - 1] + s[mid]) / 2;
-  return { labels, metric, unit, median, min: s[0], max: s[s.length - 1], runs: s.length };
+  return {
+    labels,
+    metric,
+    unit,
+    median: median(value),
+    min: Math.min(...value),
+    max: Math.max(...value),
+    runs: value.length,
+  };
 }
 
 /** The identity of a row: its labels and metric. */

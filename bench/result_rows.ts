@@ -17,9 +17,11 @@ function engineRows(r: EngineBenchResult): ResultRow[] {
   for (const m of r.models) {
     const labels = { model: m.model, weights: m.weights, threads: m.threads };
     for (const [n, tps] of Object.entries(m.prefillTokensPerSecond)) {
-      rows.push(row(labels, `prefill${n}`, TPS, tps));
+      rows.push(row(labels, `prefill${n}`, TPS, m.runs?.prefill[n] ?? tps));
     }
-    rows.push(row(labels, `decode@${m.decodeContext}`, TPS, m.decodeTokensPerSecond));
+    rows.push(
+      row(labels, `decode@${m.decodeContext}`, TPS, m.runs?.decode ?? m.decodeTokensPerSecond),
+    );
   }
   for (const q of r.quantKernels) {
     rows.push(

@@ -126,3 +126,29 @@ Deno.test("peers rows: kvrelay's rounds give median and spread, llama.cpp's best
   assert.deepEqual(rows[1].labels.engine, "llama.cpp (fa=on,kv=f16)");
   assert.deepEqual([rows[1].median, rows[1].min, rows[1].max], [50, 40, 60]);
 });
+
+Deno.test("engine rows: each run's tokens/s gives the median and spread; older results without runs keep their median", () => {
+  const model = {
+    model: "m1",
+    threads: 2,
+    weights: "bf16",
+    prefillTokensPerSecond: { "128": 110 },
+    decodeTokensPerSecond: 50,
+    decodeContext: 512,
+  };
+  const withRuns = SECTION_ROWS.engine({
+    models: [{ ...model, runs: { prefill: { "128": [100, 120, 110] }, decode: [40, 50, 60] } }],
+    quantKernels: [],
+    gemm: [],
+  } as never);
+  assert.deepEqual(
+    withRuns.map((r) => [r.metric, r.median, r.min, r.max, r.runs]),
+    [["prefill128", 110, 100, 120, 3], ["decode@512", 50, 40, 60, 3]],
+  );
+  const old = SECTION_ROWS.engine({ models: [model], quantKernels: [], gemm: [] } as never);
+  assert.deepEqual(old.map((r) => [r.median, r.min, r.runs]), [[110, null, null], [
+    50,
+    null,
+    null,
+  ]]);
+});

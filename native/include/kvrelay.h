@@ -119,12 +119,13 @@ typedef struct kvr_model_params {
 /*
  * In-memory format of the linear weights (q/k/v/o, gate/up/down, lm_head), made at load from the
  * checkpoint. NATIVE keeps the checkpoint's precision (BF16 stays bf16, F32/F16 become f32). Q8:
- * 8-bit codes with one f32 scale per 32 input features per output (llama.cpp Q8_0-like), run
- * with the activation quantized per 32-block and int8 dot products (AVX-512 VNNI where present);
- * prefill dequantizes to f32. Q4: 4-bit codes per 32 input features per output with an f16 scale
- * and an f16 offset (w ≈ d·c + m, llama.cpp Q4_1-like, fitted by least squares), run the same
- * way. A tied embedding is looked up in the quantized lm_head (no second copy); an untied
- * embedding table and the norms stay as they are. CPU backend only (CUDA: KVR_ERR_UNSUPPORTED).
+ * 8-bit codes with one bf16 scale (absmax/127 rounded up) per 32 input features per output, 1.0625
+ * bytes per weight like llama.cpp Q8_0, run with the activation quantized per 32-block and int8
+ * dot products (VNNI where present), for one row and for many (docs/int8_gemm.md). Q4: 4-bit
+ * codes per 32 input features per output with an f16 scale and an f16 offset (w ≈ d·c + m,
+ * llama.cpp Q4_1-like, fitted by least squares), run the same way. A tied embedding is looked up
+ * in the quantized lm_head (no second copy); an untied embedding table and the norms stay as they
+ * are. CPU backend only (CUDA: KVR_ERR_UNSUPPORTED).
  */
 typedef enum kvr_weight_format {
   KVR_WEIGHTS_NATIVE = 0,

@@ -26,8 +26,8 @@ const ALONE_TOKENS = 256; // per alone run (4 runs per round)
 const ROUNDS = 5;
 
 /** CPU seconds this process has used (user + system, all threads; /proc/self/stat, Linux). The
- * dev machine is shared by several engineers (load averages of 15–75 on 2 cores were seen), so
- * wall-clock rates swing by 4× between runs; tokens per CPU-second are what the code controls. */
+ * bench machine may be shared with other work, which makes wall-clock rates swing by several times
+ * between runs; tokens per CPU-second are what the code controls. */
 function cpuSeconds(): number {
   try {
     const stat = Deno.readTextFileSync("/proc/self/stat");

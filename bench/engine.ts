@@ -40,6 +40,8 @@ export interface EngineModelResult {
   prefillTokensPerSecond: Record<string, number>;
   decodeTokensPerSecond: number;
   decodeContext: number;
+  /** every run's tokens/s (the medians above are of these), for the result file's spread */
+  runs: { prefill: Record<string, number[]>; decode: number[] };
 }
 
 async function benchModel(
@@ -51,6 +53,7 @@ async function benchModel(
   try {
     const vocab = model.checkpoint.config.vocabSize;
     const prefill: Record<string, number> = {};
+    const prefillRuns: Record<string, number[]> = {};
     for (const n of PREFILL_LENGTHS) {
       const ids = promptIds(n, vocab);
       const times: number[] = [];
@@ -65,6 +68,7 @@ async function benchModel(
         }
       }
       prefill[String(n)] = n / median(times);
+      prefillRuns[String(n)] = times.map((t) => n / t);
     }
     const decodeTimes: number[] = [];
     for (let r = 0; r < RUNS; r++) {
@@ -85,6 +89,7 @@ async function benchModel(
       prefillTokensPerSecond: prefill,
       decodeTokensPerSecond: DECODE_STEPS / median(decodeTimes),
       decodeContext: DECODE_CONTEXT,
+      runs: { prefill: prefillRuns, decode: decodeTimes.map((t) => DECODE_STEPS / t) },
     };
   } finally {
     model.native.free();
@@ -115,8 +120,8 @@ export async function benchEngine(modelDirs: string[]): Promise<EngineBenchResul
   const info = await machineInfo();
   const threads = info.logicalCpus;
   const models: EngineModelResult[] = [];
-  // 1 thread and all cores with the checkpoint's weights (2-thread decode vs 1-thread is an
-  // issue-13 target), then q8 and q4 at all cores.
+  // 1 thread and all cores with the checkpoint's weights (shows how decode scales with threads),
+  // then q8 and q4 at all cores.
   for (const dir of modelDirs) {
     for (const t of [...new Set([1, threads])]) models.push(await benchModel(dir, t, "bf16"));
     models.push(await benchModel(dir, threads, "q8"));

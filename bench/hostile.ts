@@ -1,4 +1,4 @@
-// Hostile-client measurements for issue 11's targets (not a test; prints JSON): /healthz latency
+// Hostile-client measurements (not a test; prints JSON): /healthz latency
 // percentiles while four ~1 MB prompts (refused unread) and four prompts just under the character
 // bound (tokenized on the worker) arrive at once; the server's RSS idle, during and after three
 // concurrent 250 MiB hostile snapshot uploads (random bytes, and a valid header + garbage); and

@@ -1,22 +1,24 @@
 // `deno task bench [section...] [--real | --shapes=a,b] [--models=tiny-fast,..] [--formats=bf16,..]
-// [--columns=prefill128,..] [--runs=N] [--threads=N] [--label=NAME] [--kvrelay-kv=f16]`: runs benchmark sections
-// (default: all but peers), prints their tables and writes bench/results/<section>-<date>.json with
-// the machine they ran on (peers: one file per model, peers-<model>[-<formats>][-<columns>]
-// [-<label>]-<date>.json, so split runs never overwrite each other). --real (or --shapes) adds the
-// random-weight real-size shapes (scripts/make_checkpoint.ts; generated on first use) to the engine
-// and peers sections; --models picks demo models; --formats, --columns, --runs and --threads apply
-// to peers (rounds, default 7; threads, default 2); --kvrelay-kv sets kvrelay's KV cache dtype in
-// peers (default f32; f16 is llama.cpp's default); --label tags the result files.
+// [--columns=prefill128,..] [--runs=N] [--threads=N] [--kvrelay-kv=f16]`: runs benchmark sections
+// (default: all but peers), prints their tables and overwrites bench/results/<section>.json with
+// the machine, the commit and the figures (result_file.ts; `deno task results` tabulates them in
+// bench/RESULTS.md). --real (or --shapes) adds the random-weight real-size shapes
+// (scripts/make_checkpoint.ts; generated on first use) to the engine and peers sections; --models
+// picks demo models; --formats, --columns, --runs and --threads apply to peers (rounds, default 7;
+// threads, default 2); --kvrelay-kv sets kvrelay's KV cache dtype in peers (default f32; f16 is
+// llama.cpp's default).
 import { parseArgs } from "node:util";
 import type { KvDtype } from "../lib/native/mod.ts";
 import { benchEngine, formatEngineTable } from "./engine.ts";
 import { benchSnapshots, formatSnapshotTable } from "./snapshot.ts";
 import { benchHttp, formatHttpTable } from "./http.ts";
 import { benchMigration, formatMigrationTable } from "./migration.ts";
-import { benchPeers, type Column, COLUMNS, formatPeersTable, type PeersResult } from "./peers.ts";
+import { benchPeers, type Column, COLUMNS, formatPeersTable } from "./peers.ts";
 import { benchBatch, formatBatchTable } from "./batch.ts";
 import { benchColdStart, formatColdStartTable } from "./coldstart.ts";
 import { machineInfo } from "./machine.ts";
+import { currentCommit, sectionResult } from "./result_file.ts";
+import { SECTION_ROWS } from "./result_rows.ts";
 import { benchMultihost, formatMultihostTable } from "./multihost.ts";
 import { ensureShapeCheckpoint } from "../scripts/make_checkpoint.ts";
 import { REAL_SHAPES } from "../tests/fixtures/real_shapes.ts";
@@ -35,7 +37,6 @@ const { values: flags, positionals } = parseArgs({
     models: { type: "string" },
     formats: { type: "string" },
     columns: { type: "string" },
-    label: { type: "string" },
     "kvrelay-kv": { type: "string" },
   },
 });
@@ -80,11 +81,6 @@ for (const c of columns ?? []) {
 const kvrelayKv = flags["kvrelay-kv"];
 if (kvrelayKv !== undefined && !["f32", "f16", "bf16"].includes(kvrelayKv)) {
   console.error(`--kvrelay-kv must be f32, f16 or bf16, got "${kvrelayKv}"`);
-  Deno.exit(2);
-}
-const label = flags.label;
-if (label !== undefined && !/^[A-Za-z0-9_.]+$/.test(label)) {
-  console.error(`--label must be letters, digits, "_" or ".", got "${label}"`);
   Deno.exit(2);
 }
 
@@ -140,27 +136,17 @@ for (const name of wanted) {
 }
 
 const machine = await machineInfo();
-const day = machine.date.slice(0, 10);
+const commit = await currentCommit(root);
+const command = ["deno task bench", ...Deno.args].join(" ");
 console.log(`machine: ${machine.cpuModel}, ${machine.logicalCpus} CPUs @ ${machine.cpuMhz} MHz`);
 for (const name of wanted) {
   const section = sections[name];
   console.log(`\n== ${name}`);
   const result = await section.run();
   console.log(section.format(result as never));
-  for (const [tag, part] of resultFiles(name, result)) {
-    const path = `${root}bench/results/${name}${tag}${label ? `-${label}` : ""}-${day}.json`;
-    await Deno.writeTextFile(path, JSON.stringify({ machine, ...part }, null, 2) + "\n");
-    console.log(`wrote ${path}`);
-  }
-}
-
-/** A section's result files: [name tag, content]; peers splits per model (and run subset). */
-function resultFiles(section: string, result: object): [string, object][] {
-  if (section !== "peers") return [["", result]];
-  const r = result as PeersResult;
-  const subset = [
-    formats ? `-${formats.join("+")}` : "",
-    columns ? `-${columns.map((c) => c.replace("@", "at")).join("+")}` : "",
-  ].join("");
-  return r.models.map((m) => [`-${m.model}${subset}`, { ...r, models: [m] }]);
+  const rows = SECTION_ROWS[name](result as never);
+  const path = `${root}bench/results/${name}.json`;
+  const file = sectionResult(name, machine, commit, command, rows);
+  await Deno.writeTextFile(path, JSON.stringify(file, null, 2) + "\n");
+  console.log(`wrote ${path}`);
 }

@@ -1,4 +1,4 @@
-// Migration benchmark (issue 4): per committed demo projector, the stored quality at P=192, C=64
+// Migration benchmark: per committed demo projector, the stored quality at P=192, C=64
 // on valid.txt (recovered, kl_recovered, top-1 for r ∈ {1, 8, 32}); and per pair and prompt
 // length 512/2048 (beyond the demo models' trained context: time only) the TTFT of full target
 // prefill vs migrate+repair(r) from a warm source cache, medians, with the migration split out

@@ -1,7 +1,7 @@
-// Snapshot benchmark (issue 3): per demo model and encoding — bytes per token and per KV element,
+// Snapshot benchmark: per demo model and encoding — bytes per token and per KV element,
 // export (encode) and import (decode) throughput, and the continuation cross-entropy change an
 // encoding causes on valid.txt windows versus the never-exported cache. Imports the code it
-// measures (lib/snapshot); medians over repeated runs. Wired into bench/main.ts by the lead.
+// measures (lib/snapshot); medians over repeated runs. Run by bench/main.ts.
 
 import { type LoadedModel, loadModel } from "../lib/engine/mod.ts";
 import {

@@ -17,15 +17,15 @@ import {
 import { VALID_SAMPLE_PATH as VALID_TXT } from "./support/corpus.ts";
 
 const MODELS_DIR = new URL("../models", import.meta.url).pathname;
-/** f32 compute: observed 3e-7–9e-7 (2026-12-02); 1e-5 leaves a 10× margin. */
+/** f32 compute: observed 3e-7–9e-7; 1e-5 leaves a 10× margin. */
 const F32_BOUND = 1e-5;
 /** bf16 KV cache: keys/values rounded to 8 significant bits (relative error ≤ 2^-9 ≈ 0.002
- * each), so logits move by about that much: observed 1.2e-3 on tiny-fast over 256 tokens
- * (2026-12-02); the bound leaves a 4× margin. */
+ * each), so logits move by about that much: observed 1.2e-3 on tiny-fast over 256 tokens; the
+ * bound leaves a 4× margin. */
 const BF16_KV_BOUND = 5e-3;
 /** f16 KV cache: 11 significant bits (relative error ≤ 2^-12 each, 8× finer than bf16): observed
- * 2.6e-4 (tiny-fast) and 8.4e-5 (tiny-balanced) over 256 tokens (2026-12-03); 1e-3 leaves a 4×
- * margin. The decode kernels read the f16 rows in place (cpu/decode_attention.cpp). */
+ * 2.6e-4 (tiny-fast) and 8.4e-5 (tiny-balanced) over 256 tokens; 1e-3 leaves a 4× margin. The
+ * decode kernels read the f16 rows in place (cpu/decode_attention.cpp). */
 const F16_KV_BOUND = 1e-3;
 
 interface Comparison {

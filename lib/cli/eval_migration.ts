@@ -1,4 +1,4 @@
-// `eval-migration`: measure a projector on a text file (issue 4 §5): full target prefill vs
+// `eval-migration`: measure a projector on a text file (docs/migration.md): full target prefill vs
 // migrated prefix + repair r vs no prefix, in windows of P+C tokens. Progress on stderr; the last
 // stdout line is one JSON object. Without --projector, source and target must be the same model.
 

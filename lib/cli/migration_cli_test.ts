@@ -1,6 +1,6 @@
 // End-to-end runs of the migration CLI commands as real processes on the demo models: `fit` on a
 // few calibration windows writes a valid artifact and prints a JSON last line, `eval-migration`
-// and `compare` print the issue's JSON shapes, and usage errors exit 2.
+// and `compare` print the documented JSON shapes, and usage errors exit 2.
 
 import assert from "node:assert/strict";
 import { readProjectorMeta } from "../migrate/mod.ts";

@@ -1,4 +1,4 @@
-// Migration quality, measured (issue 4 §5): a token sequence cut into consecutive windows of
+// Migration quality, measured (docs/migration.md): a token sequence cut into consecutive windows of
 // P+C tokens; tokens w[P+1..P+C−1] are scored (a) with full target prefill, (b) with positions
 // 0..P−r−1 migrated from the source cache and the rest computed by the target, (c) with no
 // prefix; NLL, "gap recovered", KL and top-1 agreement vs full, TTFT of (b) vs (a). No CLI here.

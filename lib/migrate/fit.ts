@@ -1,4 +1,4 @@
-// Fitting a linear KV projector (DESIGN §6): run both models over calibration windows, strip
+// Fitting a linear KV projector (docs/migration.md): run both models over calibration windows, strip
 // RoPE from keys, stream float64 XᵀX/XᵀY into native accumulators straight from the two caches
 // (RidgeAccumulator.accumulateSequences: on the device for CUDA models; train and held-out splits),
 // then per target layer and per K/V choose source layers and λ on the held-out split and solve

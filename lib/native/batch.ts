@@ -54,8 +54,8 @@ export const MAX_BATCH_TOKENS = 65536;
  * `syncStep.maxBatchStepMs` (sync_step.ts, 4 ms) runs on the calling (JavaScript) thread instead of
  * Deno's blocking pool. Why: a nonblocking FFI call hands the step to a pool thread and the result
  * back to the event loop, and each step lands on whichever pool thread is free (cold caches as the
- * step's thread 0); for short steps that cost ~0.3 ms of a 1.3 ms 32-row tiny-fast step (measured
- * 2026-12-03: 1.0–1.2 vs 1.3–1.6 ms per step through the scheduler). The bound keeps the event loop
+ * step's thread 0); for short steps that cost ~0.3 ms of a 1.3 ms 32-row tiny-fast step (1.0–1.2
+ * vs 1.3–1.6 ms per step through the scheduler). The bound keeps the event loop
  * blocked no longer than a few milliseconds; prefill chunks and slower models' steps stay
  * off-thread. After `syncStep.budgetMs` (shared with the single-sequence steps) of back-to-back
  * synchronous steps, one yields an event-loop turn (setImmediate) before it resolves: a scheduler's
@@ -68,7 +68,7 @@ export const MAX_BATCH_TOKENS = 65536;
 const lastDecodeStepMs = new WeakMap<NativeModel, number>();
 
 /** The per-item arrays one call passes to the library, kept for the next call: a typed array
- *  costs ~0.7 µs to create, and a step made eight (2026-12-03). A call takes a set off the free
+ *  costs ~0.7 µs to create, and a step would make eight. A call takes a set off the free
  *  list and gives it back when the library is done with it, so calls in flight together (a
  *  nonblocking step) never share one. */
 class StepArrays {
@@ -130,7 +130,7 @@ export async function runBatchStep(
  * NativeModel.batchDecodeSteps): step 1 appends each item's token and samples the next one
  * natively, every later step appends what the step before sampled. One JavaScript call for
  * several steps: between them only the sampled ids move to the next step's input, where a
- * scheduler round trip per step cost ~0.15 ms of a ~0.55 ms 32-row tiny-fast step (2026-12-03).
+ * scheduler round trip per step costs ~0.15 ms of a ~0.55 ms 32-row tiny-fast step.
  * The burst ends early (the steps done stand) when a step fails natively (e.g. the pool or a
  * sequence's capacity ran out) or a row has no finite logit; that row's sequence then gives back
  * the token the failed draw would have followed, so every sequence holds its returned tokens but

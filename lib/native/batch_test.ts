@@ -23,11 +23,11 @@ import {
 import { loadReferenceModel, referenceForward } from "../../tests/reference/forward.ts";
 import { syncStep } from "./sync_step.ts";
 
-/** Batched vs alone on CPU: the bound (same kernels, different summation splits). */
+/** Batched vs alone on CPU: the contract's bound (same kernels, different summation splits). */
 const REL_TOL = 1e-5;
 /** With a bf16 cache a last-bit difference in a layer's output can round a stored K/V entry to
  * the neighbouring bf16 value (2^-8 relative), which later layers see: observed 2.0e-5 on
- * tiny-powerful (2026-12-02); 1e-4 keeps a 5× margin and still catches any real mix-up (those
+ * tiny-powerful; 1e-4 keeps a 5× margin and still catches any real mix-up (those
  * are O(1)). */
 const REL_TOL_BF16 = 1e-4;
 

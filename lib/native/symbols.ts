@@ -1,5 +1,5 @@
 // The Deno FFI symbol table of libkvrelay, mirroring native/include/kvrelay.h one entry per
-// function. Grouped by header section so a new section (e.g. the issue-3 snapshot codec) is one
+// function. Grouped by header section so a new section (e.g. the snapshot codec) is one
 // added object plus one spread in `symbols`. Not the place for argument checks (see sequence.ts).
 
 // Signatures of the functions opened twice, as a call on a worker thread (`nonblocking`) and as
@@ -178,7 +178,7 @@ export const coreSymbols = {
   kvr_cpu_kernel_name: { parameters: [], result: "pointer" },
 } as const satisfies Deno.ForeignLibraryInterface;
 
-/** KV snapshot codec (issue 3) — its owner adds the header's codec section here. */
+/** KV snapshot codec (chunk quantize/dequantize). */
 export const codecSymbols = {
   // (data u8*, len, crc, out u32*)
   kvr_crc32c: { parameters: ["buffer", "usize", "u32", "buffer"], result: "i32" },
@@ -268,7 +268,7 @@ export const codecSymbols = {
   },
 } as const satisfies Deno.ForeignLibraryInterface;
 
-/** Cross-model KV projection (issue 4) — wrapped by lib/migrate/native.ts. */
+/** Cross-model KV projection — wrapped by lib/migrate/native.ts. */
 export const migrateSymbols = {
   // (geometry*, start_pos, tokens, k_in, k_in_len, v_in, v_in_len, k_out, k_out_len, v_out, v_out_len)
   kvr_kv_to_features: {
@@ -443,7 +443,7 @@ export const samplingSymbols = {
 } as const satisfies Deno.ForeignLibraryInterface;
 
 /** Every symbol opened by openNativeLibrary. */
-/** Paged KV pool and the batched step (issue 10). */
+/** Paged KV pool and the batched step (continuous batching). */
 export const batchSymbols = {
   // (model, n_blocks, block_tokens, out_pool**)
   kvr_kv_pool_create: { parameters: ["pointer", "u32", "u32", "buffer"], result: "i32" },

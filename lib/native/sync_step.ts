@@ -6,11 +6,10 @@
 // overhead") — a third of a tiny model's step. A synchronous call has none of that but blocks the
 // event loop, so it is taken only for short steps and for a bounded time: after `budgetMs` of
 // back-to-back synchronous steps (one budget for both kinds) the caller yields one event-loop turn
-// (eventLoopTurn), which gives due timers and I/O their turn. (Until 2026-12-03 the
-// single-sequence policy made the next step nonblocking instead: that polls I/O, but a quickly
-// finished op could resolve before due timers ran, so a timer was not guaranteed a turn.) A turn
-// after every step cost 40–100 µs of a ~1.2 ms 32-row tiny-fast step (measured 2026-12-03), hence
-// one per budget. Not a scheduler.
+// (eventLoopTurn), which gives due timers and I/O their turn. Making the next step nonblocking
+// instead would poll I/O, but a quickly finished op can resolve before due timers run, so a timer
+// would not be guaranteed a turn. A turn after every step costs 40–100 µs of a ~1.2 ms 32-row
+// tiny-fast step, hence one per budget. Not a scheduler.
 
 import { setImmediate } from "node:timers";
 import type { NativeLibrary } from "./library.ts";
@@ -22,7 +21,7 @@ export const syncStep = {
   maxStepMs: 1,
   /** a decode-only batched step (lib/native/batch.ts) of a model whose previous one took less than
    *  this (ms) runs synchronously: a 32-row step is several single steps long, and the handoff to
-   *  a Deno pool thread and back cost ~0.3 ms of a 1.3 ms 32-row tiny-fast step (2026-12-03) */
+   *  a Deno pool thread and back costs ~0.3 ms of a 1.3 ms 32-row tiny-fast step */
   maxBatchStepMs: 4,
   /** synchronous batched steps taken in this process (for tests and diagnostics) */
   batchTaken: 0,
@@ -68,7 +67,7 @@ export function turnDue(): boolean {
 
 /**
  * One event-loop turn: sockets are polled and due timers run before it resolves. Measured
- * 2026-12-03 (Deno 2.9.6; a server spinning in 0.4 ms steps with a turn every 4 ms, and the
+ * with Deno 2.9.6 (a server spinning in 0.4 ms steps with a turn every 4 ms, and the
  * service streaming a 250-token generation while another process asked for /metrics):
  * setImmediate alone runs due timers but never polls sockets — /metrics waited for the whole
  * generation (120–460 ms); a completed nonblocking FFI call makes the event loop poll every op,

@@ -98,7 +98,7 @@ Deno.test("synchronous batched steps answer a request already waiting on the soc
   // The event loop's turn must poll sockets, not only run timers (eventLoopTurn). A client process
   // connects and sends its request while this thread spins without the event loop (so the request
   // waits in the kernel); then decode-only batched steps run synchronously with a turn every
-  // 0.25 ms of them, counted in turns (measured 2026-12-03): polled, the request is answered within
+  // 0.25 ms of them, counted in turns: polled, the request is answered within
   // 1–3 turns on a quiet machine and within ~40 under the parallel suite's load; with setImmediate
   // alone, 121 turns every time on a quiet machine (Deno polled sockets only every ~30 ms) — but
   // 4–34 under load, where Deno polls more often anyway: this catches that regression on a quiet

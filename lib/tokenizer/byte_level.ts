@@ -6,7 +6,7 @@
 //
 // Why: streaming decodes each generated token (plus its predecessor) once; the library's path
 // (join the pieces, split them into characters, a keyed lookup per character, a TextDecoder call)
-// cost ~1.5 µs per call — ~50 µs of JavaScript per step of 32 batched requests (2026-12-03).
+// cost ~1.5 µs per call — ~50 µs of JavaScript per step of 32 batched requests.
 
 /** The parts of an @huggingface/tokenizers Tokenizer (0.2.x) this decoder reads. */
 interface HfInternals {

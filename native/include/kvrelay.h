@@ -5,7 +5,7 @@
  * this boundary: TypeScript parses config.json and safetensors headers and passes fixed-layout
  * structs (offsets documented per field, little-endian).
  *
- * Rules (DESIGN.md §3): opaque handles, *_free(NULL) is a no-op, every fallible call returns an
+ * Rules (docs/native.md): opaque handles, *_free(NULL) is a no-op, every fallible call returns an
  * int32_t status (KVR_OK or a negative kvr_status), the caller owns every buffer and passes its
  * length, and the library checks every length. No exception, exit or abort crosses this boundary.
  *
@@ -119,12 +119,13 @@ typedef struct kvr_model_params {
 /*
  * In-memory format of the linear weights (q/k/v/o, gate/up/down, lm_head), made at load from the
  * checkpoint. NATIVE keeps the checkpoint's precision (BF16 stays bf16, F32/F16 become f32). Q8:
- * 8-bit codes with one f32 scale per 32 input features per output (llama.cpp Q8_0-like), run
- * with the activation quantized per 32-block and int8 dot products (AVX-512 VNNI where present);
- * prefill dequantizes to f32. Q4: 4-bit codes per 32 input features per output with an f16 scale
- * and an f16 offset (w ≈ d·c + m, llama.cpp Q4_1-like, fitted by least squares), run the same
- * way. A tied embedding is looked up in the quantized lm_head (no second copy); an untied
- * embedding table and the norms stay as they are. CPU backend only (CUDA: KVR_ERR_UNSUPPORTED).
+ * 8-bit codes with one bf16 scale (absmax/127 rounded up) per 32 input features per output, 1.0625
+ * bytes per weight like llama.cpp Q8_0, run with the activation quantized per 32-block and int8
+ * dot products (VNNI where present), for one row and for many (docs/int8_gemm.md). Q4: 4-bit
+ * codes per 32 input features per output with an f16 scale and an f16 offset (w ≈ d·c + m,
+ * llama.cpp Q4_1-like, fitted by least squares), run the same way. A tied embedding is looked up
+ * in the quantized lm_head (no second copy); an untied embedding table and the norms stay as they
+ * are. CPU backend only (CUDA: KVR_ERR_UNSUPPORTED).
  */
 typedef enum kvr_weight_format {
   KVR_WEIGHTS_NATIVE = 0,
@@ -272,7 +273,7 @@ KVR_API int32_t kvr_seq_kv_write(kvr_seq* seq, uint32_t layer, uint32_t start, u
 /* Sets length to n_tokens (<= capacity). The caller vouches positions < n_tokens hold data. */
 KVR_API int32_t kvr_seq_set_length(kvr_seq* seq, uint32_t n_tokens);
 
-/* ---- Paged KV pool and batched step (issue 10: continuous batching) — declarations below ----
+/* ---- Paged KV pool and batched step (continuous batching) — declarations below ----
  *
  * A pool is one model's arena of fixed-size KV blocks (block_tokens positions each, every layer's
  * K and V: 2 · layers · kv_heads · block_tokens · head_dim · sizeof(kv_dtype) bytes per block).
@@ -337,7 +338,7 @@ KVR_API int32_t kvr_batch_step_sample(kvr_seq* const* seqs, uint32_t n_seqs, con
 
 /* ---- end paged KV pool and batched step ---- */
 
-/* ---- KV snapshot codec (issue 3: quantize/dequantize chunks) — declarations below ---- */
+/* ---- KV snapshot codec (quantize/dequantize chunks) — declarations below ---- */
 
 /*
  * Quantization of one KV block (heads, tokens, head_dim) row-major f32 for snapshots
@@ -438,7 +439,7 @@ KVR_API int32_t kvr_seq_import_chunk(kvr_seq* seq, uint32_t encoding, uint32_t g
 
 /* ---- end KV snapshot codec ---- */
 
-/* ---- Cross-model KV projection (issue 4: ridge fit accumulation, apply) — declarations below ---- */
+/* ---- Cross-model KV projection (ridge fit accumulation, apply) — declarations below ---- */
 
 /*
  * KV layout used by this section: a "cache block" is (layers, kv_heads, tokens, head_dim)
@@ -573,7 +574,7 @@ KVR_API int32_t kvr_projector_apply_seq(const kvr_projector* projector, const kv
 
 /* ---- end cross-model KV projection ---- */
 
-/* ---- Native sampling (issues 9/13: a decode step returns a token, not logits) ---- */
+/* ---- Native sampling (a decode step returns a token, not logits) ---- */
 
 /*
  * Sampling settings, 40 bytes, by pointer (kvr_sampling_default_params fills the defaults):

@@ -2,7 +2,7 @@
 // device codec does for every snapshot byte (pageable frame <-> pinned slab), at 4/16/64/256 MB
 // with 1 and 2 copier threads. No GPU: the "pinned" side is ordinary memory, mlock'ed when the
 // limit allows (said in the output). Configurations interleave per round; medians. Built by CMake
-// as kvr_host_copy_bench; run it under /work/bin/quiet (see docs/gpu-handoff.md §6). Prints JSON.
+// as kvr_host_copy_bench; run it on an otherwise idle machine (docs/gpu-handoff.md). Prints JSON.
 #include <sys/mman.h>
 
 #include <algorithm>

@@ -1,4 +1,4 @@
-"""The GPU check's batched-step section (issue 10, CUDA): kvr_batch_step / kvr_batch_step_sample on
+"""The GPU check's batched-step section (CUDA): kvr_batch_step / kvr_batch_step_sample on
 the backend under test (the CPU in a dry run) over paged and contiguous sequences.
 
   batched vs alone  random compositions (prefill chunks and decodes mixed, sequences joining late,

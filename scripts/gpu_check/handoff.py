@@ -1,4 +1,4 @@
-"""The GPU check's handoff section (issue 9; docs/gpu-handoff.md), run by gpu_check.py:
+"""The GPU check's handoff section (docs/gpu-handoff.md), run by gpu_check.py:
   codec       the golden snapshots (tests/fixtures/golden, made by the CPU backend) imported on the
               backend under test restore the CPU's KV exactly; exporting from it reproduces every
               golden chunk frame byte for byte (f32/f16/bf16/q8/q4); a damaged frame is refused

@@ -39,8 +39,8 @@ namespace {
 // long chunk (row i's cost grows with its position), few enough that claiming stays negligible —
 // attention()'s query block: each unit reads its sequence's keys and values once per block, so
 // 16-row units read them 15 times for a 240-row chunk where 24-row ones read them 10 times (a
-// 240-token tiny-powerful chunk at positions 1680–1920 with 16 decodes: 37.8–39.0 → 34.0–34.2 ms,
-// 2026-12-03).
+// 240-token tiny-powerful chunk at positions 1680–1920 with 16 decodes: 34.0–34.2 ms with 24-row
+// units, 37.8–39.0 ms with 16-row ones).
 constexpr size_t kAttnRows = kAttnQueryBlock;
 
 // Rows [r0, r1) of sequence `seq`'s new tokens, kv head g's group of query heads (a prefill
@@ -78,7 +78,7 @@ void forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq* se
 // Cost of a sequence's part of a step in multiply-adds: its rows through the layers, its last
 // row's lm_head when it wants logits, and its attention — weighted ×4 per multiply-add against the
 // GEMMs', the ratio measured on the 32-row tiny-fast step (attention 21 % of the time for 4 % of
-// the multiply-adds, 2026-12-03).
+// the multiply-adds).
 double step_cost(const ModelGeometry& m, const BatchSeq& s) {
   const double per_row =
       static_cast<double>(m.layers * (m.hidden * (m.q_dim + 2 * m.kv_dim) + m.q_dim * m.hidden + 3 * m.hidden * m.inter));
@@ -136,7 +136,7 @@ bool plan_groups(const ModelGeometry& m, const BatchSeq* seqs, size_t count, uns
 // group of sequences through every layer by itself, with no stage between the threads at all.
 // The row-block split below already gave each thread its own rows, but its ~38 stages per step
 // (9 per layer) made the threads wait for each other at each one: on the 32-row tiny-fast step
-// a fifth of both threads' time went to stage waits (perf, 2026-12-03). A group's rows take the
+// a fifth of both threads' time went to stage waits (perf). A group's rows take the
 // kernels the stage split takes (at least kBlockRows rows: tiles and AMX compute row by row), so
 // results do not depend on the split. Groups are claimed, not assigned: a worker that arrives
 // late (or is preempted) leaves its group to the first thread done.
@@ -322,8 +322,8 @@ void forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq* se
   // Few rows but at least 16 (an AMX tile) per thread, f32/bf16 layer weights: one prepared row
   // block per thread instead of panel chunks — the rows' activations then stay in the cache of the core that
   // made them (the row stages and attention give each thread the same rows), where a panel split
-  // moved every GEMM's input and output between the cores: 32-row tiny-fast step 0.59 → 0.51–0.53
-  // ms (2026-12-03). Each output's sums do not depend on which rows share a block (tiles and AMX
+  // moved every GEMM's input and output between the cores (32-row tiny-fast step: 0.51–0.53 ms
+  // against 0.59 ms with panel chunks). Each output's sums do not depend on which rows share a block (tiles and AMX
   // work row by row), and every block has at least amx::kMinRows rows, so the kernel chosen — and
   // the bits — are those of the panel split. Blocks of fewer than 16 rows would leave AMX tiles
   // half empty: 16 tiny-powerful decodes took 1.7 instead of 1.5 ms with 8-row blocks. Not for

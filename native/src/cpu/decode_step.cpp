@@ -112,9 +112,9 @@ unsigned decode_step(const ModelGeometry& m, const Weights& w, KvCache& kv, int3
   // of kDecodeBlock positions) — the unit of a group's last block first writes the group's K/V at
   // pos; values per (group, block); each thread then adds the blocks' partials itself (in block
   // order) before its first O-projection unit. decode_attention_group computes the same phases in
-  // the same order, so the bits do not depend on the split. (Until session 4 the split was per
-  // query head: tiny-balanced's 3 heads over 2 threads ran 2:1 and each head re-read its group's
-  // K/V — attention took 102 µs of thread time at 512 positions against 67 µs for the group.)
+  // the same order, so the bits do not depend on the split. Groups, not query heads, are the unit:
+  // per head, tiny-balanced's 3 heads over 2 threads run 2:1 and each head re-reads its group's
+  // K/V (attention 102 µs of thread time at 512 positions against 67 µs per group).
   const bool fused_attn = hd % pw == 0 && (m.kv_heads % nt == 0 || m.kv_heads >= 2 * nt);
   // gate and up panels line up when I is a multiple of the panel width: a unit of gate panels
   // [a, b) also computes up panels [I/16 + a, I/16 + b) and applies SwiGLU there.

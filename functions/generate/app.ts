@@ -41,6 +41,7 @@ import {
   refuseUnsupportedChat,
   refuseUnsupportedCompletion,
 } from "./openai.ts";
+import { registerPlayground } from "./playground.ts";
 
 const generateSchema = z.object({
   prompt: z.string().min(1),
@@ -203,6 +204,7 @@ function linkedContext(
  * @param rt the runtime
  */
 export function registerGenerate(app: Hono, rt: Runtime): void {
+  registerPlayground(app);
   app.get("/v1/models", (c) => {
     requireReady(rt);
     return c.json({

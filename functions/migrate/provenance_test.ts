@@ -73,6 +73,15 @@ Deno.test("/v1/migrate output carries provenance: /v1/decode reports source tier
     assert.equal(later.reused_tokens, direct.reused_tokens);
     assert.equal(later.repair_tokens, direct.repair_tokens);
     assert.equal(later.text, direct.text);
+    // Sampling too: the migrated snapshot decodes with the projector's logit temperature.
+    const sampled = "max_tokens=24&temperature=1.5&seed=3";
+    const laterSampled = await (await decode.request(
+      ...upload(`/v1/decode?${sampled}`, bytes),
+    )).json();
+    const directSampled = await (await decode.request(
+      ...upload(`/v1/decode?tier=powerful&${sampled}`, snap),
+    )).json();
+    assert.equal(laterSampled.text, directSampled.text);
 
     // Through the store: the same provenance by id.
     const stored = await (await createMigrateApp(rt).request(

@@ -134,7 +134,7 @@ export async function startFromSnapshot(
     // A migration that carried no KV (the snapshot's tokens do not exceed the repair length) is
     // a full prefill on this tier: said so, with its reason, rather than called a migration.
     const cache: CacheOutcome = !migrating
-      ? { source: "snapshot", reusedTokens: reused }
+      ? { source: "snapshot", reusedTokens: reused, logitTemperature: migratedTemperature(rt, req) }
       : keep === 0
       ? {
         source: "fallback",
@@ -168,6 +168,21 @@ export async function startFromSnapshot(
     release();
     throw e;
   }
+}
+
+/**
+ * The logit temperature of a snapshot that an earlier migration projected (its provenance names
+ * the source model): decoding it samples as decoding right after that migration would.
+ * @returns the projector's fitted temperature, or 1 (not migrated, or the pair is not served)
+ */
+function migratedTemperature(rt: Runtime, req: SnapshotGenerationRequest): number {
+  const prov = req.header.provenance;
+  if (!prov?.migrated) return 1;
+  const name = tierNameOfModel(rt, prov.sourceModelFingerprint);
+  const from = name === null ? undefined : rt.tiers.get(name);
+  if (!from) return 1;
+  const gate = rt.migrator.gate(from, req.tier);
+  return gate.ok ? gate.temperature : 1;
 }
 
 /** Where a decode's KV came from, as a decode answer reports it. */

@@ -147,20 +147,19 @@ Deno.test("snapshot uploads: application/octet-stream accepted; no or a form con
   const rt = await testRuntime();
   try {
     const snap = await prefill(rt, shortPrompt);
-    const apps = { "/v1/decode?max_tokens=4": createDecodeApp(rt) };
-    const migrateApp = createMigrateApp(rt);
-    const want = await (await apps["/v1/decode?max_tokens=4"].request(
+    const decodeApp = createDecodeApp(rt), migrateApp = createMigrateApp(rt);
+    const want = await (await decodeApp.request(
       ...upload("/v1/decode?max_tokens=4", snap),
     )).json();
     const octet = { "content-type": "application/octet-stream" };
-    const got = await (await apps["/v1/decode?max_tokens=4"].request(
+    const got = await (await decodeApp.request(
       ...upload("/v1/decode?max_tokens=4", snap, octet),
     )).json();
     assert.equal(got.text, want.text);
     const m = await migrateApp.request(...upload("/v1/migrate?target=fast", snap, octet));
     assert.equal(m.status, 200);
     // Octet-stream bytes that are not a snapshot: refused at the magic, naming the body.
-    const junk = await apps["/v1/decode?max_tokens=4"].request(
+    const junk = await decodeApp.request(
       ...upload("/v1/decode", new TextEncoder().encode('{"snapshot_id":"x"}'), octet),
     );
     assert.equal(junk.status, 400);
@@ -170,7 +169,7 @@ Deno.test("snapshot uploads: application/octet-stream accepted; no or a form con
     }];
     for (const headers of types) {
       for (
-        const [url, app] of [["/v1/decode", createDecodeApp(rt)], [
+        const [url, app] of [["/v1/decode", decodeApp], [
           "/v1/migrate?target=fast",
           migrateApp,
         ]] as const

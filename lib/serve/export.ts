@@ -115,11 +115,9 @@ export interface MigratedSnapshot {
   migratedTokens: number;
   /** Tokens the target recomputes on import (pending in the output). */
   repairTokens: number;
-  /** Why no KV was carried over (migratedTokens 0), as a stable code; null when some was. */
+  /** Why a migration to another model carried no KV (migratedTokens 0), as a stable code; null
+   *  when some was, or for a same-model copy. */
   emptyReason: MigrationEmptyReason | null;
-  /** Fingerprint of the model that first computed the KV (the input's provenance, else its
-   *  model's). */
-  originFingerprint: string;
 }
 
 /** Why a handoff carried no KV though it was allowed: the snapshot's KV tokens do not exceed the
@@ -206,8 +204,7 @@ export async function migrateSnapshot(
       target,
       migratedTokens: keep,
       repairTokens: ids.length - keep,
-      emptyReason: keep === 0 ? "prompt_too_short" : null,
-      originFingerprint: origin.toLowerCase(),
+      emptyReason: !same && keep === 0 ? "prompt_too_short" : null,
     };
   } catch (e) {
     src?.free();

@@ -9,6 +9,7 @@ import type { SnapshotHeader } from "../../lib/snapshot/mod.ts";
 import {
   abortError,
   checkTextBound,
+  decodeOrigin,
   InputError,
   loadStored,
   peekHeader,
@@ -30,11 +31,11 @@ import {
   createBaseApp,
   errorBody,
   generationOptions,
-  isSnapshotBody,
   readJson,
   requestBody,
   requestContext,
   samplingFields,
+  snapshotOrJson,
   sseResponse,
   strictQuery,
 } from "../shared/mod.ts";
@@ -112,12 +113,19 @@ async function respond(
   // When a streamed snapshot's bytes were read by the import (the import has finished here).
   const imported = importTiming ? timingHeader(importTiming) : null;
   if (imported !== null) c.header("x-kvrelay-import-ms", imported);
+  // Provenance: from the snapshot's header (a /v1/migrate output says where its KV came from)
+  // and from what this decode did; why a handoff carried no KV is a stable code.
+  const origin = decodeOrigin(rt, header, source, gen.cache);
+  if (origin.reason) c.header("x-kvrelay-migration-reason", origin.reason);
+  const snapshotTokens = gen.promptIds.length - continuationIds.length;
   const base = {
     tier: tier.name,
-    snapshot_tokens: gen.promptIds.length - continuationIds.length,
-    migrated: gen.cache.source === "migrated",
-    source_tier: source.name,
+    snapshot_tokens: snapshotTokens,
+    migrated: origin.migrated,
+    source_tier: origin.sourceTier,
+    migration_reason: origin.reason,
     reused_tokens: gen.cache.reusedTokens,
+    repair_tokens: Math.max(0, snapshotTokens - gen.cache.reusedTokens),
   };
   if (!p.stream) {
     const r = await gen.collect();
@@ -167,7 +175,7 @@ async function respond(
  */
 export function registerDecode(app: Hono, rt: Runtime): void {
   app.post("/v1/decode", async (c, next) => {
-    if (!isSnapshotBody(c)) return await next();
+    if (!snapshotOrJson(c)) return await next();
     const q = decodeQuerySchema.parse(strictQuery(c));
     const target = q.tier === undefined ? undefined : requireTier(rt, q.tier);
     requireReady(rt);

@@ -41,6 +41,7 @@ import {
   refuseUnsupportedChat,
   refuseUnsupportedCompletion,
 } from "./openai.ts";
+import { registerPlayground } from "./playground.ts";
 
 const generateSchema = z.object({
   prompt: z.string().min(1),
@@ -57,13 +58,26 @@ function kvrelayInfo(gen: Generation, route: RouteDecision) {
     tier: gen.tier.name,
     model: gen.tier.model.name,
     route: route.reason,
+    previous_tier: route.previousTier ?? null,
     migrated: gen.cache.source === "migrated",
     cache: {
       source: gen.cache.source,
       from_tier: gen.cache.fromTier ?? null,
       reason: gen.cache.reason ?? null,
+      reason_code: gen.cache.reasonCode ?? null,
       reused_tokens: gen.cache.reusedTokens,
     },
+  };
+}
+
+/** Time to first token (ms) and decode speed (tokens/s after the first) of a finished answer. */
+function speed(r: ServedResult) {
+  const after = r.tokenIds.length - 1;
+  return {
+    ttft_ms: Math.round(r.ttftMs * 1000) / 1000,
+    tokens_per_second: after > 0 && r.decodeSeconds > 0
+      ? Math.round((after / r.decodeSeconds) * 10) / 10
+      : null,
   };
 }
 
@@ -190,6 +204,7 @@ function linkedContext(
  * @param rt the runtime
  */
 export function registerGenerate(app: Hono, rt: Runtime): void {
+  registerPlayground(app);
   app.get("/v1/models", (c) => {
     requireReady(rt);
     return c.json({
@@ -231,7 +246,8 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
       migrated: info.migrated,
       cache: info.cache,
       route: info.route,
-      ttft_ms: Math.round(r.ttftMs * 1000) / 1000,
+      previous_tier: info.previous_tier,
+      ...speed(r),
       tokens: r.tokenIds.length,
       prompt_tokens: r.promptTokens,
       finish_reason: finishReason(r),
@@ -414,7 +430,9 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
         choices: [{ index: 0, delta, finish_reason: fr, logprobs: lp ? lpObject([lp]) : null }],
         ...(includeUsage ? { usage: null } : {}),
       });
-      send(frame({ role: "assistant", content: "" }, null));
+      // kvrelay's extension rides on the first chunk (tier, route, cache) and the finishing one
+      // (plus speed); OpenAI clients ignore the field.
+      send({ ...frame({ role: "assistant", content: "" }, null), kvrelay: info });
       const it = gen.tokens();
       let step = await it.next();
       while (!step.done) {
@@ -425,7 +443,7 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
       }
       const r = step.value;
       if (r.abortCause) throw abortError(r, gen);
-      send(frame({}, finishReason(r)));
+      send({ ...frame({}, finishReason(r)), kvrelay: { ...info, ...speed(r) } });
       if (includeUsage) {
         send({
           id,

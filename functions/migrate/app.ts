@@ -18,11 +18,11 @@ import {
 import {
   blameSnapshot,
   createBaseApp,
-  isSnapshotBody,
   readJson,
   requestBody,
   requestContext,
   SNAPSHOT_TYPE,
+  snapshotOrJson,
   strictQuery,
 } from "../shared/mod.ts";
 
@@ -53,6 +53,7 @@ async function migrate(
       tier: m.target.name,
       migrated_tokens: m.migratedTokens,
       repair_tokens: m.repairTokens,
+      migration_reason: m.emptyReason,
       bytes: n,
     });
   }
@@ -64,6 +65,7 @@ async function migrate(
       "x-kvrelay-tier": m.target.name,
       "x-kvrelay-migrated-tokens": String(m.migratedTokens),
       "x-kvrelay-repair-tokens": String(m.repairTokens),
+      ...(m.emptyReason ? { "x-kvrelay-migration-reason": m.emptyReason } : {}),
     },
   });
 }
@@ -75,7 +77,7 @@ async function migrate(
  */
 export function registerMigrate(app: Hono, rt: Runtime): void {
   app.post("/v1/migrate", async (c, next) => {
-    if (!isSnapshotBody(c)) return await next();
+    if (!snapshotOrJson(c)) return await next();
     const q = querySchema.parse(strictQuery(c));
     requireReady(rt);
     const body = requestBody(c);

@@ -10,13 +10,46 @@ import { HttpError } from "./errors.ts";
 /** Media type of a KV snapshot body. */
 export const SNAPSHOT_TYPE = "application/vnd.kvrelay.snapshot";
 
+/** Media types a snapshot upload may carry: ours, and the generic binary type (curl, fetch of a
+ *  file). Either way the parser checks the magic first and treats every byte as hostile, so a
+ *  body that is not a snapshot is a 400 naming "body" after its first bytes. */
+const SNAPSHOT_TYPES: readonly string[] = [SNAPSHOT_TYPE, "application/octet-stream"];
+
+function mediaType(c: Context): string {
+  return (c.req.header("content-type") ?? "").split(";")[0].trim().toLowerCase();
+}
+
 /**
  * Whether the request carries a snapshot body.
  * @param c the Hono context
- * @returns true for the snapshot media type
+ * @returns true for the snapshot media type or application/octet-stream
  */
 export function isSnapshotBody(c: Context): boolean {
-  return (c.req.header("content-type") ?? "").split(";")[0].trim().toLowerCase() === SNAPSHOT_TYPE;
+  return SNAPSHOT_TYPES.includes(mediaType(c));
+}
+
+/**
+ * For routes that take a snapshot body or a JSON body (decode, migrate): which one this request
+ * carries. Any other type, or none, is a 415 naming both: a request without a content type, or
+ * with text/plain, form or multipart, is one a web page can send cross-site without asking (a
+ * CORS "simple" request), so it must not reach the engine — the rule JSON routes follow too.
+ * @param c the Hono context
+ * @returns true for a snapshot body, false for application/json
+ * @throws {HttpError} 415 naming `content-type`
+ */
+export function snapshotOrJson(c: Context): boolean {
+  if (isSnapshotBody(c)) return true;
+  if (isJsonBody(c)) return false;
+  const got = c.req.header("content-type");
+  throw new HttpError(
+    415,
+    "invalid_request_error",
+    `Content-Type must be ${SNAPSHOT_TYPE} (or application/octet-stream) for a snapshot body, ` +
+      `or application/json for {"snapshot_id": ...}${
+        got === undefined ? " (none was sent)" : `, got ${JSON.stringify(got)}`
+      }; with curl: -H 'content-type: ${SNAPSHOT_TYPE}' --data-binary @snapshot.kvs`,
+    "content-type",
+  );
 }
 
 /**
@@ -82,8 +115,7 @@ function illFormedPath(v: unknown, path: string[]): string[] | null {
  * @returns true for application/json
  */
 export function isJsonBody(c: Context): boolean {
-  return (c.req.header("content-type") ?? "").split(";")[0].trim().toLowerCase() ===
-    "application/json";
+  return mediaType(c) === "application/json";
 }
 
 /**

@@ -16,6 +16,7 @@ export {
   readJson,
   requestBody,
   SNAPSHOT_TYPE,
+  snapshotOrJson,
   strictQuery,
 } from "./body.ts";
 export { requestContext } from "./context.ts";

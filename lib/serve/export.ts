@@ -115,7 +115,14 @@ export interface MigratedSnapshot {
   migratedTokens: number;
   /** Tokens the target recomputes on import (pending in the output). */
   repairTokens: number;
+  /** Why a migration to another model carried no KV (migratedTokens 0), as a stable code; null
+   *  when some was, or for a same-model copy. */
+  emptyReason: MigrationEmptyReason | null;
 }
+
+/** Why a handoff carried no KV though it was allowed: the snapshot's KV tokens do not exceed the
+ *  projector's repair length, so the target recomputes all of them. */
+export type MigrationEmptyReason = "prompt_too_short";
 
 /**
  * Turns a snapshot of one tier's model into a snapshot of `targetName`'s model: an exact copy
@@ -173,16 +180,32 @@ export async function migrateSnapshot(
     src = null;
     if (!same) rt.metrics.migrations.inc({ from: source.name, to: target.name });
     const ids = imported.tokenIds;
+    // Provenance survives a copy as it was; a projection records where the KV came from, so a
+    // later decode (on any function) can say so.
+    const origin = header.provenance?.sourceModelFingerprint ?? source.model.fingerprint;
+    const provenance = same ? header.provenance : {
+      migrated: keep > 0,
+      sourceModelFingerprint: origin,
+      repairTokens: ids.length - keep,
+    };
     const stream = streamThenFree(
       exportSnapshotStream(target.model, tgt, {
         tokens: ids.slice(0, keep),
         pending: ids.slice(keep),
         encoding: target.encoding,
         sign: rt.sign,
+        provenance,
       }),
       done,
     ).pipeThrough(countBytes(rt, "out"));
-    return { stream, source, target, migratedTokens: keep, repairTokens: ids.length - keep };
+    return {
+      stream,
+      source,
+      target,
+      migratedTokens: keep,
+      repairTokens: ids.length - keep,
+      emptyReason: !same && keep === 0 ? "prompt_too_short" : null,
+    };
   } catch (e) {
     src?.free();
     done();

@@ -8,7 +8,7 @@ import type { NativeSequence } from "../native/mod.ts";
 import { importSnapshot, type SnapshotHeader } from "../snapshot/mod.ts";
 import { InputError } from "./errors.ts";
 import { type CacheOutcome, Generation, withCacheTemperature } from "./generation.ts";
-import { untilAborted } from "./handoff.ts";
+import { tierNameOfModel, untilAborted } from "./handoff.ts";
 import type { RequestContext } from "./request.ts";
 import { requireReady, type Runtime } from "./runtime.ts";
 import { admitSlot, stoppedError } from "./slot.ts";
@@ -131,14 +131,24 @@ export async function startFromSnapshot(
     const logits = await seq.prefill(tail);
     const reused = seq.length - tail.length;
     rt.metrics.reusedTokens.inc({ tier: tier.name }, reused);
-    const cache: CacheOutcome = migrating
+    // A migration that carried no KV (the snapshot's tokens do not exceed the repair length) is
+    // a full prefill on this tier: said so, with its reason, rather than called a migration.
+    const cache: CacheOutcome = !migrating
+      ? { source: "snapshot", reusedTokens: reused, logitTemperature: migratedTemperature(rt, req) }
+      : keep === 0
       ? {
+        source: "fallback",
+        fromTier: source.name,
+        reason: `the snapshot's ${kvTokens} KV tokens do not exceed the repair length`,
+        reasonCode: "prompt_too_short",
+        reusedTokens: reused,
+      }
+      : {
         source: "migrated",
         fromTier: source.name,
         reusedTokens: reused,
         logitTemperature: (gate as { temperature: number }).temperature,
-      }
-      : { source: "snapshot", reusedTokens: reused };
+      };
     return new Generation(
       rt,
       tier,
@@ -158,4 +168,61 @@ export async function startFromSnapshot(
     release();
     throw e;
   }
+}
+
+/**
+ * The logit temperature of a snapshot that an earlier migration projected (its provenance names
+ * the source model): decoding it samples as decoding right after that migration would.
+ * @returns the projector's fitted temperature, or 1 (not migrated, or the pair is not served)
+ */
+function migratedTemperature(rt: Runtime, req: SnapshotGenerationRequest): number {
+  const prov = req.header.provenance;
+  if (!prov?.migrated) return 1;
+  const name = tierNameOfModel(rt, prov.sourceModelFingerprint);
+  const from = name === null ? undefined : rt.tiers.get(name);
+  if (!from) return 1;
+  const gate = rt.migrator.gate(from, req.tier);
+  return gate.ok ? gate.temperature : 1;
+}
+
+/** Where a decode's KV came from, as a decode answer reports it. */
+export interface DecodeOrigin {
+  /** The tier whose model first computed the KV (null: a model no tier here serves). */
+  sourceTier: string | null;
+  /** The KV was projected from another model's, by this decode or an earlier /v1/migrate. */
+  migrated: boolean;
+  /** Why a handoff from another model carried no KV (stable code), else null. */
+  reason: CacheOutcome["reasonCode"] | null;
+}
+
+/**
+ * Where the KV of a decode came from: the snapshot's provenance (format 1.1, written by a
+ * migration) when it has one, else the tier whose model made it, combined with what this decode
+ * did itself (a migration, or a handoff that carried nothing).
+ * @param rt the runtime (tier names of model fingerprints)
+ * @param header the snapshot's header
+ * @param source the tier whose model made the snapshot
+ * @param cache the generation's cache outcome
+ * @returns source tier, migrated, and why nothing was migrated
+ */
+export function decodeOrigin(
+  rt: Runtime,
+  header: SnapshotHeader,
+  source: Tier,
+  cache: CacheOutcome,
+): DecodeOrigin {
+  const prov = header.provenance;
+  const sourceTier = prov ? tierNameOfModel(rt, prov.sourceModelFingerprint) : source.name;
+  if (cache.source === "migrated") return { sourceTier, migrated: true, reason: null };
+  if (cache.source === "fallback") {
+    return { sourceTier, migrated: false, reason: cache.reasonCode ?? null };
+  }
+  if (!prov) return { sourceTier, migrated: false, reason: null };
+  // A migration that kept no KV writes migrated = false with another model as the source.
+  const foreign = prov.sourceModelFingerprint !== header.modelFingerprint;
+  return {
+    sourceTier,
+    migrated: prov.migrated,
+    reason: foreign && !prov.migrated ? "prompt_too_short" : null,
+  };
 }

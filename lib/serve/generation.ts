@@ -10,7 +10,7 @@ import {
   type GenerateResult,
   type StepLogprobs,
 } from "../engine/mod.ts";
-import { MigrationRefusedError } from "../migrate/mod.ts";
+import { type MigrationRefusalReason, MigrationRefusedError } from "../migrate/mod.ts";
 import { prefillWithCache, type PrefixCache, StoreError } from "../store/mod.ts";
 import { Lane } from "./lane.ts";
 import { InputError, UnavailableError } from "./errors.ts";
@@ -30,6 +30,9 @@ export interface CacheOutcome {
   fromTier?: string;
   /** Why migration was refused (fallback). */
   reason?: string;
+  /** The same as a stable code (fallback): a gate refusal's code, `prompt_too_short` (the cached
+   *  prefix does not exceed the repair length) or `cache_entry_rejected`. */
+  reasonCode?: MigrationRefusalReason | "cache_entry_rejected";
   /** Prompt tokens whose prefill was skipped. */
   reusedTokens: number;
   /** Migrated: the projector's fitted logit temperature, applied while decoding (1 = none). */
@@ -321,6 +324,7 @@ async function prefill(
           source: "fallback",
           fromTier: best.tier.name,
           reason: migrated.reason,
+          reasonCode: migrated.code,
           reusedTokens: 0,
         };
         m.fallbacks.inc({ from: best.tier.name, to: tier.name });
@@ -354,7 +358,7 @@ async function prefill(
 
 type MigrateAttempt =
   | { ok: true; logits: Float32Array; cache: CacheOutcome }
-  | { ok: false; reason: string };
+  | { ok: false; code: NonNullable<CacheOutcome["reasonCode"]>; reason: string };
 
 async function tryMigrate(
   rt: Runtime,
@@ -366,10 +370,14 @@ async function tryMigrate(
 ): Promise<MigrateAttempt> {
   const from = lower.tier;
   const gate = rt.migrator.gate(from, to);
-  if (!gate.ok) return { ok: false, reason: `${gate.code}: ${gate.reason}` };
+  if (!gate.ok) return { ok: false, code: gate.code, reason: `${gate.code}: ${gate.reason}` };
   const keep = Math.max(0, cachedTokens - gate.repairTokens);
   if (keep === 0) {
-    return { ok: false, reason: "cached prefix is not longer than the repair length" };
+    return {
+      ok: false,
+      code: "prompt_too_short",
+      reason: "cached prefix is not longer than the repair length",
+    };
   }
   const C = lower.prefix.chunkTokens;
   const src = from.model.native.createSequence(cachedTokens);
@@ -380,6 +388,7 @@ async function tryMigrate(
       if (bytes === null || !(await lower.prefix.importChunk(src, bytes, ids, i))) {
         return {
           ok: false,
+          code: "cache_entry_rejected",
           reason: `lower tier "${from.name}" cache entry ${i} vanished or was rejected`,
         };
       }
@@ -401,7 +410,9 @@ async function tryMigrate(
     };
   } catch (e) {
     lane.reset();
-    if (e instanceof MigrationRefusedError) return { ok: false, reason: e.message };
+    if (e instanceof MigrationRefusedError) {
+      return { ok: false, code: e.reason, reason: e.message };
+    }
     throw e;
   } finally {
     src.free();

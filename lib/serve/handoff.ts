@@ -125,6 +125,20 @@ export function tierOfSnapshot(rt: Runtime, header: SnapshotHeader, prefer?: Tie
 }
 
 /**
+ * The name of a tier serving the model with this fingerprint (the lowest such tier).
+ * @param rt the runtime
+ * @param fingerprint the model fingerprint (hex, any case)
+ * @returns the tier name, or null when no tier here serves that model
+ */
+export function tierNameOfModel(rt: Runtime, fingerprint: string): string | null {
+  const want = fingerprint.toLowerCase();
+  for (const t of rt.tiers.values()) {
+    if (t.model.fingerprint.toLowerCase() === want) return t.name;
+  }
+  return null;
+}
+
+/**
  * Wraps an export stream so `done` runs exactly once when it ends, fails or is cancelled.
  * @param stream the export stream (reads `seq` lazily)
  * @param done frees the sequence and releases the slot

@@ -61,7 +61,12 @@ export {
   startGeneration,
   withCacheTemperature,
 } from "./generation.ts";
-export { type SnapshotGenerationRequest, startFromSnapshot } from "./from_snapshot.ts";
+export {
+  type DecodeOrigin,
+  decodeOrigin,
+  type SnapshotGenerationRequest,
+  startFromSnapshot,
+} from "./from_snapshot.ts";
 export {
   countBytes,
   loadStored,
@@ -72,6 +77,7 @@ export {
   snapshotKey,
   streamTimer,
   type StreamTiming,
+  tierNameOfModel,
   tierOfSnapshot,
   timingHeader,
   untilAborted,
@@ -80,6 +86,7 @@ export {
 export {
   type MigratedSnapshot,
   migrateSnapshot,
+  type MigrationEmptyReason,
   prefillSnapshot,
   storeSnapshot,
 } from "./export.ts";

@@ -74,6 +74,8 @@ export interface ExportOptions {
   groupSize?: number;
   /** HMAC-SHA256 signing key and its id. */
   sign?: { keyId: string; key: HmacKey };
+  /** Where the KV came from when not this model's own prefill (format 1.1 provenance block). */
+  provenance?: SnapshotMeta["provenance"];
 }
 
 function exportArgs(
@@ -107,6 +109,7 @@ function exportArgs(
     tokenIds: opts.tokens,
     pendingTokenIds: opts.pending,
     positionOffset: start,
+    provenance: opts.provenance,
   };
   const enc: EncodeOptions = {
     encoding: opts.encoding,

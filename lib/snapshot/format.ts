@@ -10,8 +10,15 @@ import { SnapshotError } from "./errors.ts";
 export const MAGIC: Uint8Array = new Uint8Array([0x89, 0x4b, 0x56, 0x53, 0x4e, 0x41, 0x50, 0x0a]);
 /** Major format version this code writes and reads; readers reject any other major. */
 export const VERSION_MAJOR = 1;
-/** Minor format version this code writes; readers accept any minor of a known major. */
-export const VERSION_MINOR = 0;
+/** Newest minor format version this code writes (1.1: provenance block); readers accept any minor
+ *  of a known major. A snapshot without provenance is still written as 1.0, byte for byte. */
+export const VERSION_MINOR = 1;
+/** Minor version that introduced the provenance block appended after the chunk table. */
+export const PROVENANCE_MINOR = 1;
+/** Bytes of the provenance block: u32 flags, 32-byte source model fingerprint, u32 repair. */
+export const PROVENANCE_BYTES = 40;
+/** Provenance flags bit 0: the KV was projected from another model (cross-model migration). */
+export const PROVENANCE_MIGRATED = 1;
 /** Flags bit 0: the snapshot carries HMAC-SHA256 tags (header tag + one per chunk). */
 export const FLAG_SIGNED = 1;
 /** Every flag bit this version knows; any other set bit is a format error. */
@@ -96,6 +103,16 @@ export interface ChunkEntry {
   tokens: number;
 }
 
+/** Where a snapshot's KV came from when it is not simply this model's own prefill (1.1+). */
+export interface SnapshotProvenance {
+  /** The KV was projected from another model's KV (cross-model migration). */
+  migrated: boolean;
+  /** Fingerprint of the model that first computed this KV (lowercase hex SHA-256). */
+  sourceModelFingerprint: string;
+  /** Prompt tokens the migration left for the target to recompute (the pending repair tail). */
+  repairTokens: number;
+}
+
 /** Everything the header says. Fingerprints are lowercase hex SHA-256 (64 chars). */
 export interface SnapshotHeader {
   versionMajor: number;
@@ -118,6 +135,8 @@ export interface SnapshotHeader {
   chunks: ChunkEntry[];
   /** HMAC key id when signed, else null. */
   keyId: string | null;
+  /** Provenance block (format 1.1+; absent in 1.0 snapshots and in this model's own exports). */
+  provenance?: SnapshotProvenance;
 }
 
 /** Sizes derived from a header: where things start and the exact total. */
@@ -268,6 +287,17 @@ export function validateHeaderForWrite(h: SnapshotHeader): void {
   if (((h.flags & FLAG_SIGNED) !== 0) !== (h.keyId !== null)) {
     throw new TypeError("flags signed bit and keyId must agree");
   }
+  if (h.provenance !== undefined) {
+    if (h.versionMinor < PROVENANCE_MINOR) {
+      throw new RangeError(
+        `provenance needs format version 1.${PROVENANCE_MINOR}, got 1.${h.versionMinor}`,
+      );
+    }
+    hexToBytes(h.provenance.sourceModelFingerprint, "provenance.sourceModelFingerprint");
+    checkUint(h.provenance.repairTokens, 0xffffffff, "provenance.repairTokens");
+  } else if (h.versionMinor !== 0) {
+    throw new RangeError(`format version 1.${h.versionMinor} needs provenance; 1.0 has none`);
+  }
 }
 
 /**
@@ -281,7 +311,7 @@ export function encodeHeader(h: SnapshotHeader): Uint8Array {
   const keyId = h.keyId === null ? new Uint8Array(0) : new TextEncoder().encode(h.keyId);
   const nIds = h.tokenIds.length + h.pendingTokenIds.length;
   const headerLength = HEADER_FIXED_BYTES + keyId.length + 4 * nIds +
-    CHUNK_TABLE_ROW_BYTES * h.chunks.length;
+    CHUNK_TABLE_ROW_BYTES * h.chunks.length + (h.provenance ? PROVENANCE_BYTES : 0);
   if (headerLength > LIMITS.maxHeaderBytes) {
     throw new RangeError(`header of ${headerLength} bytes exceeds ${LIMITS.maxHeaderBytes}`);
   }
@@ -328,6 +358,11 @@ export function encodeHeader(h: SnapshotHeader): Uint8Array {
     dv.setUint32(p + 8, c.length, true);
     dv.setUint32(p + 12, c.tokens, true);
     p += CHUNK_TABLE_ROW_BYTES;
+  }
+  if (h.provenance) {
+    dv.setUint32(p, h.provenance.migrated ? PROVENANCE_MIGRATED : 0, true);
+    out.set(hexToBytes(h.provenance.sourceModelFingerprint, "sourceModelFingerprint"), p + 4);
+    dv.setUint32(p + 36, h.provenance.repairTokens, true);
   }
   dv.setUint32(20, headerCrc(out.subarray(0, 20), out.subarray(PREFIX_BYTES)), true);
   return out;
@@ -483,8 +518,9 @@ export function decodeHeader(
     fail("format", `signed flag ${signed} disagrees with key id length ${keyIdLength}`);
   }
   const expectedLength = HEADER_FIXED_BYTES + keyIdLength + 4 * (nTokens + nPending) +
-    CHUNK_TABLE_ROW_BYTES * nChunks;
-  // A newer minor version may append fields after the chunk table; this reader ignores them.
+    CHUNK_TABLE_ROW_BYTES * nChunks +
+    (pre.versionMinor >= PROVENANCE_MINOR ? PROVENANCE_BYTES : 0);
+  // A newer minor version may append fields after the provenance block; this reader ignores them.
   if (
     pre.headerLength < expectedLength ||
     (pre.versionMinor <= VERSION_MINOR && pre.headerLength !== expectedLength)
@@ -540,6 +576,27 @@ export function decodeHeader(
     }
     chunks.push(row);
   }
+  let provenance: SnapshotProvenance | undefined;
+  if (pre.versionMinor >= PROVENANCE_MINOR) {
+    const flags = u32(p);
+    if ((flags & ~PROVENANCE_MIGRATED) !== 0) {
+      fail(
+        "format",
+        `unknown provenance flag bits 0x${(flags & ~PROVENANCE_MIGRATED).toString(16)}`,
+      );
+    }
+    provenance = {
+      migrated: (flags & PROVENANCE_MIGRATED) !== 0,
+      sourceModelFingerprint: hex(body.subarray(p + 4, p + 36)),
+      repairTokens: u32(p + 36),
+    };
+    if (provenance.repairTokens > nPending) {
+      fail(
+        "format",
+        `provenance repair tokens ${provenance.repairTokens} exceed the ${nPending} pending tokens`,
+      );
+    }
+  }
   const payloadStart = PREFIX_BYTES + pre.headerLength + (signed ? TAG_BYTES : 0);
   const last = chunks.at(-1);
   const totalBytes = payloadStart + (last ? last.offset + last.length : 0);
@@ -563,6 +620,7 @@ export function decodeHeader(
     pendingTokenIds: ids.subarray(nTokens),
     chunks,
     keyId,
+    ...(provenance ? { provenance } : {}),
   };
   return { header, layout: { headerLength: pre.headerLength, payloadStart, totalBytes } };
 }

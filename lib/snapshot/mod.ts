@@ -15,10 +15,12 @@ export {
   LIMITS,
   MAGIC,
   PREFIX_BYTES,
+  PROVENANCE_MINOR,
   type SnapshotEncoding,
   type SnapshotGeometry,
   type SnapshotHeader,
   type SnapshotLayout,
+  type SnapshotProvenance,
   VERSION_MAJOR,
   VERSION_MINOR,
 } from "./format.ts";

@@ -19,13 +19,14 @@ import {
   FLAG_SIGNED,
   LIMITS,
   PREFIX_BYTES,
+  PROVENANCE_MINOR,
   type SnapshotEncoding,
   type SnapshotGeometry,
   type SnapshotHeader,
   type SnapshotLayout,
+  type SnapshotProvenance,
   TAG_BYTES,
   VERSION_MAJOR,
-  VERSION_MINOR,
 } from "./format.ts";
 import {
   CHUNK_DOMAIN,
@@ -51,6 +52,8 @@ export interface SnapshotMeta {
   pendingTokenIds?: ArrayLike<number>;
   /** Position of the first exported token (default 0). */
   positionOffset?: number;
+  /** Where the KV came from, when not this model's own prefill: written as format 1.1. */
+  provenance?: SnapshotProvenance;
 }
 
 /** Encoder options. */
@@ -108,7 +111,8 @@ export function buildHeader(meta: SnapshotMeta, opts: EncodeOptions = {}): Snaps
   const signed = opts.sign !== undefined;
   const header: SnapshotHeader = {
     versionMajor: VERSION_MAJOR,
-    versionMinor: VERSION_MINOR,
+    // 1.0 unless there is provenance to carry: plain exports stay readable byte for byte.
+    versionMinor: meta.provenance ? PROVENANCE_MINOR : 0,
     flags: signed ? FLAG_SIGNED : 0,
     modelFingerprint: meta.modelFingerprint.toLowerCase(),
     tokenizerFingerprint: meta.tokenizerFingerprint.toLowerCase(),
@@ -122,6 +126,14 @@ export function buildHeader(meta: SnapshotMeta, opts: EncodeOptions = {}): Snaps
     pendingTokenIds: toU32(meta.pendingTokenIds ?? [], "pendingTokenIds"),
     chunks: [],
     keyId: signed ? opts.sign!.keyId : null,
+    ...(meta.provenance
+      ? {
+        provenance: {
+          ...meta.provenance,
+          sourceModelFingerprint: meta.provenance.sourceModelFingerprint.toLowerCase(),
+        },
+      }
+      : {}),
   };
   header.chunks = expectedChunkTable(
     encoding,

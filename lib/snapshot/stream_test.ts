@@ -299,11 +299,20 @@ Deno.test("`decodeSnapshot()` rejects wrong magic, unknown major version and unk
   const fl = bytes.slice();
   new DataView(fl.buffer).setUint32(12, 6, true);
   await rejects(decodeInto(fixHeaderCrc(fl), src), "format");
-  // a newer minor of the same major with nothing appended still reads
-  const minor = bytes.slice();
+  // a newer minor of the same major still reads when it has the 1.1 provenance block...
+  const withProvenance = await encodeSnapshot(src, {
+    ...meta(src),
+    provenance: { migrated: true, sourceModelFingerprint: "cd".repeat(32), repairTokens: 0 },
+  });
+  const minor = withProvenance.slice();
   new DataView(minor.buffer).setUint16(10, 3, true);
-  const { kv } = await decodeInto(fixHeaderCrc(minor), src);
+  const { kv, header } = await decodeInto(fixHeaderCrc(minor), src);
   assert(kv.equalRange(src, 0, 10));
+  assert.equal(header.provenance?.sourceModelFingerprint, "cd".repeat(32));
+  // ...and not without it (every minor from 1.1 on carries it)
+  const bare = bytes.slice();
+  new DataView(bare.buffer).setUint16(10, 3, true);
+  await rejects(decodeInto(fixHeaderCrc(bare), src), "format");
 });
 
 Deno.test("`decodeSnapshot()` rejects overflowing or over-limit header fields before allocating", async () => {

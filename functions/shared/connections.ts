@@ -65,6 +65,11 @@ export function connectionCap(
   };
 }
 
+/** Relay read buffers start small (an idle connection holds two) and grow while full reads come
+ *  (an upload, a snapshot download), bytes. */
+const MIN_BUFFER = 4096;
+const MAX_BUFFER = 65536;
+
 const enc = new TextEncoder();
 
 /** A complete HTTP/1.1 error response that closes the connection (written by the gate itself). */
@@ -187,11 +192,13 @@ export class ConnectionGate {
   }
 
   /**
-   * Starts accepting and relaying to Deno.serve on the loopback port.
+   * Starts accepting and relaying to Deno.serve on the loopback port; called again (Deno.serve
+   * restarted after a failure), it points new connections at the new port.
    * @param upstreamPort Deno.serve's port on 127.0.0.1
    */
   start(upstreamPort: number): void {
     this.#upstream = upstreamPort;
+    if (this.#accepting !== null) return;
     const { idleTimeoutMs, headTimeoutMs } = this.#limits;
     const period = Math.min(1000, Math.max(10, Math.min(idleTimeoutMs, headTimeoutMs) / 4));
     const sweep = setInterval(() => this.#timeOut(), period);
@@ -341,17 +348,19 @@ export class ConnectionGate {
 
   /** Client → Deno.serve. The client's EOF becomes a half-close, as Deno.serve would see it. */
   async #up(t: Tracked, relay: Deno.Conn): Promise<void> {
-    const buf = new Uint8Array(64 * 1024);
+    let buf = new Uint8Array(MIN_BUFFER);
     try {
       for (;;) {
         const n = await t.client.read(buf);
         if (n === null) break;
+        const bytes = buf.subarray(0, n);
+        if (n === buf.length && buf.length < MAX_BUFFER) buf = new Uint8Array(buf.length * 4);
         t.lastActive = performance.now();
         if (t.inFlight === 0 && t.headSince === null) {
           t.headSince = t.lastActive;
           t.unanswered = true;
         }
-        await writeAll(relay, buf.subarray(0, n));
+        await writeAll(relay, bytes);
       }
       t.clientDone = true;
       await relay.closeWrite().catch(() => {});
@@ -364,16 +373,18 @@ export class ConnectionGate {
   /** Deno.serve → client. When Deno.serve drops a connection without answering a request it was
    *  sent (a malformed chunked body in its first read), the client gets a JSON 400 naming body. */
   async #down(t: Tracked, relay: Deno.Conn): Promise<void> {
-    const buf = new Uint8Array(64 * 1024);
+    let buf = new Uint8Array(MIN_BUFFER);
     try {
       for (;;) {
         const n = await relay.read(buf);
         if (n === null) break;
+        const bytes = buf.subarray(0, n);
+        if (n === buf.length && buf.length < MAX_BUFFER) buf = new Uint8Array(buf.length * 4);
         t.lastActive = performance.now();
         t.unanswered = false;
         if (t.inFlight === 0) t.headSince = null; // Deno.serve answered by itself (its 400s)
         if (t.ending) continue; // the gate's 408 goes out alone
-        await writeAll(t.client, buf.subarray(0, n));
+        await writeAll(t.client, bytes);
       }
       if (t.unanswered && !t.clientDone && !t.closed && !t.ending) {
         await writeAll(

@@ -246,6 +246,24 @@ Deno.test("ConnectionGate drain: a request unanswered when the grace ends gets 5
   }
 });
 
+Deno.test("ConnectionGate relays new connections to a restarted Deno.serve after start(newPort)", async () => {
+  const s = start();
+  const again = Deno.serve(
+    { hostname: "127.0.0.1", port: 0, onListen() {} },
+    s.gate.handler(() => new Response("again")),
+  );
+  try {
+    assert.equal(await (await fetch(`http://127.0.0.1:${s.port}/`)).text(), "ok");
+    s.gate.start(again.addr.port);
+    const conn = await Deno.connect({ hostname: "127.0.0.1", port: s.port });
+    await conn.write(enc.encode("GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"));
+    assert.match(await readToClose(conn), /^HTTP\/1.1 200 [^]*again$/);
+  } finally {
+    await s.close();
+    await again.shutdown();
+  }
+});
+
 Deno.test("connectionCap() keeps three descriptors a connection below the open-file limit", () => {
   assert.deepEqual(connectionCap(undefined, 20000), { cap: 6581, lowered: null });
   assert.deepEqual(connectionCap(100, 20000), { cap: 100, lowered: null });

@@ -69,16 +69,25 @@ export async function serveFunctions(name: string, registers: Register[]): Promi
     idleTimeoutMs: config.server.idle_timeout_ms,
     headTimeoutMs: config.server.head_timeout_ms,
   }, { metrics: rt.metrics, log: (line) => console.error(`kvrelay ${name}: ${line}`) });
-  const server = Deno.serve(
-    { port: 0, hostname: "127.0.0.1", onListen: () => {} },
-    gate.handler(app.fetch),
-  );
-  gate.start(server.addr.port);
+  const handler = gate.handler(app.fetch);
+  let stopping = false;
+  // Deno.serve ends when an accept of its own fails (descriptors exhausted by something else):
+  // serve again on a new port rather than leave the gate relaying to nothing.
+  const serveHttp = (): Deno.HttpServer<Deno.NetAddr> => {
+    const s = Deno.serve({ port: 0, hostname: "127.0.0.1", onListen: () => {} }, handler);
+    gate.start(s.addr.port);
+    s.finished.then(() => "ended", (e) => (e as Error)?.message ?? String(e)).then((why) => {
+      if (stopping) return;
+      console.error(`kvrelay ${name}: the HTTP server stopped (${why}); serving again`);
+      setTimeout(() => server = serveHttp(), 100);
+    });
+    return s;
+  };
+  let server = serveHttp();
   rt.startup.listeningMs = performance.now();
   console.error(
     `kvrelay ${name} listening on http://${host}:${(listener.addr as Deno.NetAddr).port}`,
   );
-  let stopping = false;
   const stop = async () => {
     if (stopping) return;
     stopping = true;
@@ -120,13 +129,11 @@ export async function serveFunctions(name: string, registers: Register[]): Promi
     );
   } catch (e) {
     console.error(`kvrelay ${name}: failed to load models: ${(e as Error).message}`);
+    stopping = true;
     await gate.close();
     await server.shutdown();
     Deno.exit(1);
   }
-  await server.finished;
-  if (stopping) {
-    // Let stop() finish closing (it awaits the same server).
-    await new Promise((r) => setTimeout(r, 0));
-  }
+  // Serving until a signal: stop() exits the process.
+  await new Promise(() => {});
 }

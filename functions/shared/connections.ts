@@ -330,13 +330,17 @@ export class ConnectionGate {
       t.relay = relay;
       port = (relay.localAddr as Deno.NetAddr).port;
       this.#byPort.set(port, t);
-      if (t.closed) return; // drained or timed out while connecting
+      if (t.closed) { // drained or timed out while connecting
+        relay.close();
+        return;
+      }
       // SSE frames are small writes: no Nagle delay on either hop.
       (client as Deno.TcpConn).setNoDelay?.(true);
       (relay as Deno.TcpConn).setNoDelay(true);
       await Promise.all([this.#up(t, relay), this.#down(t, relay)]);
     } catch {
-      // the relay could not connect (descriptors exhausted): the client is closed below
+      // The relay could not connect (descriptors exhausted): the client is closed below.
+      if (t.relay === null) this.#hooks.metrics.connectionsRefused.inc({ reason: "relay_failed" });
     } finally {
       this.#close(t);
       if (port >= 0) this.#byPort.delete(port);

@@ -174,7 +174,8 @@ export class Metrics {
   readonly openConnections = this.#add(
     new Gauge("kvrelay_open_connections", "Client HTTP connections open now"),
   );
-  /** Connections refused at accept, by reason (limit: server.max_connections reached). */
+  /** Connections refused at accept, by reason (limit: server.max_connections reached;
+   *  relay_failed: no descriptor left to reach Deno.serve). */
   readonly connectionsRefused = this.#add(
     new Counter("kvrelay_connections_refused_total", "Connections refused at accept by reason"),
   );

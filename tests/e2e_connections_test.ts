@@ -1,7 +1,8 @@
 // End-to-end: the connection lifecycle of the real `functions/main.ts` process over raw sockets —
 // a broken chunked body answered with a JSON 400, idle and stalled-head connections closed by
-// their timeouts, the connection cap, the /metrics counters, and SIGTERM while uploads are in
-// flight (answered, or 503 shutting_down with Retry-After; never a 4xx).
+// their timeouts, the connection cap, the /metrics counters, more connections than the open-file
+// limit allows, and SIGTERM while uploads are in flight (answered, or 503 shutting_down with
+// Retry-After; never a 4xx).
 import assert from "node:assert/strict";
 import { metricValue } from "../functions/shared/test_helpers.ts";
 import { startServer, writeConfig } from "./e2e_support.ts";
@@ -150,5 +151,31 @@ Deno.test("SIGTERM during uploads: one finished within the grace is answered, st
   } finally {
     const { status, stderr } = await (stopped ?? server.stop());
     assert.equal(status.code, 0, stderr);
+  }
+});
+
+Deno.test("more connections than the open-file limit allows: the process refuses the excess and keeps serving", async () => {
+  const config = await writeConfig({ fast: "tiny-fast" });
+  const server = await startServer("functions/main.ts", { KVRELAY_CONFIG: config }, 60_000, 400);
+  const conns: Deno.Conn[] = [];
+  try {
+    for (let i = 0; i < 600; i++) {
+      try {
+        conns.push(await Deno.connect({ hostname: "127.0.0.1", port: server.port }));
+      } catch {
+        break; // nothing listens any more: the assertions below say why
+      }
+    }
+    await new Promise((r) => setTimeout(r, 1000)); // the backlog is accepted (or refused)
+    for (const c of conns) c.close();
+    await new Promise((r) => setTimeout(r, 300));
+    const res = await fetch(`${server.base}/healthz`);
+    assert.equal(res.status, 200);
+    const metrics = await (await fetch(`${server.base}/metrics`)).text();
+    assert.ok(metricValue(metrics, 'kvrelay_connections_refused_total{reason="limit"}') > 0);
+  } finally {
+    const { status, stderr } = await server.stop();
+    assert.equal(status.code, 0, stderr);
+    assert.doesNotMatch(stderr, /Uncaught/);
   }
 });

@@ -2,15 +2,28 @@
 // percentiles while four ~1 MB prompts (refused unread) and four prompts just under the character
 // bound (tokenized on the worker) arrive at once; the server's RSS idle, during and after three
 // concurrent 250 MiB hostile snapshot uploads (random bytes, and a valid header + garbage); and
-// stalled uploads answered by the body deadline. Starts functions/main.ts with the bundled tiers.
+// stalled uploads answered by the body deadline; idle connections past the connection cap and
+// stalled request heads (each answered or closed as designed, the process alive after).
+// Starts functions/main.ts with the bundled tiers.
 // Run: deno run -A bench/hostile.ts [--stderr]   (--stderr: print the server's log at the end)
 import { decodeHeader } from "../lib/snapshot/mod.ts";
 import { startServer, writeConfig } from "../tests/e2e_support.ts";
 
+/** The connection cap of the server under test (server.max_connections). */
+const CAP = 256;
 const cfg = await writeConfig(
   { fast: "tiny-fast", powerful: "tiny-powerful" },
   { max_context: 2048, concurrency: 4 },
-  { server: { max_body_bytes: 2 << 20, body_timeout_ms: 3000, max_snapshot_bytes: 256 << 20 } },
+  {
+    server: {
+      max_body_bytes: 2 << 20,
+      body_timeout_ms: 3000,
+      max_snapshot_bytes: 256 << 20,
+      max_connections: CAP,
+      idle_timeout_ms: 2000,
+      head_timeout_ms: 1000,
+    },
+  },
 );
 const server = await startServer("functions/main.ts", { KVRELAY_CONFIG: cfg });
 const pid = server.child.pid;
@@ -144,6 +157,59 @@ try {
     stalled("/v1/decode", S, snap.slice(0, 20)),
     stalled("/v1/chat/completions", "application/json", new TextEncoder().encode('{"mess')),
   ]);
+
+  // Idle connections up to the cap and 64 beyond it, then 64 stalled heads: every one must be
+  // closed by the idle timeout (no bytes), refused (503) or timed out (408); the process lives.
+  const outcome = async (conn: Deno.Conn) => {
+    const buf = new Uint8Array(1024);
+    let text = "";
+    try {
+      for (let n = await conn.read(buf); n !== null; n = await conn.read(buf)) {
+        text += new TextDecoder().decode(buf.subarray(0, n));
+      }
+    } catch {
+      return "reset";
+    } finally {
+      conn.close();
+    }
+    return text === "" ? "closed" : text.split("\r\n")[0];
+  };
+  const connect = () => Deno.connect({ hostname: "127.0.0.1", port: server.port });
+  const idleConns = [];
+  for (let i = 0; i < CAP + 64; i++) idleConns.push(await connect());
+  const t0 = performance.now();
+  const idleOutcomes = await Promise.all(idleConns.map(outcome));
+  const idleMs = performance.now() - t0;
+  const stalledHeads = [];
+  for (let i = 0; i < 64; i++) {
+    const c = await connect();
+    await c.write(new TextEncoder().encode("POST /v1/completions HTTP/1.1\r\nHost: x\r\n"));
+    stalledHeads.push(c);
+  }
+  const headOutcomes = await Promise.all(stalledHeads.map(outcome));
+  const tally = (xs: string[]) => {
+    const t: Record<string, number> = {};
+    for (const x of xs) t[x] = (t[x] ?? 0) + 1;
+    return t;
+  };
+  const health = await fetch(`${server.base}/healthz`);
+  await health.body?.cancel();
+  const metrics = await (await fetch(`${server.base}/metrics`)).text();
+  out.connections = {
+    cap: CAP,
+    idle_connections_opened: idleConns.length,
+    idle_outcomes: tally(idleOutcomes),
+    idle_all_ended_ms: Math.round(idleMs),
+    stalled_head_outcomes: tally(headOutcomes),
+    healthz_after: health.status,
+    process_alive: await Promise.race([
+      server.child.status.then(() => false),
+      new Promise<boolean>((r) => setTimeout(() => r(true), 100)),
+    ]),
+    metrics: metrics.split("\n").filter((l) =>
+      /^kvrelay_(open_connections|connections_|accept_errors)/.test(l)
+    ),
+  };
 } finally {
   const { stderr } = await server.stop();
   if (Deno.args.includes("--stderr")) console.error(stderr);

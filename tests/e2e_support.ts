@@ -54,6 +54,7 @@ export interface Server {
  * @param entry e.g. "functions/main.ts"
  * @param env extra environment (PORT and HOST are set)
  * @param timeoutMs readiness deadline
+ * @param nofile the process's open-file limit (`ulimit -n`), when it must be small
  * @returns the server
  * @throws Error with the process's stderr when it exits or is not ready in time
  */
@@ -61,10 +62,15 @@ export async function startServer(
   entry: string,
   env: Record<string, string>,
   timeoutMs = 60_000,
+  nofile?: number,
 ): Promise<Server> {
   const port = env.PORT ? Number(env.PORT) : freePort();
-  const child = new Deno.Command(Deno.execPath(), {
-    args: ["run", "-A", `${root}${entry}`],
+  const run = [Deno.execPath(), "run", "-A", `${root}${entry}`];
+  const [cmd, ...args] = nofile === undefined
+    ? run
+    : ["sh", "-c", `ulimit -n ${nofile} && exec "$0" "$@"`, ...run];
+  const child = new Deno.Command(cmd, {
+    args,
     env: { PORT: String(port), HOST: "127.0.0.1", ...env },
     stdout: "null",
     stderr: "piped",

@@ -123,6 +123,9 @@ export function toHttpError(err: unknown): HttpError | null {
       503,
       err.reason === "timeout" ? "timeout_error" : "unavailable_error",
       err.message,
+      undefined,
+      // A draining process: the client should retry, on another instance.
+      err.reason === "shutting_down" ? { "retry-after": "1" } : undefined,
     );
   }
   if (err instanceof NotFoundError) {

@@ -1,8 +1,8 @@
 // Process-level serving shared by every function's main.ts: loads the deployment config (refusing
 // to start on any problem, each listed by path), serves the app at once (/healthz answers, /readyz
-// says 503 while models load), loads the tiers, and shuts down gracefully on SIGTERM/SIGINT:
-// stop accepting, let in-flight requests finish within the grace period, then stop them and
-// exit, closing any connection still open.
+// says 503 while models load) behind the connection gate (connections.ts), loads the tiers, and
+// shuts down gracefully on SIGTERM/SIGINT: stop accepting, let in-flight requests finish within
+// the grace period, then answer the rest 503 and exit, closing any connection still open.
 import type { Hono } from "hono";
 import { ConfigError, loadConfig } from "../../lib/config/mod.ts";
 import {
@@ -13,6 +13,7 @@ import {
   TierBackendError,
 } from "../../lib/serve/mod.ts";
 import { createBaseApp } from "./app.ts";
+import { connectionCap, ConnectionGate, openFileLimit } from "./connections.ts";
 
 /** Adds one function's routes to an app. */
 export type Register = (app: Hono, rt: Runtime) => void;
@@ -58,37 +59,61 @@ export async function serveFunctions(name: string, registers: Register[]): Promi
   const app = createBaseApp(rt, name);
   for (const r of registers) r(app, rt);
   const { port, host } = config.server;
-  const server = Deno.serve({
-    port,
-    hostname: host,
-    onListen: ({ port }) => {
-      rt.startup.listeningMs = performance.now();
-      console.error(`kvrelay ${name} listening on http://${host}:${port}`);
-    },
-  }, app.fetch);
+  // The public socket is the connection gate's (timeouts, cap, survivable accept errors, a drain
+  // that spares bodies in flight); Deno.serve parses HTTP behind it on a private loopback port.
+  const listener = Deno.listen({ port, hostname: host });
+  const { cap, lowered } = connectionCap(config.server.max_connections, openFileLimit());
+  if (lowered) console.error(`kvrelay ${name}: ${lowered}`);
+  const gate = new ConnectionGate(listener, {
+    maxConnections: cap,
+    idleTimeoutMs: config.server.idle_timeout_ms,
+    headTimeoutMs: config.server.head_timeout_ms,
+  }, { metrics: rt.metrics, log: (line) => console.error(`kvrelay ${name}: ${line}`) });
+  const handler = gate.handler(app.fetch);
   let stopping = false;
+  // Deno.serve ends when an accept of its own fails (descriptors exhausted by something else):
+  // serve again on a new port rather than leave the gate relaying to nothing.
+  const serveHttp = (): Deno.HttpServer<Deno.NetAddr> => {
+    const s = Deno.serve({ port: 0, hostname: "127.0.0.1", onListen: () => {} }, handler);
+    gate.start(s.addr.port);
+    s.finished.then(() => "ended", (e) => (e as Error)?.message ?? String(e)).then((why) => {
+      if (stopping) return;
+      console.error(`kvrelay ${name}: the HTTP server stopped (${why}); serving again`);
+      setTimeout(() => server = serveHttp(), 100);
+    });
+    return s;
+  };
+  let server = serveHttp();
+  rt.startup.listeningMs = performance.now();
+  console.error(
+    `kvrelay ${name} listening on http://${host}:${(listener.addr as Deno.NetAddr).port}`,
+  );
   const stop = async () => {
     if (stopping) return;
     stopping = true;
     rt.startDrain();
     console.error(`kvrelay ${name}: draining (grace ${config.server.shutdown_grace_ms} ms)`);
+    // Not server.shutdown(): it fails the body reads of requests in flight (a 400 to an upload).
+    gate.drain();
     let timer: ReturnType<typeof setTimeout> | undefined;
     const grace = new Promise<"timeout">((r) => {
       timer = setTimeout(() => r("timeout"), config.server.shutdown_grace_ms);
     });
-    const outcome = await Promise.race([server.shutdown().then(() => "done" as const), grace]);
+    const outcome = await Promise.race([gate.settled().then(() => "done" as const), grace]);
     clearTimeout(timer);
     if (outcome === "timeout") {
-      console.error(`kvrelay ${name}: grace period over, stopping in-flight generations`);
+      console.error(`kvrelay ${name}: grace period over, stopping in-flight requests`);
+      // Body reads and generations end with 503 shutting_down; so does any request not answered.
       rt.abortInFlight();
+      gate.expire();
       let t2: ReturnType<typeof setTimeout> | undefined;
-      await Promise.race([server.finished, new Promise((r) => t2 = setTimeout(r, 2000))]);
+      await Promise.race([gate.settled(), new Promise((r) => t2 = setTimeout(r, 2000))]);
       clearTimeout(t2);
     }
     await rt.close();
     console.error(`kvrelay ${name}: stopped`);
-    // Connections still open now (a client stalled mid-upload, a peer that never reads) would
-    // keep Deno.serve — and so the process — alive until they close: exiting closes them.
+    // Connections still open now (a client stalled mid-upload, a peer that never reads) are
+    // closed by the exit.
     Deno.exit(0);
   };
   Deno.addSignalListener("SIGTERM", stop);
@@ -104,12 +129,11 @@ export async function serveFunctions(name: string, registers: Register[]): Promi
     );
   } catch (e) {
     console.error(`kvrelay ${name}: failed to load models: ${(e as Error).message}`);
+    stopping = true;
+    await gate.close();
     await server.shutdown();
     Deno.exit(1);
   }
-  await server.finished;
-  if (stopping) {
-    // Let stop() finish closing (it awaits the same server).
-    await new Promise((r) => setTimeout(r, 0));
-  }
+  // Serving until a signal: stop() exits the process.
+  await new Promise(() => {});
 }

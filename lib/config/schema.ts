@@ -167,6 +167,13 @@ export const configSchema = z.strictObject({
     max_inflight_upload_bytes: positiveInt.default(512 * 1024 * 1024),
     /** Origins allowed cross-origin (CORS); empty → no CORS headers (browsers refuse). */
     cors_origins: z.array(z.string().min(1)).default([]),
+    /** Open client connections at most (one more → 503 and closed); absent → as many as the
+     *  open-file limit allows (3 descriptors each, a reserve kept); lowered to that if above. */
+    max_connections: positiveInt.optional(),
+    /** A connection with no request in flight and no bytes either way for this long is closed. */
+    idle_timeout_ms: positiveInt.default(30000),
+    /** A request head must arrive within this long of its first byte, else 408 and closed. */
+    head_timeout_ms: positiveInt.default(15000),
   }).default({
     port: 8080,
     host: "0.0.0.0",
@@ -176,6 +183,8 @@ export const configSchema = z.strictObject({
     body_timeout_ms: 30000,
     max_inflight_upload_bytes: 512 * 1024 * 1024,
     cors_origins: [],
+    idle_timeout_ms: 30000,
+    head_timeout_ms: 15000,
   }),
   /** Tier name → tier, listed from lowest (cheapest) to highest. */
   tiers: z.record(z.string().regex(/^[A-Za-z0-9_.-]+$/), tierSchema).refine(

@@ -170,6 +170,23 @@ export class Metrics {
   readonly snapshotBytes = this.#add(
     new Counter("kvrelay_snapshot_bytes_total", "Snapshot bytes by direction"),
   );
+  /** Client connections open now (functions/shared/connections.ts). */
+  readonly openConnections = this.#add(
+    new Gauge("kvrelay_open_connections", "Client HTTP connections open now"),
+  );
+  /** Connections refused at accept, by reason (limit: server.max_connections reached;
+   *  relay_failed: no descriptor left to reach Deno.serve). */
+  readonly connectionsRefused = this.#add(
+    new Counter("kvrelay_connections_refused_total", "Connections refused at accept by reason"),
+  );
+  /** Connections closed by a timeout, by reason (idle, head). */
+  readonly connectionsTimedOut = this.#add(
+    new Counter("kvrelay_connections_timed_out_total", "Connections closed by a timeout by reason"),
+  );
+  /** Failed accepts of the listening socket (EMFILE and friends; the server keeps serving). */
+  readonly acceptErrors = this.#add(
+    new Counter("kvrelay_accept_errors_total", "Failed accepts on the listening socket"),
+  );
 
   /** Sequences per batched step (continuous batching), per tier. */
   readonly batchSize = this.#histogram(

@@ -279,8 +279,10 @@ export function requireTier(rt: Runtime, name: string, param = "tier"): Tier {
 /**
  * Refuses work before the runtime is ready (models loading) or once it drains.
  * @param rt the runtime
- * @throws {UnavailableError} not_ready
+ * @throws {UnavailableError} shutting_down once draining (503 with Retry-After: retry elsewhere),
+ *   not_ready before that
  */
 export function requireReady(rt: Runtime): void {
+  if (rt.draining) throw new UnavailableError("shutting_down", "server is shutting down");
   if (!rt.ready) throw new UnavailableError("not_ready", "server is not ready");
 }

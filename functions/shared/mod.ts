@@ -18,7 +18,7 @@ export {
   SNAPSHOT_TYPE,
   strictQuery,
 } from "./body.ts";
-export { requestContext } from "./context.ts";
+export { keyTenant, requestContext } from "./context.ts";
 export {
   blameSnapshot,
   errorBody,

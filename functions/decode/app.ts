@@ -31,6 +31,7 @@ import {
   createBaseApp,
   errorBody,
   generationOptions,
+  keyTenant,
   readJson,
   requestBody,
   requestContext,
@@ -212,7 +213,7 @@ export function registerDecode(app: Hono, rt: Runtime): void {
   }, async (c) => {
     const body = decodeJsonSchema.parse(await readJson(c, rt));
     requireReady(rt);
-    const bytes = await loadStored(rt, body.snapshot_id);
+    const bytes = await loadStored(rt, keyTenant(c), body.snapshot_id);
     const target = body.tier !== undefined ? requireTier(rt, body.tier) : undefined;
     try {
       const header = peekHeader(bytes);

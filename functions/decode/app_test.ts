@@ -217,7 +217,7 @@ Deno.test("POST /v1/decode errors name the field: body or snapshot_id for bad sn
     assert.equal(bad.status, 400);
     assert.equal((await bad.json()).error.param, "body");
     const id = crypto.randomUUID();
-    await rt.store.put(snapshotKey(id), corrupt);
+    await rt.store.put(await snapshotKey("anonymous", id), corrupt);
     const stored = await app.request("/v1/decode", post({ snapshot_id: id }));
     assert.equal(stored.status, 400);
     const storedBody = await stored.json();

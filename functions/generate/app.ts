@@ -5,7 +5,7 @@
 import type { Context, Hono } from "hono";
 import { z } from "zod";
 import type { GenerateOptions, StepLogprobs } from "../../lib/engine/mod.ts";
-import type { RouteDecision } from "../../lib/router/mod.ts";
+import type { Conversation, RouteDecision } from "../../lib/router/mod.ts";
 import {
   abortError,
   checkContext,
@@ -27,6 +27,7 @@ import {
   createBaseApp,
   errorBody,
   generationOptions,
+  keyTenant,
   readJson,
   requestContext,
   samplingFields,
@@ -112,7 +113,8 @@ async function plan(
     prompt: PromptInput;
     /** The prompt's field in the request, e.g. "prompt" or "prompt.2". */
     promptParam: string;
-    userId?: string;
+    /** The (tenant, user) whose sticky tier applies, when the request names a user. */
+    conversation?: Conversation;
     sampling: Parameters<typeof generationOptions>[1];
     /** The field `sampling.max_tokens` came from (default "max_tokens"). */
     maxTokensParam?: string;
@@ -126,7 +128,12 @@ async function plan(
   let tier: Tier;
   if (explicit !== undefined) {
     tier = requireTier(rt, explicit, req.param);
-    route = rt.router.route({ prompt: "", promptTokens: 0, explicit, userId: req.userId });
+    route = rt.router.route({
+      prompt: "",
+      promptTokens: 0,
+      explicit,
+      conversation: req.conversation,
+    });
   } else {
     const first = rt.tiers.get(rt.config.defaultTier)!;
     const text = routeText(req.prompt);
@@ -135,7 +142,7 @@ async function plan(
       checkTextBound(first, promptChars(req.prompt), req.promptParam);
       n = (await first.model.tokenizer.encodeAsync(text)).length;
     }
-    route = rt.router.route({ prompt: text, promptTokens: n, userId: req.userId });
+    route = rt.router.route({ prompt: text, promptTokens: n, conversation: req.conversation });
     tier = requireTier(rt, route.tier, req.param);
   }
   const ids = await promptIds(tier, req.prompt, req.promptParam);
@@ -153,6 +160,11 @@ async function plan(
   return { tier, route, ids, options };
 }
 
+/** The conversation a request's user id names: user ids are scoped by the API key's tenant. */
+function conversationOf(c: Context, user: string | undefined): Conversation | undefined {
+  return user === undefined ? undefined : { tenant: keyTenant(c), user };
+}
+
 /**
  * Admits a planned generation (queue slot, prefill) and records the user's tier.
  * @throws {QueueFullError}; {@link UnavailableError} timeout/not ready
@@ -161,7 +173,7 @@ async function admit(
   rt: Runtime,
   ctx: RequestContext,
   p: Planned,
-  userId: string | undefined,
+  conversation: Conversation | undefined,
 ): Promise<{ gen: Generation; route: RouteDecision }> {
   const gen = await startGeneration(rt, {
     tier: p.tier,
@@ -169,7 +181,7 @@ async function admit(
     options: p.options,
     ctx,
   });
-  rt.router.commit(userId, p.tier.name);
+  rt.router.commit(conversation, p.tier.name);
   return { gen, route: p.route };
 }
 
@@ -228,14 +240,14 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
       param: body.tier !== undefined ? "tier" : "model",
       prompt: { text: body.prompt },
       promptParam: "prompt",
-      userId: body.user_id,
+      conversation: conversationOf(c, body.user_id),
       sampling: body,
     });
     const { gen, route } = await admit(
       rt,
       requestContext(c, { cacheSalt: body.cache_salt }),
       planned,
-      body.user_id,
+      conversationOf(c, body.user_id),
     );
     const info = kvrelayInfo(gen, route);
     const r = await gen.collect();
@@ -279,14 +291,14 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
           promptParam: typeof body.prompt === "string" || typeof body.prompt[0] === "number"
             ? "prompt"
             : `prompt.${i}`,
-          userId: body.user,
+          conversation: conversationOf(c, body.user),
           sampling: body,
           extras: (tier) => extraOptions(tier, body, logprobs),
         }),
       );
     }
     const link = linkedContext(c, body.cache_salt);
-    const admitOne = (i: number) => admit(rt, link.ctx, plans[i], body.user);
+    const admitOne = (i: number) => admit(rt, link.ctx, plans[i], conversationOf(c, body.user));
     if (!body.stream) {
       const choices = [];
       let promptTokens = 0;
@@ -386,13 +398,13 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
       param: "model",
       prompt: { messages: body.messages },
       promptParam: "messages",
-      userId: body.user,
+      conversation: conversationOf(c, body.user),
       sampling: { ...body, max_tokens: body.max_completion_tokens ?? body.max_tokens },
       maxTokensParam: body.max_completion_tokens != null ? "max_completion_tokens" : "max_tokens",
       extras: (tier) => extraOptions(tier, body, logprobs),
     });
     const link = linkedContext(c, body.cache_salt);
-    const { gen, route } = await admit(rt, link.ctx, planned, body.user);
+    const { gen, route } = await admit(rt, link.ctx, planned, conversationOf(c, body.user));
     const model = gen.tier.name;
     const info = kvrelayInfo(gen, route);
     const lpObject = (steps: StepLogprobs[] | undefined) =>

@@ -1,11 +1,15 @@
 // Route tests for logits rows that are not finite, over a doctored tiny-fast whose output layer
 // gives two tokens logits of ±inf (so one of them is +inf at every position) or every token NaN:
 // a +inf token is certain whatever the sampling settings (it used to spin the sampler's candidate
-// widening forever with top_k/top_p/min_p), and a row without a finite logit is a 500, not a hang.
+// widening forever with top_k/top_p/min_p), and a row without a finite logit is a typed 422 (or a
+// typed error frame in a stream) naming the cause, not a 500 and not a hang.
 import assert from "node:assert/strict";
 import { relative } from "node:path";
-import { createGenerateApp } from "./app.ts";
-import { post, testRuntime } from "../shared/test_helpers.ts";
+import { createGenerateApp, registerGenerate } from "./app.ts";
+import { registerDecode } from "../decode/app.ts";
+import { registerPrefill } from "../prefill/app.ts";
+import { createBaseApp } from "../shared/app.ts";
+import { type Json, post, readSse, testRuntime } from "../shared/test_helpers.ts";
 
 const MODELS = new URL("../../models/", import.meta.url).pathname;
 const [T, U] = [1000, 1001]; // embedding rows (tied: the output layer) set to ±1e38 in dim 0
@@ -100,26 +104,66 @@ Deno.test("POST /v1/completions returns the +inf logit's token under every sampl
   }
 });
 
-Deno.test("POST /v1/completions answers 500 (logged, request id) when every logit is NaN", async () => {
+Deno.test("a row without a finite logit is a typed 422 naming the cause, plain and streamed, on generate and decode routes", async () => {
   const dir = await doctored(NaN);
   const rt = await testRuntime({ tiers: { fast: relative(MODELS, dir) } });
   try {
-    const app = createGenerateApp(rt);
-    for (const settings of [{ temperature: 0 }, { temperature: 1, top_k: 5 }, { temperature: 1 }]) {
+    const app = createBaseApp(rt, "all");
+    registerGenerate(app, rt);
+    registerPrefill(app, rt);
+    registerDecode(app, rt);
+    const checkError = (err: Json, what: string) => {
+      assert.equal(err.type, "non_finite_logits_error", what);
+      assert.match(err.message, /no finite logit among \d+ values/, what);
+      assert.match(err.message, /overflow/, what);
+    };
+    // The prefill step's draw (greedy, sampled, top-k) and the logprobs path (row in JS).
+    for (
+      const settings of [
+        { temperature: 0 },
+        { temperature: 1, top_k: 5 },
+        { temperature: 1 },
+        { temperature: 1, logprobs: 2 },
+      ]
+    ) {
       const what = JSON.stringify(settings);
-      const res = await within(
+      const body = { model: "fast", prompt: "Hi", max_tokens: 2, ...settings };
+      const res = await within(20_000, what, app.request("/v1/completions", post(body)));
+      assert.equal(res.status, 422, what);
+      checkError((await res.json()).error, what);
+      // Streamed: the 200 is sent before the first step, so the error comes as a typed frame.
+      const sse = await within(
         20_000,
         what,
-        app.request(
-          "/v1/completions",
-          post({ model: "fast", prompt: "Hi", max_tokens: 2, ...settings }),
-        ),
+        app.request("/v1/completions", post({ ...body, stream: true })),
       );
-      assert.equal(res.status, 500, what);
-      const body = await res.json();
-      assert.equal(body.error.type, "server_error", what);
-      assert.match(body.error.message, /^internal server error \(request [0-9a-f-]+\)$/, what);
+      assert.equal(sse.status, 200, what);
+      const frames = await readSse(sse);
+      const errors = frames.filter((f) => typeof f === "object" && f.error);
+      assert.equal(errors.length, 1, `${what}: ${JSON.stringify(frames)}`);
+      checkError(errors[0].error, `${what} stream`);
     }
+    // A snapshot's first decode step (the KV imports fine: only the final norm is NaN).
+    const pre = await app.request("/v1/prefill", post({ tier: "fast", prompt: "Hello there" }));
+    assert.equal(pre.status, 200);
+    const snap = new Uint8Array(await pre.arrayBuffer());
+    const headers = { "content-type": "application/vnd.kvrelay.snapshot" };
+    const dec = await app.request("/v1/decode?max_tokens=2", {
+      method: "POST",
+      headers,
+      body: snap,
+    });
+    assert.equal(dec.status, 422);
+    checkError((await dec.json()).error, "decode");
+    const decSse = await app.request("/v1/decode?max_tokens=2&stream=true", {
+      method: "POST",
+      headers,
+      body: snap,
+    });
+    const frames = await readSse(decSse);
+    const errors = frames.filter((f) => typeof f === "object" && f.error);
+    assert.equal(errors.length, 1, JSON.stringify(frames));
+    checkError(errors[0].error, "decode stream");
   } finally {
     await rt.close();
     await Deno.remove(dir, { recursive: true });

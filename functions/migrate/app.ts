@@ -18,6 +18,7 @@ import {
 import {
   blameSnapshot,
   createBaseApp,
+  keyTenant,
   readJson,
   requestBody,
   requestContext,
@@ -46,7 +47,7 @@ async function migrate(
 ): Promise<Response> {
   const m = await migrateSnapshot(rt, input, targetName, "target", requestContext(c));
   if (store) {
-    const { id, bytes: n } = await storeSnapshot(rt, m.stream);
+    const { id, bytes: n } = await storeSnapshot(rt, keyTenant(c), m.stream);
     return c.json({
       snapshot_id: id,
       source_tier: m.source.name,
@@ -100,7 +101,7 @@ export function registerMigrate(app: Hono, rt: Runtime): void {
   }, async (c) => {
     const body = jsonSchema.parse(await readJson(c, rt));
     requireReady(rt);
-    const bytes = await loadStored(rt, body.snapshot_id);
+    const bytes = await loadStored(rt, keyTenant(c), body.snapshot_id);
     try {
       return await migrate(c, rt, bytes, body.target, body.store);
     } catch (e) {

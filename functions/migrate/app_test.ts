@@ -3,6 +3,7 @@
 // unknown target, 409 snapshot of a model no tier serves, 400 bad query.
 import assert from "node:assert/strict";
 import { generate } from "../../lib/engine/mod.ts";
+import { snapshotKey } from "../../lib/serve/mod.ts";
 import { decodeHeader } from "../../lib/snapshot/mod.ts";
 import { createDecodeApp } from "../decode/app.ts";
 import { createPrefillApp } from "../prefill/app.ts";
@@ -125,7 +126,7 @@ Deno.test("POST /v1/migrate errors name the field: body or snapshot_id for bad s
     assert.equal(bad.status, 400);
     assert.equal((await bad.json()).error.param, "body");
     const id = crypto.randomUUID();
-    await rt.store.put(`snap:${id}`, truncated);
+    await rt.store.put(await snapshotKey("anonymous", id), truncated);
     const stored = await app.request("/v1/migrate", post({ snapshot_id: id, target: "fast" }));
     assert.equal(stored.status, 400);
     assert.equal((await stored.json()).error.param, "snapshot_id");

@@ -19,6 +19,7 @@ import {
   clientSignal,
   createBaseApp,
   HttpError,
+  keyTenant,
   messagesSchema,
   peerHeaders,
   readJson,
@@ -116,7 +117,7 @@ export function registerPrefill(app: Hono, rt: Runtime): void {
     );
 
     if (body.store) {
-      const { id, bytes } = await storeSnapshot(rt, stream);
+      const { id, bytes } = await storeSnapshot(rt, keyTenant(c), stream);
       return c.json({ snapshot_id: id, tier: tier.name, tokens: ids.length, bytes });
     }
     if (peer !== undefined) {

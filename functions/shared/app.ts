@@ -90,6 +90,24 @@ function authMiddleware(rt: Runtime): MiddlewareHandler {
   });
 }
 
+// GET /metrics behind auth.metrics_key_env's key when one is configured (its series name tiers,
+// routes and error counts: an operator may not want them public); else open, like the probes.
+function metricsAuth(rt: Runtime): MiddlewareHandler {
+  const key = rt.config.secrets.metricsKey;
+  if (key === null) return async (_c, next) => await next();
+  const digest = sha256(new TextEncoder().encode(key));
+  return bearerAuth({
+    verifyToken: async (token) => (await keyIndex(token, [await digest])) === 0,
+    noAuthenticationHeader: {
+      message: authError("missing metrics key: send Authorization: Bearer <key>"),
+    },
+    invalidAuthenticationHeader: {
+      message: authError("malformed Authorization header: send Authorization: Bearer <key>"),
+    },
+    invalidToken: { message: authError("invalid metrics key") },
+  });
+}
+
 function headerSize(headers: Headers): { bytes: number; count: number } {
   let bytes = 0, count = 0;
   for (const [k, v] of headers) {
@@ -212,7 +230,7 @@ export function createBaseApp(rt: Runtime, fn: string): Hono {
       startup: rt.startup,
     });
   });
-  app.get("/metrics", (c) => {
+  app.get("/metrics", metricsAuth(rt), (c) => {
     c.header("content-type", "text/plain; version=0.0.4; charset=utf-8");
     return c.body(rt.metrics.render());
   });

@@ -32,3 +32,14 @@ export function requestContext(
     tenant: tenantId(c.get("keyTenant") ?? "anonymous", opts.cacheSalt),
   };
 }
+
+/**
+ * The API key's tenant ("anonymous" without keys): the owner of the snapshots a request stores and
+ * the scope of its user ids for sticky routing. A request's cache_salt does not enter: it scopes
+ * prefix-cache sharing, and a client may choose any salt.
+ * @param c the Hono context
+ * @returns the tenant id
+ */
+export function keyTenant(c: Context): string {
+  return c.get("keyTenant") ?? "anonymous";
+}

@@ -11,6 +11,7 @@ import {
   BusyError,
   InputError,
   type Metrics,
+  NonFiniteLogitsError,
   NotFoundError,
   QueueFullError,
   SnapshotMismatchError,
@@ -133,6 +134,11 @@ export function toHttpError(err: unknown): HttpError | null {
   }
   if (err instanceof TooLargeError) {
     return new HttpError(413, "invalid_request_error", err.message, err.param);
+  }
+  if (err instanceof NonFiniteLogitsError) {
+    // The request cannot be completed as given (its cache or the model overflows), and retrying
+    // it unchanged fails the same way: a 422 naming the cause, never a generic 500.
+    return new HttpError(422, "non_finite_logits_error", err.message);
   }
   if (err instanceof SnapshotMismatchError) {
     return new HttpError(409, "snapshot_mismatch_error", err.message, err.param);

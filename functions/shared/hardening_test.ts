@@ -12,7 +12,7 @@ import { registerMigrate } from "../migrate/app.ts";
 import { createPrefillApp, registerPrefill } from "../prefill/app.ts";
 import { createBaseApp } from "./app.ts";
 import { post, testRuntime } from "./test_helpers.ts";
-import type { Runtime } from "../../lib/serve/mod.ts";
+import { type Runtime, snapshotKey } from "../../lib/serve/mod.ts";
 
 const SNAP = { "content-type": "application/vnd.kvrelay.snapshot" };
 // Long enough for several 16-token prefix-cache chunks.
@@ -166,7 +166,7 @@ function poison(snap: Uint8Array, value: number, at = 5): Uint8Array<ArrayBuffer
   return out;
 }
 
-Deno.test("snapshots carrying NaN, ±Inf or values that overflow the cache dtype are refused: 400 naming body", async () => {
+Deno.test("snapshots carrying NaN, ±Inf, values beyond 2^24 or that overflow the cache dtype are refused: 400 naming body and the element", async () => {
   const rt = await testRuntime({
     tiers: { fast: "tiny-fast", half: "tiny-fast" },
     tier: {},
@@ -192,23 +192,54 @@ Deno.test("snapshots carrying NaN, ±Inf or values that overflow the cache dtype
         assert.match(err.message, /finite/);
       }
     }
-    // 1e38 is a finite f32 but +Inf in an f16 cache.
-    const big = poison(snap, 1e38);
-    const ok = await app.request("/v1/decode?max_tokens=1", {
+    // Finite but extreme (3e38, -1e37): beyond the KV bound, whatever the cache dtype; the
+    // message names the element. Element 5 of chunk 0's first block: layer 0 K, head 0,
+    // token position 0, dim 5.
+    const element =
+      /layer 0 K, head 0, token position 0, dim 5: value -?[0-9.e+]+ exceeds the KV magnitude bound 16777216/;
+    const id = crypto.randomUUID();
+    for (const v of [3e38, -1e37]) {
+      const bad = poison(snap, v);
+      await rt.store.put(await snapshotKey("anonymous", id), bad);
+      const requests: [string, RequestInit, string][] = [
+        ["/v1/decode?max_tokens=2", { method: "POST", headers: SNAP, body: bad }, "body"],
+        [
+          "/v1/decode?max_tokens=2&stream=true",
+          { method: "POST", headers: SNAP, body: bad },
+          "body",
+        ],
+        ["/v1/migrate?target=half", { method: "POST", headers: SNAP, body: bad }, "body"],
+        ["/v1/decode", post({ snapshot_id: id, max_tokens: 2 }), "snapshot_id"],
+        ["/v1/decode", post({ snapshot_id: id, stream: true }), "snapshot_id"],
+        ["/v1/migrate", post({ snapshot_id: id, target: "half" }), "snapshot_id"],
+        ["/v1/migrate", post({ snapshot_id: id, target: "half", store: true }), "snapshot_id"],
+      ];
+      for (const [url, init, param] of requests) {
+        const what = `${url} ${init.body instanceof Uint8Array ? "body" : init.body} ${v}`;
+        const res = await app.request(url, init);
+        assert.equal(res.status, 400, what);
+        const err = (await res.json()).error;
+        assert.equal(err.type, "invalid_snapshot_error", what);
+        assert.equal(err.param, param, what);
+        assert.match(err.message, element, what);
+      }
+    }
+    // 2^24 is accepted (an f32 cache holds it); 1e5 is within the bound but +Inf in an f16 cache.
+    const edge = await app.request("/v1/decode?max_tokens=1", {
       method: "POST",
       headers: SNAP,
-      body: big,
+      body: poison(snap, 2 ** 24),
     });
-    assert.equal(ok.status, 200, "finite in an f32 cache");
-    await ok.arrayBuffer();
+    assert.equal(edge.status, 200, "the bound itself");
+    await edge.arrayBuffer();
     // The f16 tier serves the same model, so the snapshot (f32 payload) imports into f16 KV.
     const res = await allApp(rtHalf).request("/v1/decode?max_tokens=1", {
       method: "POST",
       headers: SNAP,
-      body: big,
+      body: poison(snap, 1e5),
     });
     assert.equal(res.status, 400);
-    assert.match((await res.json()).error.message, /finite|overflows the f16 cache/);
+    assert.match((await res.json()).error.message, /dim 5: value 100000 overflows the f16 cache/);
   } finally {
     await rt.close();
     await rtHalf.close();
@@ -401,6 +432,54 @@ Deno.test("invalid UTF-8 and lone surrogates answer 400; wrong methods 405 with 
     const big = await app.request("/healthz", { headers: { "x-big": "a".repeat(40 * 1024) } });
     assert.equal(big.status, 431);
     assert.equal((await big.json()).error.param, "headers");
+  } finally {
+    await rt.close();
+  }
+});
+
+Deno.test("a projection whose output leaves the KV bound is refused (422 naming the element) before it is sent, stored or decoded", async () => {
+  const rt = await testRuntime({
+    tiers: { fast: "tiny-fast", powerful: "tiny-powerful" },
+    config: {
+      projectors: [{ from: "fast", to: "powerful", path: "projectors/tiny-fast--tiny-powerful" }],
+    },
+  });
+  try {
+    const app = allApp(rt);
+    // Every K and V of chunk 0 at +2^24: within the bound, so the import accepts it, but the
+    // projector (a ridge map summing many features) carries it far beyond.
+    const snap = new Uint8Array(await snapshotOf(rt));
+    const { header, layout } = decodeHeader(snap);
+    const start = layout.payloadStart + header.chunks[0].offset;
+    const frame = snap.subarray(start, start + header.chunks[0].length);
+    const dv = new DataView(frame.buffer, frame.byteOffset, frame.byteLength);
+    for (let o = 8; o + 4 < frame.length; o += 4) dv.setFloat32(o, 2 ** 24, true);
+    dv.setUint32(frame.length - 4, crc32c(frame.subarray(0, frame.length - 4)), true);
+    const same = await app.request("/v1/decode?max_tokens=1", {
+      method: "POST",
+      headers: SNAP,
+      body: snap,
+    });
+    assert.notEqual(same.status, 400, "the saturated snapshot itself is within the bound");
+    await same.arrayBuffer();
+    for (
+      const url of [
+        "/v1/migrate?target=powerful",
+        "/v1/migrate?target=powerful&store=true",
+        "/v1/decode?tier=powerful&max_tokens=2",
+        "/v1/decode?tier=powerful&max_tokens=2&stream=true",
+      ]
+    ) {
+      const res = await app.request(url, { method: "POST", headers: SNAP, body: snap });
+      assert.equal(res.status, 422, url);
+      const err = (await res.json()).error;
+      assert.equal(err.type, "migration_refused_error", url);
+      assert.match(
+        err.message,
+        /projection_out_of_range.*layer \d+ [KV], head \d+, token position \d+, dim \d+: value \S+ (exceeds the KV magnitude bound|is not finite)/,
+        url,
+      );
+    }
   } finally {
     await rt.close();
   }

@@ -19,7 +19,7 @@ export {
   snapshotOrJson,
   strictQuery,
 } from "./body.ts";
-export { requestContext } from "./context.ts";
+export { keyTenant, requestContext } from "./context.ts";
 export {
   blameSnapshot,
   errorBody,

@@ -32,6 +32,8 @@ export interface ConfigSecrets {
   redisUrl: string | null;
   /** Mixed into prefix-cache keys; null when unset (the runtime then draws a random one). */
   tenantSalt: string | null;
+  /** The key GET /metrics requires, or null when metrics are open (auth.metrics_key_env). */
+  metricsKey: string | null;
 }
 
 /** A ready config: the file with defaults, absolute paths, env overrides and secrets. */
@@ -138,6 +140,15 @@ export function parseConfig(
       );
     }
   }
+  let metricsKey: string | null = null;
+  if (cfg.auth.metrics_key_env !== undefined) {
+    metricsKey = env(cfg.auth.metrics_key_env) || null;
+    if (metricsKey === null) {
+      problems.push(
+        `env ${cfg.auth.metrics_key_env}: required by auth.metrics_key_env (the /metrics key)`,
+      );
+    }
+  }
   let redisUrl: string | null = null;
   if (cfg.store.kind === "redis") {
     redisUrl = env(cfg.store.url_env) ?? null;
@@ -167,6 +178,7 @@ export function parseConfig(
       snapshotKey,
       redisUrl,
       tenantSalt: env(cfg.prefix_cache.tenant_salt_env) || null,
+      metricsKey,
     },
   };
 }

@@ -128,6 +128,22 @@ Deno.test("parseConfig() takes PORT/HOST and secrets from the env, and reports a
   );
 });
 
+Deno.test("parseConfig() reads the /metrics key from auth.metrics_key_env, and refuses the field naming an unset variable", () => {
+  const base = { tiers: { t: { model: "/m" } } };
+  assert.equal(parseConfig(base, { env: () => undefined }).secrets.metricsKey, null);
+  const withKey = { ...base, auth: { metrics_key_env: "SCRAPE_KEY" } };
+  const env: Record<string, string> = { SCRAPE_KEY: "s3cret" };
+  assert.equal(parseConfig(withKey, { env: (n) => env[n] }).secrets.metricsKey, "s3cret");
+  assert.throws(
+    () => parseConfig(withKey, { env: (n) => ({ SCRAPE_KEY: "" })[n] }),
+    (e: unknown) => e instanceof ConfigError && /env SCRAPE_KEY: required/.test(e.message),
+  );
+  assert.throws(
+    () => parseConfig({ ...base, auth: { metrics_key_env: "" } }, { env: () => undefined }),
+    (e: unknown) => e instanceof ConfigError && /auth\.metrics_key_env/.test(e.message),
+  );
+});
+
 Deno.test("loadConfig() reports an unreadable file and invalid JSON as ConfigError", async () => {
   await assert.rejects(loadConfig("/nonexistent/kvrelay.json", noEnv), ConfigError);
   const dir = await Deno.makeTempDir();

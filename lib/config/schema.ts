@@ -223,6 +223,9 @@ export const configSchema = z.strictObject({
     snapshot_key_id: z.string().min(1).max(64).default("k1"),
     /** Refuse unsigned snapshots when a key is configured. */
     require_signed_snapshots: z.boolean().default(true),
+    /** Env var holding the key GET /metrics then requires (Authorization: Bearer <key>); the
+     *  variable must be set when this is. Absent → /metrics is open, like the probes. */
+    metrics_key_env: z.string().min(1).optional(),
   }).default({
     api_keys_env: "KVRELAY_API_KEYS",
     snapshot_hmac_key_env: "KVRELAY_SNAPSHOT_KEY",

@@ -4,6 +4,7 @@
 export { type LoadedModel, loadModel, type LoadTimings } from "./load.ts";
 export {
   argmax,
+  NoFiniteLogitRowError,
   Sampler,
   samplingDistribution,
   type SamplingOptions,

@@ -40,6 +40,17 @@ interface ValidSampling {
  * @returns temperature, topK, topP, minP with defaults applied
  * @throws {RangeError} when a value is out of range (the message quotes it)
  */
+/** A logits row with no finite value (all NaN or −Inf): nothing can be drawn from it. A
+ *  RangeError (a value out of what the sampler accepts) of its own class, so the serving core can
+ *  name the cause. */
+export class NoFiniteLogitRowError extends RangeError {
+  /** @param message names the row's length */
+  constructor(message: string) {
+    super(message);
+    this.name = "NoFiniteLogitRowError";
+  }
+}
+
 export function validateSampling(opts: SamplingOptions): ValidSampling {
   const temperature = opts.temperature ?? 1;
   const topK = opts.topK ?? 0;
@@ -80,7 +91,9 @@ export function argmax(logits: ArrayLike<number>): number {
       best = i;
     }
   }
-  if (best < 0) throw new RangeError(`argmax: no finite logit among ${logits.length} values`);
+  if (best < 0) {
+    throw new NoFiniteLogitRowError(`argmax: no finite logit among ${logits.length} values`);
+  }
   return best;
 }
 
@@ -228,7 +241,7 @@ function softmaxMass(
     }
   }
   if (finite === 0) {
-    throw new RangeError(`sampling: no finite logit among ${logits.length} values`);
+    throw new NoFiniteLogitRowError(`sampling: no finite logit among ${logits.length} values`);
   }
   let total = 0;
   for (let i = 0; i < logits.length; i++) {

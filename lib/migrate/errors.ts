@@ -10,7 +10,8 @@ export type MigrationRefusalReason =
   | "no_projector"
   | "no_quality"
   | "quality_below_threshold"
-  | "prompt_too_short";
+  | "prompt_too_short"
+  | "projection_out_of_range";
 
 /** Migration cannot or must not run for this pair/request; callers fall back to full prefill. */
 export class MigrationRefusedError extends Error {

@@ -5,6 +5,7 @@
 
 import type { LoadedModel } from "../engine/mod.ts";
 import type { NativeSequence } from "../native/mod.ts";
+import { checkKvValues, SnapshotError } from "../snapshot/mod.ts";
 import { MigrationRefusedError } from "./errors.ts";
 import { checkProjectorPair, type MigrationEndpoint, type Projector } from "./projector.ts";
 import { readCacheBlock, writeCacheBlock } from "./native.ts";
@@ -116,13 +117,41 @@ export async function migrateKv(o: MigrateKvOptions): Promise<MigrationMode> {
   if (projector.projectInto) {
     // linear kind: read → de-rotate → project → re-rotate → write in native memory
     await projector.projectInto(o.sourceSeq, o.targetSeq, o.count, o.threads ?? 0);
-    return mode;
+  } else {
+    // kinds that compute in JS (onnx): whole f32 blocks through JS
+    const block = readCacheBlock(o.sourceSeq, 0, o.count);
+    const projected = await projector.project(0, block, o.threads);
+    writeCacheBlock(o.targetSeq, 0, projected);
   }
-  // kinds that compute in JS (onnx): whole f32 blocks through JS
-  const block = readCacheBlock(o.sourceSeq, 0, o.count);
-  const projected = await projector.project(0, block, o.threads);
-  writeCacheBlock(o.targetSeq, 0, projected);
+  checkProjected(o.targetSeq, o.count);
   return mode;
+}
+
+/**
+ * Refuses a projection whose output holds a value no snapshot import would accept (not finite, or
+ * beyond KV_MAX_ABS): a projector fitted on ordinary KV can extrapolate an in-bound but unusual
+ * input far outside it, and that cache must be neither decoded nor stored or sent as a snapshot
+ * that the importing side would refuse. Costs one f32 read of the projected prefix.
+ * @param seq the target sequence holding the projection in [0, count)
+ * @param count projected tokens
+ * @throws {MigrationRefusedError} "projection_out_of_range" naming the first refused element
+ */
+function checkProjected(seq: NativeSequence, count: number): void {
+  const cfg = seq.model.config;
+  for (let layer = 0; layer < cfg.numLayers; layer++) {
+    const { k, v } = seq.readKv(layer, 0, count, "f32");
+    const place = { layer, tokens: count, headDim: cfg.headDim, start: 0 };
+    try {
+      checkKvValues(k, "f32", "f32", { ...place, part: "K" });
+      checkKvValues(v, "f32", "f32", { ...place, part: "V" });
+    } catch (e) {
+      if (!(e instanceof SnapshotError)) throw e;
+      throw new MigrationRefusedError(
+        "projection_out_of_range",
+        `the projected cache is unusable: ${e.message}`,
+      );
+    }
+  }
 }
 
 /** Options of {@link migrateAndRepair}. */

@@ -5,7 +5,7 @@
 // free() meanwhile is deferred), and maps failures to EngineError. Not the scheduler (lib/serve).
 
 import { checkInt, quoteValue } from "./check.ts";
-import { EngineError } from "./errors.ts";
+import { EngineError, NoFiniteLogitError } from "./errors.ts";
 import type { NativeLibrary } from "./library.ts";
 import { cString } from "./library.ts";
 import type { NativeModel } from "./model.ts";
@@ -330,8 +330,7 @@ async function stepWith(
     else {
       const ptr = Deno.UnsafePointer.create(samplerPtrs![i]);
       out.push(
-        new EngineError(
-          -1,
+        new NoFiniteLogitError(
           cString(lib.symbols.kvr_sampler_last_error(ptr)),
           "kvr_batch_step_sample",
         ),
@@ -353,8 +352,7 @@ function burstResults(
     const failed = tokens.indexOf(-1);
     if (failed === 0) {
       const ptr = Deno.UnsafePointer.create(samplerPtrs[i]);
-      return new EngineError(
-        -1,
+      return new NoFiniteLogitError(
         cString(lib.symbols.kvr_sampler_last_error(ptr)),
         "kvr_batch_step_sample",
       );

@@ -25,3 +25,17 @@ export class EngineError extends Error {
     this.codeName = codeName;
   }
 }
+
+/** A sampled logits row held no finite logit (all NaN or −Inf): the step ran, its draw did not.
+ *  Distinct from other failures so the serving core can report the cause (a cache or weights whose
+ *  values overflow), not an internal error. */
+export class NoFiniteLogitError extends EngineError {
+  /**
+   * @param message the sampler's message (kvr_sampler_last_error)
+   * @param call the C function whose draw failed
+   */
+  constructor(message: string, call: string) {
+    super(-1, message, call);
+    this.name = "NoFiniteLogitError";
+  }
+}

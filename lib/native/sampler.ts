@@ -4,7 +4,7 @@
 // Not the option defaults or validation rules themselves (lib/engine/sampler.ts owns those).
 
 import { checkInt } from "./check.ts";
-import { EngineError } from "./errors.ts";
+import { EngineError, NoFiniteLogitError } from "./errors.ts";
 import { cString, type NativeLibrary, openNativeLibrary } from "./library.ts";
 
 /** sizeof(kvr_sampling_params). */
@@ -162,7 +162,7 @@ export class NativeSampler {
    * @param width ids < width are candidates (default the row length)
    * @param req logprobs to return
    * @returns the token and the requested logprobs
-   * @throws RangeError for a bad width or topLogprobs; EngineError when no logit is finite
+   * @throws RangeError for a bad width or topLogprobs; NoFiniteLogitError when no logit is finite
    */
   sample(logits: Float32Array, width = logits.length, req: LogprobRequest = {}): SampleResult {
     const ptr = this.pointer;
@@ -182,11 +182,10 @@ export class NativeSampler {
       o.topCount,
     );
     if (status !== 0) {
-      throw new EngineError(
-        status,
-        cString(this.#lib.symbols.kvr_sampler_last_error(ptr)) || this.#lib.lastError(),
-        "kvr_sampler_sample",
-      );
+      const message = cString(this.#lib.symbols.kvr_sampler_last_error(ptr)) ||
+        this.#lib.lastError();
+      if (!hasFinite(logits, width)) throw new NoFiniteLogitError(message, "kvr_sampler_sample");
+      throw new EngineError(status, message, "kvr_sampler_sample");
     }
     return o.result(req, top);
   }
@@ -204,4 +203,10 @@ export class NativeSampler {
   [Symbol.dispose](): void {
     this.free();
   }
+}
+
+// Whether logits[0..width) holds a finite value (checked only after a failed draw).
+function hasFinite(logits: Float32Array, width: number): boolean {
+  for (let i = 0; i < width; i++) if (Number.isFinite(logits[i])) return true;
+  return false;
 }

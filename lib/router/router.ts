@@ -1,7 +1,7 @@
 // Tier routing: an explicit model/tier wins; else the first matching rule (token count bounds,
-// keywords); else the default tier. Escalation is sticky per conversation (user id) so a
-// conversation only moves up. It picks names only — loading models and migrating caches is
-// the functions' job.
+// keywords); else the default tier. Escalation is sticky per conversation — a (tenant, user id)
+// pair, so one tenant's user ids never see or pin another's — and a conversation only moves up.
+// It picks names only — loading models and migrating caches is the functions' job.
 import type { RouteRule } from "../config/mod.ts";
 
 /** The seed's length/keyword heuristic, used when a config gives no rules. */
@@ -28,6 +28,14 @@ export interface RouteDecision {
   previousTier?: string;
 }
 
+/** Whose conversation a request continues: user ids are the client's names, scoped by tenant. */
+export interface Conversation {
+  /** The authenticated tenant (API key's tenant). */
+  tenant: string;
+  /** The client-chosen user id. */
+  user: string;
+}
+
 /** Router options. */
 export interface RouterOptions {
   /** Tier names, lowest to highest. */
@@ -38,7 +46,9 @@ export interface RouterOptions {
   rules?: readonly RouteRule[];
   /** Never move a user's conversation to a lower tier than its last (default true). */
   sticky?: boolean;
-  /** Conversations remembered (LRU, default 10000). */
+  /** Conversations remembered, all tenants together (default 10000). When full, the least
+   *  recently used conversation of the tenant holding the most is forgotten (the inserting one
+   *  on a tie), so a tenant only ever loses entries it holds beyond an equal share. */
   maxConversations?: number;
 }
 
@@ -53,7 +63,9 @@ export class Router {
   readonly rules: readonly RouteRule[];
   readonly #sticky: boolean;
   readonly #max: number;
-  readonly #last = new Map<string, string>();
+  // tenant → (user → last tier), each map in least-recently-used-first order
+  readonly #last = new Map<string, Map<string, string>>();
+  #size = 0;
 
   /**
    * @param opts tiers, default tier, rules, stickiness
@@ -88,13 +100,14 @@ export class Router {
 
   /**
    * Chooses the tier for a request.
-   * @param req `prompt` text, its token count, an explicit tier (wins), the user id
+   * @param req `prompt` text, its token count, an explicit tier (wins), the conversation
    * @returns the decision (call {@link Router.commit} once the request ran)
    */
   route(
-    req: { prompt: string; promptTokens: number; explicit?: string; userId?: string },
+    req: { prompt: string; promptTokens: number; explicit?: string; conversation?: Conversation },
   ): RouteDecision {
-    const previousTier = req.userId === undefined ? undefined : this.#last.get(req.userId);
+    const c = req.conversation;
+    const previousTier = c === undefined ? undefined : this.#last.get(c.tenant)?.get(c.user);
     if (req.explicit !== undefined) return { tier: req.explicit, reason: "explicit", previousTier };
     let decision: RouteDecision | undefined;
     const w = words(req.prompt);
@@ -116,14 +129,25 @@ export class Router {
   }
 
   /**
-   * Records the tier a user's request ran on.
-   * @param userId the conversation's user id
+   * Records the tier a conversation's request ran on.
+   * @param conversation the (tenant, user id) pair; undefined records nothing
    * @param tier the tier used
    */
-  commit(userId: string | undefined, tier: string): void {
-    if (userId === undefined) return;
-    this.#last.delete(userId);
-    this.#last.set(userId, tier);
-    if (this.#last.size > this.#max) this.#last.delete(this.#last.keys().next().value!);
+  commit(conversation: Conversation | undefined, tier: string): void {
+    if (conversation === undefined) return;
+    const { tenant, user } = conversation;
+    let mine = this.#last.get(tenant);
+    if (mine === undefined) this.#last.set(tenant, mine = new Map());
+    if (!mine.delete(user)) this.#size++;
+    mine.set(user, tier);
+    if (this.#size <= this.#max) return;
+    // Evict from the largest tenant; the committing tenant evicts its own entry on a tie.
+    let victim = mine;
+    for (const m of this.#last.values()) if (m.size > victim.size) victim = m;
+    victim.delete(victim.keys().next().value!);
+    this.#size--;
+    if (victim.size === 0) {
+      for (const [t, m] of this.#last) if (m === victim) this.#last.delete(t);
+    }
   }
 }

@@ -92,3 +92,16 @@ export class BusyError extends Error {
     this.name = "BusyError";
   }
 }
+
+/** A step's logits row held no finite value (every logit NaN or −Inf), so no token can be drawn:
+ * the cache (an imported or migrated snapshot) or the model's weights hold values that overflow.
+ * The request fails with this cause rather than as an internal error. */
+export class NonFiniteLogitsError extends Error {
+  /**
+   * @param message names the tier and the engine's message
+   */
+  constructor(message: string) {
+    super(message);
+    this.name = "NonFiniteLogitsError";
+  }
+}

@@ -214,20 +214,23 @@ export async function migrateSnapshot(
 }
 
 /**
- * Reads an export stream to its end and keeps it in the shared store under a fresh id.
+ * Reads an export stream to its end and keeps it in the shared store under a fresh id, in the
+ * namespace of `owner` (only that tenant finds it: {@link loadStored}).
  * @param rt the runtime (store, TTL)
+ * @param owner the storing tenant
  * @param stream the snapshot stream
  * @returns the id and the byte count
  * @throws {StoreError} when the store refuses or is unreachable
  */
 export async function storeSnapshot(
   rt: Runtime,
+  owner: string,
   stream: ReadableStream<Uint8Array>,
 ): Promise<{ id: string; bytes: number }> {
   const bytes = new Uint8Array(await new Response(stream).arrayBuffer());
   const id = crypto.randomUUID();
   await rt.store.put(
-    snapshotKey(id),
+    await snapshotKey(owner, id),
     bytes,
     rt.config.store.ttl_ms ? { ttlMs: rt.config.store.ttl_ms } : {},
   );

@@ -13,6 +13,7 @@ import {
 import { type MigrationRefusalReason, MigrationRefusedError } from "../migrate/mod.ts";
 import { prefillWithCache, type PrefixCache, StoreError } from "../store/mod.ts";
 import { Lane } from "./lane.ts";
+import { domainError } from "./native_engine.ts";
 import { InputError, UnavailableError } from "./errors.ts";
 import type { RequestContext } from "./request.ts";
 import { requireReady, type Runtime } from "./runtime.ts";
@@ -165,7 +166,13 @@ export class Generation {
         startMs: this.#startMs,
       }, { ...this.options, signal: this.#signal });
       while (true) {
-        const step = await loop.next();
+        let step: Awaited<ReturnType<typeof loop.next>>;
+        try {
+          step = await loop.next();
+        } catch (e) {
+          // The first draw (on the prefill's logits) and rows sampled in JavaScript fail here.
+          throw domainError(e);
+        }
         if (step.done) {
           const r = step.value;
           const decodeSeconds = firstAt === undefined ? 0 : (performance.now() - firstAt) / 1000;

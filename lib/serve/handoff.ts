@@ -11,6 +11,7 @@ import {
   type SnapshotHeader,
 } from "../snapshot/mod.ts";
 import type { NativeSequence } from "../native/mod.ts";
+import { hex, sha256 } from "../util/mod.ts";
 import { InputError, NotFoundError, SnapshotMismatchError, TooLargeError } from "./errors.ts";
 import { bodyWithin } from "./deadline.ts";
 import type { RequestContext } from "./request.ts";
@@ -18,12 +19,17 @@ import type { Runtime } from "./runtime.ts";
 import type { Tier } from "./tier.ts";
 
 /**
- * Store key of a snapshot id (ids are UUIDs; keys are namespaced).
- * @param id the snapshot id
+ * Store key of a snapshot id within its owner's namespace: a stored snapshot is bound to the
+ * tenant that stored it, so another tenant's lookup of the same id finds nothing (a 404 that
+ * does not confirm the id exists). The owner enters as a SHA-256 prefix (128 bits): any tenant
+ * string gives a valid store key, and the key names no tenant.
+ * @param owner the storing tenant (the API key's tenant, "anonymous" without keys)
+ * @param id the snapshot id (a UUID)
  * @returns the store key
  */
-export function snapshotKey(id: string): string {
-  return `snap:${id}`;
+export async function snapshotKey(owner: string, id: string): Promise<string> {
+  const tag = hex(await sha256(new TextEncoder().encode(owner))).slice(0, 32);
+  return `snap:${tag}:${id}`;
 }
 
 /**
@@ -76,17 +82,19 @@ export async function readBounded(
 }
 
 /**
- * Loads a stored snapshot by id.
+ * Loads a snapshot that `owner` stored, by id.
  * @param rt the runtime (store)
+ * @param owner the requesting tenant: only its own snapshots are found
  * @param id the snapshot id
  * @returns its bytes
- * @throws {InputError} for a malformed id; {@link NotFoundError} when absent or expired
+ * @throws {InputError} for a malformed id; {@link NotFoundError} when absent, expired or stored
+ *   by another tenant (the same answer: nothing tells another tenant the id exists)
  */
-export async function loadStored(rt: Runtime, id: string): Promise<Uint8Array> {
+export async function loadStored(rt: Runtime, owner: string, id: string): Promise<Uint8Array> {
   if (!/^[A-Za-z0-9-]{1,100}$/.test(id)) {
     throw new InputError(`snapshot_id ${JSON.stringify(id)} is malformed`, "snapshot_id");
   }
-  const bytes = await rt.store.get(snapshotKey(id));
+  const bytes = await rt.store.get(await snapshotKey(owner, id));
   if (!bytes) {
     throw new NotFoundError(`no snapshot "${id}" (unknown or expired)`, "snapshot_id");
   }

@@ -8,6 +8,7 @@ export {
   BusyError,
   InputError,
   type InputErrorCode,
+  NonFiniteLogitsError,
   NotFoundError,
   SnapshotMismatchError,
   TooLargeError,

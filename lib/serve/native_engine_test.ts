@@ -6,6 +6,7 @@ import assert from "node:assert/strict";
 import { decodeLoop, generate, loadModel } from "../engine/mod.ts";
 import { Scheduler } from "./scheduler.ts";
 import { nativeStepEngine } from "./native_engine.ts";
+import { NonFiniteLogitsError } from "./errors.ts";
 
 const MODELS = new URL("../../models/", import.meta.url).pathname;
 
@@ -108,3 +109,45 @@ for (const [sampled, bursts] of [[false, false], [true, false], [false, true], [
     }
   });
 }
+
+Deno.test("nativeStepEngine: a sampled row without a finite logit is that item's NonFiniteLogitsError in a step and a burst; the other items go on", async () => {
+  const model = await loadModel(`${MODELS}tiny-fast`, { threads: 1 });
+  try {
+    const pool = model.native.createKvPool(64, 16);
+    const engine = nativeStepEngine(model.native, pool);
+    const prompt = model.tokenizer.encode("The river ran");
+    const [bad, good] = [pool.createSequence(64), pool.createSequence(64)];
+    await engine.step([bad, good].map((seq) => ({ seq, tokens: prompt, wantLogits: false })));
+    // NaN keys in every position of the first layer: every later score, and so every logit, NaN.
+    const { k, v } = bad.readKv(0, 0, prompt.length, "f32");
+    new Float32Array(k.buffer).fill(NaN);
+    bad.writeKv(0, 0, prompt.length, k, v, "f32");
+    const sampler = () => ({
+      sampler: engine.createSampler!({ temperature: 0, topK: 0, topP: 1, minP: 0, seed: 1 }),
+    });
+    const out = await engine.step([
+      { seq: bad, tokens: [prompt[0]], wantLogits: false, sample: sampler() },
+      { seq: good, tokens: [prompt[0]], wantLogits: false, sample: sampler() },
+    ]);
+    assert.ok(out[0] instanceof NonFiniteLogitsError, String(out[0]));
+    assert.match(out[0].message, /no finite logit among \d+ values.*overflow/);
+    assert.equal(typeof out[1], "number");
+    const burst = await engine.decodeSteps!([
+      { seq: bad, tokens: [prompt[1]], wantLogits: false, sample: sampler() },
+      { seq: good, tokens: [out[1] as number], wantLogits: false, sample: sampler() },
+    ], 3);
+    assert.ok(burst[0] instanceof NonFiniteLogitsError, String(burst[0]));
+    assert.ok(burst[1] instanceof Int32Array && burst[1].length >= 1);
+    // A row handed to JavaScript (logprobs) fails the same way.
+    const row = await engine.step([{ seq: bad, tokens: [prompt[2]], wantLogits: true }]);
+    assert.throws(
+      () => engine.sampleRow!(sampler().sampler, row[0] as Float32Array, undefined, {}),
+      NonFiniteLogitsError,
+    );
+    bad.free();
+    good.free();
+    pool.free();
+  } finally {
+    model.native.free();
+  }
+});

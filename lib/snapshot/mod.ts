@@ -36,7 +36,7 @@ export {
   type SnapshotMeta,
 } from "./stream.ts";
 export { NativeKvCodec } from "./native_codec.ts";
-export { checkFiniteKv } from "./finite.ts";
+export { checkKvValues, KV_MAX_ABS, type KvBlockPlace } from "./finite.ts";
 export { type ReceivedSnapshot, type ReceiveOptions, receiveSnapshot } from "./receive.ts";
 export { nativeSink, nativeSource, readKvSource, writeKvSink } from "./native_chunk.ts";
 export {

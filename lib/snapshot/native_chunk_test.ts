@@ -306,7 +306,7 @@ Deno.test("`nativeSink()` survives seeded in-frame mutations with recomputed CRC
   );
 });
 
-Deno.test("`nativeSink()` refuses values that are not finite or overflow the cache's dtype, before writing", async () => {
+Deno.test("`nativeSink()` refuses values that are not finite, beyond 2^24 or overflow the cache's dtype, before writing, naming the element", async () => {
   const src = await loadModel(`${MODELS}tiny-fast`, { threads: 1 });
   const half = await loadModel(`${MODELS}tiny-fast`, { kvDtype: "f16", threads: 1 });
   const L = src.native.config.numLayers;
@@ -322,9 +322,21 @@ Deno.test("`nativeSink()` refuses values that are not finite or overflow the cac
     const cases: [string, Uint8Array, LoadedModel, RegExp][] = [];
     for (
       const [what, value, model, message] of [
-        ["NaN", NaN, src, /layer 3 V: element 5 is nan; KV values must be finite/],
-        ["-Infinity", -Infinity, src, /element 5 is -inf; KV values must be finite/],
-        ["1e38 into f16", 1e38, half, /element 5 is 1e\+38, which overflows the f16 cache/],
+        [
+          "NaN",
+          NaN,
+          src,
+          /: chunk 0 layer 3 V, head 0, token position 0, dim 5: value nan is not finite; KV values must be finite$/,
+        ],
+        ["-Infinity", -Infinity, src, /dim 5: value -inf is not finite/],
+        [
+          "3e38 into f32",
+          3e38,
+          src,
+          /layer 3 V, head 0, token position 0, dim 5: value 3e\+38 exceeds the KV magnitude bound 16777216 \(2\^24\)$/,
+        ],
+        ["2^24 + 2 into f32", 2 ** 24 + 2, src, /value 1\.67772e\+07 exceeds the KV magnitude/],
+        ["1e5 into f16", 1e5, half, /dim 5: value 100000 overflows the f16 cache$/],
       ] as const
     ) {
       const bad = f32.slice();
@@ -346,10 +358,14 @@ Deno.test("`nativeSink()` refuses values that are not finite or overflow the cac
       }
       dst.free();
     }
-    // 1e38 is a finite f32: an f32 cache takes it
+    // The bound itself is accepted (by an f32 cache; an f16 cache overflows at 65520).
+    const edge = f32.slice();
+    new DataView(edge.buffer).setFloat32(lastLayerV + 4 * 5, -(2 ** 24), true);
+    fixCrc(edge, at, len);
     const ok = src.native.createSequence(16);
-    await decodeSnapshot(cases[2][1], { onHeader: () => nativeSink(ok) }, { codec });
+    await decodeSnapshot(edge, { onHeader: () => nativeSink(ok) }, { codec });
     assert.equal(ok.length, 16);
+    assert.equal(new Float32Array(ok.readKv(L - 1, 0, 16, "f32").v.buffer)[5], -(2 ** 24));
     ok.free();
     seq.free();
   } finally {
@@ -409,7 +425,7 @@ Deno.test("`nativeSink()` checks each dequantized value when q8/q4 scales are to
           for (let d = 0; d < D; d++) dv.setInt8(v + 4 * H * T + d, d === 3 ? 1 : 0);
         },
         half,
-        /layer 3 V: element 3 is 1e\+30, which overflows the f16 cache/,
+        /layer 3 V, head 0, token position 0, dim 3: value 1e\+30 exceeds the KV magnitude bound/,
       ],
       [
         "q8 scale 1e30, code 1, f32 cache",
@@ -419,7 +435,27 @@ Deno.test("`nativeSink()` checks each dequantized value when q8/q4 scales are to
           for (let d = 0; d < D; d++) dv.setInt8(v + 4 * H * T + d, d === 3 ? 1 : 0);
         },
         f32,
-        Math.fround(1e30),
+        /layer 3 V, head 0, token position 0, dim 3: value 1e\+30 exceeds the KV magnitude bound/,
+      ],
+      [
+        "q8 scale 2^17, code -128, f32 cache: -2^24, the bound",
+        q8,
+        (dv, v) => {
+          dv.setFloat32(v, 2 ** 17, true);
+          for (let d = 0; d < D; d++) dv.setInt8(v + 4 * H * T + d, d === 3 ? -128 : 0);
+        },
+        f32,
+        -(2 ** 24),
+      ],
+      [
+        "q8 scale 2^17 + 1, code -128, f32 cache",
+        q8,
+        (dv, v) => {
+          dv.setFloat32(v, 2 ** 17 + 1, true);
+          for (let d = 0; d < D; d++) dv.setInt8(v + 4 * H * T + d, d === 3 ? -128 : 0);
+        },
+        f32,
+        /dim 3: value -1\.67773e\+07 exceeds the KV magnitude bound/,
       ],
       [
         "q8 scale 1e37, code -128, f32 cache",
@@ -429,7 +465,7 @@ Deno.test("`nativeSink()` checks each dequantized value when q8/q4 scales are to
           for (let d = 0; d < D; d++) dv.setInt8(v + 4 * H * T + d, d === 3 ? -128 : 0);
         },
         f32,
-        /layer 3 V: element 3 is -inf; KV values must be finite/,
+        /layer 3 V, head 0, token position 0, dim 3: value -inf is not finite/,
       ],
       [
         "q4 min 60000 scale 400, codes 0, f16 cache",
@@ -451,7 +487,7 @@ Deno.test("`nativeSink()` checks each dequantized value when q8/q4 scales are to
           for (let b = 0; b < G / 2; b++) dv.setUint8(v + 8 * q4Groups + b, b === 1 ? 0xf0 : 0);
         },
         half,
-        /layer 3 V: element 3 is 66000, which overflows the f16 cache/,
+        /layer 3 V, head 0, token position 0, dim 3: value 66000 overflows the f16 cache/,
       ],
     ];
     for (const [what, enc, edit, model, want] of cases) {
@@ -470,7 +506,7 @@ Deno.test("`nativeSink()` checks each dequantized value when q8/q4 scales are to
         await decodeSnapshot(bad, { onHeader: () => nativeSink(dst) }, { codec });
         assert.equal(dst.length, T, what);
         const v = new Float32Array(dst.readKv(L - 1, 0, T, "f32").v.buffer);
-        assert.equal(v[3], want, what); // 60000 and 1e30 are exact in f16 resp. f32
+        assert.equal(v[3], want, what); // 60000 and 2^24 are exact in f16 resp. f32
       }
       dst.free();
     }

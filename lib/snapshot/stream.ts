@@ -6,7 +6,7 @@
 import { type ChunkShape, type KvQuantCodec, type KvSink, type KvSource } from "./chunk.ts";
 import { checkChunkFrame, decodeChunkPayload, encodeChunk } from "./chunk.ts";
 import { SnapshotError } from "./errors.ts";
-import { checkFiniteKv } from "./finite.ts";
+import { checkKvValues } from "./finite.ts";
 import {
   type CacheDtype,
   decodeHeader,
@@ -264,8 +264,8 @@ export interface DecodeOptions {
   verify?: { keys: KeyRing; required?: boolean };
   /** q8/q4 dequantizer (required for those encodings). */
   codec?: KvQuantCodec;
-  /** The dtype the sink stores KV in: values that overflow it are refused like NaN/Inf
-   *  (default: each block's own dtype, i.e. only non-finite values are refused). */
+  /** The dtype the sink stores KV in: values that overflow it are refused like NaN/Inf and
+   *  values beyond KV_MAX_ABS (default: each block's own dtype). */
   cacheDtype?: CacheDtype;
 }
 
@@ -374,8 +374,8 @@ export class ByteReader {
  * Decodes a snapshot from bytes or a stream, importing each chunk into the sink `onHeader`
  * returns as soon as the chunk is complete and checked. Checks, in order: prefix (magic, major
  * version, flags, header length limit), header CRC, header fields/limits/table/maxBytes,
- * signature (when `verify`), then per chunk: CRC, index, HMAC tag, payload, finite values (in the
- * stored dtype and in `opts.cacheDtype`); finally that no byte
+ * signature (when `verify`), then per chunk: CRC, index, HMAC tag, payload, KV values (finite,
+ * within KV_MAX_ABS, and finite in `opts.cacheDtype`); finally that no byte
  * follows the last chunk. Nothing sized by the header is allocated before those header checks.
  * @returns the header
  * @throws SnapshotError for every malformed, foreign or unauthenticated input; errors thrown by
@@ -462,8 +462,10 @@ export async function decodeSnapshot(
         const layers = decodeChunkPayload(shape, frame, row.tokens, opts.codec);
         for (let l = 0; l < layers.length; l++) {
           const { k, v, dtype } = layers[l];
-          checkFiniteKv(k, dtype, opts.cacheDtype ?? dtype, `chunk ${i} layer ${l} K`);
-          checkFiniteKv(v, dtype, opts.cacheDtype ?? dtype, `chunk ${i} layer ${l} V`);
+          const into = opts.cacheDtype ?? dtype;
+          const place = { chunk: i, layer: l, tokens: row.tokens, headDim: shape.headDim, start };
+          checkKvValues(k, dtype, into, { ...place, part: "K" });
+          checkKvValues(v, dtype, into, { ...place, part: "V" });
         }
         for (let l = 0; l < layers.length; l++) {
           sink.writeKv(l, start, row.tokens, layers[l].k, layers[l].v, layers[l].dtype);

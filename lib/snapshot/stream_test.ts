@@ -447,3 +447,43 @@ Deno.test("`encodeSnapshot()` refuses bad fingerprints, token ids and sizes with
 });
 
 export type { SnapshotEncoding };
+
+Deno.test("`decodeSnapshot()` (TypeScript decoder) refuses KV beyond 2^24, non-finite or overflowing the cache, naming layer, K/V, head, token position and dim", async () => {
+  // (layers 2, heads 2, tokens 40, dim 8); chunks of 16 tokens: position 20 is chunk 1's token 4.
+  const plant = async (dtype: CacheDtype, part: "k" | "v", x: number, into?: CacheDtype) => {
+    const kv = MemoryKv.random(2, 2, 8, 40, dtype, 5);
+    kv[part][1][(1 * 40 + 20) * 8 + 3] = x; // layer 1, head 1, position 20, dim 3
+    const bytes = await encodeSnapshot(kv, meta(kv), { encoding: dtype, chunkTokens: 16, codec });
+    return decodeInto(bytes, kv, into ? { cacheDtype: into } : {});
+  };
+  const at = "chunk 1 layer 1 V, head 1, token position 20, dim 3: value";
+  for (
+    const [what, p, message] of [
+      [
+        "f32 3e38",
+        () => plant("f32", "v", 3e38),
+        /exceeds the KV magnitude bound 16777216 \(2\^24\)$/,
+      ],
+      ["f32 -1e37", () => plant("f32", "v", -1e37), /exceeds the KV magnitude bound/],
+      ["f32 2^24 + 2", () => plant("f32", "v", 2 ** 24 + 2), /value 16777218 exceeds/],
+      ["bf16 1e30", () => plant("bf16", "v", 1e30), /exceeds the KV magnitude bound/],
+      ["f32 NaN", () => plant("f32", "v", NaN), /value NaN is not finite/],
+      ["f16 Inf", () => plant("f16", "v", Infinity), /value Infinity is not finite/],
+      [
+        "f32 1e5 into f16",
+        () => plant("f32", "v", 1e5, "f16"),
+        /value 100000 overflows the f16 cache$/,
+      ],
+    ] as const
+  ) {
+    const e = await rejects(p(), "format");
+    assert.ok(e.message.startsWith(at), `${what}: ${e.message}`);
+    assert.match(e.message, message, what);
+  }
+  const k = await rejects(plant("f32", "k", 3e38), "format");
+  assert.match(k.message, /^chunk 1 layer 1 K, head 1, token position 20, dim 3/);
+  // The bound itself and every finite f16 are accepted.
+  const { kv } = await plant("f32", "v", -(2 ** 24));
+  assert.equal(kv.v[1][(1 * 40 + 20) * 8 + 3], -(2 ** 24));
+  await plant("f16", "v", 65504);
+});

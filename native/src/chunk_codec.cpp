@@ -110,18 +110,12 @@ void decode_block(const Layout& L, bool is_k, const uint8_t* block, float* x, st
 
 // The exact per-element check, with the message naming the first refused element: what the
 // whole-block forms (kv_values.h) fall back to when they cannot vouch for a block.
-void check_block_values(const float* x, size_t n, uint32_t cache_dtype, uint32_t index, size_t layer,
-                        const char* part) {
-  for (size_t i = 0; i < n; ++i) {
-    const char* fault = value_fault(x[i], cache_dtype);
-    if (fault[0] == 0) continue;
-    if (fault[0] == 'n')
-      throw BackendError(KVR_ERR_CORRUPT, format("chunk %u layer %zu %s: element %zu is %g; KV values must be finite",
-                                                 index, layer, part, i, static_cast<double>(x[i])));
-    throw BackendError(KVR_ERR_CORRUPT,
-                       format("chunk %u layer %zu %s: element %zu is %g, which overflows the %s cache; KV values must "
-                              "be finite",
-                              index, layer, part, i, static_cast<double>(x[i]), dtype_name(cache_dtype)));
+void check_block_values(const float* x, const ChunkSpec& c, size_t layer, bool is_v) {
+  const Layout& L = c.layout;
+  for (size_t i = 0; i < L.n(); ++i) {
+    if (value_fault(x[i], c.cache_dtype)[0] == 0) continue;
+    throw BackendError(KVR_ERR_CORRUPT, value_fault_message(x[i], c.cache_dtype, c.index, layer, is_v, i, L.tokens,
+                                                            L.dim, c.start));
   }
 }
 
@@ -193,7 +187,7 @@ void Backend::import_chunk(SeqState& s, const ChunkSpec& c, const uint8_t* frame
         const uint8_t* block = frame + (is_k ? L.k_offset(l) : L.v_offset(l));
         if (block_accepted(block, L.n(), L.encoding, limit)) continue;
         widen_block(block, L.n(), L.encoding, w);
-        check_block_values(w.data(), L.n(), c.cache_dtype, c.index, l, is_k ? "K" : "V");
+        check_block_values(w.data(), c, l, !is_k);
       }
     }
     const size_t bytes = L.k_block_bytes();
@@ -234,9 +228,9 @@ void Backend::import_chunk(SeqState& s, const ChunkSpec& c, const uint8_t* frame
   if (bound * (1.0 + 0x1p-20) > accepted_magnitude(c.cache_dtype)) {
     for (size_t l = 0; l < L.layers; ++l) {
       decode_block(L, true, frame + L.k_offset(l), kf.data(), sc, mn);
-      check_block_values(kf.data(), L.n(), c.cache_dtype, c.index, l, "K");
+      check_block_values(kf.data(), c, l, false);
       decode_block(L, false, frame + L.v_offset(l), vf.data(), sc, mn);
-      check_block_values(vf.data(), L.n(), c.cache_dtype, c.index, l, "V");
+      check_block_values(vf.data(), c, l, true);
     }
   }
   for (size_t l = 0; l < L.layers; ++l) {

@@ -7,14 +7,29 @@
 #include <cstring>
 
 #include "dtype.h"
+#include "errors.h"
 
 namespace kvr {
 
 const char* value_fault(float x, uint32_t cache_dtype) {
   if (!(std::fabs(x) <= FLT_MAX)) return "not finite";
+  if (std::fabs(x) > kKvMaxAbs) return "out of range";
   if (cache_dtype == KVR_DTYPE_BF16 && (f32_to_bf16(x) & 0x7f80u) == 0x7f80u) return "overflow";
   if (cache_dtype == KVR_DTYPE_F16 && (f32_to_f16(x) & 0x7c00u) == 0x7c00u) return "overflow";
   return "";
+}
+
+std::string value_fault_message(float x, uint32_t cache_dtype, uint32_t chunk, size_t layer, bool is_v,
+                                size_t element, size_t tokens, size_t head_dim, uint32_t start) {
+  const char* fault = value_fault(x, cache_dtype);
+  const size_t head = element / (tokens * head_dim), token = element / head_dim % tokens, dim = element % head_dim;
+  const std::string where =
+      format("chunk %u layer %zu %s, head %zu, token position %zu, dim %zu: value %g", chunk, layer, is_v ? "V" : "K",
+             head, static_cast<size_t>(start) + token, dim, static_cast<double>(x));
+  if (fault[0] == 'n') return where + " is not finite; KV values must be finite";
+  if (fault[0] == 'o' && fault[1] == 'u')
+    return where + format(" exceeds the KV magnitude bound %.0f (2^24)", static_cast<double>(kKvMaxAbs));
+  return where + format(" overflows the %s cache", dtype_name(cache_dtype));
 }
 
 namespace {

@@ -56,11 +56,18 @@ void test_cuts() {
     check(refused(f32_bits(static_cast<float>(m)) + 1, KVR_DTYPE_F32, cache), "next f32 refused");
   }
   // the cuts the formats imply, as an independent statement of the same facts
-  check(fault_bits(KVR_DTYPE_F32, KVR_DTYPE_F32) == 0x7f800000u, "f32 into f32: infinity");
-  check(fault_bits(KVR_DTYPE_F32, KVR_DTYPE_BF16) == 0x7f7f8000u, "f32 into bf16: rounds up to infinity");
+  check(fault_bits(KVR_DTYPE_F32, KVR_DTYPE_F32) == 0x4b800001u, "f32 into f32: just above 2^24");
+  check(fault_bits(KVR_DTYPE_F32, KVR_DTYPE_BF16) == 0x4b800001u, "f32 into bf16: just above 2^24");
+  check(fault_bits(KVR_DTYPE_BF16, KVR_DTYPE_F32) == 0x4b81u, "bf16 into f32: just above 2^24");
   check(fault_bits(KVR_DTYPE_F32, KVR_DTYPE_F16) == 0x477ff000u, "f32 into f16: 65520");
   check(fault_bits(KVR_DTYPE_BF16, KVR_DTYPE_F16) == 0x4780u, "bf16 into f16: 65536");
   check(fault_bits(KVR_DTYPE_F16, KVR_DTYPE_BF16) == 0x7c00u, "f16 into bf16: infinity");
+  check(accepted_magnitude(KVR_DTYPE_F32) == 16777216.0, "f32 cache: 2^24 accepted");
+  // the message names head, absolute token position and dim of element 1·(4·8) + 2·8 + 3
+  const std::string msg = value_fault_message(3e38f, KVR_DTYPE_F32, 1, 2, true, 32 + 16 + 3, 4, 8, 100);
+  check(msg.find("chunk 1 layer 2 V, head 1, token position 102, dim 3: value 3e+38 exceeds the KV magnitude "
+                 "bound 16777216") == 0,
+        "bound message");
 }
 
 void test_blocks() {

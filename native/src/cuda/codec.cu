@@ -11,6 +11,7 @@
 #include "common/device_math.h"
 #include "cuda/common.cuh"
 #include "cuda/handoff.h"
+#include "kv_values.h"
 
 namespace kvr::cuda {
 namespace {
@@ -377,7 +378,8 @@ __global__ void decode_chunk(DevKv kv, Layout L, uint32_t start, const uint8_t* 
   }
 }
 
-// Every decoded value finite and still finite once rounded to the cache type; the first bad one
+// Every decoded value finite, within kKvMaxAbs (kv_values.h: the host rule, value_fault) and still
+// finite once rounded to the cache type; the first bad one
 // in (layer, K before V, element) order lowers *bad_key to ((2·layer + part) << 32) | element.
 __global__ void check_values(Layout L, uint32_t cache_dtype, const uint8_t* frame, unsigned long long* bad_key) {
   const size_t n = L.n(), per_layer = 2 * n, total = L.layers * per_layer;
@@ -387,7 +389,7 @@ __global__ void check_values(Layout L, uint32_t cache_dtype, const uint8_t* fram
     const int part = r >= n ? 1 : 0;
     const size_t e = r - part * n;
     const float x = decoded_value(L, frame, l, part, e);
-    bool ok = finite(x);
+    bool ok = finite(x) && fabsf(x) <= kKvMaxAbs;
     if (cache_dtype == 2) ok &= (dm::f32_to_bf16(x) & 0x7f80u) != 0x7f80u;
     if (cache_dtype == 1) ok &= (dm::f32_to_f16(x) & 0x7c00u) != 0x7c00u;
     if (!ok) atomicMin(bad_key, (static_cast<unsigned long long>(2 * l + part) << 32) | e);

@@ -19,6 +19,7 @@
 #include "dtype.h"
 #include "errors.h"
 #include "kvrelay.h"
+#include "kv_values.h"
 
 namespace kvr::cuda {
 namespace {
@@ -213,14 +214,8 @@ void CodecStaging::import_chunk(const DevKv& kv, const ChunkSpec& c, const uint8
     const size_t sel = static_cast<size_t>(vkey >> 32), e = static_cast<size_t>(vkey & 0xffffffffu);
     const size_t layer = sel / 2, part = sel % 2;
     const float x = host_value(L, frame, layer, part, e);
-    const bool finite = std::fabs(x) <= FLT_MAX;
     throw BackendError(KVR_ERR_CORRUPT,
-                       finite ? format("chunk %u layer %zu %s: element %zu is %g, which overflows the %s cache; KV "
-                                       "values must be finite",
-                                       c.index, layer, part ? "V" : "K", e, static_cast<double>(x),
-                                       c.cache_dtype == KVR_DTYPE_F16 ? "f16" : "bf16")
-                              : format("chunk %u layer %zu %s: element %zu is %g; KV values must be finite", c.index,
-                                       layer, part ? "V" : "K", e, static_cast<double>(x)));
+                       value_fault_message(x, c.cache_dtype, c.index, layer, part != 0, e, L.tokens, L.dim, c.start));
   }
   ck(launch_decode_chunk(kv, L, c.start, static_cast<uint8_t*>(frame_), stream), "decode launch");
   ck(cudaStreamSynchronize(stream), "import_chunk");

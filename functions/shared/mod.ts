@@ -11,14 +11,18 @@ export {
   peerHeaders,
 } from "./app.ts";
 export {
+  illFormedPath,
   isJsonBody,
   isSnapshotBody,
+  jsonDepth,
+  MAX_JSON_DEPTH,
   readJson,
   requestBody,
   SNAPSHOT_TYPE,
   strictQuery,
 } from "./body.ts";
 export { requestContext } from "./context.ts";
+export { deadlineTier, responseDeadline } from "./response_deadline.ts";
 export {
   blameSnapshot,
   errorBody,

@@ -45,32 +45,33 @@ export class BodyBudget {
   hold(): BodyHold {
     let held = 0;
     let released = false;
-    const budget = this;
+    const add = (n: number) => {
+      if (released) throw new BusyError("request body already released", 1);
+      if (n <= 0) return;
+      if (this.#used + n > this.limit) {
+        throw new BusyError(
+          `request bodies in flight hold ${this.#used} bytes; ${n} more would exceed this ` +
+            `process's budget of ${this.limit} bytes (${this.name})`,
+          1,
+        );
+      }
+      held += n;
+      this.#used += n;
+      this.onChange(this.#used);
+    };
+    const release = () => {
+      if (released) return;
+      released = true;
+      this.#used -= held;
+      held = 0;
+      this.onChange(this.#used);
+    };
     return {
       get held() {
         return held;
       },
-      add(n: number) {
-        if (released) throw new BusyError("request body already released", 1);
-        if (n <= 0) return;
-        if (budget.#used + n > budget.limit) {
-          throw new BusyError(
-            `request bodies in flight hold ${budget.#used} bytes; ${n} more would exceed this ` +
-              `process's budget of ${budget.limit} bytes (${budget.name})`,
-            1,
-          );
-        }
-        held += n;
-        budget.#used += n;
-        budget.onChange(budget.#used);
-      },
-      release() {
-        if (released) return;
-        released = true;
-        budget.#used -= held;
-        held = 0;
-        budget.onChange(budget.#used);
-      },
+      add,
+      release,
     };
   }
 }

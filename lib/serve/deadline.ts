@@ -156,6 +156,8 @@ export function writeWithin(
     finish();
     hooks.onExpire?.();
     const why = new Error("response not taken by the client within the request deadline");
+    // Deno.serve logs the error that ends a response body: one line, its stack says nothing.
+    why.stack = `${why.name}: ${why.message}`;
     try {
       ctl.error(why);
     } catch {

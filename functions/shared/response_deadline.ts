@@ -72,7 +72,7 @@ function guard(
   kind: string,
 ): ReadableStream<Uint8Array> {
   const d = deadlineSignal(c.get("arrivalMs"), ms);
-  return writeWithin(body, AbortSignal.any([d.signal, rt.shutdownSignal]), {
+  return writeWithin(body, d.signal, {
     onExpire: () => rt.metrics.writeTimeouts.inc({ body: kind }),
     onFinish: d.clear,
   });

@@ -126,7 +126,7 @@ export const WRITE_GRACE_MS = 1000;
  * deadline (the producer is late, not the client) gets {@link WRITE_GRACE_MS} more of its own
  * time in all.
  * @param source the response body
- * @param deadline fires at the request deadline (or shutdown)
+ * @param deadline fires at the request deadline
  * @param hooks `onExpire`: once when the deadline aborts the body (metrics); `onFinish`: once when
  *   the body is done, however it ends
  * @returns the guarded body

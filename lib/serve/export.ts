@@ -49,7 +49,7 @@ export async function prefillSnapshot(
       "context_length_exceeded",
     );
   }
-  const { release, signal } = await admitSlot(rt, tier, ctx);
+  const { release, timeout } = await admitSlot(rt, tier, ctx);
   rt.metrics.activeSequences.add({ tier: tier.name }, 1);
   let seq: NativeSequence | null = null;
   let done = releaser(rt, tier, null, release);
@@ -70,7 +70,7 @@ export async function prefillSnapshot(
         sign: rt.sign,
       }),
       done,
-      signal,
+      timeout,
       () => rt.metrics.writeTimeouts.inc({ body: "snapshot" }),
     ).pipeThrough(countBytes(rt, "out"));
   } catch (e) {
@@ -148,7 +148,7 @@ export async function migrateSnapshot(
   if (!gate.ok) {
     throw new MigrationRefusedError(gate.code, `${source.name} → ${target.name}: ${gate.reason}`);
   }
-  const { release, signal } = await admitSlot(rt, target, ctx);
+  const { release, timeout } = await admitSlot(rt, target, ctx);
   rt.metrics.activeSequences.add({ tier: target.name }, 1);
   let src: NativeSequence | null = null;
   let tgt: NativeSequence | null = null;
@@ -184,7 +184,7 @@ export async function migrateSnapshot(
         sign: rt.sign,
       }),
       done,
-      signal,
+      timeout,
       () => rt.metrics.writeTimeouts.inc({ body: "snapshot" }),
     ).pipeThrough(countBytes(rt, "out"));
     return { stream, source, target, migratedTokens: keep, repairTokens: ids.length - keep };

@@ -131,7 +131,7 @@ export function tierOfSnapshot(rt: Runtime, header: SnapshotHeader, prefer?: Tie
  * download must not hold its slot, sequence and KV past the request deadline.
  * @param stream the export stream (reads `seq` lazily)
  * @param done frees the sequence and releases the slot
- * @param deadline the slot's signal (request deadline, shutdown, client gone)
+ * @param deadline fires at the request deadline (the slot's timeout)
  * @param onExpire called once when the deadline aborts the download (metrics)
  * @returns the wrapped stream
  */

@@ -24,6 +24,11 @@ export interface BodiesTarget {
 
 const enc = new TextEncoder();
 
+/** Writes all of `bytes` (one write may take only part of them). */
+async function writeAll(conn: Deno.Conn, bytes: Uint8Array) {
+  for (let o = 0; o < bytes.length;) o += await conn.write(bytes.subarray(o));
+}
+
 async function metric(base: string, series: string): Promise<number> {
   const text = await (await fetch(`${base}/metrics`)).text();
   for (const line of text.split("\n")) {
@@ -93,7 +98,7 @@ async function stalledClient(
         `POST ${path} HTTP/1.1\r\nHost: x\r\nContent-Type: ${type}\r\nContent-Length: ${length}\r\n\r\n`,
       ),
     );
-    await conn.write(first);
+    await writeAll(conn, first);
     const piece = new Uint8Array(64 * 1024);
     for (let sent = 0; sent < fill && !answered;) {
       const n = Math.min(piece.length, fill - sent);
@@ -195,8 +200,8 @@ async function stalledHeaders(t: BodiesTarget, clients: number, prefix: Uint8Arr
     idle_rss_mib: Math.round(idle),
     ...peaks,
     budget_mib: t.budgetBytes / (1 << 20),
-    rss_within_budget_plus_100_mib: peaks.peak_rss_mib <= t.budgetBytes / (1 << 20) + 100,
     growth_mib: Math.round(peaks.peak_rss_mib - idle),
+    growth_within_budget_plus_100_mib: peaks.peak_rss_mib - idle <= t.budgetBytes / (1 << 20) + 100,
     after_rss_mib: Math.round(await t.rssMiB()),
     held_after: await metric(t.base, "kvrelay_inflight_body_bytes"),
     answers: tally(answers, t.bodyTimeoutMs + 2000),
@@ -241,7 +246,7 @@ async function unreadDownload(t: BodiesTarget, path: string, type: string, body:
       `POST ${path} HTTP/1.1\r\nHost: x\r\nContent-Type: ${type}\r\nContent-Length: ${body.length}\r\n\r\n`,
     ),
   );
-  await conn.write(body);
+  await writeAll(conn, body);
   const head = new Uint8Array(4096);
   const n = await conn.read(head);
   return { conn, status: new TextDecoder().decode(head.subarray(0, n ?? 0)).split(" ")[1] };
@@ -259,16 +264,26 @@ async function unreadDownloads(t: BodiesTarget) {
   );
   const active = () => metric(t.base, 'kvrelay_active_sequences{tier="powerful"}');
   const t0 = performance.now();
-  const opened = await Promise.all([
-    ...Array.from({ length: t.concurrency - 1 }, (_, i) =>
-      unreadDownload(
-        t,
-        "/v1/prefill",
-        "application/json",
-        enc.encode(JSON.stringify({ tier: "powerful", tokens: tokens.map((x) => x + i + 1) })),
-      )),
-    unreadDownload(t, "/v1/migrate?target=powerful", "application/vnd.kvrelay.snapshot", snap),
-  ]);
+  // The migrate first (its 12 MB upload must arrive within the body deadline), then the prefills.
+  const opened = [
+    await unreadDownload(
+      t,
+      "/v1/migrate?target=powerful",
+      "application/vnd.kvrelay.snapshot",
+      snap,
+    ),
+  ];
+  opened.push(
+    ...await Promise.all(
+      Array.from({ length: t.concurrency - 1 }, (_, i) =>
+        unreadDownload(
+          t,
+          "/v1/prefill",
+          "application/json",
+          enc.encode(JSON.stringify({ tier: "powerful", tokens: tokens.map((x) => x + i + 1) })),
+        )),
+    ),
+  );
   const heldAtStart = await active();
   let idleAfterMs = -1;
   while (performance.now() - t0 < t.deadlineMs + 10_000) {
@@ -347,10 +362,15 @@ async function deepJson(t: BodiesTarget) {
  */
 export async function hostileBodies(t: BodiesTarget, prefix: Uint8Array) {
   return {
+    rss_at_start_mib: Math.round(await t.rssMiB()),
     unread_downloads: await unreadDownloads(t),
     stalled_headers_40: await stalledHeaders(t, 40, prefix),
     stalled_headers_80: await stalledHeaders(t, 80, prefix),
     stalled_json_1MiB_300: await stalledJson(t, 300),
     deep_json_status: await deepJson(t),
+    healthz_after: await fetch(`${t.base}/healthz`).then(async (r) => {
+      await r.arrayBuffer();
+      return r.status;
+    }).catch(() => 0),
   };
 }

@@ -42,6 +42,8 @@ export function responseDeadline(rt: Runtime): MiddlewareHandler {
     if (type === SNAPSHOT_TYPE) return;
     const ms = c.get("requestTimeoutMs") ?? longest;
     if (type === "application/json") {
+      // GET answers (/v1/models) are small and cheap: only what a POST produced is bounded.
+      if (c.req.method !== "POST") return;
       const bytes = new Uint8Array(await res.arrayBuffer());
       const headers = new Headers(res.headers);
       headers.set("content-length", String(bytes.length));

@@ -2,29 +2,39 @@
 // percentiles while four ~1 MB prompts (refused unread) and four prompts just under the character
 // bound (tokenized on the worker) arrive at once; the server's RSS idle, during and after three
 // concurrent 250 MiB hostile snapshot uploads (random bytes, and a valid header + garbage); and
-// stalled uploads answered by the body deadline; idle connections past the connection cap and
-// stalled request heads (each answered or closed as designed, the process alive after).
-// Starts functions/main.ts with the bundled tiers.
-// Run: deno run -A bench/hostile.ts [--stderr]   (--stderr: print the server's log at the end)
+// stalled uploads answered by the body deadline; then the hostile bodies of hostile_bodies.ts
+// (unread downloads, stalled snapshot headers at 40 and 80 clients and stalled JSON bodies against
+// the body budget, deeply nested JSON); idle connections past the connection cap and stalled
+// request heads (each answered or closed as designed, the process alive after). Starts
+// functions/main.ts with the bundled tiers.
+// Run: deno run -A bench/hostile.ts [--stderr] [--bodies]   (--stderr: print the server's log at
+// the end; --bodies: only the hostile-body cases)
 import { decodeHeader } from "../lib/snapshot/mod.ts";
 import { startServer, writeConfig } from "../tests/e2e_support.ts";
+import { hostileBodies } from "./hostile_bodies.ts";
 
 /** The connection cap of the server under test (server.max_connections). */
 const CAP = 256;
+const BUDGET = 256 << 20;
+const BODY_TIMEOUT_MS = 3000;
+const DEADLINE_MS = 5000;
+const CONCURRENCY = 4;
 const cfg = await writeConfig(
   { fast: "tiny-fast", powerful: "tiny-powerful" },
-  { max_context: 2048, concurrency: 4 },
+  { max_context: 2048, concurrency: CONCURRENCY, request_timeout_ms: DEADLINE_MS },
   {
     server: {
       max_body_bytes: 2 << 20,
-      body_timeout_ms: 3000,
+      body_timeout_ms: BODY_TIMEOUT_MS,
       max_snapshot_bytes: 256 << 20,
+      max_inflight_upload_bytes: BUDGET,
       max_connections: CAP,
       idle_timeout_ms: 2000,
       head_timeout_ms: 1000,
     },
   },
 );
+const onlyBodies = Deno.args.includes("--bodies");
 const server = await startServer("functions/main.ts", { KVRELAY_CONFIG: cfg });
 const pid = server.child.pid;
 const rssMiB = async () => {
@@ -86,6 +96,32 @@ const out: Record<string, unknown> = {
   cpu: (await Deno.readTextFile("/proc/cpuinfo")).match(/model name\s*:\s*(.*)/)?.[1],
 };
 try {
+  if (!onlyBodies) await classic();
+  const snap = new Uint8Array(
+    await (await fetch(`${server.base}/v1/prefill`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ tier: "fast", prompt: "x ".repeat(60) }),
+    })).arrayBuffer(),
+  );
+  out.hostile_bodies = await hostileBodies({
+    base: server.base,
+    port: server.port,
+    rssMiB,
+    budgetBytes: BUDGET,
+    bodyTimeoutMs: BODY_TIMEOUT_MS,
+    deadlineMs: DEADLINE_MS,
+    concurrency: CONCURRENCY,
+  }, snap);
+  if (!onlyBodies) await connections();
+} finally {
+  const { stderr } = await server.stop();
+  if (Deno.args.includes("--stderr")) console.error(stderr);
+}
+console.log(JSON.stringify(out, null, 2));
+
+/** The first cases: probes under big prompts, hostile 250 MiB uploads, stalled bodies. */
+async function classic() {
   const mb = "All work and no play makes Jack a dull boy. ".repeat(23832); // 1 MiB
   out.healthz_four_1MiB_prompts_ms = await healthzDuring(mb, 100);
   const under = "The quick brown fox jumps over the lazy dog. ".repeat(2900); // 130 KB
@@ -157,7 +193,10 @@ try {
     stalled("/v1/decode", S, snap.slice(0, 20)),
     stalled("/v1/chat/completions", "application/json", new TextEncoder().encode('{"mess')),
   ]);
+}
 
+/** Idle connections up to the cap and beyond it, then stalled heads. */
+async function connections() {
   // Idle connections up to the cap and 64 beyond it, then 64 stalled heads: every one must be
   // closed by the idle timeout (no bytes), refused (503) or timed out (408); the process lives.
   const outcome = async (conn: Deno.Conn) => {
@@ -210,8 +249,4 @@ try {
       /^kvrelay_(open_connections|connections_|accept_errors)/.test(l)
     ),
   };
-} finally {
-  const { stderr } = await server.stop();
-  if (Deno.args.includes("--stderr")) console.error(stderr);
 }
-console.log(JSON.stringify(out, null, 2));

@@ -29,6 +29,7 @@ import {
 import {
   blameSnapshot,
   createBaseApp,
+  deadlineTier,
   errorBody,
   generationOptions,
   keyTenant,
@@ -93,6 +94,7 @@ async function respond(
   p: z.infer<typeof decodeJsonSchema> | z.infer<typeof decodeQuerySchema>,
   importTiming?: StreamTiming,
 ): Promise<Response> {
+  deadlineTier(c, tier);
   const options = generationOptions(tier, p);
   if (p.continuation) checkTextBound(tier, p.continuation.length, "continuation");
   const continuationIds = p.continuation
@@ -184,14 +186,15 @@ export function registerDecode(app: Hono, rt: Runtime): void {
     if (!body) throw new InputError("snapshot body is empty", "body");
     let release = () => {};
     try {
-      // Received whole (checked as it arrives, bounded, within the body deadline) before the
-      // request may take a tier slot: a slow upload holds memory it declared, never the engine.
+      // Received whole (checked as it arrives, each byte charged to the body budget, within the
+      // body deadline) before the request may take a tier slot: a slow upload holds the memory
+      // it has sent, never the engine.
       // The timer records when the snapshot's first and last bytes arrived.
       const timer = streamTimer();
       const up = await receiveUpload(rt, body.pipeThrough(timer.transform), {
         client: c.req.raw.signal,
         arrivalMs: c.get("arrivalMs"),
-      });
+      }, target);
       release = up.release;
       const source = tierOfSnapshot(rt, up.header, target);
       return await respond(

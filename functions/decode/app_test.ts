@@ -275,7 +275,7 @@ Deno.test("POST /v1/decode cuts a stalled snapshot body at the body deadline: 40
     assert.ok(cancelled, "the request body was cancelled");
     const metrics = await (await app.request("/metrics")).text();
     assert.equal(metricValue(metrics, 'kvrelay_active_sequences{tier="fast"}'), 0);
-    assert.equal(metricValue(metrics, "kvrelay_inflight_upload_bytes"), 0);
+    assert.equal(metricValue(metrics, "kvrelay_inflight_body_bytes"), 0);
     const next = await app.request("/v1/decode?max_tokens=2", {
       method: "POST",
       headers: SNAP,

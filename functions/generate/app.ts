@@ -25,6 +25,7 @@ import {
 } from "../../lib/serve/mod.ts";
 import {
   createBaseApp,
+  deadlineTier,
   errorBody,
   generationOptions,
   keyTenant,
@@ -243,6 +244,7 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
       conversation: conversationOf(c, body.user_id),
       sampling: body,
     });
+    deadlineTier(c, planned.tier);
     const { gen, route } = await admit(
       rt,
       requestContext(c, { cacheSalt: body.cache_salt }),
@@ -297,6 +299,7 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
         }),
       );
     }
+    for (const p of plans) deadlineTier(c, p.tier);
     const link = linkedContext(c, body.cache_salt);
     const admitOne = (i: number) => admit(rt, link.ctx, plans[i], conversationOf(c, body.user));
     if (!body.stream) {
@@ -403,6 +406,7 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
       maxTokensParam: body.max_completion_tokens != null ? "max_completion_tokens" : "max_tokens",
       extras: (tier) => extraOptions(tier, body, logprobs),
     });
+    deadlineTier(c, planned.tier);
     const link = linkedContext(c, body.cache_salt);
     const { gen, route } = await admit(rt, link.ctx, planned, conversationOf(c, body.user));
     const model = gen.tier.name;

@@ -85,12 +85,16 @@ export function registerMigrate(app: Hono, rt: Runtime): void {
     if (!body) throw new InputError("snapshot body is empty", "body");
     let release = () => {};
     try {
-      // Checked as bytes arrive (a hostile body is refused at its first bad byte), its declared
-      // size reserved from the process's upload budget, received whole before taking a slot.
+      // Checked as bytes arrive (a hostile body is refused at its first bad byte), each byte
+      // charged to the process's body budget, received whole before taking a slot; the target
+      // tier's request deadline caps the body deadline.
+      const target = Object.hasOwn(rt.config.tiers, q.target)
+        ? { name: q.target, config: rt.config.tiers[q.target] }
+        : undefined;
       const up = await receiveUpload(rt, body, {
         client: c.req.raw.signal,
         arrivalMs: c.get("arrivalMs"),
-      });
+      }, target);
       release = up.release;
       return await migrate(c, rt, up, q.target, q.store);
     } catch (e) {

@@ -18,6 +18,7 @@ import {
 import {
   clientSignal,
   createBaseApp,
+  deadlineTier,
   HttpError,
   keyTenant,
   messagesSchema,
@@ -87,6 +88,7 @@ export function registerPrefill(app: Hono, rt: Runtime): void {
     const started = c.get("arrivalMs") ?? performance.now();
     const body = prefillSchema.parse(await readJson(c, rt));
     const tier = requireTier(rt, body.tier);
+    deadlineTier(c, tier);
     let peer: string | undefined;
     if (body.forward_to !== undefined) {
       // Own keys only: a name like "constructor" must not find Object.prototype's members.

@@ -12,6 +12,7 @@ import { type Runtime, UnavailableError } from "../../lib/serve/mod.ts";
 import { hex, sha256 } from "../../lib/util/mod.ts";
 import "./context.ts";
 import { errorHandler } from "./errors.ts";
+import { responseDeadline } from "./response_deadline.ts";
 
 /** Largest total request-header size the app accepts (names + values); larger → JSON 431. Deno's
  *  own HTTP/1 parser answers an empty 400 before the app runs when the request head reaches
@@ -193,6 +194,7 @@ export function createBaseApp(rt: Runtime, fn: string): Hono {
       }),
     );
   }
+  app.use("/v1/*", responseDeadline(rt));
   app.use("/v1/*", authMiddleware(rt));
   app.get("/healthz", (c) => c.json({ status: "ok" }));
   app.get("/readyz", (c) => {

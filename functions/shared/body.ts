@@ -89,25 +89,69 @@ export function requestBody(c: Context): ReadableStream<Uint8Array> | null {
 
 const fatalUtf8 = new TextDecoder("utf-8", { fatal: true, ignoreBOM: false });
 
-/** The path of the first string (or key) holding a lone surrogate, or null. */
-function illFormedPath(v: unknown, path: string[]): string[] | null {
-  if (typeof v === "string") return v.isWellFormed() ? null : path;
-  if (Array.isArray(v)) {
-    for (let i = 0; i < v.length; i++) {
-      const p = illFormedPath(v[i], [...path, String(i)]);
-      if (p) return p;
-    }
-    return null;
-  }
-  if (v !== null && typeof v === "object") {
-    for (const [k, x] of Object.entries(v)) {
-      if (!k.isWellFormed()) return [...path, k];
-      const p = illFormedPath(x, [...path, k]);
-      if (p) return p;
+/**
+ * The path of the first string (or key) holding a lone surrogate, or null. Iterative (an explicit
+ * stack, depth-first in document order), so a body nested as deep as its byte bound allows cannot
+ * overflow the call stack.
+ * @param root a parsed JSON value
+ * @returns the path, or null when every string is well formed
+ */
+export function illFormedPath(root: unknown): string[] | null {
+  // A frame's path is rebuilt only for the one bad string: each frame points at its parent.
+  type Frame = { value: unknown; key: string | null; parent: Frame | null };
+  const pathOf = (f: Frame | null, last?: string): string[] => {
+    const path: string[] = last === undefined ? [] : [last];
+    for (let p = f; p !== null && p.key !== null; p = p.parent) path.push(p.key);
+    return path.reverse();
+  };
+  const stack: Frame[] = [{ value: root, key: null, parent: null }];
+  while (stack.length > 0) {
+    const f = stack.pop()!;
+    const v = f.value;
+    if (typeof v === "string") {
+      if (!v.isWellFormed()) return pathOf(f);
+    } else if (Array.isArray(v)) {
+      for (let i = v.length - 1; i >= 0; i--) {
+        stack.push({ value: v[i], key: String(i), parent: f });
+      }
+    } else if (v !== null && typeof v === "object") {
+      const entries = Object.entries(v);
+      // Keys are checked when their object is reached, before any of its values.
+      for (const [k] of entries) if (!k.isWellFormed()) return pathOf(f, k);
+      for (let i = entries.length - 1; i >= 0; i--) {
+        stack.push({ value: entries[i][1], key: entries[i][0], parent: f });
+      }
     }
   }
   return null;
 }
+
+/**
+ * How deeply a parsed JSON value nests (arrays and objects), computed iteratively.
+ * @param root a parsed JSON value
+ * @param limit stop counting once deeper than this
+ * @returns the depth (0 for a scalar), at most `limit + 1`
+ */
+export function jsonDepth(root: unknown, limit: number): number {
+  let deepest = 0;
+  const stack: [unknown, number][] = [[root, 0]];
+  while (stack.length > 0) {
+    const [v, d] = stack.pop()!;
+    if (v === null || typeof v !== "object") continue;
+    const depth = d + 1;
+    if (depth > deepest) deepest = depth;
+    if (deepest > limit) return deepest;
+    for (const x of Array.isArray(v) ? v : Object.values(v)) {
+      if (x !== null && typeof x === "object") stack.push([x, depth]);
+    }
+  }
+  return deepest;
+}
+
+/** Deepest nesting of arrays and objects a JSON body may have; no request of any route needs
+ *  more than a few levels, and deeper values would reach code that walks them recursively
+ *  (schema validation of an unknown field's value, error messages, logging). */
+export const MAX_JSON_DEPTH = 64;
 
 /**
  * Whether the request says its body is JSON (`application/json`, any parameters).
@@ -121,12 +165,15 @@ export function isJsonBody(c: Context): boolean {
 /**
  * Reads a JSON request body the strict way: `Content-Type: application/json` (else 415, so a web
  * page cannot send one as a CORS "simple" request), at most `server.max_body_bytes` (413), the
- * whole body within the body deadline (408), valid UTF-8 (400) with no lone surrogates in any
- * string (400 naming the field), valid JSON (400).
+ * whole body within the body deadline (408), its bytes charged to the process's body budget as
+ * they arrive and returned once it is parsed (429 when the budget is full), valid UTF-8 (400),
+ * valid JSON (400) nested at most {@link MAX_JSON_DEPTH} deep (400), with no lone surrogates in
+ * any string (400 naming the field).
  * @param c the Hono context
- * @param rt the runtime (limits, deadline)
+ * @param rt the runtime (limits, deadline, body budget)
  * @returns the parsed body
- * @throws {HttpError} 415, 413, 400; {@link InputError} body_timeout (408)
+ * @throws {HttpError} 415, 413, 400; {@link InputError} body_timeout (408); {@link BusyError}
+ *   body budget full (429)
  */
 export async function readJson(c: Context, rt: Runtime): Promise<unknown> {
   if (!isJsonBody(c)) {
@@ -146,13 +193,14 @@ export async function readJson(c: Context, rt: Runtime): Promise<unknown> {
   const declared = Number(c.req.header("content-length") ?? "0");
   if (declared > max) throw tooLarge();
   const raw = requestBody(c);
-  const parts: Uint8Array[] = [];
-  let n = 0;
-  if (raw) {
-    const guarded = bodyWithin(rt, raw, {
-      client: c.req.raw.signal,
-      arrivalMs: c.get("arrivalMs"),
-    });
+  if (!raw) return parseJson(new Uint8Array(0));
+  const guarded = bodyWithin(rt, raw, {
+    client: c.req.raw.signal,
+    arrivalMs: c.get("arrivalMs"),
+  });
+  try {
+    const parts: Uint8Array[] = [];
+    let n = 0;
     try {
       for await (const p of guarded.stream) {
         n += p.length;
@@ -165,13 +213,24 @@ export async function readJson(c: Context, rt: Runtime): Promise<unknown> {
     } finally {
       guarded.done();
     }
+    // The joined copy is held beside the parts until they are dropped: charge it too.
+    guarded.hold.add(n);
+    const bytes = new Uint8Array(n);
+    let o = 0;
+    for (const p of parts) {
+      bytes.set(p, o);
+      o += p.length;
+    }
+    parts.length = 0;
+    return parseJson(bytes);
+  } finally {
+    guarded.release();
   }
-  const bytes = new Uint8Array(n);
-  let o = 0;
-  for (const p of parts) {
-    bytes.set(p, o);
-    o += p.length;
-  }
+}
+
+/** Decodes and parses a JSON body, refusing invalid UTF-8, invalid JSON, too deep a nesting and
+ *  lone surrogates. */
+function parseJson(bytes: Uint8Array): unknown {
   let text: string;
   try {
     text = fatalUtf8.decode(bytes);
@@ -184,7 +243,15 @@ export async function readJson(c: Context, rt: Runtime): Promise<unknown> {
   } catch {
     throw new HttpError(400, "invalid_request_error", "request body is not valid JSON", "body");
   }
-  const bad = illFormedPath(value, []);
+  if (jsonDepth(value, MAX_JSON_DEPTH) > MAX_JSON_DEPTH) {
+    throw new HttpError(
+      400,
+      "invalid_request_error",
+      `request body nests arrays and objects more than ${MAX_JSON_DEPTH} deep`,
+      "body",
+    );
+  }
+  const bad = illFormedPath(value);
   if (bad) {
     const param = bad.length > 0 ? bad.join(".") : "body";
     throw new HttpError(

@@ -12,6 +12,9 @@ declare module "hono" {
     arrivalMs: number;
     /** Tenant of the API key that authenticated the request ("anonymous" without keys). */
     keyTenant: string;
+    /** request_timeout_ms of the tier serving the request, once the route knows it (bounds the
+     *  response's write deadline; see response_deadline.ts). */
+    requestTimeoutMs: number;
   }
 }
 

@@ -11,8 +11,11 @@ export {
   peerHeaders,
 } from "./app.ts";
 export {
+  illFormedPath,
   isJsonBody,
   isSnapshotBody,
+  jsonDepth,
+  MAX_JSON_DEPTH,
   readJson,
   requestBody,
   SNAPSHOT_TYPE,
@@ -20,6 +23,7 @@ export {
   strictQuery,
 } from "./body.ts";
 export { keyTenant, requestContext } from "./context.ts";
+export { deadlineTier, responseDeadline } from "./response_deadline.ts";
 export {
   blameSnapshot,
   errorBody,

@@ -1,7 +1,9 @@
 // Hostile-upload tests across routes via app.request(): stalled bodies (before the snapshot header
 // is complete, all but the last byte, JSON) are answered at the body deadline; a slow upload holds
-// no tier slot; a body that is not a snapshot is refused at its first bytes; the per-process
-// in-flight upload bound answers 429, a declared size above max_snapshot_bytes 413.
+// no tier slot; a body that is not a snapshot is refused at its first bytes; the per-process body
+// budget charges the bytes received (a stalled header from its first byte, JSON too), not declared
+// sizes, and answers 429 when full; a declared size above max_snapshot_bytes is a 413; a body read
+// ends at the tier's request deadline when that comes first.
 import assert from "node:assert/strict";
 import { createDecodeApp } from "../decode/app.ts";
 import { createGenerateApp } from "../generate/app.ts";
@@ -13,6 +15,7 @@ import { registerDecode } from "../decode/app.ts";
 import { registerGenerate } from "../generate/app.ts";
 import { registerMigrate } from "../migrate/app.ts";
 import type { Runtime } from "../../lib/serve/mod.ts";
+import { PREFIX_BYTES } from "../../lib/snapshot/mod.ts";
 
 const SNAP = { "content-type": "application/vnd.kvrelay.snapshot" };
 const prompt = "The lighthouse keeper counted the ships that passed";
@@ -100,7 +103,7 @@ Deno.test("stalled uploads on every route answer 408 timeout_error at the body d
       assert.ok(state.cancelled, `${what}: the body was cancelled`);
     }
     const metrics = await (await app.request("/metrics")).text();
-    assert.equal(metricValue(metrics, "kvrelay_inflight_upload_bytes"), 0);
+    assert.equal(metricValue(metrics, "kvrelay_inflight_body_bytes"), 0);
     assert.equal(metricValue(metrics, 'kvrelay_active_sequences{tier="fast"}'), 0);
   } finally {
     await rt.close();
@@ -175,50 +178,105 @@ Deno.test("a body that is not a snapshot is refused at its first bytes, not afte
   }
 });
 
-Deno.test("uploads in flight are bounded per process: 429 over the bound, 413 over max_snapshot_bytes", async () => {
+/** Starts a stalled request on `app`; `stop()` aborts it (the client goes away). */
+function stalledRequest(
+  app: ReturnType<typeof allApp>,
+  url: string,
+  headers: Record<string, string>,
+  bytes: Uint8Array,
+) {
+  const s = stalled(bytes);
+  const ac = new AbortController();
+  const res = app.request(url, {
+    method: "POST",
+    headers,
+    body: s.stream,
+    signal: ac.signal,
+  }) as Promise<Response>;
+  res.catch(() => {});
+  return { ...s, res, stop: () => ac.abort() };
+}
+
+async function bodyBytesHeld(app: ReturnType<typeof allApp>): Promise<number> {
+  return metricValue(await (await app.request("/metrics")).text(), "kvrelay_inflight_body_bytes");
+}
+
+const settle = () => new Promise((r) => setTimeout(r, 100));
+
+Deno.test("the body budget charges bytes actually held: stalled uploads that declare large snapshots do not refuse an honest one", async () => {
   const rt0 = await testRuntime();
   const snap = await snapshotOf(rt0);
   await rt0.close();
+  // Room for one whole snapshot and a little more: under the old rule (declared sizes reserved
+  // at the header) the two stalled uploads below would hold two snapshots' worth.
   const rt = await testRuntime({
     config: server({
       body_timeout_ms: 20000,
-      max_inflight_upload_bytes: Math.floor(snap.length * 1.5),
+      max_inflight_upload_bytes: snap.length + 4000,
     }),
   });
   try {
     const app = allApp(rt);
-    const first = stalled(snap.slice(0, 1000));
-    const ac = new AbortController();
-    const held = app.request("/v1/migrate?target=fast", {
-      method: "POST",
-      headers: SNAP,
-      body: first.stream,
-      signal: ac.signal,
-    }) as Promise<Response>;
-    held.catch(() => {});
-    await new Promise((r) => setTimeout(r, 100));
-    let metrics = await (await app.request("/metrics")).text();
-    assert.equal(metricValue(metrics, "kvrelay_inflight_upload_bytes"), snap.length);
-    const res = await app.request("/v1/migrate?target=fast", {
-      method: "POST",
-      headers: SNAP,
-      body: snap,
-    });
-    assert.equal(res.status, 429);
-    assert.equal((await res.json()).error.type, "rate_limit_error");
-    assert.ok(Number(res.headers.get("retry-after")) >= 1);
-    ac.abort();
-    await Promise.allSettled([held]);
-    await new Promise((r) => setTimeout(r, 50));
-    metrics = await (await app.request("/metrics")).text();
-    assert.equal(metricValue(metrics, "kvrelay_inflight_upload_bytes"), 0);
+    const held = [
+      stalledRequest(app, "/v1/migrate?target=fast", SNAP, snap.slice(0, 1000)),
+      stalledRequest(app, "/v1/decode", SNAP, snap.slice(0, 1000)),
+      stalledRequest(
+        app,
+        "/v1/chat/completions",
+        { "content-type": "application/json" },
+        new TextEncoder().encode('{"messages": [{"role": "user", "content": "' + "x".repeat(457)),
+      ),
+    ];
+    await settle();
+    assert.equal(await bodyBytesHeld(app), 2500, "the bytes received so far, JSON included");
     const ok = await app.request("/v1/migrate?target=fast", {
       method: "POST",
       headers: SNAP,
       body: snap,
     });
-    assert.equal(ok.status, 200);
+    assert.equal(ok.status, 200, "an honest upload fits beside what the stalled ones sent");
     await ok.arrayBuffer();
+    for (const h of held) h.stop();
+    await Promise.allSettled(held.map((h) => h.res));
+    await settle();
+    assert.equal(await bodyBytesHeld(app), 0, "released however the request ended");
+  } finally {
+    await rt.close();
+  }
+});
+
+Deno.test("a stalled snapshot header is charged from its first byte; over the budget → 429 naming it", async () => {
+  const rt0 = await testRuntime();
+  const snap = await snapshotOf(rt0);
+  await rt0.close();
+  // A valid prefix declaring a 1 MiB header, then 40,000 bytes of it and a stall.
+  const head = new Uint8Array(PREFIX_BYTES + 40_000);
+  head.set(snap.subarray(0, PREFIX_BYTES));
+  new DataView(head.buffer).setUint32(16, 1 << 20, true);
+  const rt = await testRuntime({
+    config: server({
+      body_timeout_ms: 20000,
+      max_snapshot_bytes: 8 << 20,
+      max_inflight_upload_bytes: 64 * 1024,
+    }),
+  });
+  try {
+    const app = allApp(rt);
+    const first = stalledRequest(app, "/v1/decode", SNAP, head);
+    await settle();
+    assert.equal(await bodyBytesHeld(app), head.length, "the header's bytes are held");
+    const second = stalledRequest(app, "/v1/migrate?target=fast", SNAP, head);
+    const res = await within(3000, second.res);
+    assert.equal(res.status, 429);
+    const err = (await res.json()).error;
+    assert.equal(err.type, "rate_limit_error");
+    assert.match(err.message, /server\.max_inflight_upload_bytes/);
+    assert.ok(Number(res.headers.get("retry-after")) >= 1);
+    assert.ok(second.state.cancelled, "the refused body was cancelled");
+    first.stop();
+    await Promise.allSettled([first.res]);
+    await settle();
+    assert.equal(await bodyBytesHeld(app), 0);
   } finally {
     await rt.close();
   }
@@ -237,6 +295,52 @@ Deno.test("uploads in flight are bounded per process: 429 over the bound, 413 ov
     assert.ok(state.cancelled);
   } finally {
     await small.close();
+  }
+});
+
+Deno.test("a body read ends at the tier's request deadline when it comes before server.body_timeout_ms", async () => {
+  const rt = await testRuntime({
+    tier: { request_timeout_ms: 300 },
+    config: server({ body_timeout_ms: 20000 }),
+  });
+  try {
+    const snap = await snapshotOf(rt);
+    const app = allApp(rt);
+    const cases: [string, string, Record<string, string>, Uint8Array, RegExp][] = [
+      [
+        "decode ?tier=fast",
+        "/v1/decode?tier=fast",
+        SNAP,
+        snap.slice(0, 1000),
+        /tier "fast"'s request_timeout_ms/,
+      ],
+      [
+        "migrate ?target=fast",
+        "/v1/migrate?target=fast",
+        SNAP,
+        snap.slice(0, 1000),
+        /tier "fast"'s request_timeout_ms/,
+      ],
+      [
+        "JSON (the tier is in the body)",
+        "/v1/chat/completions",
+        { "content-type": "application/json" },
+        new TextEncoder().encode('{"mess'),
+        /longest request_timeout_ms/,
+      ],
+    ];
+    for (const [what, url, headers, bytes, why] of cases) {
+      const s = stalledRequest(app, url, headers, bytes);
+      const res = await within(5000, s.res);
+      assert.equal(res.status, 408, what);
+      const err = (await res.json()).error;
+      assert.equal(err.type, "timeout_error", what);
+      assert.equal(err.param, "body", what);
+      assert.match(err.message, /within 300 ms/, what);
+      assert.match(err.message, why, what);
+    }
+  } finally {
+    await rt.close();
   }
 });
 

@@ -161,9 +161,11 @@ export const configSchema = z.strictObject({
     /** On SIGTERM: in-flight requests get this long to finish; then connections are closed. */
     shutdown_grace_ms: z.number().int().min(0).default(10000),
     /** A request body (JSON or snapshot) must arrive completely within this many ms of the
-     *  request's arrival (else 408); the tier's request_timeout_ms also counts from arrival. */
+     *  request's arrival, and within the tier's request_timeout_ms when that is shorter (else
+     *  408). */
     body_timeout_ms: positiveInt.default(30000),
-    /** Bytes of snapshot uploads held at once by this process (declared sizes); one more → 429. */
+    /** Bytes of request bodies (JSON and snapshot uploads) held at once by this process,
+     *  charged as they arrive; one more → 429. */
     max_inflight_upload_bytes: positiveInt.default(512 * 1024 * 1024),
     /** Origins allowed cross-origin (CORS); empty → no CORS headers (browsers refuse). */
     cors_origins: z.array(z.string().min(1)).default([]),

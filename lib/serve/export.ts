@@ -1,6 +1,7 @@
 // Snapshots a serving core produces: a prompt prefilled on a tier and exported (prefill), a
 // snapshot moved into another tier's model (migrate), and keeping an export in the shared store.
-// Each holds a tier slot and a native sequence until its export stream ends or is cancelled.
+// Each holds a tier slot and a native sequence until its export stream ends or is cancelled, or
+// until the request deadline passes with the stream not yet taken by its client.
 // Routes, media types and peers are functions/'s.
 import { MigrationRefusedError } from "../migrate/mod.ts";
 import type { NativeSequence } from "../native/mod.ts";
@@ -48,7 +49,7 @@ export async function prefillSnapshot(
       "context_length_exceeded",
     );
   }
-  const { release } = await admitSlot(rt, tier, ctx);
+  const { release, timeout } = await admitSlot(rt, tier, ctx);
   rt.metrics.activeSequences.add({ tier: tier.name }, 1);
   let seq: NativeSequence | null = null;
   let done = releaser(rt, tier, null, release);
@@ -69,6 +70,8 @@ export async function prefillSnapshot(
         sign: rt.sign,
       }),
       done,
+      timeout,
+      () => rt.metrics.writeTimeouts.inc({ body: "snapshot" }),
     ).pipeThrough(countBytes(rt, "out"));
   } catch (e) {
     done();
@@ -152,7 +155,7 @@ export async function migrateSnapshot(
   if (!gate.ok) {
     throw new MigrationRefusedError(gate.code, `${source.name} → ${target.name}: ${gate.reason}`);
   }
-  const { release } = await admitSlot(rt, target, ctx);
+  const { release, timeout } = await admitSlot(rt, target, ctx);
   rt.metrics.activeSequences.add({ tier: target.name }, 1);
   let src: NativeSequence | null = null;
   let tgt: NativeSequence | null = null;
@@ -197,6 +200,8 @@ export async function migrateSnapshot(
         provenance,
       }),
       done,
+      timeout,
+      () => rt.metrics.writeTimeouts.inc({ body: "snapshot" }),
     ).pipeThrough(countBytes(rt, "out"));
     return {
       stream,

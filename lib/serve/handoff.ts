@@ -1,6 +1,7 @@
 // Snapshot plumbing shared by prefill, migrate and decode: reading a snapshot (bounded stream or
 // a store id), peeking at its header to find the tier that made it, guarding a stream by a
-// deadline, and wrapping an export stream so its sequence and queue slot are freed when it ends.
+// deadline, and wrapping an export stream so its sequence and queue slot are freed when it ends —
+// or when its client has not taken it by the request deadline.
 // The byte format is lib/snapshot's; this file never decodes KV itself. No HTTP here.
 import {
   decodeHeader,
@@ -13,7 +14,7 @@ import {
 import type { NativeSequence } from "../native/mod.ts";
 import { hex, sha256 } from "../util/mod.ts";
 import { InputError, NotFoundError, SnapshotMismatchError, TooLargeError } from "./errors.ts";
-import { bodyWithin } from "./deadline.ts";
+import { type BodyTier, bodyWithin, writeWithin } from "./deadline.ts";
 import type { RequestContext } from "./request.ts";
 import type { Runtime } from "./runtime.ts";
 import type { Tier } from "./tier.ts";
@@ -147,14 +148,20 @@ export function tierNameOfModel(rt: Runtime, fingerprint: string): string | null
 }
 
 /**
- * Wraps an export stream so `done` runs exactly once when it ends, fails or is cancelled.
+ * Wraps an export stream so `done` runs exactly once when it ends, fails or is cancelled — and
+ * when `deadline` fires before the client has taken it all (see {@link writeWithin}): an unread
+ * download must not hold its slot, sequence and KV past the request deadline.
  * @param stream the export stream (reads `seq` lazily)
  * @param done frees the sequence and releases the slot
+ * @param deadline fires at the request deadline (the slot's timeout)
+ * @param onExpire called once when the deadline aborts the download (metrics)
  * @returns the wrapped stream
  */
 export function streamThenFree(
   stream: ReadableStream<Uint8Array>,
   done: () => void,
+  deadline: AbortSignal,
+  onExpire: () => void = () => {},
 ): ReadableStream<Uint8Array> {
   const reader = stream.getReader();
   let finished = false;
@@ -163,27 +170,31 @@ export function streamThenFree(
     finished = true;
     done();
   };
-  return new ReadableStream<Uint8Array>({
-    async pull(ctl) {
-      try {
-        const r = await reader.read();
-        if (r.done) {
+  return writeWithin(
+    new ReadableStream<Uint8Array>({
+      async pull(ctl) {
+        try {
+          const r = await reader.read();
+          if (r.done) {
+            finish();
+            ctl.close();
+          } else ctl.enqueue(r.value);
+        } catch (e) {
           finish();
-          ctl.close();
-        } else ctl.enqueue(r.value);
-      } catch (e) {
-        finish();
-        ctl.error(e);
-      }
-    },
-    async cancel(reason) {
-      try {
-        await reader.cancel(reason);
-      } finally {
-        finish();
-      }
-    },
-  });
+          ctl.error(e);
+        }
+      },
+      async cancel(reason) {
+        try {
+          await reader.cancel(reason);
+        } finally {
+          finish();
+        }
+      },
+    }, { highWaterMark: 0 }),
+    deadline,
+    { onExpire },
+  );
 }
 
 /**
@@ -325,19 +336,22 @@ export interface Upload {
   bytes: number;
   /** A stream replaying the body for the import. */
   replay(): ReadableStream<Uint8Array>;
-  /** Returns the upload's bytes to the process budget (idempotent); call after the import. */
+  /** Returns the upload's bytes to the process's body budget (idempotent); call after the
+   *  import, however the request ends. */
   release(): void;
 }
 
 /**
  * Receives a snapshot body before it may take engine capacity: the prefix and header are checked
- * as they arrive (a hostile body is refused after a few bytes), the declared size is reserved
- * from the process's upload budget (429 when full, 413 above max_snapshot_bytes), each chunk's
- * CRC is checked as it arrives, and the whole body must arrive within the body deadline (408).
- * A slow client therefore holds memory it declared (bounded), never a tier slot.
+ * as they arrive (a hostile body is refused after a few bytes), the header's declared size is
+ * checked against max_snapshot_bytes (413), every byte received — the header's first included —
+ * is charged to the process's body budget as it arrives (429 when full), each chunk's CRC is
+ * checked as it arrives, and the whole body must arrive within the body deadline (408).
+ * A slow client therefore holds only the memory it has sent (bounded), never a tier slot.
  * @param rt the runtime (limits, budget, metrics)
  * @param body the raw body
  * @param ctx the request (arrival, client)
+ * @param tier the tier the request names, when it names one (caps the body deadline)
  * @returns the received upload; release it after the import
  * @throws {SnapshotError} malformed/too large; {@link BusyError} budget full; {@link InputError}
  *   body_timeout; {@link UnavailableError} shutdown or client gone
@@ -346,21 +360,18 @@ export async function receiveUpload(
   rt: Runtime,
   body: ReadableStream<Uint8Array>,
   ctx: Omit<RequestContext, "tenant">,
+  tier?: BodyTier,
 ): Promise<Upload> {
   // Bytes are counted as they arrive (the metric shows an upload in progress).
-  const guarded = bodyWithin(rt, body.pipeThrough(countBytes(rt, "in")), ctx);
-  let release = () => {};
+  const guarded = bodyWithin(rt, body.pipeThrough(countBytes(rt, "in")), ctx, tier);
   try {
     const r = await receiveSnapshot(guarded.stream, {
       maxBytes: rt.config.server.max_snapshot_bytes,
       codec: defaultKvCodec(),
-      onHeader: (_h, layout) => {
-        release = rt.uploads.reserve(layout.totalBytes);
-      },
     });
-    return { header: r.header, bytes: r.bytes, replay: r.replay, release };
+    return { header: r.header, bytes: r.bytes, replay: r.replay, release: guarded.release };
   } catch (e) {
-    release();
+    guarded.release();
     throw e;
   } finally {
     guarded.done();

@@ -162,9 +162,16 @@ export class Metrics {
   readonly fallbacks = this.#add(
     new Counter("kvrelay_migration_fallbacks_total", "Escalations that fell back to full prefill"),
   );
-  /** Bytes of snapshot uploads held by this process now (declared sizes). */
-  readonly inflightUploadBytes = this.#add(
-    new Gauge("kvrelay_inflight_upload_bytes", "Snapshot upload bytes held now"),
+  /** Bytes of request bodies (JSON and snapshot uploads) held by this process now, as received. */
+  readonly inflightBodyBytes = this.#add(
+    new Gauge("kvrelay_inflight_body_bytes", "Request body bytes held now (JSON and snapshots)"),
+  );
+  /** Response bodies aborted because their client did not take them by the request deadline. */
+  readonly writeTimeouts = this.#add(
+    new Counter(
+      "kvrelay_write_timeouts_total",
+      "Responses aborted: not read by the client within the request deadline",
+    ),
   );
   /** Snapshot bytes sent and received. */
   readonly snapshotBytes = this.#add(

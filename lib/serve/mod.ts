@@ -19,8 +19,16 @@ export { Counter, Gauge, Histogram, Metrics } from "./metrics.ts";
 export { ModelQueue, QueueFullError } from "./queue.ts";
 export { findTier, type Tier } from "./tier.ts";
 export { type RequestContext, tenantId } from "./request.ts";
-export { UploadBudget } from "./uploads.ts";
-export { bodyWithin, type GuardedBody } from "./deadline.ts";
+export { BodyBudget, type BodyHold } from "./uploads.ts";
+export {
+  bodyDeadline,
+  type BodyTier,
+  bodyWithin,
+  deadlineSignal,
+  type GuardedBody,
+  WRITE_GRACE_MS,
+  writeWithin,
+} from "./deadline.ts";
 export { autoFallbackNote, resolveTierBackends, TierBackendError } from "./backends.ts";
 export {
   createMigrator,

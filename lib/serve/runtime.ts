@@ -17,7 +17,7 @@ import { Router } from "../router/mod.ts";
 import { UnavailableError } from "./errors.ts";
 import { Metrics } from "./metrics.ts";
 import { ModelQueue } from "./queue.ts";
-import { UploadBudget } from "./uploads.ts";
+import { BodyBudget } from "./uploads.ts";
 import { createMigrator, type Migrator } from "./migrator.ts";
 import { findTier, type Tier } from "./tier.ts";
 import { autoFallbackNote, resolveTierBackends } from "./backends.ts";
@@ -58,8 +58,9 @@ export interface Runtime {
   tiers: Map<string, Tier>;
   store: SnapshotStore;
   metrics: Metrics;
-  /** Bytes of snapshot uploads held at once (server.max_inflight_upload_bytes). */
-  uploads: UploadBudget;
+  /** Bytes of request bodies held at once, charged as they arrive
+   *  (server.max_inflight_upload_bytes). */
+  uploads: BodyBudget;
   router: Router;
   migrator: Migrator;
   /** Signing key for exported snapshots, when configured. */
@@ -122,6 +123,7 @@ export async function createRuntime(
 ): Promise<Runtime> {
   const store = opts.store ?? await openStore(config);
   const metrics = new Metrics();
+  metrics.inflightBodyBytes.set({}, 0);
   const router = new Router({
     tiers: config.tierOrder,
     defaultTier: config.defaultTier,
@@ -148,9 +150,10 @@ export async function createRuntime(
     tiers,
     store,
     metrics,
-    uploads: new UploadBudget(
+    uploads: new BodyBudget(
       config.server.max_inflight_upload_bytes,
-      (used) => metrics.inflightUploadBytes.set({}, used),
+      "server.max_inflight_upload_bytes",
+      (used) => metrics.inflightBodyBytes.set({}, used),
     ),
     router,
     migrator: createMigrator(config),

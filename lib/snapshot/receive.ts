@@ -1,7 +1,9 @@
 // Receiving a snapshot upload before anything imports it: reads the prefix and header as they
 // arrive (magic, version, header CRC, limits, declared size — so a hostile body is refused after
-// a few bytes, not after it was buffered), lets the caller reserve the declared size, then reads
-// and CRC-checks each chunk frame as it arrives, keeping the frames (no re-copy into one buffer).
+// a few bytes, not after it was buffered), lets the caller look at the header, then reads and
+// CRC-checks each chunk frame as it arrives, keeping the frames (no re-copy into one buffer).
+// What the caller's input stream delivers is its to bound (lib/serve charges each byte as it
+// arrives, the header's included).
 // Signatures and KV values are checked by the import (decodeSnapshot) that replays the frames.
 import { checkChunkFrame, type KvQuantCodec } from "./chunk.ts";
 import { SnapshotError } from "./errors.ts";
@@ -30,8 +32,7 @@ export interface ReceivedSnapshot {
 export interface ReceiveOptions {
   /** Largest snapshot accepted (the header's declared size is checked against it). */
   maxBytes: number;
-  /** Called once the header is checked, before any chunk byte is read: reserve `totalBytes`
-   *  here, or throw to refuse. */
+  /** Called once the header is checked, before any chunk byte is read: throw to refuse. */
   onHeader?(header: SnapshotHeader, layout: SnapshotLayout): void | Promise<void>;
   /** CRC32C implementation (native when given). */
   codec?: KvQuantCodec;

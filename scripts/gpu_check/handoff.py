@@ -317,12 +317,13 @@ SAMPLING_CONFIGS = [("greedy", dict(temperature=0.0)),
                     ("T 0.9 (row route)", dict(temperature=0.9, seed=7))]
 
 
-def check_sampling(rep, lib, dut, steps=24):
+def check_sampling(rep, lib, dut, steps=24, model_dir=None, section="handoff", label=""):
     """decode_sample on the backend under test vs the reference sampler on the same logits: two
-    sequences of one model fed the same tokens; one samples in the step (device route), the other
-    decodes logits and samples them with kvr_sampler_sample (an identically seeded sampler)."""
-    model = kvr.Model(lib, os.path.join(MODELS, "tiny-fast"), "f32", dut, n_threads=2)
-    prompt = np.random.default_rng(5).integers(0, 4000, 40).astype(np.int32)
+    sequences of one model (tiny-fast unless model_dir) fed the same tokens; one samples in the step
+    (device route), the other decodes logits and samples them with kvr_sampler_sample (an
+    identically seeded sampler)."""
+    model = kvr.Model(lib, model_dir or os.path.join(MODELS, "tiny-fast"), "f32", dut, n_threads=2)
+    prompt = np.random.default_rng(5).integers(0, min(4000, model.vocab), 40).astype(np.int32)
     try:
         for name, cfg in SAMPLING_CONFIGS:
             a, b = model.seq(len(prompt) + steps + 1), model.seq(len(prompt) + steps + 1)
@@ -339,7 +340,7 @@ def check_sampling(rep, lib, dut, steps=24):
                     elif first_bad is None:
                         first_bad = f"step {i}: {got} vs {want}"
                     tok = want
-                rep.check("handoff", f"device sampling vs the reference sampler: {name}", same == steps,
+                rep.check(section, f"{label}device sampling vs the reference sampler: {name}", same == steps,
                           f"{same}/{steps} identical" + (f", first difference {first_bad}" if first_bad else ""))
             finally:
                 lib.kvr_sampler_free(sa)

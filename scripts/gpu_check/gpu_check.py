@@ -297,6 +297,13 @@ def check_probes(rep, lib, cuda_ok, cuda_info, dry_run):
     device, cuda refused cleanly."""
     st, info = kvr.probe(lib, "cpu")
     rep.check("probe", "cpu probe OK", st == kvr.OK, info)
+    m = kvr.Model(lib, os.path.join(ROOT, "models", "tiny-fast"), "f32", "cpu")
+    try:  # the debug switches the sections use (--sync-launches, the forced fallback GEMM)
+        sts = [lib.kvr_model_set_debug(m.handle, f) for f in (kvr.DEBUG_FALLBACK_GEMM | kvr.DEBUG_SYNC_LAUNCHES, 4, 0)]
+        rep.check("probe", "kvr_model_set_debug takes its flags and refuses unknown bits", sts == [kvr.OK, -1, kvr.OK],
+                  f"statuses {sts}")
+    finally:
+        m.close()
     if cuda_ok:
         rep.check("probe", "cuda probe OK", True, cuda_info)
         rep.check("probe", "cuBLASLt loaded (the prefill GEMM path under test)", "cuBLASLt found" in cuda_info,
@@ -897,8 +904,9 @@ def run_section(rep, args, state, section, timeout, arg="", extra=()):
     label = f"{section} {os.path.basename(arg)}" if arg else section
     state.n_runs += 1
     results = os.path.join(args.workdir, f"results_{state.n_runs}.jsonl")
+    # The section plans within 85% of its time: a step it starts near its end may still finish.
     cmd = [sys.executable, os.path.abspath(__file__), "--lib", args.lib, "--out", args.out, "--workdir",
-           args.workdir, "--budget", f"{timeout:.1f}", "--child-section", section, "--child-arg", arg,
+           args.workdir, "--budget", f"{0.85 * timeout:.1f}", "--child-section", section, "--child-arg", arg,
            "--child-results", results, *extra]
     cmd += ["--dry-run"] * args.dry_run + ["--quick"] * args.quick + ["--sync-launches"] * args.sync_launches
     cmd += [x for p in args.plant for x in ("--plant", p)]
@@ -906,7 +914,7 @@ def run_section(rep, args, state, section, timeout, arg="", extra=()):
     state.children = [p]
     print(f"== {label}: pid {p.pid}, deadline {timeout:.0f}s", flush=True)
     try:
-        rc = p.wait(timeout=timeout + 5)  # + start-up; the section plans within `timeout`
+        rc = p.wait(timeout=timeout + 5)  # + start-up
     except subprocess.TimeoutExpired:
         kill_group(p)
         rc = None

@@ -690,6 +690,22 @@ KVR_API int32_t kvr_gemm_bench(uint32_t m, uint32_t n, uint32_t k, uint32_t n_th
                                uint32_t iterations, double* out_seconds);
 /* Name of the CPU kernel chosen at runtime ("avx2-fma" or "generic"). */
 KVR_API const char* kvr_cpu_kernel_name(void);
+/*
+ * Debug switches of a model's backend, for the GPU check (scripts/gpu_check): an OR of the flags
+ * below, replacing the model's previous switches (0 = none). They apply to the calls made after
+ * this one; set them before the model's first sequence (a batched-step graph captured earlier keeps
+ * the route it was captured with). The CPU backend has neither path and ignores them. Unknown bits:
+ * KVR_ERR_INVALID_ARGUMENT.
+ *   KVR_DEBUG_FALLBACK_GEMM  multi-row projections run the library's own mma.sync GEMM even where
+ *                            cuBLASLt loaded (the fallback is otherwise untested on such a machine).
+ *   KVR_DEBUG_SYNC_LAUNCHES  every kernel launch (and cuBLASLt matmul) outside graph capture is
+ *                            followed by a synchronisation of its stream, so an execution fault is
+ *                            reported by the launch that caused it ("attention launch: ...") rather
+ *                            than by the next synchronisation. Slow: for locating a fault.
+ */
+#define KVR_DEBUG_FALLBACK_GEMM 1u
+#define KVR_DEBUG_SYNC_LAUNCHES 2u
+KVR_API int32_t kvr_model_set_debug(kvr_model* model, uint32_t flags);
 
 /* ---- end test and benchmark hooks ---- */
 

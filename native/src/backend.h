@@ -265,6 +265,9 @@ class Backend {
   // context unusable) fails every later call, and the model must be reloaded. Any thread
   // (kvr_model_health; /readyz answers 503 then).
   virtual std::string failure() const { return {}; }
+  // Debug switches (kvrelay.h kvr_model_set_debug: KVR_DEBUG_* flags, already checked); a backend
+  // without the paths they select ignores them. Any thread; read by the calls that follow.
+  virtual void set_debug(uint32_t flags) const { (void)flags; }
   // Projects positions [0, n_tokens) of `src` (a sequence of `src_backend`'s model) into `dst`
   // (this backend's) and returns true, or returns false without touching anything when this
   // backend cannot do it natively (then projector.cpp takes the copy path). The CUDA backend does

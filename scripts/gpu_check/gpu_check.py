@@ -2,30 +2,43 @@
 """The GPU check driver (run by scripts/gpu_check.sh on a GPU machine; dry-run on the CPU here).
 
 Drives libkvrelay through its C ABI (ctypes, kvr.py) and reports one table plus
-`RESULT: N passed, M failed`, with JSON and logs under --out:
+`RESULT: N passed, M failed`, with gpu_check.json and logs under --out. Sections, in this order,
+each in its own process (a CUDA fault is sticky for its process: it fails that section, not the
+rest), each killed at its deadline:
+  probe        the CPU and CUDA probes; cuBLASLt loaded. Without a usable CUDA device (and no
+               --dry-run) the check stops here: the sections would compare the CPU with itself.
   correctness  backend under test (CUDA; the CPU in a dry run) vs the CPU backend and vs a float64
                numpy reference (reference.py) at every position of a prefill, chunked prefills and
                24 decodes, on the demo models and generated checkpoints (every family and weight
-               dtype), f32 and bf16 KV; KV read/write round trip; 64-step greedy agreement.
+               dtype), f32, bf16 and f16 KV; KV read/write round trip; 64-step greedy agreement. One
+               process per model.
+  coverage     paths the small models miss, vs the CPU backend (coverage.py): a 151,936-token
+               vocabulary (logits, device greedy/top-k sampling), a 600-token prefill and decodes at
+               4k context (f32 and f16 KV), the mma.sync GEMM forced where cuBLASLt loaded, the
+               GEMV's scalar path.
   handoff      golden-snapshot codec export/import byte-identical to the CPU's, projection of the demo
-               pair vs the CPU (KL within 0.005), snapshot GB/s and migration TTFT (handoff.py).
-  batch        batched steps (kvr_batch_step, paged + contiguous sequences) vs each sequence alone on
-               the demo models and generated checkpoints, greedy generation and native sampling in
-               the step vs alone, paged-pool exhaustion → KVR_ERR_POOL_EXHAUSTED with nothing changed
-               (batch.py); in a dry run also a short batch-size sweep on the CPU.
-  sanitizer    compute-sanitizer memcheck and racecheck on a short run (this script, --child).
-  bench        prefill tokens/s (128/2048/16384) and decode tokens/s (context 512/8192), batch 1, for
-               the demo models and random-weight Qwen3-0.6B / Qwen3-8B shapes, beside torch eager
-               on the same weights, plus measured copy bandwidth and bf16 matmul rate (ceilings);
-               batched decode tokens/s at batch 1-64 on the demo models and the Qwen3-0.6B shape.
-Each section has a time budget; what does not fit is reported as skipped with the reason."""
+               pair vs the CPU (KL within 0.005), device sampling, fit statistics; timings (handoff.py).
+  batch        batched steps (kvr_batch_step, paged + contiguous sequences) vs each sequence alone,
+               native sampling in the step, pool exhaustion (batch.py); in a dry run also a short
+               batch-size sweep on the CPU.
+  sanitizer    compute-sanitizer memcheck (cuBLASLt prefill) and racecheck (the library's own GEMM),
+               side by side, on a short run (this script, --child); each tool's own summary line is
+               its verdict.
+  bench        last, skipped by --no-bench: prefill/decode tokens/s for the demo models and
+               random-weight Qwen3-0.6B / Qwen3-8B shapes beside torch eager, ceilings, batched
+               decode tokens/s, device sampling and migration timings. Timing only: it compares
+               nothing.
+gpu_check.json is rewritten after every section (`running` names the one in progress) and on
+SIGTERM (`terminated`), so a run cut short keeps what it found."""
 
 import argparse
 import glob
 import json
 import os
 import platform
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -42,22 +55,86 @@ import kvr  # noqa: E402
 from reference import Reference, make_config, test_checkpoints, write_checkpoint  # noqa: E402
 from handoff import section_handoff  # noqa: E402
 from batch import bench_batch_sweep, section_batch  # noqa: E402
+from coverage import section_coverage  # noqa: E402
 
 F32_BOUND, BF16_BOUND = 1e-3, 5e-3  # the repository's oracle bounds (tests/native_vs_reference_test.ts)
 DEMOS = ["tiny-fast", "tiny-balanced", "tiny-powerful"]
+SECTIONS = ["correctness", "coverage", "handoff", "batch", "sanitizer", "bench"]
+# Shares of --budget; the bench (last) gets what is left.
+# The sanitizer's share is the largest: both tools run side by side, each with all of it, and an
+# instrumented run (memcheck through cuBLASLt's modules) is many times slower than a plain one.
+SHARE = {"correctness": 0.22, "coverage": 0.10, "handoff": 0.10, "batch": 0.10, "sanitizer": 0.30}
+
+
+class Rows(list):
+    """rep.bench: a list whose appends also go to the report's sink."""
+
+    def __init__(self, emit):
+        super().__init__()
+        self._emit = emit
+
+    def append(self, row):
+        super().append(row)
+        self._emit("bench", {"row": row})
 
 
 class Report:
-    def __init__(self):
-        self.checks, self.bench, self.skipped, self.info = [], [], [], {}
+    """Checks, skips, bench rows and info. In a section's process every check and skip is also
+    written to `sink` (JSON lines) as it happens, so the parent keeps them if the process dies."""
+
+    def __init__(self, sink=None):
+        self.sink = sink
+        self.checks, self.skipped, self.info = [], [], {}
+        self.bench = Rows(self._emit)
+
+    def _emit(self, kind, rec):
+        if self.sink:
+            self.sink.write(json.dumps({"kind": kind, **rec}) + "\n")
+            self.sink.flush()
 
     def check(self, section, name, ok, detail=""):
-        self.checks.append({"section": section, "name": name, "ok": bool(ok), "detail": detail})
+        c = {"section": section, "name": name, "ok": bool(ok), "detail": detail}
+        self.checks.append(c)
+        self._emit("check", {"check": c})
         print(f"  [{'PASS' if ok else 'FAIL'}] {section}: {name} {detail}", flush=True)
 
     def skip(self, section, name, why):
-        self.skipped.append({"section": section, "name": name, "why": why})
+        s = {"section": section, "name": name, "why": why}
+        self.skipped.append(s)
+        self._emit("skip", {"skip": s})
         print(f"  [skip] {section}: {name}: {why}", flush=True)
+
+    def finish(self):
+        """The section's process ended normally: its info (timings) goes to the parent too."""
+        self._emit("final", {"info": self.info})
+
+    def merge(self, path):
+        """Adds a section process's records; True when it finished normally."""
+        final = False
+        try:
+            with open(path) as f:
+                lines = f.read().splitlines()
+        except OSError:
+            return False
+        for line in lines:
+            try:
+                r = json.loads(line)
+            except ValueError:
+                continue  # a line cut by a kill
+            if r["kind"] == "check":
+                self.checks.append(r["check"])
+            elif r["kind"] == "skip":
+                self.skipped.append(r["skip"])
+            elif r["kind"] == "bench":
+                list.append(self.bench, r["row"])
+            elif r["kind"] == "final":
+                final = True
+                for k, v in r["info"].items():
+                    if isinstance(v, list):
+                        self.info.setdefault(k, []).extend(v)
+                    else:
+                        self.info[k] = v
+        return final
 
     @property
     def failed(self):
@@ -186,37 +263,54 @@ def round_trip_diagnosis(dut, src, n, kv, layers, cap, token, a, b):
     return msg
 
 
-def section_correctness(rep, lib, dut_backend, budget, quick, workdir):
-    t0 = time.time()
-    ckpt_root = os.path.join(workdir, "checkpoints")
-    models = [(os.path.join(ROOT, "models", d), True) for d in DEMOS]
-    models += [(d, False) for d in test_checkpoints(ckpt_root)]
-    rng = np.random.default_rng(7)
-    for model_dir, demo in models:
-        for kv in (["f32", "bf16"] if demo or not quick else ["f32"]):
-            if time.time() - t0 > budget:
-                rep.skip("correctness", f"{os.path.basename(model_dir)}/{kv}", f"section budget {budget}s spent")
-                continue
-            cfg = kvr.load_config(model_dir)
-            V = cfg["vocab_size"]
-            T, D = (40, 24)
-            tokens = rng.integers(0, V, T).astype(np.int32)
-            dec = rng.integers(0, V, D).astype(np.int32)
-            ref = Reference(model_dir, kv).forward(np.concatenate([tokens, dec]))
-            try:
-                check_model(rep, lib, dut_backend, model_dir, kv, tokens, dec, 64 if demo else 0, ref)
-            except Exception as e:  # noqa: BLE001
-                rep.check("correctness", f"{os.path.basename(model_dir)}/{kv}", False,
-                          f"raised {type(e).__name__}: {e}")
-                traceback.print_exc()
+def correctness_model(rep, lib, dut_backend, model_dir, kvs, demo, seed):
+    """One model of the correctness section (its own process): every KV dtype in kvs."""
+    rng = np.random.default_rng(seed)
+    for kv in kvs:
+        cfg = kvr.load_config(model_dir)
+        V = cfg["vocab_size"]
+        T, D = (40, 24)
+        tokens = rng.integers(0, V, T).astype(np.int32)
+        dec = rng.integers(0, V, D).astype(np.int32)
+        ref = Reference(model_dir, kv).forward(np.concatenate([tokens, dec]))
+        try:
+            check_model(rep, lib, dut_backend, model_dir, kv, tokens, dec, 64 if demo else 0, ref)
+        except Exception as e:  # noqa: BLE001
+            rep.check("correctness", f"{os.path.basename(model_dir)}/{kv}", False,
+                      f"raised {type(e).__name__}: {e}")
+            traceback.print_exc()
 
 
-def check_refusals(rep, lib, cuda_ok, cuda_info):
-    """Probe answers: cuda refused cleanly without a device, the CPU always available."""
+def correctness_cases(quick, workdir):
+    """(model dir, KV dtypes, demo?) per correctness process: the demo models in f32 and bf16 KV (and
+    tiny-fast in f16 too), the generated checkpoints in f32 (and bf16 unless quick)."""
+    out = [(os.path.join(ROOT, "models", d), ["f32", "bf16", "f16"] if d == "tiny-fast" else ["f32", "bf16"], True)
+           for d in DEMOS]
+    out += [(d, ["f32"] if quick else ["f32", "bf16"], False)
+            for d in test_checkpoints(os.path.join(workdir, "checkpoints"))]
+    return out
+
+
+def check_probes(rep, lib, cuda_ok, cuda_info, dry_run):
+    """Probe answers: the CPU always available; with a device, cuBLASLt loaded (the production
+    prefill path; without it that path is untested, a failure, not a note); in a dry run without a
+    device, cuda refused cleanly."""
     st, info = kvr.probe(lib, "cpu")
     rep.check("probe", "cpu probe OK", st == kvr.OK, info)
+    m = kvr.Model(lib, os.path.join(ROOT, "models", "tiny-fast"), "f32", "cpu")
+    try:  # the debug switches the sections use (--sync-launches, the forced fallback GEMM)
+        sts = [lib.kvr_model_set_debug(m.handle, f) for f in (kvr.DEBUG_FALLBACK_GEMM | kvr.DEBUG_SYNC_LAUNCHES, 4, 0)]
+        rep.check("probe", "kvr_model_set_debug takes its flags and refuses unknown bits", sts == [kvr.OK, -1, kvr.OK],
+                  f"statuses {sts}")
+    finally:
+        m.close()
     if cuda_ok:
         rep.check("probe", "cuda probe OK", True, cuda_info)
+        rep.check("probe", "cuBLASLt loaded (the prefill GEMM path under test)", "cuBLASLt found" in cuda_info,
+                  cuda_info[cuda_info.find("cuBLASLt"):])
+        return
+    if not dry_run:
+        rep.check("probe", "a CUDA device is usable", False, cuda_info)
         return
     rep.check("probe", "cuda probe refuses cleanly without a device",
               cuda_info.startswith("no CUDA device") or cuda_info.startswith("built without CUDA"), cuda_info)
@@ -225,6 +319,26 @@ def check_refusals(rep, lib, cuda_ok, cuda_info):
         rep.check("probe", "loading a model with backend cuda is refused", False, "it loaded")
     except kvr.EngineError as e:
         rep.check("probe", "loading a model with backend cuda is refused", e.status == -5, str(e))
+
+
+def check_build(rep, path):
+    """The build report gpu_check.sh writes: did the -Werror build pass, and which warnings did the
+    retry without it print."""
+    if not path:
+        return
+    try:
+        with open(path) as f:
+            b = json.load(f)
+    except (OSError, ValueError) as e:
+        rep.check("build", "build report readable", False, f"{path}: {e}")
+        return
+    if b.get("werror") == "skipped":
+        rep.skip("build", "library builds with -Werror", b.get("why", "not built here"))
+        return
+    warnings = b.get("warnings", [])
+    rep.check("build", "library builds with -Werror", b.get("werror") == "ok",
+              "" if b.get("werror") == "ok" else
+              f"failed; rebuilt without -Werror, {len(warnings)} warning lines: " + " | ".join(warnings[:8]))
 
 
 def check_cublaslt_abi(rep):
@@ -249,33 +363,77 @@ def check_cublaslt_abi(rep):
 
 # ---------------------------------------------------------------- sanitizer
 
-def section_sanitizer(rep, lib_path, budget, cuda_ok):
-    exe = shutil.which("compute-sanitizer") or next(iter(glob.glob("/usr/local/cuda*/bin/compute-sanitizer")), None)
-    if not cuda_ok:
-        rep.skip("sanitizer", "memcheck/racecheck", "no CUDA device (dry run)")
-        return
+def sanitizer_verdict(tool, rc, out):
+    """(ok, detail) of one compute-sanitizer run from the tool's own summary line: memcheck prints
+    `ERROR SUMMARY: N errors`, racecheck `RACECHECK SUMMARY: N hazards displayed (E errors, W
+    warnings)`. Clean means that line with 0 errors, exit status 0 and the child's last line."""
+    done = "child run done" in out
+    if tool == "racecheck":
+        m = re.search(r"RACECHECK SUMMARY: (\d+) hazards? displayed \((\d+) errors?, (\d+) warnings?\)", out)
+        clean = m is not None and int(m.group(2)) == 0
+    else:
+        m = re.search(r"ERROR SUMMARY: (\d+) errors?", out)
+        clean = m is not None and int(m.group(1)) == 0
+    summary = m.group(0) if m else f"no {tool} summary line"
+    ok = clean and rc == 0 and done
+    return ok, f"exit {rc}, {summary}" + ("" if done else ", the run did not finish")
+
+
+SANITIZER_ARGS = {
+    # API errors raised and handled inside cudart/cuBLASLt are not ours; the child checks every
+    # status of its own calls (and fails on one).
+    "memcheck": ["--tool", "memcheck", "--report-api-errors", "no", "--leak-check", "no"],
+    # The library's own GEMM (shared memory, the race-prone kernel), not cuBLASLt's kernels.
+    "racecheck": ["--tool", "racecheck"],
+}
+
+
+def section_sanitizer(rep, args, budget, dut, state):
+    exe = args.sanitizer or shutil.which("compute-sanitizer") or next(
+        iter(glob.glob("/usr/local/cuda*/bin/compute-sanitizer")), None)
     if not exe:
         rep.skip("sanitizer", "memcheck/racecheck", "compute-sanitizer not found")
         return
-    for tool in ("memcheck", "racecheck"):
-        cmd = [exe, "--tool", tool, "--error-exitcode", "9", sys.executable, os.path.abspath(__file__), "--child",
-               "--lib", lib_path]
-        try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=budget / 2)
-            out = p.stdout + p.stderr
-            ok = p.returncode == 0 and "ERROR SUMMARY: 0 errors" in out
-            tail = out.strip().splitlines()[-1] if out.strip() else ""
-            rep.check("sanitizer", f"{tool} on a short run", ok, f"exit {p.returncode}: {tail}")
-            with open(os.path.join(ARGS.out, f"sanitizer_{tool}.log"), "w") as f:
-                f.write(out)
-        except subprocess.TimeoutExpired:
-            rep.check("sanitizer", f"{tool} on a short run", False, f"timed out after {budget / 2:.0f}s")
+    if dut != "cuda" and not args.sanitizer:
+        rep.skip("sanitizer", "memcheck/racecheck", "no CUDA device (dry run)")
+        return
+    procs = {}
+    for tool, extra in SANITIZER_ARGS.items():
+        cmd = [exe, *extra, "--error-exitcode", "9", sys.executable, os.path.abspath(__file__), "--child",
+               "--lib", args.lib] + (["--dry-run"] if args.dry_run else []) + (
+               ["--fallback-gemm"] if tool == "racecheck" else [])
+        log = open(os.path.join(args.out, f"sanitizer_{tool}.log"), "w+")
+        procs[tool] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True), log)
+    state.children = [p for p, _ in procs.values()]
+    deadline = time.time() + budget
+    try:
+        for tool, (p, log) in procs.items():
+            try:
+                rc = p.wait(timeout=max(1.0, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                kill_group(p)
+                rc = None
+            log.seek(0)
+            out = log.read()
+            log.close()
+            if rc is None:
+                rep.check("sanitizer", f"{tool} on a short run", False,
+                          f"killed after {budget:.0f}s (the section's time); last line: "
+                          f"{(out.strip().splitlines() or [''])[-1][:200]}")
+                continue
+            ok, detail = sanitizer_verdict(tool, rc, out)
+            rep.check("sanitizer", f"{tool} on a short run", ok, detail)
+    finally:
+        for p, _ in procs.values():
+            kill_group(p)
+        state.children = []
 
 
-def child_short_run(lib_path):
-    """The run under compute-sanitizer: prefill, chunked prefill, decodes (graph), KV round trip."""
+def child_short_run(lib_path, backend, debug):
+    """The run under compute-sanitizer: prefill, chunked prefill, decodes (graph), KV round trip,
+    batched steps with device sampling."""
     lib = kvr.open_library(lib_path)
-    m = kvr.Model(lib, os.path.join(ROOT, "models", "tiny-fast"), "bf16", "cuda")
+    m = kvr.Model(lib, os.path.join(ROOT, "models", "tiny-fast"), "bf16", backend, debug=debug)
     s = m.seq(96)
     toks = np.arange(1, 41, dtype=np.int32)
     s.prefill(toks[:13], True)
@@ -291,10 +449,13 @@ def child_short_run(lib_path):
     batch.bind(lib)
     pool = batch.Pool(m, 16, 16)
     a, b = pool.seq(96), pool.seq(96)
-    batch.step(m, [(a, toks[:20], False), (b, toks[:5], True), (s, [7], True)])
+    steps = [batch.step(m, [(a, toks[:20], False), (b, toks[:5], True), (s, [7], True)])[0]]
     smp = [make_sampler(lib, 0.0) for _ in range(3)]
     for t in range(3):
-        batch.step(m, [(a, [t + 1], False), (b, [t + 2], False), (s, [t + 3], False)], samplers=smp)
+        steps.append(batch.step(m, [(a, [t + 1], False), (b, [t + 2], False), (s, [t + 3], False)],
+                                samplers=smp)[0])
+    if any(st != kvr.OK for st in steps):
+        raise kvr.EngineError(min(steps), lib.kvr_last_error().decode(), "kvr_batch_step")
     for q in smp:
         lib.kvr_sampler_free(q)
     for q in (a, b, s):
@@ -503,8 +664,10 @@ def bench_model(rep, lib, torch, model_dir, label, deadline):
     print(f"  bench {label}: " + ", ".join(f"{k} {v:.0f}" for k, v in row.items() if k != "model"), flush=True)
 
 
-def section_bench(rep, lib, budget, cuda_ok, workdir):
-    if not cuda_ok:
+def section_bench(rep, lib, budget, dut, workdir):
+    """Timings only, within `budget` seconds: every step checks the deadline first and none is
+    granted time beyond it (the section's process is killed at the deadline regardless)."""
+    if dut != "cuda":
         rep.skip("bench", "all", "no CUDA device (dry run)")
         return
     torch, why = try_import_torch()
@@ -518,14 +681,16 @@ def section_bench(rep, lib, budget, cuda_ok, workdir):
             rep.check("bench", "ceilings measured", False, f"raised {type(e).__name__}: {e}")
             traceback.print_exc()
     targets = [(os.path.join(ROOT, "models", d), d) for d in DEMOS]
+    # (family, shape, label, extra config, seconds the shape needs at least: writing and loading
+    # the checkpoint, one prefill and decode size)
     big = [("qwen3", dict(hidden=1024, inter=3072, layers=28, heads=16, kv_heads=8, head_dim=128, vocab=151936,
-                          tie=True), "Qwen3-0.6B-shape", {"rope_theta": 1e6}),
+                          tie=True), "Qwen3-0.6B-shape", {"rope_theta": 1e6}, 40),
            # Qwen3-8B's config.json: q/k RMSNorm (family qwen3), untied lm_head, rope_theta 1e6.
            ("qwen3", dict(hidden=4096, inter=12288, layers=36, heads=32, kv_heads=8, head_dim=128, vocab=151936,
-                          tie=False), "Qwen3-8B-shape", {"rope_theta": 1e6})]
-    for fam, spec, label, extra in big:
-        if time.time() > deadline - 60:
-            rep.skip("bench", label, "bench budget spent")
+                          tie=False), "Qwen3-8B-shape", {"rope_theta": 1e6}, 150)]
+    for fam, spec, label, extra, need in big:
+        if time.time() + need > deadline:
+            rep.skip("bench", label, f"needs ~{need}s, {max(0.0, deadline - time.time()):.0f}s left")
             continue
         d = os.path.join(workdir, label)
         cfg = make_config(fam, **spec, **extra)
@@ -555,20 +720,20 @@ def section_bench(rep, lib, budget, cuda_ok, workdir):
             except Exception as e:  # noqa: BLE001
                 rep.check("bench", f"{label} batch sweep runs", False, f"raised {type(e).__name__}: {e}")
                 traceback.print_exc()
-    # migration TTFT on the big random shapes (handoff.py), once both checkpoints exist
     small = [d for d, label in targets if label == "Qwen3-0.6B-shape"]
     if small and time.time() < deadline:
         try:  # device sampling µs per step at Qwen3's 151,936-token vocabulary (handoff.py)
             from handoff import bench_sampling
-            bench_sampling(rep, lib, small[0], deadline + 20)
+            bench_sampling(rep, lib, small[0], deadline)
         except Exception as e:  # noqa: BLE001
             rep.check("handoff", "device sampling timing runs", False, f"raised {type(e).__name__}: {e}")
             traceback.print_exc()
+    # migration TTFT on the big random shapes (handoff.py), once both checkpoints exist
     big_dirs = [d for d, label in targets if label in ("Qwen3-0.6B-shape", "Qwen3-8B-shape")]
     if len(big_dirs) == 2 and time.time() < deadline:
         try:
             from handoff import bench_big_migration
-            bench_big_migration(rep, lib, big_dirs[0], big_dirs[1], deadline + 45)
+            bench_big_migration(rep, lib, big_dirs[0], big_dirs[1], deadline)
         except Exception as e:  # noqa: BLE001
             rep.check("handoff", "big-shape migration TTFT runs", False, f"raised {type(e).__name__}: {e}")
             traceback.print_exc()
@@ -655,76 +820,235 @@ def print_table(rep):
     print(f"RESULT: {rep.passed} passed, {rep.failed} failed")
 
 
+# ---------------------------------------------------------------- sections in their own processes
+
+class Terminated(Exception):
+    """SIGTERM (gpu_check.sh's timeout, or the machine going back): write what was found and stop."""
+
+
+class State:
+    def __init__(self):
+        self.children = []  # section processes running now (killed on SIGTERM)
+        self.running = None  # the section in progress (gpu_check.json's `running`)
+        self.terminated = False
+        self.n_runs = 0
+        self.t_start = time.time()
+
+
+def kill_group(p):
+    """Ends a section process and whatever it started (its own session: compute-sanitizer's target)."""
+    if p.poll() is None:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except OSError:
+            pass
+    p.wait()
+
+
+def plant(args, section, arg):
+    """Test hooks (gpu_check_test.ts): --plant KIND:SECTION[:ARG] makes that section's process raise,
+    hang or die as a CUDA fault or a bug would."""
+    for spec in args.plant:
+        kind, sec, *rest = spec.split(":")
+        if sec != section or (rest and rest[0] != os.path.basename(arg)):
+            continue
+        if kind == "raise":
+            raise RuntimeError(f"planted fault in {section}")
+        if kind == "hang":
+            print(f"  planted hang in {section} (pid {os.getpid()})", flush=True)
+            time.sleep(3600)
+        if kind == "crash":
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def child_section(args):
+    """One section (or one correctness model) in this process; records stream to --child-results."""
+    section, arg = args.child_section, args.child_arg
+    if args.sync_launches:
+        kvr.DEBUG_FLAGS |= kvr.DEBUG_SYNC_LAUNCHES
+    dut = "cpu" if args.dry_run else "cuda"
+    with open(args.child_results, "a") as sink:
+        rep = Report(sink)
+        try:
+            plant(args, section, arg)
+            lib = kvr.open_library(args.lib)
+            demos = [os.path.join(ROOT, "models", d) for d in DEMOS]
+            ckpts = os.path.join(args.workdir, "checkpoints")
+            if section == "correctness":
+                kvs, demo, seed = args.child_kv.split(","), args.child_demo, args.child_seed
+                correctness_model(rep, lib, dut, arg, kvs, demo, seed)
+            elif section == "coverage":
+                section_coverage(rep, lib, dut, args.workdir, os.path.join(ROOT, "models"), args.budget)
+            elif section == "handoff":
+                section_handoff(rep, lib, dut, args.budget, args.quick, args.workdir,
+                                try_import_torch()[0] if dut == "cuda" else None)
+            elif section == "batch":
+                t0 = time.time()
+                section_batch(rep, lib, dut, 0.7 * args.budget, args.quick, demos, test_checkpoints(ckpts))
+                if dut == "cpu":  # the sweep's code path on the CPU (the GPU runs it in the bench)
+                    bench_batch_sweep(rep, lib, "cpu", demos[0], "tiny-fast (cpu dry run)",
+                                      max(time.time() + 5, t0 + args.budget * 0.95), 3, 8, "f32")
+            elif section == "bench":
+                section_bench(rep, lib, args.budget, dut, args.workdir)
+        except Exception as e:  # noqa: BLE001 — a bug here or a CUDA fault: this section fails
+            label = f"{section} {os.path.basename(arg)}" if arg else section
+            rep.check(section, f"{label} completed", False, f"raised {type(e).__name__}: {e}")
+            traceback.print_exc()
+        rep.finish()
+    return 0
+
+
+def run_section(rep, args, state, section, timeout, arg="", extra=()):
+    """Runs one section's process, killed after `timeout` s; merges its records. A process that
+    dies or is killed is a failed check naming it; what it reported before stays."""
+    label = f"{section} {os.path.basename(arg)}" if arg else section
+    state.n_runs += 1
+    results = os.path.join(args.workdir, f"results_{state.n_runs}.jsonl")
+    # The section plans within 85% of its time: a step it starts near its end may still finish.
+    cmd = [sys.executable, os.path.abspath(__file__), "--lib", args.lib, "--out", args.out, "--workdir",
+           args.workdir, "--budget", f"{0.85 * timeout:.1f}", "--child-section", section, "--child-arg", arg,
+           "--child-results", results, *extra]
+    cmd += ["--dry-run"] * args.dry_run + ["--quick"] * args.quick + ["--sync-launches"] * args.sync_launches
+    cmd += [x for p in args.plant for x in ("--plant", p)]
+    p = subprocess.Popen(cmd, start_new_session=True)
+    state.children = [p]
+    print(f"== {label}: pid {p.pid}, deadline {timeout:.0f}s", flush=True)
+    try:
+        rc = p.wait(timeout=timeout + 5)  # + start-up
+    except subprocess.TimeoutExpired:
+        kill_group(p)
+        rc = None
+    finally:
+        kill_group(p)
+        state.children = []
+    finished = rep.merge(results)
+    if rc is None:
+        rep.check(section, f"{label} finished within its deadline", False,
+                  f"killed after {timeout + 5:.0f}s (a hang or an overrun); its results so far are kept")
+    elif rc != 0 or not finished:
+        why = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exit status {rc}"
+        rep.check(section, f"{label} process ended normally", False,
+                  f"{why} before finishing (a crash or a device fault); its results so far are kept")
+
+
+def write_json(rep, args, state):
+    """gpu_check.json, replaced atomically (a kill mid-write leaves the previous one)."""
+    rep.info["seconds"] = round(time.time() - state.t_start, 1)
+    doc = {"failed": rep.failed, "passed": rep.passed, "dry_run": args.dry_run, "running": state.running,
+           "terminated": state.terminated, "info": rep.info, "checks": rep.checks, "skipped": rep.skipped,
+           "bench": list(rep.bench)}
+    path = os.path.join(args.out, "gpu_check.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(doc, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
+def run_sections(rep, args, state, dut):
+    sections = [s for s in args.sections.split(",") if s]
+    unknown = [s for s in sections if s not in SECTIONS + ["probe"]]
+    if unknown:
+        raise SystemExit(f"unknown sections {unknown}; known: probe (always), {', '.join(SECTIONS)}")
+    if args.no_bench and "bench" in sections:
+        sections.remove("bench")
+        rep.skip("bench", "all", "--no-bench")
+    end = state.t_start + args.budget
+    workdir = args.workdir
+    for section in [s for s in SECTIONS if s in sections]:
+        share = (end - time.time()) if section == "bench" else SHARE[section] * args.budget
+        share = min(share, end - time.time())
+        if share < 5:
+            rep.skip(section, "all", f"the check's budget ({args.budget:.0f}s) is spent")
+            continue
+        state.running = section
+        write_json(rep, args, state)
+        if section == "correctness":
+            if dut == "cuda":
+                check_cublaslt_abi(rep)
+            cases = correctness_cases(args.quick, workdir)
+            s_end = time.time() + share
+            per = max(20.0, 3 * share / len(cases))  # one hung model cannot take the section's whole time
+            for i, (d, kvs, demo) in enumerate(cases):
+                left = s_end - time.time()
+                if left < 3:
+                    rep.skip(section, f"{os.path.basename(d)}/{','.join(kvs)}", f"section budget {share:.0f}s spent")
+                    continue
+                run_section(rep, args, state, section, min(per, left), d,
+                            ["--child-kv", ",".join(kvs), "--child-seed", str(7 + i)] + ["--child-demo"] * demo)
+                write_json(rep, args, state)
+        elif section == "sanitizer":
+            section_sanitizer(rep, args, share, dut, state)
+        else:
+            run_section(rep, args, state, section, share)
+    state.running = None
+
+
 def main():
-    global ARGS
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lib", default=os.path.join(ROOT, "build", "native", "libkvrelay.so"))
     ap.add_argument("--out", default=os.environ.get("OUT") or os.path.join(tempfile.gettempdir(), "gpu_check_out"))
-    ap.add_argument("--sections", default="correctness,handoff,batch,sanitizer,bench")
-    ap.add_argument("--budget", type=float, default=420.0, help="seconds for all sections together")
+    ap.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated; probe always runs")
+    ap.add_argument("--budget", type=float, default=300.0, help="seconds for all sections together (strict)")
+    ap.add_argument("--no-bench", action="store_true", help="skip the bench section (timings only)")
     ap.add_argument("--dry-run", action="store_true",
                     help="no GPU: the CPU backend stands in for the backend under test")
     ap.add_argument("--quick", action="store_true", help="f32 KV only for the generated checkpoints")
-    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    ARGS = ap.parse_args()
-    if ARGS.child:
-        child_short_run(ARGS.lib)
+    ap.add_argument("--sync-launches", action="store_true",
+                    help="synchronise after every kernel launch (outside graph capture): a fault names its kernel")
+    ap.add_argument("--build-report", default="", help="gpu_check.sh's build.json (-Werror build and warnings)")
+    ap.add_argument("--sanitizer", default="", help="compute-sanitizer executable (default: found on PATH)")
+    for hidden, kw in (("--child", dict(action="store_true")), ("--fallback-gemm", dict(action="store_true")),
+                       ("--workdir", {}), ("--child-section", {}), ("--child-arg", dict(default="")),
+                       ("--child-results", {}), ("--child-kv", {}), ("--child-demo", dict(action="store_true")),
+                       ("--child-seed", dict(type=int, default=7)), ("--plant", dict(action="append", default=[]))):
+        ap.add_argument(hidden, help=argparse.SUPPRESS, **kw)
+    args = ap.parse_args()
+    if args.child:
+        child_short_run(args.lib, "cpu" if args.dry_run else "cuda",
+                        kvr.DEBUG_FALLBACK_GEMM if args.fallback_gemm else 0)
         return 0
-    os.makedirs(ARGS.out, exist_ok=True)
+    if args.child_section:
+        return child_section(args)
+    os.makedirs(args.out, exist_ok=True)
+    state = State()
     rep = Report()
-    rep.info["machine"] = machine_info()
-    t_start = time.time()
-    lib = kvr.open_library(ARGS.lib)
-    st, cuda_info = kvr.probe(lib, "cuda")
-    cuda_ok = st == kvr.OK
-    rep.info["cuda_probe"] = cuda_info
-    dut = "cuda" if cuda_ok else "cpu"
-    if not cuda_ok and not ARGS.dry_run:
-        rep.check("probe", "a CUDA device is usable", False, cuda_info)
-    if not cuda_ok:
-        print(f"dry run: no CUDA device ({cuda_info}); the CPU backend stands in for CUDA", flush=True)
-    sections = ARGS.sections.split(",")
-    # budgets: correctness 30%, handoff 15%, batch 8%, sanitizer 15%, bench the rest
-    b = ARGS.budget
-    workdir = tempfile.mkdtemp(prefix="kvr_gpu_check_")
 
-    def guarded(section, fn, *args):
-        """A section that raises (a bug here, or a CUDA fault) is one failed check; the others
-        still run and the table and JSON are always written."""
-        try:
-            fn(*args)
-        except Exception as e:  # noqa: BLE001
-            rep.check(section, "section completed", False, f"raised {type(e).__name__}: {e}")
-            traceback.print_exc()
-
+    def on_term(signum, frame):
+        raise Terminated()
+    signal.signal(signal.SIGTERM, on_term)
+    args.workdir = tempfile.mkdtemp(prefix="kvr_gpu_check_")
     try:
-        guarded("probe", check_refusals, rep, lib, cuda_ok, cuda_info)
-        if "correctness" in sections:
-            if cuda_ok:
-                guarded("build", check_cublaslt_abi, rep)
-            guarded("correctness", section_correctness, rep, lib, dut, 0.30 * b, ARGS.quick, workdir)
-        if "handoff" in sections:
-            guarded("handoff", section_handoff, rep, lib, dut, 0.15 * b, ARGS.quick, workdir,
-                    try_import_torch()[0] if cuda_ok else None)
-        if "batch" in sections:
-            demos = [os.path.join(ROOT, "models", d) for d in DEMOS]
-            guarded("batch", section_batch, rep, lib, dut, 0.08 * b, ARGS.quick, demos,
-                    test_checkpoints(os.path.join(workdir, "checkpoints")))
-            if not cuda_ok:  # the sweep's code path on the CPU (the GPU runs it from the bench section)
-                guarded("batch", bench_batch_sweep, rep, lib, "cpu", demos[0], "tiny-fast (cpu dry run)",
-                        time.time() + 0.04 * b, 3, 8, "f32")
-        if "sanitizer" in sections:
-            guarded("sanitizer", section_sanitizer, rep, ARGS.lib, 0.15 * b, cuda_ok)
-        if "bench" in sections:
-            guarded("bench", section_bench, rep, lib, max(30.0, b - (time.time() - t_start)), cuda_ok, workdir)
+        rep.info["machine"] = machine_info()
+        lib = kvr.open_library(args.lib)
+        st, cuda_info = kvr.probe(lib, "cuda")
+        cuda_ok = st == kvr.OK
+        rep.info["cuda_probe"] = cuda_info
+        check_build(rep, args.build_report)
+        check_probes(rep, lib, cuda_ok, cuda_info, args.dry_run)
+        if args.dry_run:
+            dut = "cpu"
+            print(f"dry run ({cuda_info}): the CPU backend stands in for CUDA", flush=True)
+        elif not cuda_ok:
+            dut = None
+            print(f"STOPPED: no usable CUDA device ({cuda_info}); the sections would compare the CPU with itself",
+                  flush=True)
+            rep.skip("all", "every section", "stopped: no usable CUDA device (not a --dry-run)")
+        else:
+            dut = "cuda"
+        if dut:
+            run_sections(rep, args, state, dut)
+    except Terminated:
+        state.terminated = True
+        for p in state.children:
+            kill_group(p)
+        rep.check(state.running or "check", "finished before SIGTERM", False,
+                  f"terminated during {state.running or 'set-up'} after {time.time() - state.t_start:.0f}s")
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-        rep.info["seconds"] = round(time.time() - t_start, 1)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the table and JSON are written whatever comes
+        shutil.rmtree(args.workdir, ignore_errors=True)
+        rep.info["seconds"] = round(time.time() - state.t_start, 1)
         print_table(rep)
-        with open(os.path.join(ARGS.out, "gpu_check.json"), "w") as f:
-            json.dump({"failed": rep.failed, "passed": rep.passed, "dry_run": not cuda_ok, "info": rep.info,
-                       "checks": rep.checks, "skipped": rep.skipped, "bench": rep.bench}, f, indent=1)
-    return 1 if rep.failed else 0
+        write_json(rep, args, state)
+    return 1 if rep.failed or state.terminated or not any(c["ok"] for c in rep.checks) else 0
 
 
 if __name__ == "__main__":

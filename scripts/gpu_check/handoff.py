@@ -317,12 +317,13 @@ SAMPLING_CONFIGS = [("greedy", dict(temperature=0.0)),
                     ("T 0.9 (row route)", dict(temperature=0.9, seed=7))]
 
 
-def check_sampling(rep, lib, dut, steps=24):
+def check_sampling(rep, lib, dut, steps=24, model_dir=None, section="handoff", label=""):
     """decode_sample on the backend under test vs the reference sampler on the same logits: two
-    sequences of one model fed the same tokens; one samples in the step (device route), the other
-    decodes logits and samples them with kvr_sampler_sample (an identically seeded sampler)."""
-    model = kvr.Model(lib, os.path.join(MODELS, "tiny-fast"), "f32", dut, n_threads=2)
-    prompt = np.random.default_rng(5).integers(0, 4000, 40).astype(np.int32)
+    sequences of one model (tiny-fast unless model_dir) fed the same tokens; one samples in the step
+    (device route), the other decodes logits and samples them with kvr_sampler_sample (an
+    identically seeded sampler)."""
+    model = kvr.Model(lib, model_dir or os.path.join(MODELS, "tiny-fast"), "f32", dut, n_threads=2)
+    prompt = np.random.default_rng(5).integers(0, min(4000, model.vocab), 40).astype(np.int32)
     try:
         for name, cfg in SAMPLING_CONFIGS:
             a, b = model.seq(len(prompt) + steps + 1), model.seq(len(prompt) + steps + 1)
@@ -339,7 +340,7 @@ def check_sampling(rep, lib, dut, steps=24):
                     elif first_bad is None:
                         first_bad = f"step {i}: {got} vs {want}"
                     tok = want
-                rep.check("handoff", f"device sampling vs the reference sampler: {name}", same == steps,
+                rep.check(section, f"{label}device sampling vs the reference sampler: {name}", same == steps,
                           f"{same}/{steps} identical" + (f", first difference {first_bad}" if first_bad else ""))
             finally:
                 lib.kvr_sampler_free(sa)
@@ -519,10 +520,15 @@ def bench_migration(rep, lib, dut, deadline):
     proj = make_projector(lib, src, dst, projector_weights(lib, pdir, src, dst))
     rng = np.random.default_rng(4)
     try:
+        last = None  # (tokens, seconds) of the size before: the next one's estimate
         for n in sizes:
-            if time.time() > deadline:
-                rep.skip("handoff", f"migration TTFT demo pair at {n}", "budget spent")
+            # prefill cost grows faster than the tokens (attention): estimate quadratically
+            need = 0.0 if last is None else last[1] * (n / last[0]) ** 2
+            if time.time() + need > deadline:
+                rep.skip("handoff", f"migration TTFT demo pair at {n}",
+                         f"needs ~{need:.0f}s, {max(0.0, deadline - time.time()):.0f}s left")
                 continue
+            t_size = time.perf_counter()
             tokens = rng.integers(0, 4000, n).astype(np.int32)
             warm = src.seq(n)
             warm.prefill(tokens[: n - 8])
@@ -536,6 +542,7 @@ def bench_migration(rep, lib, dut, deadline):
             row = {"what": f"demo pair tiny-fast→tiny-balanced, {n} tokens", "migrate_repair8_s": t_mig,
                    "full_prefill_s": t_full, "speedup": t_full / t_mig}
             _bench(rep, row)
+            last = (n, time.perf_counter() - t_size)
     finally:
         lib.kvr_projector_free(proj)
         src.close()
@@ -558,10 +565,14 @@ def bench_big_migration(rep, lib, src_dir, dst_dir, deadline):
         proj = make_projector(lib, src, dst, w)
         del w
         try:
+            last = None  # (tokens, seconds) of the size before, as in bench_migration
             for n in (4096, 16384, 32768):
-                if time.time() > deadline:
-                    rep.skip("handoff", f"migration TTFT big shapes at {n}", "bench budget spent")
+                need = 0.0 if last is None else last[1] * (n / last[0]) ** 2
+                if time.time() + need > deadline:
+                    rep.skip("handoff", f"migration TTFT big shapes at {n}",
+                             f"needs ~{need:.0f}s, {max(0.0, deadline - time.time()):.0f}s left")
                     continue
+                t_size = time.perf_counter()
                 tokens = rng.integers(0, min(sp.vocab_size, tp.vocab_size), n).astype(np.int32)
                 warm = src.seq(n)
                 warm.prefill(tokens[: n - 8])
@@ -575,6 +586,7 @@ def bench_big_migration(rep, lib, src_dir, dst_dir, deadline):
                 warm.close()
                 _bench(rep, {"what": f"{os.path.basename(src_dir)} → {os.path.basename(dst_dir)}, {n} tokens",
                              "migrate_repair8_s": t_mig, "full_prefill_s": t_full, "speedup": t_full / t_mig})
+                last = (n, time.perf_counter() - t_size)
         finally:
             lib.kvr_projector_free(proj)
     finally:

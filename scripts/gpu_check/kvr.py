@@ -20,6 +20,10 @@ DTYPE = {"f32": 0, "f16": 1, "bf16": 2}
 DTYPE_SIZE = {0: 4, 1: 2, 2: 2}
 ST_DTYPE = {"F32": 0, "F16": 1, "BF16": 2}
 BACKEND = {"cpu": 0, "cuda": 1}
+# kvr_model_set_debug flags (kvrelay.h test hooks); DEBUG_FLAGS applies to every model a process
+# loads (gpu_check.py --sync-launches sets it in its sections' processes).
+DEBUG_FALLBACK_GEMM, DEBUG_SYNC_LAUNCHES = 1, 2
+DEBUG_FLAGS = 0
 ARCH = {"LlamaForCausalLM": 1, "MistralForCausalLM": 1, "Qwen2ForCausalLM": 2, "Qwen3ForCausalLM": 3}
 ROPE = {"none": 0, "linear": 1, "llama3": 2}
 
@@ -87,6 +91,7 @@ def open_library(path):
         "kvr_seq_kv_read": (I32, [P, U32, U32, U32, U32, P, SZ, P, SZ]),
         "kvr_seq_kv_write": (I32, [P, U32, U32, U32, U32, P, SZ, P, SZ]),
         "kvr_seq_set_length": (I32, [P, U32]),
+        "kvr_model_set_debug": (I32, [P, U32]),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)
@@ -247,7 +252,8 @@ def round_to(x, dtype):
 # ---- model and sequence wrappers ----
 
 class Model:
-    def __init__(self, lib, model_dir, kv_dtype="f32", backend="cpu", device=0, n_threads=0):
+    def __init__(self, lib, model_dir, kv_dtype="f32", backend="cpu", device=0, n_threads=0, debug=0):
+        """debug: KVR_DEBUG_* flags for this model, OR-ed with DEBUG_FLAGS."""
         self.lib, self.dir, self.kv_dtype = lib, model_dir, kv_dtype
         self.cfg = load_config(model_dir)
         self.params = model_params(lib, self.cfg, kv_dtype, backend, device, n_threads)
@@ -260,6 +266,12 @@ class Model:
         if st != OK:
             raise EngineError(st, lib.kvr_last_error().decode(), "kvr_model_load")
         self.handle = out
+        flags = debug | DEBUG_FLAGS
+        if flags:
+            st = lib.kvr_model_set_debug(out, flags)
+            if st != OK:
+                self.close()
+                raise EngineError(st, lib.kvr_last_error().decode(), "kvr_model_set_debug")
         self.vocab = self.params.vocab_size
         info = ctypes.create_string_buffer(512)
         b, d = ctypes.c_uint32(), ctypes.c_uint32()

@@ -168,6 +168,7 @@ class CudaBackend final : public Backend {
   // The batched step (batch_step.cpp): one GEMM per projection over every row of the batch,
   // attention of all pieces of one kind in one launch, device sampling for greedy / top-k rows.
   void forward_batch(BatchEntry* entries, size_t count) const override;
+  void set_debug(uint32_t flags) const override { debug_.store(flags); }
   std::string failure() const override {
     if (!failed_.load()) return {};
     std::lock_guard<std::mutex> lock(fail_mu_);
@@ -193,6 +194,16 @@ class CudaBackend final : public Backend {
   void order_after(cudaStream_t before, cudaStream_t after, const char* what) const;
   // Throws BackendError for e != cudaSuccess; a sticky error marks the backend failed first.
   void ck(cudaError_t e, const char* what) const;
+  // ck() for a launch on `st` (a kernel's launch status, a cuBLASLt call's mapped status); with
+  // KVR_DEBUG_SYNC_LAUNCHES also waits for it outside graph capture, so an execution fault is
+  // reported as `what`'s.
+  void launched(cudaError_t e, const char* what, cudaStream_t st) const;
+  // The codec's status callback: launched() on st.
+  CodecStaging::Check checker(cudaStream_t st) const {
+    return [this, st](cudaError_t e, const char* w) { launched(e, w, st); };
+  }
+  // cuBLASLt for the multi-row projections, or null: absent, or KVR_DEBUG_FALLBACK_GEMM.
+  lt::CublasLt* gemm_lt() const { return (debug_.load() & KVR_DEBUG_FALLBACK_GEMM) ? nullptr : lt_; }
   void ensure_healthy() const;
   void use_device() const { ck(cudaSetDevice(device_), "cudaSetDevice"); }
   const void* upload(const void* host, size_t bytes, const char* what);
@@ -261,6 +272,7 @@ class CudaBackend final : public Backend {
   mutable std::mutex batch_mu_;               // one batched step at a time per model
   mutable std::shared_ptr<BatchCtx> batch_;  // created by the first batched step
 
+  mutable std::atomic<uint32_t> debug_{0};  // KVR_DEBUG_* (kvr_model_set_debug)
   mutable std::atomic<bool> failed_{false};
   mutable std::mutex fail_mu_;
   mutable std::string fail_msg_;

@@ -276,16 +276,16 @@ void CudaBackend::run_group(BatchCtx& c, Item* items, const std::vector<bp::Piec
   float *x = sc.x, *h = sc.h, *qkv = sc.qkv, *att = sc.att, *gu = sc.gu;
   void* ws = c.workspace.p;
   auto enqueue_layers = [&] {
-    ck(launch_embed(reinterpret_cast<const int32_t*>(dmeta + tok_off), R, embed_, embed_bf16_,
+    launched(launch_embed(reinterpret_cast<const int32_t*>(dmeta + tok_off), R, embed_, embed_bf16_,
                     static_cast<uint32_t>(H), x, st),
-       "embed launch");
+       "embed launch", st);
     for (size_t l = 0; l < g_.layers; ++l) {
       const DevLayer& L = layers_[l];
       // One row (a paged sequence's decode): the RMSNorm rides in the GEMV's prologue (run_layers).
       if (R == 1) {
-        ck(launch_norm_gemv(L.qkv, x, L.attn_norm, eps, nullptr, qkv, false, st), "gemv launch");
+        launched(launch_norm_gemv(L.qkv, x, L.attn_norm, eps, nullptr, qkv, false, st), "gemv launch", st);
       } else {
-        ck(launch_rmsnorm(x, H, h, H, L.attn_norm, R, static_cast<uint32_t>(H), eps, st), "rmsnorm launch");
+        launched(launch_rmsnorm(x, H, h, H, L.attn_norm, R, static_cast<uint32_t>(H), eps, st), "rmsnorm launch", st);
         project(st, ws, sc, h, H, R, L.qkv, nullptr, qkv, ldqkv, false);
       }
       QkvPostArgs q;
@@ -304,7 +304,7 @@ void CudaBackend::run_group(BatchCtx& c, Item* items, const std::vector<bp::Piec
       q.seqs = d_desc;
       q.row_seq = dptr(row_seq_off);
       q.layer = static_cast<uint32_t>(l);
-      ck(launch_qkv_post(q, st), "qkv_post launch");
+      launched(launch_qkv_post(q, st), "qkv_post launch", st);
       for (const Launch& La : launches) {
         if (La.pieces.empty()) continue;
         BatchAttnArgs a;
@@ -326,17 +326,17 @@ void CudaBackend::run_group(BatchCtx& c, Item* items, const std::vector<bp::Piec
         a.kv_dtype = g_.kv_dtype();
         a.total_rows = La.plan.total_rows;
         a.partial = static_cast<float*>(c.partial.p);
-        ck(launch_batch_attention(a, La.plan.blocks, La.plan.rows_per_warp, La.plan.splits, st),
-           "attention launch");
+        launched(launch_batch_attention(a, La.plan.blocks, La.plan.rows_per_warp, La.plan.splits, st),
+           "attention launch", st);
       }
       project(st, ws, sc, att, qd, R, L.o, L.o_bias, x, H, true);
       if (R == 1) {
-        ck(launch_norm_gemv(L.gate_up, x, L.mlp_norm, eps, L.gate_up_bias, gu, false, st), "gemv launch");
+        launched(launch_norm_gemv(L.gate_up, x, L.mlp_norm, eps, L.gate_up_bias, gu, false, st), "gemv launch", st);
       } else {
-        ck(launch_rmsnorm(x, H, h, H, L.mlp_norm, R, static_cast<uint32_t>(H), eps, st), "rmsnorm launch");
+        launched(launch_rmsnorm(x, H, h, H, L.mlp_norm, R, static_cast<uint32_t>(H), eps, st), "rmsnorm launch", st);
         project(st, ws, sc, h, H, R, L.gate_up, L.gate_up_bias, gu, 2 * I, false);
       }
-      ck(launch_swiglu(gu, R, static_cast<uint32_t>(I), st), "swiglu launch");
+      launched(launch_swiglu(gu, R, static_cast<uint32_t>(I), st), "swiglu launch", st);
       project(st, ws, sc, gu, 2 * I, R, L.down, L.down_bias, x, H, true);
     }
   };
@@ -347,11 +347,11 @@ void CudaBackend::run_group(BatchCtx& c, Item* items, const std::vector<bp::Piec
   uint8_t* dsample = static_cast<uint8_t*>(c.sample.p);
   auto enqueue_head = [&](size_t r0, size_t rows) {
     if (R == 1) {  // the one row: norm in the lm_head GEMV's prologue, as the decode graph does
-      ck(launch_norm_gemv(lm_head_, x, final_norm_, eps, nullptr, dl, false, st), "gemv launch");
+      launched(launch_norm_gemv(lm_head_, x, final_norm_, eps, nullptr, dl, false, st), "gemv launch", st);
     } else {
-      ck(launch_rmsnorm_rows(x, H, d_lrows + r0, h, H, final_norm_, static_cast<uint32_t>(rows),
+      launched(launch_rmsnorm_rows(x, H, d_lrows + r0, h, H, final_norm_, static_cast<uint32_t>(rows),
                              static_cast<uint32_t>(H), eps, st),
-         "rmsnorm launch");
+         "rmsnorm launch", st);
       project(st, ws, sc, h, H, static_cast<uint32_t>(rows), lm_head_, nullptr, dl, V, false);
     }
     for (size_t k = std::max(r0, host_rows.size()); k < r0 + rows; ++k) {
@@ -360,9 +360,9 @@ void CudaBackend::run_group(BatchCtx& c, Item* items, const std::vector<bp::Piec
       const kvr_sampler& smp = *it.sampler;
       const sm::RoutePlan plan = sm::plan_route(smp.cfg.temperature, smp.cfg.top_k, it.width, false);
       auto* d = reinterpret_cast<SampleOut*>(dsample + slot * kSampleScratchOffset);
-      ck(launch_sample_reduce(dl + (k - r0) * V, it.width, plan.route == sm::Route::kTopK ? plan.k : 0, &d->token,
+      launched(launch_sample_reduce(dl + (k - r0) * V, it.width, plan.route == sm::Route::kTopK ? plan.k : 0, &d->token,
                               d->ids, d->vals, &d->count, dsample + scratch_off, st),
-         "sampling launch");
+         "sampling launch", st);
     }
   };
   // Copies the host rows of slice [r0, r0 + rows) out (synchronises).

@@ -40,6 +40,14 @@ void CudaBackend::ck(cudaError_t e, const char* what) const {
   throw BackendError(st.status, std::move(st.message));
 }
 
+void CudaBackend::launched(cudaError_t e, const char* what, cudaStream_t st) const {
+  ck(e, what);
+  if (!(debug_.load() & KVR_DEBUG_SYNC_LAUNCHES)) return;
+  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  ck(cudaStreamIsCapturing(st, &cap), what);
+  if (cap == cudaStreamCaptureStatusNone) ck(cudaStreamSynchronize(st), what);
+}
+
 void CudaBackend::alloc_dev(DevBuf& b, size_t bytes, const char* what) const {
   ck(cudaMalloc(&b.p, bytes), what);
   b.bytes = bytes;
@@ -188,6 +196,10 @@ CudaBackend::CudaBackend(const ModelGeometry& g, const TensorTable& t, int32_t d
     L.down_bias = upload_f32(f(KVR_T_DOWN_BIAS), "uploading down_proj bias");
   }
   inv_freq_ = static_cast<const double*>(upload(g.inv_freq.data(), g.inv_freq.size() * sizeof(double), "uploading RoPE"));
+  // cudaMemcpy from pageable memory returns once the bytes are staged, not when they have landed,
+  // and it runs on the legacy stream, which the sequences' non-blocking streams do not wait for:
+  // the weights are complete only after this.
+  ck(cudaStreamSynchronize(cudaStreamLegacy), "waiting for the weight uploads");
 }
 
 // Floats rounded up to 256 bytes: every scratch buffer starts 256-byte aligned (cuBLASLt's
@@ -277,16 +289,16 @@ void CudaBackend::export_chunk(const SeqState& ss, const ChunkSpec& c, uint8_t* 
     bp::KvView paged, staged;
     const DevKv kv = chunk_stage(s, T, &paged, &staged);
     const uint32_t planes = static_cast<uint32_t>(2 * g_.layers * g_.kv_heads);
-    ck(launch_kv_copy(paged, c.start, staged, 0, T, planes, static_cast<uint32_t>(g_.head_dim),
+    launched(launch_kv_copy(paged, c.start, staged, 0, T, planes, static_cast<uint32_t>(g_.head_dim),
                       static_cast<uint32_t>(dtype_size(g_.kv_dtype())), s.stream),
-       "kv copy launch");
+       "kv copy launch", s.stream);
     ChunkSpec c0 = c;
     c0.start = 0;  // the stage holds positions [start, start + tokens) at 0..
-    s.codec->export_chunk(kv, c0, frame, frame_len, s.stream, [this](cudaError_t e, const char* w) { ck(e, w); });
+    s.codec->export_chunk(kv, c0, frame, frame_len, s.stream, checker(s.stream));
     return;
   }
   const DevKv kv{static_cast<uint8_t*>(s.kv.p), s.capacity, g_.kv_dtype(), g_.layers, g_.kv_heads, g_.head_dim};
-  s.codec->export_chunk(kv, c, frame, frame_len, s.stream, [this](cudaError_t e, const char* w) { ck(e, w); });
+  s.codec->export_chunk(kv, c, frame, frame_len, s.stream, checker(s.stream));
 }
 
 void CudaBackend::import_chunk(SeqState& ss, const ChunkSpec& c, const uint8_t* frame, size_t frame_len) const {
@@ -300,16 +312,16 @@ void CudaBackend::import_chunk(SeqState& ss, const ChunkSpec& c, const uint8_t* 
     const DevKv kv = chunk_stage(s, T, &paged, &staged);
     ChunkSpec c0 = c;
     c0.start = 0;
-    s.codec->import_chunk(kv, c0, frame, frame_len, s.stream, [this](cudaError_t e, const char* w) { ck(e, w); });
+    s.codec->import_chunk(kv, c0, frame, frame_len, s.stream, checker(s.stream));
     const uint32_t planes = static_cast<uint32_t>(2 * g_.layers * g_.kv_heads);
-    ck(launch_kv_copy(staged, 0, paged, c.start, T, planes, static_cast<uint32_t>(g_.head_dim),
+    launched(launch_kv_copy(staged, 0, paged, c.start, T, planes, static_cast<uint32_t>(g_.head_dim),
                       static_cast<uint32_t>(dtype_size(g_.kv_dtype())), s.stream),
-       "kv copy launch");
+       "kv copy launch", s.stream);
     ck(cudaStreamSynchronize(s.stream), "import_chunk");
     return;
   }
   const DevKv kv{static_cast<uint8_t*>(s.kv.p), s.capacity, g_.kv_dtype(), g_.layers, g_.kv_heads, g_.head_dim};
-  s.codec->import_chunk(kv, c, frame, frame_len, s.stream, [this](cudaError_t e, const char* w) { ck(e, w); });
+  s.codec->import_chunk(kv, c, frame, frame_len, s.stream, checker(s.stream));
 }
 
 namespace {
@@ -351,9 +363,9 @@ DevKv CudaBackend::slab_read(SlabIo& io, uint32_t start, uint32_t m, cudaStream_
     bp::KvView staged;
     staged.base = io.stage.p;
     staged.span = SlabIo::kSlabTokens;
-    ck(launch_kv_copy(io.view, start, staged, 0, m, static_cast<uint32_t>(2 * g.layers * g.kv_heads),
+    launched(launch_kv_copy(io.view, start, staged, 0, m, static_cast<uint32_t>(2 * g.layers * g.kv_heads),
                       static_cast<uint32_t>(g.head_dim), static_cast<uint32_t>(dtype_size(g.kv_dtype())), st),
-       "kv copy launch");
+       "kv copy launch", st);
   }
   return slab_target(io, start);
 }
@@ -364,9 +376,9 @@ void CudaBackend::slab_write(SlabIo& io, uint32_t start, uint32_t m, cudaStream_
   bp::KvView staged;
   staged.base = io.stage.p;
   staged.span = SlabIo::kSlabTokens;
-  ck(launch_kv_copy(staged, 0, io.view, start, m, static_cast<uint32_t>(2 * g.layers * g.kv_heads),
+  launched(launch_kv_copy(staged, 0, io.view, start, m, static_cast<uint32_t>(2 * g.layers * g.kv_heads),
                     static_cast<uint32_t>(g.head_dim), static_cast<uint32_t>(dtype_size(g.kv_dtype())), st),
-     "kv copy launch");
+     "kv copy launch", st);
 }
 
 bool CudaBackend::project_linear(const SeqState& src_s, const Backend& src_backend, SeqState& dst_s,
@@ -398,6 +410,9 @@ bool CudaBackend::project_linear(const SeqState& src_s, const Backend& src_backe
         ck(cudaMemcpy(bias.p, keys ? p.bk : p.bv, bias.bytes, cudaMemcpyHostToDevice), "uploading projector biases");
         (keys ? w->mk : w->mv) = DevMatrix{b.p, static_cast<uint32_t>(wt), static_cast<uint32_t>(ws), false};
       }
+      // The uploads ran on the legacy stream (pageable: staged, maybe not landed); the projection
+      // runs on dst.stream, which does not wait for it.
+      ck(cudaStreamSynchronize(cudaStreamLegacy), "waiting for the projector upload");
       *p.slot = w;
     }
   }
@@ -415,11 +430,14 @@ bool CudaBackend::project_linear(const SeqState& src_s, const Backend& src_backe
   slab_open(out, dst, *this, dst.stream);
   for (uint32_t start = 0; start < n_tokens; start += kTokens) {
     const uint32_t m = static_cast<uint32_t>(std::min<size_t>(kTokens, n_tokens - start));
-    ck(launch_gather_features(slab_read(in, start, m, dst.stream), sb->inv_freq_, start, m, fk, fv, dst.stream),
-       "gather launch");
-    ck(launch_gemm(fk, ws, m, w->mk, static_cast<const float*>(w->bk.p), ok, wt, false, dst.stream), "gemm launch");
-    ck(launch_gemm(fv, ws, m, w->mv, static_cast<const float*>(w->bv.p), ov, wt, false, dst.stream), "gemm launch");
-    ck(launch_scatter_features(slab_target(out, start), inv_freq_, start, m, ok, ov, dst.stream), "scatter launch");
+    launched(launch_gather_features(slab_read(in, start, m, dst.stream), sb->inv_freq_, start, m, fk, fv, dst.stream),
+       "gather launch", dst.stream);
+    launched(launch_gemm(fk, ws, m, w->mk, static_cast<const float*>(w->bk.p), ok, wt, false, dst.stream),
+             "gemm launch", dst.stream);
+    launched(launch_gemm(fv, ws, m, w->mv, static_cast<const float*>(w->bv.p), ov, wt, false, dst.stream),
+             "gemm launch", dst.stream);
+    launched(launch_scatter_features(slab_target(out, start), inv_freq_, start, m, ok, ov, dst.stream),
+             "scatter launch", dst.stream);
     slab_write(out, start, m, dst.stream);
   }
   ck(cudaStreamSynchronize(dst.stream), "projection");
@@ -459,14 +477,14 @@ void CudaBackend::accumulate_fit(const SeqState& dst_s, const FitRequest& r) con
   uint32_t* d_bad = static_cast<uint32_t*>(bad.p);
   for (uint32_t start = 0; start < r.n_tokens; start += kTokens) {
     const uint32_t m = static_cast<uint32_t>(std::min<size_t>(kTokens, r.n_tokens - start));
-    ck(launch_gather_features(slab_read(sin, start, m, dst.stream), sb->inv_freq_, start, m, xk, xv, dst.stream),
-       "gather launch");
-    ck(launch_gather_features(slab_read(din, start, m, dst.stream), inv_freq_, start, m, yk, yv, dst.stream),
-       "gather launch");
-    ck(launch_ridge_accumulate(xk, yk, m, nin, nout, sk, sk + n1 * n1, sk + n1 * n1 + n1 * wt, d_bad, dst.stream),
-       "fit launch");
-    ck(launch_ridge_accumulate(xv, yv, m, nin, nout, sv, sv + n1 * n1, sv + n1 * n1 + n1 * wt, d_bad, dst.stream),
-       "fit launch");
+    launched(launch_gather_features(slab_read(sin, start, m, dst.stream), sb->inv_freq_, start, m, xk, xv, dst.stream),
+       "gather launch", dst.stream);
+    launched(launch_gather_features(slab_read(din, start, m, dst.stream), inv_freq_, start, m, yk, yv, dst.stream),
+       "gather launch", dst.stream);
+    launched(launch_ridge_accumulate(xk, yk, m, nin, nout, sk, sk + n1 * n1, sk + n1 * n1 + n1 * wt, d_bad, dst.stream),
+       "fit launch", dst.stream);
+    launched(launch_ridge_accumulate(xv, yv, m, nin, nout, sv, sv + n1 * n1, sv + n1 * n1 + n1 * wt, d_bad, dst.stream),
+       "fit launch", dst.stream);
   }
   std::vector<double> host(2 * stat);
   uint32_t flag = 0;
@@ -511,23 +529,25 @@ void CudaBackend::kv_runs(const CudaSeq& s, uint32_t layer, uint32_t start, uint
 void CudaBackend::project(cudaStream_t st, void* workspace, const Scratch& sc, const float* a, size_t lda, uint32_t m,
                           const DevMatrix& w, const float* bias, float* c, size_t ldc, bool accumulate) const {
   if (m == 1) {
-    ck(launch_gemv(w, a, bias, c, accumulate, st), "gemv launch");
+    launched(launch_gemv(w, a, bias, c, accumulate, st), "gemv launch", st);
     return;
   }
-  if (lt_ && w.bf16) {
+  lt::CublasLt* lt = gemm_lt();
+  if (lt && w.bf16) {
     uint16_t* hi = sc.split_hi;
     uint16_t* lo = sc.split_lo;
-    ck(launch_split_bf16(a, lda, hi, lo, m, w.cols, st), "split launch");
+    launched(launch_split_bf16(a, lda, hi, lo, m, w.cols, st), "split launch", st);
     const uint16_t* wd = static_cast<const uint16_t*>(w.data);
-    int rc = lt_->matmul_bf16(lo, w.cols, m, wd, w.rows, w.cols, c, ldc, accumulate, workspace,
-                              lt::kWorkspaceBytes, st);
+    int rc = lt->matmul_bf16(lo, w.cols, m, wd, w.rows, w.cols, c, ldc, accumulate, workspace,
+                             lt::kWorkspaceBytes, st);
     if (rc == 0)
-      rc = lt_->matmul_bf16(hi, w.cols, m, wd, w.rows, w.cols, c, ldc, true, workspace, lt::kWorkspaceBytes, st);
+      rc = lt->matmul_bf16(hi, w.cols, m, wd, w.rows, w.cols, c, ldc, true, workspace, lt::kWorkspaceBytes, st);
     if (rc != 0) throw BackendError(KVR_ERR_INTERNAL, format("cublasLtMatmul failed with status %d", rc));
-    if (bias) ck(launch_bias_add(c, ldc, bias, m, w.rows, st), "bias launch");
+    launched(cudaSuccess, "cuBLASLt matmul", st);
+    if (bias) launched(launch_bias_add(c, ldc, bias, m, w.rows, st), "bias launch", st);
     return;
   }
-  ck(launch_gemm(a, lda, m, w, bias, c, ldc, accumulate, st), "gemm launch");
+  launched(launch_gemm(a, lda, m, w, bias, c, ldc, accumulate, st), "gemm launch", st);
 }
 
 // The layers for n tokens whose ids and start position are already in s.io (device). Leaves the
@@ -541,14 +561,14 @@ void CudaBackend::run_layers(CudaSeq& s, uint32_t n, uint32_t fixed_splits) cons
   const int32_t* d_tok = static_cast<const int32_t*>(s.io.p) + 1;
   cudaStream_t st = s.stream;
 
-  ck(launch_embed(d_tok, n, embed_, embed_bf16_, static_cast<uint32_t>(H), x, st), "embed launch");
+  launched(launch_embed(d_tok, n, embed_, embed_bf16_, static_cast<uint32_t>(H), x, st), "embed launch", st);
   for (size_t l = 0; l < g_.layers; ++l) {
     const DevLayer& L = layers_[l];
     // One token (decode): the RMSNorm rides in the GEMV's prologue (one launch, no pass over h).
     if (n == 1) {
-      ck(launch_norm_gemv(L.qkv, x, L.attn_norm, eps, nullptr, qkv, false, st), "gemv launch");
+      launched(launch_norm_gemv(L.qkv, x, L.attn_norm, eps, nullptr, qkv, false, st), "gemv launch", st);
     } else {
-      ck(launch_rmsnorm(x, H, h, H, L.attn_norm, n, static_cast<uint32_t>(H), eps, st), "rmsnorm launch");
+      launched(launch_rmsnorm(x, H, h, H, L.attn_norm, n, static_cast<uint32_t>(H), eps, st), "rmsnorm launch", st);
       project(s.stream, s.workspace.p, sc, h, H, n, L.qkv, nullptr, qkv, ldqkv, false);
     }
     QkvPostArgs q;
@@ -568,7 +588,7 @@ void CudaBackend::run_layers(CudaSeq& s, uint32_t n, uint32_t fixed_splits) cons
     q.v_cache = kv_layer(s, l, true);
     q.capacity = s.capacity;
     q.kv_dtype = g_.kv_dtype();
-    ck(launch_qkv_post(q, st), "qkv_post launch");
+    launched(launch_qkv_post(q, st), "qkv_post launch", st);
     AttnArgs a;
     a.q = qkv;
     a.ldq = static_cast<uint32_t>(ldqkv);
@@ -586,15 +606,15 @@ void CudaBackend::run_layers(CudaSeq& s, uint32_t n, uint32_t fixed_splits) cons
     a.partial = static_cast<float*>(s.partial.p);
     // ctx hint: the capacity bounds the plan when the split count is fixed (graph), else the
     // caller passes the real context through fixed_splits = 0 and ctx below.
-    ck(launch_attention(a, s.capacity, sm_count_, fixed_splits, st), "attention launch");
+    launched(launch_attention(a, s.capacity, sm_count_, fixed_splits, st), "attention launch", st);
     project(s.stream, s.workspace.p, sc, att, qd, n, L.o, L.o_bias, x, H, true);
     if (n == 1) {
-      ck(launch_norm_gemv(L.gate_up, x, L.mlp_norm, eps, L.gate_up_bias, gu, false, st), "gemv launch");
+      launched(launch_norm_gemv(L.gate_up, x, L.mlp_norm, eps, L.gate_up_bias, gu, false, st), "gemv launch", st);
     } else {
-      ck(launch_rmsnorm(x, H, h, H, L.mlp_norm, n, static_cast<uint32_t>(H), eps, st), "rmsnorm launch");
+      launched(launch_rmsnorm(x, H, h, H, L.mlp_norm, n, static_cast<uint32_t>(H), eps, st), "rmsnorm launch", st);
       project(s.stream, s.workspace.p, sc, h, H, n, L.gate_up, L.gate_up_bias, gu, 2 * I, false);
     }
-    ck(launch_swiglu(gu, n, static_cast<uint32_t>(I), st), "swiglu launch");
+    launched(launch_swiglu(gu, n, static_cast<uint32_t>(I), st), "swiglu launch", st);
     project(s.stream, s.workspace.p, sc, gu, 2 * I, n, L.down, L.down_bias, x, H, true);
   }
 }
@@ -618,9 +638,9 @@ void CudaBackend::run_chunk(CudaSeq& s, const int32_t* tokens, size_t n, size_t 
   float *x = sc.x, *h = sc.h;
   for (size_t r0 = 0; r0 < logit_rows; r0 += s.logit_rows) {
     const size_t rows = std::min(s.logit_rows, logit_rows - r0);
-    ck(launch_rmsnorm(x + (logit_row0 + r0) * H, H, h, H, final_norm_, static_cast<uint32_t>(rows),
+    launched(launch_rmsnorm(x + (logit_row0 + r0) * H, H, h, H, final_norm_, static_cast<uint32_t>(rows),
                       static_cast<uint32_t>(H), g_.params.rms_norm_eps, s.stream),
-       "rmsnorm launch");
+       "rmsnorm launch", s.stream);
     float* dl = static_cast<float*>(s.logits.p);
     project(s.stream, s.workspace.p, sc, h, H, static_cast<uint32_t>(rows), lm_head_, nullptr, dl, V, false);
     ck(cudaMemcpyAsync(s.logits_host.p, dl, rows * V * sizeof(float), cudaMemcpyDeviceToHost, s.stream),
@@ -646,9 +666,9 @@ void CudaBackend::decode_graph(CudaSeq& s, int32_t token, size_t pos0, float* lo
     try {
       run_layers(s, 1, s.decode_splits);
       const Scratch sc = scratch_layout(s.scratch.p, 1);
-      ck(launch_norm_gemv(lm_head_, sc.x, final_norm_, g_.params.rms_norm_eps, nullptr,
+      launched(launch_norm_gemv(lm_head_, sc.x, final_norm_, g_.params.rms_norm_eps, nullptr,
                           static_cast<float*>(s.logits.p), false, s.stream),
-         "gemv launch");
+         "gemv launch", s.stream);
     } catch (...) {
       cudaStreamEndCapture(s.stream, &graph);
       if (graph) cudaGraphDestroy(graph);
@@ -695,9 +715,9 @@ int32_t CudaBackend::forward_sample(SeqState& ss, int32_t token, size_t pos0, co
   decode_graph(s, token, pos0, nullptr);
   auto* d = static_cast<SampleOut*>(s.sample.p);
   const bool topk = plan.route == sm::Route::kTopK;
-  ck(launch_sample_reduce(static_cast<const float*>(s.logits.p), r.width, topk ? plan.k : 0, &d->token, d->ids,
+  launched(launch_sample_reduce(static_cast<const float*>(s.logits.p), r.width, topk ? plan.k : 0, &d->token, d->ids,
                           d->vals, &d->count, static_cast<uint8_t*>(s.sample.p) + kSampleScratchOffset, s.stream),
-     "sampling launch");
+     "sampling launch", s.stream);
   ck(cudaMemcpyAsync(s.sample_host.p, d, sizeof(SampleOut), cudaMemcpyDeviceToHost, s.stream),
      "copying the sampled candidates");
   ck(cudaStreamSynchronize(s.stream), "decode_sample");

@@ -4,11 +4,12 @@
 // when a CUDA device answers or it is asked for; otherwise -DKVR_CUDA=OFF.
 
 const USAGE =
-  `usage: deno task build:native [--cuda | --no-cuda] [--force] [--quiet] [-- -DNAME=VALUE ...]
+  `usage: deno task build:native [--cuda | --no-cuda] [--lib-only] [--force] [--quiet] [-- -DNAME=VALUE ...]
 
 Builds build/native/libkvrelay.so (CMake, Release) when it is missing or older than native/.
   --cuda      build the CUDA backend (needs nvcc) even where no CUDA device answers
   --no-cuda   build the CPU backend only (the default when no CUDA device answers)
+  --lib-only  the library alone, not the g++ test programs beside it (what serving needs)
   --force     rebuild even when the library is up to date
   --quiet     no "up to date" line
   -DNAME=VALUE  passed to CMake as is (e.g. -DKVR_CUDA=ON, -DCMAKE_CUDA_ARCHITECTURES=90a-real)`;
@@ -63,7 +64,9 @@ const cmakeDefs: string[] = [];
 for (const a of Deno.args) {
   if (a === "--") continue;
   if (a.startsWith("-D") && a.length > 2) cmakeDefs.push(a);
-  else if (["--quiet", "--force", "--cuda", "--no-cuda", "--help", "-h"].includes(a)) flags.add(a);
+  else if (
+    ["--quiet", "--force", "--cuda", "--no-cuda", "--lib-only", "--help", "-h"].includes(a)
+  ) flags.add(a);
   else {
     console.error(`build:native: unknown option "${a}"\n${USAGE}`);
     Deno.exit(2);
@@ -90,7 +93,16 @@ const sourcesMtime = Math.max(
   await newestSourceMtime(`${root}native`),
   (await Deno.stat(`${root}CMakeLists.txt`)).mtime?.getTime() ?? 0,
 );
-const libMtime = await Deno.stat(libPath).then((s) => s.mtime?.getTime() ?? 0, () => 0);
+const mtime = (p: string) => Deno.stat(p).then((s) => s.mtime?.getTime() ?? 0, () => 0);
+// The g++ test programs CMakeLists.txt builds beside the library (tests run them).
+const programs = [...(await Deno.readTextFile(`${root}CMakeLists.txt`)).matchAll(
+  /^add_executable\((\w+)/gm,
+)].map((m) => m[1]);
+const libOnly = flags.has("--lib-only");
+const libMtime = Math.min(
+  await mtime(libPath),
+  ...(libOnly ? [] : await Promise.all(programs.map((p) => mtime(`${buildDir}/${p}`)))),
+);
 const before = await configuredCuda();
 // A library built with CUDA still serves a CPU-only machine (auto falls back), so an automatic
 // OFF does not rebuild an ON build; an explicit choice, or ON over an OFF build, does.
@@ -112,7 +124,12 @@ if (flags.has("--force") || libMtime < sourcesMtime || cudaChanged || cmakeDefs.
     `-DKVR_CUDA=${cuda}`,
     ...cmakeDefs.filter((d) => !/^-DKVR_CUDA(?::BOOL)?=/.test(d)),
   ]);
-  await run("cmake", ["--build", buildDir, "--parallel"]);
+  await run("cmake", [
+    "--build",
+    buildDir,
+    "--parallel",
+    ...(libOnly ? ["--target", "kvrelay"] : []),
+  ]);
 } else if (!flags.has("--quiet")) {
   console.error(`${libPath} is up to date`);
 }

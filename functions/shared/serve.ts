@@ -7,12 +7,34 @@ import type { Hono } from "hono";
 import { ConfigError, loadConfig } from "../../lib/config/mod.ts";
 import {
   createRuntime,
+  preflightProblems,
   projectorPartProblems,
   resolveTierBackends,
   type Runtime,
   TierBackendError,
 } from "../../lib/serve/mod.ts";
 import { createBaseApp } from "./app.ts";
+
+/** "port in use" before anything loads, naming PORT (Deno.serve would throw AddrInUse later). */
+function portProblems(host: string, port: number): string[] {
+  if (port === 0) return [];
+  try {
+    Deno.listen({ hostname: host, port }).close();
+  } catch (e) {
+    if (e instanceof Deno.errors.AddrInUse) {
+      return [
+        `server.port: ${port} on ${host} is in use: set PORT to a free port (e.g. PORT=${
+          port + 1
+        })`,
+      ];
+    }
+    if (e instanceof Deno.errors.PermissionDenied) {
+      return [`server.port: ${port} on ${host} needs privileges: set PORT above 1023`];
+    }
+    throw e;
+  }
+  return [];
+}
 
 /** Adds one function's routes to an app. */
 export type Register = (app: Hono, rt: Runtime) => void;
@@ -45,12 +67,18 @@ export async function serveFunctions(name: string, registers: Register[]): Promi
     }
     throw e;
   }
-  // Optional parts a configured projector needs (onnxruntime-node for kind onnx): missing → exit 2.
-  const missing = await projectorPartProblems(config);
-  if (missing.length > 0) {
-    console.error(
-      `kvrelay ${name}: refusing to start:\n${missing.map((p) => `  - ${p}`).join("\n")}`,
-    );
+  // Model folders, KV pools (kv_pool_mb derived when absent), projector pairs, and the optional
+  // parts a configured projector needs (onnxruntime-node for kind onnx): any problem → exit 2.
+  const problems = [
+    ...await preflightProblems(config),
+    ...await projectorPartProblems(config),
+    ...portProblems(config.server.host, config.server.port),
+  ];
+  if (problems.length > 0) {
+    const list = problems.length === 1
+      ? problems[0]
+      : `\n${problems.map((p) => `  - ${p}`).join("\n")}`;
+    console.error(`kvrelay ${name}: refusing to start (${config.source}): ${list}`);
     Deno.exit(2);
   }
   const rt = await createRuntime(config);

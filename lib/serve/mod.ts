@@ -22,6 +22,13 @@ export { UploadBudget } from "./uploads.ts";
 export { bodyWithin, type GuardedBody } from "./deadline.ts";
 export { autoFallbackNote, resolveTierBackends, TierBackendError } from "./backends.ts";
 export {
+  derivedKvPoolMb,
+  kvBlockBytes,
+  type KvGeometry,
+  minKvPoolMb,
+  preflightProblems,
+} from "./preflight.ts";
+export {
   createMigrator,
   type GateResult,
   type Migrator,

@@ -156,6 +156,18 @@ export function parseConfig(
     const m = /^([A-Za-z0-9_.-]{1,64}):(.+)$/.exec(entry);
     return m ? { key: m[2], tenant: m[1] } : { key: entry, tenant: null };
   });
+  // A key a Bearer header cannot carry (RFC 6750 token68) could never authenticate. The message
+  // names the entry's position only: the variable holds secrets.
+  keyEntries.forEach((e, i) => {
+    if (!/^[A-Za-z0-9._~+/-]+=*$/.test(e.key)) {
+      problems.push(
+        `env ${cfg.auth.api_keys_env}: entry ${
+          i + 1
+        }'s key has characters a Bearer token cannot carry (allowed: letters, digits, . _ ~ + / - and trailing =)`,
+      );
+    }
+  });
+  if (problems.length > 0) throw new ConfigError(source, problems);
   return {
     ...cfg,
     source,

@@ -1,9 +1,11 @@
 // End-to-end start-up refusals of a real process (functions/main.ts): a config naming a missing
 // model folder or a KV pool too small for max_context, and a port already in use, each stop the
-// process with exit status 2 before it listens, saying which field, which value and what works.
+// process with exit status 2 before it listens, saying which field, which value and what works;
+// a CPU-only start that serves requests logs no warnings (no legacy request-signal notice, one
+// information line for `backend: auto`).
 
 import assert from "node:assert/strict";
-import { freePort, removeAtExit } from "./e2e_support.ts";
+import { freePort, removeAtExit, startServer, writeConfig } from "./e2e_support.ts";
 
 const root = new URL("../", import.meta.url).pathname;
 
@@ -56,4 +58,31 @@ Deno.test("a port in use stops the server with one line naming PORT (exit 2)", a
   } finally {
     listener.close();
   }
+});
+
+Deno.test("a CPU-only start serving requests logs one backend line and no request.signal warning", async () => {
+  const server = await startServer("functions/main.ts", {
+    KVRELAY_CONFIG: await writeConfig({ fast: "tiny-fast" }, { kv_pool_mb: 8 }),
+  });
+  let stderr = "";
+  try {
+    for (const stream of [false, true]) {
+      const res = await fetch(`${server.base}/v1/completions`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({ model: "fast", prompt: "The ship", max_tokens: 4, stream }),
+      });
+      assert.equal(res.status, 200);
+      await res.text();
+    }
+  } finally {
+    ({ stderr } = await server.stop());
+  }
+  assert.doesNotMatch(stderr, /request\.signal|legacy/, stderr);
+  const backend = stderr.split("\n").filter((l) => l.includes("backend"));
+  assert.equal(backend.length, 1, stderr);
+  assert.match(
+    backend[0],
+    /^kvrelay: backend auto → cpu for tier fast \((no CUDA device|library built without CUDA; .*)\)$/,
+  );
 });

@@ -103,6 +103,11 @@ Deno.test("POST /v1/completions returns the +inf logit's token under every sampl
 Deno.test("POST /v1/completions answers 500 (logged, request id) when every logit is NaN", async () => {
   const dir = await doctored(NaN);
   const rt = await testRuntime({ tiers: { fast: relative(MODELS, dir) } });
+  // The server logs each 500 with its request id and the error (stack included); kept here and
+  // checked instead of filling the test log with expected stack traces.
+  const logged: string[] = [];
+  const origError = console.error;
+  console.error = (...a: unknown[]) => logged.push(a.map(String).join(" "));
   try {
     const app = createGenerateApp(rt);
     for (const settings of [{ temperature: 0 }, { temperature: 1, top_k: 5 }, { temperature: 1 }]) {
@@ -119,8 +124,17 @@ Deno.test("POST /v1/completions answers 500 (logged, request id) when every logi
       const body = await res.json();
       assert.equal(body.error.type, "server_error", what);
       assert.match(body.error.message, /^internal server error \(request [0-9a-f-]+\)$/, what);
+      const id = /\(request ([0-9a-f-]+)\)$/.exec(body.error.message)?.[1];
+      assert.ok(id, `${what}: ${body.error.message}`);
+      assert.ok(
+        logged.some((l) =>
+          l.startsWith(`[${id}] internal error: EngineError: kvr_sampler_sample failed`)
+        ),
+        `${what}: no log line for request ${id}: ${logged.join("\n")}`,
+      );
     }
   } finally {
+    console.error = origError;
     await rt.close();
     await Deno.remove(dir, { recursive: true });
   }

@@ -10,6 +10,8 @@ async function tool(script: string, ...args: string[]) {
   const out = await new Deno.Command(Deno.execPath(), {
     args: ["run", "-A", "--config", `${root}deno.dev.json`, `${root}${script}`, ...args],
     cwd: root,
+    // A server started by mistake (an argument it ignores) stops at once on this config.
+    env: { KVRELAY_CONFIG: "/nonexistent/kvrelay.json" },
     stdout: "piped",
     stderr: "piped",
   }).output();
@@ -49,4 +51,20 @@ Deno.test("`deploy render --tier nope` refuses in one line; `--check` ends with 
     /^deploy render --check: \d+ files up to date$/,
   );
   assert.equal(check.stderr, "", "nothing on stderr (no deprecation warnings)");
+});
+
+Deno.test("`start` and `build:native` answer --help and refuse an unknown argument in one line", async () => {
+  const help = await tool("functions/main.ts", "--help");
+  assert.equal(help.code, 0, help.stderr);
+  assert.match(help.stdout, /^usage: deno task start .*\n\s+KVRELAY_CONFIG /);
+  assertOneLineError(
+    await tool("functions/main.ts", "--port=1"),
+    /^kvrelay all: unexpected argument "--port=1"$/,
+  );
+  const build = await tool("scripts/build_native.ts", "--help");
+  assert.equal(build.code, 0, build.stderr);
+  assert.match(build.stdout, /^usage: deno task build:native .*--cuda/);
+  const bad = await tool("scripts/build_native.ts", "--cdua");
+  assertOneLineError(bad, /^build:native: unknown option "--cdua"$/);
+  assert.equal(bad.code, 2);
 });

@@ -36,6 +36,23 @@ function portProblems(host: string, port: number): string[] {
   return [];
 }
 
+/** `--help` prints how a serving process is configured; any other argument is refused. */
+function usageExit(name: string, args: string[]): never {
+  const usage = `usage: ${
+    name === "all" ? "deno task start" : `deno run -A functions/${name}/main.ts`
+  }   (no arguments: configured by the environment)
+  KVRELAY_CONFIG  deployment config file (default: config/local.json; README "Serve your own model")
+  PORT, HOST      where to listen (default: the config's server.port 8080, server.host 0.0.0.0)
+  KVRELAY_LIB     libkvrelay.so to load (default: build/native/libkvrelay.so)
+  secrets         the variables the config names (KVRELAY_API_KEYS, KVRELAY_SNAPSHOT_KEY, ...)`;
+  if (args.length === 1 && (args[0] === "--help" || args[0] === "-h")) {
+    console.log(usage);
+    Deno.exit(0);
+  }
+  console.error(`kvrelay ${name}: unexpected argument "${args[0]}"\n${usage}`);
+  Deno.exit(2);
+}
+
 /** Adds one function's routes to an app. */
 export type Register = (app: Hono, rt: Runtime) => void;
 
@@ -48,6 +65,7 @@ export type Register = (app: Hono, rt: Runtime) => void;
 export async function serveFunctions(name: string, registers: Register[]): Promise<void> {
   // Every module has been evaluated by now (the entry point's static imports).
   const modulesMs = performance.now();
+  if (Deno.args.length > 0) usageExit(name, Deno.args);
   let config;
   try {
     config = await loadConfig();

@@ -53,6 +53,18 @@ function issuePath(path: PropertyKey[]): string {
   return path.length === 0 ? "(root)" : path.map(String).join(".");
 }
 
+/** ` (got <value>)` for the value a zod issue is about, when the input has one to quote. */
+function quoted(json: unknown, path: PropertyKey[]): string {
+  let v: unknown = json;
+  for (const k of path) {
+    if (v === null || typeof v !== "object") return "";
+    v = (v as Record<PropertyKey, unknown>)[k];
+  }
+  if (v === undefined || (typeof v === "object" && v !== null)) return "";
+  const text = JSON.stringify(v);
+  return text.length <= 80 ? ` (got ${text})` : "";
+}
+
 function resolvePath(base: string, p: string): string {
   if (p.startsWith("/")) return p;
   return new URL(p, `file://${base.endsWith("/") ? base : base + "/"}`).pathname.replace(/\/$/, "");
@@ -114,7 +126,7 @@ export function parseConfig(
   if (!parsed.success) {
     throw new ConfigError(
       source,
-      parsed.error.issues.map((i) => `${issuePath(i.path)}: ${i.message}`),
+      parsed.error.issues.map((i) => `${issuePath(i.path)}: ${i.message}${quoted(json, i.path)}`),
     );
   }
   const cfg = structuredClone(parsed.data);

@@ -112,7 +112,7 @@ let noted = false;
  */
 export function autoFallbackWords(reason: string): string {
   if (/^built without CUDA support/.test(reason)) {
-    return "library built without CUDA; `deno task build:native --cuda` builds it";
+    return "library built without CUDA";
   }
   if (/^no CUDA device: (cudaErrorNoDevice|cudaErrorInsufficientDriver)\b/.test(reason)) {
     return "no CUDA device";

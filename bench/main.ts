@@ -26,20 +26,68 @@ import { REAL_SHAPES } from "../tests/fixtures/real_shapes.ts";
 const root = new URL("../", import.meta.url).pathname;
 const DEMO = ["tiny-fast", "tiny-balanced", "tiny-powerful"];
 
-const { values: flags, positionals } = parseArgs({
-  args: Deno.args,
-  allowPositionals: true,
-  options: {
-    real: { type: "boolean" },
-    shapes: { type: "string" },
-    runs: { type: "string" },
-    threads: { type: "string" },
-    models: { type: "string" },
-    formats: { type: "string" },
-    columns: { type: "string" },
-    "kvrelay-kv": { type: "string" },
-  },
-});
+const USAGE = `usage: deno task bench [section...] [options]   (deno task bench list: the sections)
+
+Runs benchmark sections (default: all but peers), prints their tables and writes
+bench/results/<section>.json (the latest result of each section) with the machine they ran on.
+  --real              add the random-weight real-size shapes (engine, peers)
+  --shapes=a,b        those shapes only (qwen3-0.6b, llama-3.2-1b)
+  --models=a,b        demo models (tiny-fast, tiny-balanced, tiny-powerful, or none)
+  --formats=a,b       peers: weight formats (bf16, q8, q4)
+  --columns=a,b       peers: columns (prefill128, ...)
+  --runs=N            peers: rounds (default 7)
+  --threads=N         peers: threads (default 2)
+  --kvrelay-kv=DTYPE  peers: kvrelay's KV cache dtype (f32, f16, bf16)`;
+
+/** One line per section, for `bench list`. */
+const SECTION_HELP: Record<string, string> = {
+  engine: "prefill and decode throughput of the native engine per model",
+  snapshot: "KV snapshot encode/decode speed and size per encoding",
+  migration: "cross-model KV projection time and quality",
+  http: "HTTP latency and throughput of a served tier",
+  batch: "continuous batching: step times and per-request TPOT at several concurrencies",
+  coldstart: "process start until /readyz, and where the time went",
+  multihost: "snapshot handoff between namespaced hosts",
+  peers: "kvrelay beside llama.cpp on the same weights (only when named; minutes)",
+};
+
+function parseFlags() {
+  try {
+    return parseArgs({
+      args: Deno.args,
+      allowPositionals: true,
+      options: {
+        help: { type: "boolean", short: "h" },
+        real: { type: "boolean" },
+        shapes: { type: "string" },
+        runs: { type: "string" },
+        threads: { type: "string" },
+        models: { type: "string" },
+        formats: { type: "string" },
+        columns: { type: "string" },
+        "kvrelay-kv": { type: "string" },
+      },
+    });
+  } catch (e) {
+    console.error(
+      `bench: ${
+        (e as Error).message.split("\n")[0].replace(/\. To specify.*/, "")
+      } (deno task bench --help)`,
+    );
+    Deno.exit(2);
+  }
+}
+const { values: flags, positionals } = parseFlags();
+if (flags.help) {
+  console.log(USAGE);
+  Deno.exit(0);
+}
+if (positionals.length === 1 && positionals[0] === "list") {
+  for (const [name, what] of Object.entries(SECTION_HELP)) {
+    console.log(`${name.padEnd(10)} ${what}`);
+  }
+  Deno.exit(0);
+}
 const shapeNames = flags.real
   ? Object.keys(REAL_SHAPES)
   : (flags.shapes ? flags.shapes.split(",").filter(Boolean) : []);
@@ -130,7 +178,10 @@ const defaults = Object.keys(sections).filter((s) => s !== "peers");
 const wanted = positionals.length ? positionals : defaults;
 for (const name of wanted) {
   if (!(name in sections)) {
-    console.error(`unknown section "${name}"; sections: ${Object.keys(sections).join(", ")}`);
+    console.error(
+      `bench: unknown section "${name}"; sections: ${Object.keys(sections).join(", ")} ` +
+        "(deno task bench list)",
+    );
     Deno.exit(2);
   }
 }

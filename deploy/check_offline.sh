@@ -4,10 +4,10 @@
 # native library built with -DKVR_CUDA=OFF, every entry point cached into a fresh DENO_DIR with
 # --frozen; then each function starts inside a network namespace holding only `lo`, with the
 # image's `deno run --cached-only --frozen -A` entrypoint, and must answer /readyz and a
-# completion. The default image leaves the ONNX part out (`deno remove onnxruntime-node` before
-# caching, as KVRELAY_ONNX=0 does): the cache must not hold it, and a config with an onnx projector
+# completion. The default image leaves the ONNX part out (the serving deno.json/deno.lock do not
+# import it, as with KVRELAY_ONNX=0): the cache must not hold it, and a config with an onnx projector
 # must refuse to start (exit 2) naming `projectors.0.path`. Then the ONNX image (KVRELAY_ONNX=1:
-# the committed deno.json/deno.lock): onnxruntime-node must load and run the reference graph
+# onnxruntime-node added at deno.dev.json's pin): onnxruntime-node must load and run the reference graph
 # offline, and the ONNX config start. Needs root (ip netns), the deno binary of
 # `npx deno@2.9.6`, cmake and g++.
 # Usage: deploy/check_offline.sh [workdir]   (default: a new temp dir, removed at exit)
@@ -34,8 +34,7 @@ cache_entries() {
   "$deno" cache --frozen functions/main.ts functions/generate/main.ts functions/prefill/main.ts \
     functions/migrate/main.ts functions/decode/main.ts >/dev/null 2>&1
 }
-echo "== default image (KVRELAY_ONNX=0): deno remove onnxruntime-node, deno cache --frozen"
-"$deno" remove onnxruntime-node >/dev/null 2>&1
+echo "== default image (KVRELAY_ONNX=0): the serving deno.json/deno.lock, deno cache --frozen"
 cache_entries
 if grep -q onnxruntime-node deno.json deno.lock || [ -e "$DENO_DIR/npm/registry.npmjs.org/onnxruntime-node" ]; then
   echo "FAILED: onnxruntime-node still in deno.json/deno.lock or the cache"
@@ -107,9 +106,8 @@ if [ "$rc" != 2 ] || ! grep -q "projectors.0.path: .*is an onnx projector" "$wor
 fi
 echo "   refused: $(grep -m1 'projectors.0.path' "$work/server.log" | cut -c1-150)..."
 
-echo "== ONNX image (KVRELAY_ONNX=1): the committed deno.json/deno.lock, deno cache --frozen"
-git -C "$repo" show HEAD:deno.json >deno.json
-git -C "$repo" show HEAD:deno.lock >deno.lock
+echo "== ONNX image (KVRELAY_ONNX=1): deno add onnxruntime-node (deno.dev.json's pin), deno cache --frozen"
+"$deno" add "$(sed -n 's/.*"onnxruntime-node": "\(npm:[^"]*\)".*/\1/p' deno.dev.json)" >/dev/null 2>&1
 cache_entries
 echo "   DENO_DIR: $(du -sh "$DENO_DIR" | cut -f1)"
 echo "== ONNX kind offline: onnxruntime-node loads from the cache and runs the reference graph"

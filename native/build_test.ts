@@ -41,3 +41,23 @@ Deno.test("a build with nvcc compiles the CUDA backend: the probe gives CUDA's r
     assert.match(text, /^(built without CUDA support|no CUDA device: )/);
   }
 });
+
+// CI compiles the CUDA backend into build/cuda where nvcc exists (.ci/run), whatever
+// `deno task build:native` chose for build/native: that library must hold the real backend.
+Deno.test("build/cuda, where CI built it, has the CUDA backend: exported ABI only, CUDA's own probe reason", async () => {
+  const cudaLib = `${root}build/cuda/libkvrelay.so`;
+  if (!(await Deno.stat(cudaLib).then(() => true, () => false))) {
+    console.log("skipped: no build/cuda/libkvrelay.so (CI builds it where nvcc exists)");
+    return;
+  }
+  const names = (await run("nm", ["-D", "--defined-only", cudaLib])).split("\n")
+    .filter((l) => l.trim()).map((l) => l.trim().split(/\s+/).pop()!);
+  assert.deepEqual(names.filter((n) => !n.startsWith("kvr_")), []);
+  assert.match(await run("objdump", ["-h", cudaLib]), /nv_fatbin/);
+  const { openNativeLibrary } = await import("../lib/native/library.ts");
+  const info = new Uint8Array(512);
+  const st = openNativeLibrary(cudaLib).symbols.kvr_backend_probe(1, 0, info, 512n);
+  if (st === 0) return; // a GPU answers: scripts/gpu_check.sh covers that machine
+  const text = new TextDecoder().decode(info.subarray(0, info.indexOf(0)));
+  assert.match(text, /^no CUDA device: cuda[A-Za-z]+ \(\d+\): /);
+});

@@ -3,7 +3,7 @@
 // reason and exit status 2; `cpu` and `auto` tiers start, `auto` falls back to the CPU with the
 // reason logged once, and /readyz and /metrics report each tier's backend and device.
 import assert from "node:assert/strict";
-import { probeBackend } from "../lib/native/mod.ts";
+import { autoFallbackWords, probeBackend } from "../lib/native/mod.ts";
 import { startServer, writeConfig } from "./e2e_support.ts";
 
 const root = new URL("../", import.meta.url).pathname;
@@ -61,7 +61,7 @@ Deno.test("cpu and auto tiers start on the CPU; /readyz and /metrics name each t
     const { stderr } = await server.stop();
     const lines = stderr.split("\n").filter((l) => l.includes("backend auto"));
     assert.deepEqual(lines, [
-      `kvrelay: backend auto → cpu for tier balanced (CUDA unavailable: ${cuda})`,
+      `kvrelay: backend auto → cpu for tier balanced (${autoFallbackWords(cuda)})`,
     ]);
     await Deno.remove(path.slice(0, path.lastIndexOf("/")), { recursive: true });
   }

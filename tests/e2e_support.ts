@@ -12,12 +12,33 @@ export function freePort(): number {
   return port;
 }
 
+const tempDirs = new Set<string>();
+
+/**
+ * Removes `dir` (recursively) when this test module's process or worker ends.
+ * @param dir a temp dir the test made
+ */
+export function removeAtExit(dir: string): void {
+  if (tempDirs.size === 0) {
+    globalThis.addEventListener("unload", () => {
+      for (const d of tempDirs) {
+        try {
+          Deno.removeSync(d, { recursive: true });
+        } catch {
+          // already gone
+        }
+      }
+    });
+  }
+  tempDirs.add(dir);
+}
+
 /**
  * Writes a config with demo tiers (absolute model paths) into a new temp dir.
  * @param tiers tier name → demo model dir name
  * @param tier settings merged into every tier
  * @param extra top-level fields
- * @returns the config path (its dir is the temp dir)
+ * @returns the config path (its dir is the temp dir, removed when the test module ends)
  */
 export async function writeConfig(
   tiers: Record<string, string>,
@@ -25,6 +46,7 @@ export async function writeConfig(
   extra: Record<string, unknown> = {},
 ): Promise<string> {
   const dir = await Deno.makeTempDir({ prefix: "kvrelay-e2e-" });
+  removeAtExit(dir);
   const t: Record<string, unknown> = {};
   for (const [name, model] of Object.entries(tiers)) {
     t[name] = {

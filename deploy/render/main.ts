@@ -1,6 +1,7 @@
 // `deno task deploy render [--platform knative|cloudrun|modal|runpod] [--tier NAME] [--check]`:
 // writes the rendered deployment files under deploy/ (or, with --check, lists the stale ones and
 // exits 1). Usage errors exit 2; an invalid config exits 2 listing its problems.
+import "./no_deprecation_warnings.ts";
 import { parseArgs } from "node:util";
 import { ConfigError } from "../../lib/config/mod.ts";
 import { type Platform, PLATFORMS, renderDeployments, strayFiles } from "./render.ts";
@@ -23,7 +24,8 @@ try {
     },
   });
 } catch (e) {
-  console.error(`${(e as Error).message}\n${usage}`);
+  const msg = (e as Error).message.split("\n")[0].replace(/\. To specify.*/, "");
+  console.error(`deploy: ${msg}\n${usage}`);
   Deno.exit(2);
 }
 const args = { ...parsed.values, _: parsed.positionals };
@@ -32,7 +34,11 @@ if (args.help) {
   Deno.exit(0);
 }
 if (args._.length !== 1 || args._[0] !== "render") {
-  console.error(usage);
+  console.error(
+    `deploy: ${
+      args._.length === 0 ? "no command" : `unknown command "${args._.join(" ")}"`
+    }\n${usage}`,
+  );
   Deno.exit(2);
 }
 const platforms = args.platform as string[];
@@ -74,7 +80,14 @@ const unfiltered = platforms.length === 0 && (args.tier as string[]).length === 
 const stray = unfiltered ? await strayFiles(root, files) : [];
 if (args.check) {
   for (const p of [...stale, ...stray]) console.log(`stale: ${p}`);
-  Deno.exit(stale.length + stray.length ? 1 : 0);
+  const bad = stale.length + stray.length;
+  console.log(
+    bad === 0
+      ? `deploy render --check: ${files.size} files up to date`
+      : `deploy render --check: ${bad} of ${files.size + stray.length} files stale ` +
+        "(deno task deploy render writes them)",
+  );
+  Deno.exit(bad ? 1 : 0);
 }
 for (const p of stale) console.log(`wrote ${p}`);
 for (const p of stray) console.log(`not rendered by any config (remove it): ${p}`);

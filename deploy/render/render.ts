@@ -11,6 +11,7 @@ import {
   type DeploymentSpec,
   deploymentSpec,
   renderedHeader,
+  RenderError,
   type Variant,
 } from "./spec.ts";
 
@@ -84,12 +85,15 @@ export async function renderDeployments(
     }
   }
   names.sort();
-  const selected = opts.tiers ? names.filter((n) => opts.tiers!.includes(n)) : names;
-  if (selected.length === 0) {
-    throw new Error(
-      `no deploy config matches --tier ${opts.tiers?.join(",")} (have: ${names.join(", ")})`,
+  const unknown = (opts.tiers ?? []).filter((t) => !names.includes(t));
+  if (unknown.length > 0) {
+    throw new RenderError(
+      "deploy/configs",
+      "--tier",
+      `no deploy config for ${unknown.map((t) => `"${t}"`).join(", ")} (have: ${names.join(", ")})`,
     );
   }
+  const selected = opts.tiers ? names.filter((n) => opts.tiers!.includes(n)) : names;
   const out = new Map<string, string>();
   for (const name of selected) {
     const path = `deploy/configs/${name}.json`;

@@ -207,7 +207,14 @@ Deno.test("deploymentSpec() and the platform renderers refuse configs a platform
 Deno.test("deno task deploy render --check exits 0 on the committed tree and 2 on an unknown platform", async () => {
   const run = (args: string[]) =>
     new Deno.Command(Deno.execPath(), {
-      args: ["run", "-A", `${root}deploy/render/main.ts`, ...args],
+      args: [
+        "run",
+        "-A",
+        "--config",
+        `${root}deno.dev.json`,
+        `${root}deploy/render/main.ts`,
+        ...args,
+      ],
       stdout: "piped",
       stderr: "piped",
     }).output();

@@ -85,7 +85,14 @@ function authMiddleware(rt: Runtime): MiddlewareHandler {
       message: authError("missing API key: send Authorization: Bearer <key>"),
     },
     invalidAuthenticationHeader: {
-      message: authError("malformed Authorization header: send Authorization: Bearer <key>"),
+      // `tenant:key` is how KVRELAY_API_KEYS lists a key; the header carries the key alone.
+      message: (c) =>
+        authError(
+          /^Bearer\s+[^\s:]+:/i.test(c.req.header("authorization") ?? "")
+            ? "malformed Authorization header: send Authorization: Bearer <key> with the key " +
+              "alone (a `tenant:` prefix belongs only in the configured key list)"
+            : "malformed Authorization header: send Authorization: Bearer <key>",
+        ),
     },
     invalidToken: { message: authError("invalid API key") },
   });

@@ -7,6 +7,7 @@ import type { Hono } from "hono";
 import { ConfigError, loadConfig } from "../../lib/config/mod.ts";
 import {
   createRuntime,
+  preflightProblems,
   projectorPartProblems,
   resolveTierBackends,
   type Runtime,
@@ -14,6 +15,44 @@ import {
 } from "../../lib/serve/mod.ts";
 import { createBaseApp } from "./app.ts";
 import { connectionCap, ConnectionGate, openFileLimit } from "./connections.ts";
+
+/** "port in use" before anything loads, naming PORT (Deno.serve would throw AddrInUse later). */
+function portProblems(host: string, port: number): string[] {
+  if (port === 0) return [];
+  try {
+    Deno.listen({ hostname: host, port }).close();
+  } catch (e) {
+    if (e instanceof Deno.errors.AddrInUse) {
+      return [
+        `server.port: ${port} on ${host} is in use: set PORT to a free port (e.g. PORT=${
+          port + 1
+        })`,
+      ];
+    }
+    if (e instanceof Deno.errors.PermissionDenied) {
+      return [`server.port: ${port} on ${host} needs privileges: set PORT above 1023`];
+    }
+    throw e;
+  }
+  return [];
+}
+
+/** `--help` prints how a serving process is configured; any other argument is refused. */
+function usageExit(name: string, args: string[]): never {
+  const usage = `usage: ${
+    name === "all" ? "deno task start" : `deno run -A functions/${name}/main.ts`
+  }   (no arguments: configured by the environment)
+  KVRELAY_CONFIG  deployment config file (default: config/local.json; README "Serve your own model")
+  PORT, HOST      where to listen (default: the config's server.port 8080, server.host 0.0.0.0)
+  KVRELAY_LIB     libkvrelay.so to load (default: build/native/libkvrelay.so)
+  secrets         the variables the config names (KVRELAY_API_KEYS, KVRELAY_SNAPSHOT_KEY, ...)`;
+  if (args.length === 1 && (args[0] === "--help" || args[0] === "-h")) {
+    console.log(usage);
+    Deno.exit(0);
+  }
+  console.error(`kvrelay ${name}: unexpected argument "${args[0]}"\n${usage}`);
+  Deno.exit(2);
+}
 
 /** Adds one function's routes to an app. */
 export type Register = (app: Hono, rt: Runtime) => void;
@@ -27,6 +66,7 @@ export type Register = (app: Hono, rt: Runtime) => void;
 export async function serveFunctions(name: string, registers: Register[]): Promise<void> {
   // Every module has been evaluated by now (the entry point's static imports).
   const modulesMs = performance.now();
+  if (Deno.args.length > 0) usageExit(name, Deno.args);
   let config;
   try {
     config = await loadConfig();
@@ -46,12 +86,18 @@ export async function serveFunctions(name: string, registers: Register[]): Promi
     }
     throw e;
   }
-  // Optional parts a configured projector needs (onnxruntime-node for kind onnx): missing → exit 2.
-  const missing = await projectorPartProblems(config);
-  if (missing.length > 0) {
-    console.error(
-      `kvrelay ${name}: refusing to start:\n${missing.map((p) => `  - ${p}`).join("\n")}`,
-    );
+  // Model folders, KV pools (kv_pool_mb derived when absent), projector pairs, and the optional
+  // parts a configured projector needs (onnxruntime-node for kind onnx): any problem → exit 2.
+  const problems = [
+    ...await preflightProblems(config),
+    ...await projectorPartProblems(config),
+    ...portProblems(config.server.host, config.server.port),
+  ];
+  if (problems.length > 0) {
+    const list = problems.length === 1
+      ? problems[0]
+      : `\n${problems.map((p) => `  - ${p}`).join("\n")}`;
+    console.error(`kvrelay ${name}: refusing to start (${config.source}): ${list}`);
     Deno.exit(2);
   }
   const rt = await createRuntime(config);

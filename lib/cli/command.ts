@@ -120,9 +120,21 @@ export function parseOptions<T extends NonNullable<ParseArgsConfig["options"]>>(
   args: string[],
   options: T,
 ) {
+  // `--temperature -1` is a value, not an option: pass it as `--temperature=-1` so the value's
+  // own check answers (parseArgs would call it ambiguous).
+  const joined: string[] = [];
+  for (let i = 0; i < args.length; i++) {
+    const name = /^--([^=]+)$/.exec(args[i])?.[1];
+    if (
+      name !== undefined && options[name]?.type === "string" && i + 1 < args.length &&
+      /^-(\d|\.\d)/.test(args[i + 1])
+    ) {
+      joined.push(`${args[i]}=${args[++i]}`);
+    } else joined.push(args[i]);
+  }
   try {
     return parseArgs({
-      args,
+      args: joined,
       options: { ...options, help: { type: "boolean" } },
       strict: true,
       allowPositionals: false,

@@ -183,3 +183,16 @@ Deno.test("`readKeyOptions()` reads the key file when both flags are given and r
     await Deno.remove(file);
   }
 });
+
+Deno.test("`parseOptions()` takes `--flag -1` as the value -1, so the value's own check answers", () => {
+  throwsUsage(
+    () => parseSamplingOptions(parseOptions(["--temperature", "-1"], samplingOptions)),
+    '--temperature must be in [0, 2], got "-1"',
+  );
+  throwsUsage(
+    () => parseSamplingOptions(parseOptions(["--seed", "-.5"], samplingOptions)),
+    '--seed must be an integer, got "-.5"',
+  );
+  // An option after a string option is still an option (a missing value).
+  assert.throws(() => parseOptions(["--stop", "--seed"], samplingOptions), UsageError);
+});

@@ -177,7 +177,7 @@ Deno.test("`cli` prints one error line and exits non-zero for bad usage or a mis
 });
 
 Deno.test("`cli generate --backend cuda` fails with the CUDA probe's reason; --backend auto runs on the CPU and says why once (the implicit default quietly)", async () => {
-  const { probeBackend } = await import("../native/mod.ts");
+  const { autoFallbackWords, probeBackend } = await import("../native/mod.ts");
   const reason = probeBackend("cuda").info;
   const args = ["generate", "--model", MODEL, "--prompt", "Hello", "--max-tokens", "2"];
   const cuda = await cli(...args, "--threads", "1", "--backend", "cuda");
@@ -190,7 +190,7 @@ Deno.test("`cli generate --backend cuda` fails with the CUDA probe's reason; --b
   assertEquals(auto.stdout, cpu.stdout);
   assertEquals(
     auto.stderr.split("\n").filter((l) => l.includes("backend auto")),
-    [`kvrelay: backend auto → cpu (CUDA unavailable: ${reason})`],
+    [`kvrelay: backend auto → cpu (${autoFallbackWords(reason)})`],
   );
   assertEquals(cpu.stderr.includes("backend auto"), false);
   const implicit = await cli(...args, "--threads", "1"); // default auto: quiet on the CPU

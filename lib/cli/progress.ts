@@ -3,13 +3,19 @@
 
 /**
  * Makes a progress reporter: each call redraws `label phase [####    ] done/total pct elapsed ETA`
- * on stderr, ending the line when done >= total. Each phase keeps its own start time.
+ * on stderr, ending the line when done >= total. Each phase keeps its own start time. When stderr
+ * is not a terminal, only one line per phase, when it ends.
  *
  * @param label prefix of every line, e.g. "fit tiny-fast→tiny-balanced"
+ * @param terminal redraw in place (default: whether stderr is a terminal)
  * @returns (phase, done, total) → void, with done and total in the caller's units
  */
-export function progressBar(label: string): (phase: string, done: number, total: number) => void {
+export function progressBar(
+  label: string,
+  terminal: boolean = Deno.stderr.isTerminal(),
+): (phase: string, done: number, total: number) => void {
   const start = new Map<string, number>();
+  const ended = new Set<string>();
   const enc = new TextEncoder();
   return (phase, done, total) => {
     const now = performance.now();
@@ -24,6 +30,13 @@ export function progressBar(label: string): (phase: string, done: number, total:
       `${(frac * 100).toFixed(0)}% ${elapsed.toFixed(0)}s ETA ${
         Number.isFinite(eta) ? eta.toFixed(0) + "s" : "?"
       }   `;
-    Deno.stderr.writeSync(enc.encode(line + (done >= total ? "\n" : "")));
+    if (terminal) Deno.stderr.writeSync(enc.encode(line + (done >= total ? "\n" : "")));
+    else if (done >= total && !ended.has(phase)) {
+      // Not a terminal (a CI log, a file): no redraws, one line when a phase ends.
+      ended.add(phase);
+      Deno.stderr.writeSync(
+        enc.encode(`${label} ${phase} ${done}/${total} in ${elapsed.toFixed(0)}s\n`),
+      );
+    }
   };
 }

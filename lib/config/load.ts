@@ -55,6 +55,18 @@ function issuePath(path: PropertyKey[]): string {
   return path.length === 0 ? "(root)" : path.map(String).join(".");
 }
 
+/** ` (got <value>)` for the value a zod issue is about, when the input has one to quote. */
+function quoted(json: unknown, path: PropertyKey[]): string {
+  let v: unknown = json;
+  for (const k of path) {
+    if (v === null || typeof v !== "object") return "";
+    v = (v as Record<PropertyKey, unknown>)[k];
+  }
+  if (v === undefined || (typeof v === "object" && v !== null)) return "";
+  const text = JSON.stringify(v);
+  return text.length <= 80 ? ` (got ${text})` : "";
+}
+
 function resolvePath(base: string, p: string): string {
   if (p.startsWith("/")) return p;
   return new URL(p, `file://${base.endsWith("/") ? base : base + "/"}`).pathname.replace(/\/$/, "");
@@ -116,7 +128,7 @@ export function parseConfig(
   if (!parsed.success) {
     throw new ConfigError(
       source,
-      parsed.error.issues.map((i) => `${issuePath(i.path)}: ${i.message}`),
+      parsed.error.issues.map((i) => `${issuePath(i.path)}: ${i.message}${quoted(json, i.path)}`),
     );
   }
   const cfg = structuredClone(parsed.data);
@@ -167,6 +179,18 @@ export function parseConfig(
     const m = /^([A-Za-z0-9_.-]{1,64}):(.+)$/.exec(entry);
     return m ? { key: m[2], tenant: m[1] } : { key: entry, tenant: null };
   });
+  // A key a Bearer header cannot carry (RFC 6750 token68) could never authenticate. The message
+  // names the entry's position only: the variable holds secrets.
+  keyEntries.forEach((e, i) => {
+    if (!/^[A-Za-z0-9._~+/-]+=*$/.test(e.key)) {
+      problems.push(
+        `env ${cfg.auth.api_keys_env}: entry ${
+          i + 1
+        }'s key has characters a Bearer token cannot carry (allowed: letters, digits, . _ ~ + / - and trailing =)`,
+      );
+    }
+  });
+  if (problems.length > 0) throw new ConfigError(source, problems);
   return {
     ...cfg,
     source,

@@ -169,3 +169,19 @@ Deno.test("loadConfig() accepts every deployment config in deploy/configs (with 
   }
   assert.equal(n, 6); // three tiers, each a CPU config and its rendered CUDA variant
 });
+
+Deno.test("parseConfig() quotes the value each schema problem is about", () => {
+  assert.throws(
+    () =>
+      parseConfig({ tiers: { big: { model: "m", max_context: 65536, kv_dtype: "f8" } } }, {
+        env: () => undefined,
+      }),
+    (e: unknown) => {
+      assert.ok(e instanceof ConfigError);
+      const byPath = Object.fromEntries(e.problems.map((p) => [p.split(":")[0], p]));
+      assert.match(byPath["tiers.big.max_context"], /32768.* \(got 65536\)$/);
+      assert.match(byPath["tiers.big.kv_dtype"], / \(got "f8"\)$/);
+      return true;
+    },
+  );
+});

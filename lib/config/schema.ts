@@ -49,8 +49,10 @@ export const tierSchema = z.strictObject({
   /** Continuous batching (docs/batching.md): generations share batched steps over a paged KV
    *  pool; false runs each generation alone with its own worst-case cache. */
   batching: z.boolean().default(true),
-  /** Memory budget of the tier's paged KV pool, MiB (must hold one max_context sequence). */
-  kv_pool_mb: z.number().gt(0).max(1048576).default(64),
+  /** Memory budget of the tier's paged KV pool, MiB (must hold one max_context sequence).
+   *  Absent → derived from the model: `concurrency` sequences of max_context tokens
+   *  (lib/serve/preflight.ts). */
+  kv_pool_mb: z.number().gt(0).max(1048576).optional(),
   /** Positions per KV block (power of two). */
   kv_block_tokens: z.union([
     z.literal(8),

@@ -46,7 +46,7 @@ export class ProjectorFormatError extends Error {
 }
 
 /** The `onnx` projector kind needs the optional onnxruntime-node part, which this installation
- *  leaves out (an image built without KVRELAY_ONNX=1) or cannot load. */
+ *  leaves out (the serving deno.json, an image built without KVRELAY_ONNX=1) or cannot load. */
 export class OnnxRuntimeMissingError extends ProjectorFormatError {
   /**
    * @param cause why loading failed (the runtime's first line)
@@ -55,8 +55,8 @@ export class OnnxRuntimeMissingError extends ProjectorFormatError {
   constructor(cause: string, path?: string) {
     super(
       "the onnx projector kind needs the optional onnxruntime-node part, which is not installed " +
-        "here (the repository's deno.json imports it; images leave it out unless built with " +
-        "--build-arg KVRELAY_ONNX=1; " +
+        "here (the serving deno.json leaves it out: run with --config deno.dev.json, which imports " +
+        "it; images leave it out unless built with --build-arg KVRELAY_ONNX=1; " +
         `see docs/migration.md): ${cause}`,
       path,
     );

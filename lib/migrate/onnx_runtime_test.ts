@@ -1,6 +1,6 @@
 // Tests of the optional ONNX part: installed, it is the real onnxruntime-node and runs the
-// committed reference graph; left out of the installation (deno.json without it, as in an image
-// built without KVRELAY_ONNX=1), loading it is a typed error.
+// committed reference graph; left out of the installation (the serving deno.json, which does not
+// import it, as in an image built without KVRELAY_ONNX=1), loading it is a typed error.
 import assert from "node:assert/strict";
 import ort from "./onnx_runtime.ts";
 import { readProjectorMeta } from "./artifact.ts";
@@ -26,13 +26,13 @@ Deno.test("the ONNX part, installed, opens the reference projector's graph with 
 });
 
 Deno.test("loadOnnxRuntime() throws OnnxRuntimeMissingError when the installation leaves the part out", async () => {
-  // What a default image (no KVRELAY_ONNX=1) has: deno.json without onnxruntime-node (run here with
-  // a copy of deno.json minus that import, and no lockfile, against the normal module cache).
+  // What `deno task start` and a default image (no KVRELAY_ONNX=1) have: the serving deno.json,
+  // which leaves onnxruntime-node to deno.dev.json (run here with a copy of it and no lockfile,
+  // against the normal module cache).
   const dir = await Deno.makeTempDir();
   try {
     const cfg = JSON.parse(await Deno.readTextFile(`${repo}deno.json`));
-    assert.ok(cfg.imports["onnxruntime-node"], "deno.json imports onnxruntime-node");
-    delete cfg.imports["onnxruntime-node"];
+    assert.equal(cfg.imports["onnxruntime-node"], undefined, "deno.json imports onnxruntime-node");
     await Deno.writeTextFile(`${dir}/deno.json`, JSON.stringify(cfg));
     const code = `
       import { loadOnnxRuntime } from "${repo}lib/migrate/onnx.ts";

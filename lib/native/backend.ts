@@ -104,6 +104,23 @@ export class BackendUnavailableError extends Error {
 let noted = false;
 
 /**
+ * How a CPU fallback of `auto` is worded: plain absence (a library built without CUDA, no device,
+ * no driver) is the ordinary CPU-only case and reads as information; any other probe failure
+ * keeps the probe's reason.
+ * @param reason the CUDA probe's info
+ * @returns e.g. "no CUDA device"
+ */
+export function autoFallbackWords(reason: string): string {
+  if (/^built without CUDA support/.test(reason)) {
+    return "library built without CUDA";
+  }
+  if (/^no CUDA device: (cudaErrorNoDevice|cudaErrorInsufficientDriver)\b/.test(reason)) {
+    return "no CUDA device";
+  }
+  return `CUDA unavailable: ${reason}`;
+}
+
+/**
  * Logs (stderr, once per process) that "auto" fell back to the CPU, with the CUDA probe's reason.
  * @param reason the CUDA probe's info
  * @returns true when this call logged, false when an earlier one had
@@ -111,7 +128,7 @@ let noted = false;
 export function noteAutoFallback(reason: string): boolean {
   if (noted) return false;
   noted = true;
-  console.error(`kvrelay: backend auto → cpu (CUDA unavailable: ${reason})`);
+  console.error(`kvrelay: backend auto → cpu (${autoFallbackWords(reason)})`);
   return true;
 }
 

@@ -5,6 +5,7 @@
 
 import assert from "node:assert/strict";
 import {
+  autoFallbackWords,
   BackendUnavailableError,
   noteAutoFallback,
   probeBackend,
@@ -136,7 +137,10 @@ Deno.test("`NativeModel.load()` with backend auto runs on the CPU here and logs 
   // Another test file in this process may have logged first; at most one line, and its text.
   assert.ok(logged.length <= 1, logged.join("\n"));
   for (const l of logged) {
-    assert.equal(l, `kvrelay: backend auto → cpu (CUDA unavailable: ${probeBackend("cuda").info})`);
+    assert.equal(
+      l,
+      `kvrelay: backend auto → cpu (${autoFallbackWords(probeBackend("cuda").info)})`,
+    );
   }
   assert.equal(noteAutoFallback("again"), false);
 });
@@ -146,4 +150,22 @@ Deno.test("`NativeModel.health()` is null for a CPU model and throws once the mo
   assert.equal(model.health(), null);
   model.free();
   assert.throws(() => model.health(), /has been freed/);
+});
+
+Deno.test("`autoFallbackWords()` words plain CUDA absence as information and keeps other reasons", () => {
+  assert.equal(
+    autoFallbackWords("built without CUDA support (nvcc not found at build time)"),
+    "library built without CUDA",
+  );
+  for (
+    const r of ["cudaErrorInsufficientDriver (35): driver too old", "cudaErrorNoDevice (100): none"]
+  ) {
+    assert.equal(autoFallbackWords(`no CUDA device: ${r}`), "no CUDA device");
+  }
+  assert.equal(
+    autoFallbackWords("no CUDA device: cudaErrorECCUncorrectable (214): ECC"),
+    "CUDA unavailable: no CUDA device: cudaErrorECCUncorrectable (214): ECC",
+  );
+  // What this machine's probe says is one of the plain-absence forms.
+  assert.doesNotMatch(autoFallbackWords(probeBackend("cuda").info), /cudaError|unavailable/);
 });

@@ -35,6 +35,7 @@ export {
   type WeightFormat,
 } from "./layout.ts";
 export {
+  autoFallbackWords,
   BACKEND_CHOICES,
   type BackendChoice,
   type BackendProbe,

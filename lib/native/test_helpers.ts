@@ -84,7 +84,7 @@ export async function childTest(
   env: Record<string, string>,
 ): Promise<{ code: number; text: string }> {
   const { code, stdout, stderr } = await new Deno.Command(Deno.execPath(), {
-    args: ["test", "-A", "--no-check", "--filter", filter, file],
+    args: ["test", "-A", "--no-check", "--config", "deno.dev.json", "--filter", filter, file],
     cwd: new URL("../../", import.meta.url).pathname,
     env: { ...env, NO_COLOR: "1" },
     stdout: "piped",

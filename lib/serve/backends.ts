@@ -5,6 +5,7 @@
 
 import type { KvrelayConfig } from "../config/mod.ts";
 import {
+  autoFallbackWords,
   BackendUnavailableError,
   type NativeLibrary,
   resolveBackend,
@@ -50,14 +51,14 @@ export function resolveTierBackends(
 /**
  * The one log line for tiers whose `auto` fell back to the CPU, or null when none did.
  * @param resolved from resolveTierBackends
- * @returns e.g. `backend auto → cpu for tiers fast, balanced (CUDA unavailable: <reason>)`
+ * @returns e.g. `backend auto → cpu for tiers fast, balanced (no CUDA device)`
  */
 export function autoFallbackNote(resolved: Map<string, ResolvedBackend>): string | null {
   const fell = [...resolved].filter(([, r]) => r.fallbackReason !== undefined);
   if (fell.length === 0) return null;
-  const reasons = [...new Set(fell.map(([, r]) => r.fallbackReason))].join("; ");
+  const reasons = [...new Set(fell.map(([, r]) => autoFallbackWords(r.fallbackReason!)))].join(
+    "; ",
+  );
   const names = fell.map(([n]) => n).join(", ");
-  return `backend auto → cpu for tier${
-    fell.length > 1 ? "s" : ""
-  } ${names} (CUDA unavailable: ${reasons})`;
+  return `backend auto → cpu for tier${fell.length > 1 ? "s" : ""} ${names} (${reasons})`;
 }

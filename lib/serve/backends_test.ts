@@ -4,7 +4,7 @@
 // library's own probe answers (probeBackend).
 import assert from "node:assert/strict";
 import { parseConfig } from "../config/mod.ts";
-import { probeBackend } from "../native/mod.ts";
+import { autoFallbackWords, probeBackend } from "../native/mod.ts";
 import { autoFallbackNote, resolveTierBackends, TierBackendError } from "./backends.ts";
 
 const models = new URL("../../models/", import.meta.url).pathname;
@@ -27,7 +27,7 @@ Deno.test("`resolveTierBackends()` puts auto and cpu tiers on the CPU and one no
   assert.equal(r.get("b")!.fallbackReason, undefined);
   assert.equal(
     autoFallbackNote(r),
-    `backend auto → cpu for tiers a, c (CUDA unavailable: ${cuda.info})`,
+    `backend auto → cpu for tiers a, c (${autoFallbackWords(cuda.info)})`,
   );
   assert.equal(autoFallbackNote(resolveTierBackends(config({ a: "cpu" }))), null);
 });

@@ -1,11 +1,12 @@
 // A tier's continuous batching at run time: its paged KV pool sized from the tier's memory
-// budget (kv_pool_mb) and its Scheduler, with the scheduler's step statistics wired to the
+// budget (kv_pool_mb, else derived from the model) and its Scheduler, with the scheduler's step statistics wired to the
 // metrics (batch size histogram, KV blocks used/free, preemptions). Not the scheduler itself.
 
 import type { TierConfig } from "../config/mod.ts";
 import type { NativeModel } from "../native/mod.ts";
 import type { Metrics } from "./metrics.ts";
 import { nativeStepEngine } from "./native_engine.ts";
+import { derivedKvPoolMb, kvBlockBytes, minKvPoolMb } from "./preflight.ts";
 import { Scheduler } from "./scheduler.ts";
 import type { Tier } from "./tier.ts";
 
@@ -18,10 +19,7 @@ import type { Tier } from "./tier.ts";
  * @returns whole blocks within the budget
  */
 export function poolBlocks(model: NativeModel, mb: number, blockTokens: number): number {
-  const c = model.config;
-  const elem = model.kvDtype === "f32" ? 4 : 2;
-  const blockBytes = 2 * c.numLayers * c.numKvHeads * c.headDim * elem * blockTokens;
-  return Math.floor((mb * 2 ** 20) / blockBytes);
+  return Math.floor((mb * 2 ** 20) / kvBlockBytes(model.config, model.kvDtype, blockTokens));
 }
 
 /**
@@ -40,11 +38,14 @@ export function createBatching(
   metrics: Metrics,
 ): NonNullable<Tier["batch"]> {
   const bt = tc.kv_block_tokens;
-  const blocks = poolBlocks(model, tc.kv_pool_mb, bt);
+  const mb = tc.kv_pool_mb ?? derivedKvPoolMb(model.config, tc);
+  const blocks = poolBlocks(model, mb, bt);
   const need = Math.ceil(tc.max_context / bt);
   if (blocks < need) {
     throw new RangeError(
-      `tier "${name}": kv_pool_mb ${tc.kv_pool_mb} holds ${blocks} blocks of ${bt} tokens, fewer than one max_context (${tc.max_context}) sequence needs (${need})`,
+      `tier "${name}": kv_pool_mb ${mb} holds ${blocks} blocks of ${bt} tokens, fewer than one max_context (${tc.max_context}) sequence needs (${need}): set it to at least ${
+        minKvPoolMb(model.config, tc)
+      }`,
     );
   }
   const pool = model.createKvPool(blocks, bt);

@@ -31,6 +31,13 @@ export {
 } from "./deadline.ts";
 export { autoFallbackNote, resolveTierBackends, TierBackendError } from "./backends.ts";
 export {
+  derivedKvPoolMb,
+  kvBlockBytes,
+  type KvGeometry,
+  minKvPoolMb,
+  preflightProblems,
+} from "./preflight.ts";
+export {
   createMigrator,
   type GateResult,
   type Migrator,

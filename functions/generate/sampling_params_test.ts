@@ -23,20 +23,22 @@ async function ok(rt: Runtime, body: Record<string, unknown>): Promise<Json> {
   return json;
 }
 
-Deno.test("repetition_penalty, top_k, min_p reach the sampler like generate() (completions, chat, /v1/generate)", async () => {
+Deno.test("repetition_penalty, top_k, min_p reach the sampler like generate() (completions, /v1/generate)", async () => {
   const rt = await testRuntime();
   try {
     const model = rt.tiers.get("fast")!.model;
+    // A prompt whose own tokens the penalty must count: every one of them is seen.
+    const repeats = "one two three, one two three, one two three, one two three";
     const opts = { maxTokens: 16, temperature: 0, repetitionPenalty: 1.4 };
-    const want = await generate(model, prompt, opts);
-    const plain = await generate(model, prompt, { maxTokens: 16, temperature: 0 });
+    const want = await generate(model, repeats, opts);
+    const plain = await generate(model, repeats, { maxTokens: 16, temperature: 0 });
     assert.notEqual(want.text, plain.text, "the penalty changes this greedy continuation");
     const body = { max_tokens: 16, temperature: 0, repetition_penalty: 1.4 };
-    assert.equal((await ok(rt, body)).choices[0].text, want.text);
+    assert.equal((await ok(rt, { ...body, prompt: repeats })).choices[0].text, want.text);
     const app = createGenerateApp(rt);
     const gen = await app.request(
       "/v1/generate",
-      post({ prompt, user_id: "u", tier: "fast", ...body }),
+      post({ prompt: repeats, user_id: "u", tier: "fast", ...body }),
     );
     assert.equal((await gen.json()).response, want.text);
     const sampled = { maxTokens: 12, temperature: 0.9, topK: 20, minP: 0.05, seed: 3 };

@@ -4,6 +4,10 @@
 
 const root = new URL("../", import.meta.url).pathname;
 
+/** A tier `sampling` that overrides every generation_config.json default: greedy, nothing else
+ *  (as functions/shared/test_helpers.ts NEUTRAL_SAMPLING). */
+const NEUTRAL_SAMPLING = { temperature: 0, top_p: 1, top_k: 0, min_p: 0, repetition_penalty: 1 };
+
 /** A free loopback TCP port. */
 export function freePort(): number {
   const listener = Deno.listen({ hostname: "127.0.0.1", port: 0 });
@@ -54,6 +58,10 @@ export async function writeConfig(
       threads: 1,
       max_context: 1024,
       max_new_tokens: 256,
+      // Greedy with no filter or penalty, on purpose: these tests compare answers token for token
+      // with the engine's plain options (the demo models' generation_config.json would sample).
+      // Tests of those defaults override `sampling`.
+      sampling: NEUTRAL_SAMPLING,
       ...tier,
     };
   }

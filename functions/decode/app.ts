@@ -63,8 +63,11 @@ const decodeQuerySchema = z.object({
   max_tokens: num(true).pipe(z.number().int().min(1)).optional(),
   temperature: num(false).pipe(z.number().min(0).max(2)).optional(),
   top_p: num(false).pipe(z.number().gt(0).max(1)).optional(),
-  top_k: num(true).pipe(z.number().int().min(1)).optional(),
+  top_k: num(true).pipe(z.number().int().min(0)).optional(),
   min_p: num(false).pipe(z.number().min(0).max(1)).optional(),
+  repetition_penalty: num(false).pipe(z.number().gt(0)).optional(),
+  min_tokens: num(true).pipe(z.number().int().min(0)).optional(),
+  ignore_eos: z.enum(["true", "false"]).transform((s) => s === "true").optional(),
   seed: num(true).pipe(z.number().int().min(0).max(2 ** 32 - 1)).optional(),
   stop: z.string().transform((s, ctx) => {
     try {

@@ -36,6 +36,46 @@ Deno.test("POST /v1/decode continues with continuation text, equal to generate()
   }
 });
 
+Deno.test("POST /v1/decode takes repetition_penalty, min_tokens and ignore_eos in the query", async () => {
+  const rt = await testRuntime();
+  try {
+    const model = rt.tiers.get("fast")!.model;
+    const snap = await snapshotOf(rt);
+    const app = createDecodeApp(rt);
+    const decode = async (q: string) => {
+      const res = await app.request(`/v1/decode?tier=fast&${q}`, {
+        method: "POST",
+        headers: SNAP,
+        body: snap,
+      });
+      return { status: res.status, body: await res.json() };
+    };
+    const ids = model.tokenizer.encode(prompt);
+    const want = await generate(model, ids, {
+      maxTokens: 12,
+      temperature: 0,
+      repetitionPenalty: 1.5,
+    });
+    const got = await decode("max_tokens=12&repetition_penalty=1.5");
+    assert.equal(got.body.text, want.text);
+    assert.notEqual(
+      want.text,
+      (await generate(model, ids, { maxTokens: 12, temperature: 0 })).text,
+    );
+    // ignore_eos: the 12 tokens run through whatever EOS the model would stop at.
+    const long = await decode("max_tokens=12&ignore_eos=true&min_tokens=12");
+    assert.equal(long.body.usage.completion_tokens, 12);
+    const bad = await decode("max_tokens=4&min_tokens=5");
+    assert.equal(bad.status, 400);
+    assert.equal(bad.body.error.param, "min_tokens");
+    const zero = await decode("max_tokens=4&repetition_penalty=0");
+    assert.equal(zero.status, 400);
+    assert.equal(zero.body.error.param, "repetition_penalty");
+  } finally {
+    await rt.close();
+  }
+});
+
 Deno.test("POST /v1/decode streams SSE text frames, then a final frame and [DONE]", async () => {
   const rt = await testRuntime();
   try {

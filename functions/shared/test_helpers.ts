@@ -6,9 +6,19 @@ import type { SnapshotStore } from "../../lib/store/mod.ts";
 
 const modelsDir = new URL("../../models/", import.meta.url).pathname;
 
+/** A tier `sampling` that overrides every generation_config.json default: greedy, nothing else. */
+export const NEUTRAL_SAMPLING = {
+  temperature: 0,
+  top_p: 1,
+  top_k: 0,
+  min_p: 0,
+  repetition_penalty: 1,
+} as const;
+
 /** Options of {@link testRuntime}. */
 export interface TestRuntimeOptions {
-  /** Tier name → demo model directory name (default fast → tiny-fast). */
+  /** Tier name → demo model directory name, or an absolute checkpoint path (default fast →
+   *  tiny-fast). */
   tiers?: Record<string, string>;
   /** Per-tier settings merged into every tier. */
   tier?: Record<string, unknown>;
@@ -31,13 +41,17 @@ export async function testRuntime(opts: TestRuntimeOptions = {}): Promise<Runtim
   const tiers: Record<string, unknown> = {};
   for (const [name, dir] of Object.entries(opts.tiers ?? { fast: "tiny-fast" })) {
     tiers[name] = {
-      model: `${modelsDir}${dir}`,
+      model: dir.startsWith("/") ? dir : `${modelsDir}${dir}`,
       threads: 1,
       max_context: 512,
       max_new_tokens: 128,
       default_max_tokens: 8,
       concurrency: 2,
       queue_depth: 4,
+      // Greedy with no filter or penalty, on purpose: these tests compare answers token for token
+      // with the engine's plain options (the demo models' generation_config.json would sample).
+      // Tests of those defaults override `sampling`.
+      sampling: NEUTRAL_SAMPLING,
       ...opts.tier,
     };
   }

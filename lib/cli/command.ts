@@ -83,6 +83,7 @@ export const samplingOptions = {
   "top-k": { type: "string" },
   "top-p": { type: "string" },
   "min-p": { type: "string" },
+  "repetition-penalty": { type: "string" },
   seed: { type: "string" },
   stop: { type: "string", multiple: true },
 } as const satisfies ParseArgsConfig["options"];
@@ -299,6 +300,7 @@ export interface SamplingFlags {
   topK?: number;
   topP?: number;
   minP?: number;
+  repetitionPenalty?: number;
   seed?: number;
   stop?: string[];
 }
@@ -317,6 +319,7 @@ export function parseSamplingOptions(values: {
   "top-k"?: unknown;
   "top-p"?: unknown;
   "min-p"?: unknown;
+  "repetition-penalty"?: unknown;
   seed?: unknown;
   stop?: string[];
 }): SamplingFlags {
@@ -330,6 +333,9 @@ export function parseSamplingOptions(values: {
     topK: parseNumber(values["top-k"], "top-k", "int", { min: 0 }),
     topP: parseNumber(values["top-p"], "top-p", "float", { above: 0, max: 1 }),
     minP: parseNumber(values["min-p"], "min-p", "float", { min: 0, max: 1 }),
+    repetitionPenalty: parseNumber(values["repetition-penalty"], "repetition-penalty", "float", {
+      above: 0,
+    }),
     seed: parseNumber(values.seed, "seed", "int", { min: 0, max: 2 ** 32 - 1 }),
     stop: values.stop,
   };

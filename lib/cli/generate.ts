@@ -28,6 +28,8 @@ Prints the completion text only (no trailing newline added) to stdout.
   --top-k K            keep the K most likely tokens (default off)
   --top-p P            nucleus sampling, 0 < P <= 1 (default 1 = off)
   --min-p P            drop tokens below P x the top probability (default 0 = off)
+  --repetition-penalty R  divide (multiply, when negative) the logits of prompt and output
+                       tokens by R > 0 (default 1 = off)
   --seed S             sampling seed (default random)
   --stop TEXT          stop string (repeatable); the text ends before it
   --threads N          CPU threads (default all cores)

@@ -44,6 +44,25 @@ Deno.test("`cli generate` prints exactly the greedy completion lib/engine genera
   }
 });
 
+Deno.test("`cli generate --repetition-penalty` prints generate()'s penalised greedy completion", async () => {
+  const prompt = "Call me";
+  const args = ["--model", MODEL, "--prompt", prompt, "--max-tokens", "24", "--threads", "1"];
+  const r = await cli("generate", ...args, "--repetition-penalty", "1.3");
+  assertEquals(r.code, 0, r.stderr);
+  const m = await loadModel(MODEL, { threads: 1 });
+  try {
+    const opts = { temperature: 0, maxTokens: 24 };
+    const expected = await generate(m, prompt, { ...opts, repetitionPenalty: 1.3 });
+    assertEquals(r.stdout, expected.text);
+    assert(expected.text !== (await generate(m, prompt, opts)).text, "the penalty matters here");
+  } finally {
+    m.native.free();
+  }
+  const bad = await cli("generate", ...args, "--repetition-penalty", "0");
+  assertEquals(bad.code, 2);
+  assert(bad.stderr.includes("--repetition-penalty"), bad.stderr);
+});
+
 Deno.test("`cli generate --chat` completes the prompt wrapped in the chat template", async () => {
   const r = await cli(
     "generate",

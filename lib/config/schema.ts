@@ -5,13 +5,17 @@ import { z } from "zod";
 
 const positiveInt = z.number().int().min(1);
 
-/** Default sampling of a tier (request fields override). */
+/** A tier's sampling defaults: each field given overrides the model's generation_config.json;
+ *  request fields override both. Nothing given anywhere: temperature 1, no filters, no penalty. */
 export const samplingSchema = z.strictObject({
   /** 0 = greedy. */
-  temperature: z.number().min(0).max(2).default(0),
+  temperature: z.number().min(0).max(2).optional(),
   top_p: z.number().gt(0).max(1).optional(),
-  top_k: positiveInt.optional(),
+  /** 0 = off. */
+  top_k: z.number().int().min(0).optional(),
   min_p: z.number().min(0).max(1).optional(),
+  /** transformers'/vLLM's: > 0, 1 = off. */
+  repetition_penalty: z.number().gt(0).optional(),
 });
 
 /** One tier: a model and how it is served. */
@@ -37,7 +41,7 @@ export const tierSchema = z.strictObject({
   max_new_tokens: positiveInt.max(32768).default(512),
   /** max_tokens when a request gives none. */
   default_max_tokens: positiveInt.max(32768).default(64),
-  sampling: samplingSchema.default({ temperature: 0 }),
+  sampling: samplingSchema.default({}),
   /** Encoding of snapshots this tier exports (`native` = the cache's own dtype, lossless). */
   snapshot_encoding: z.enum(["native", "f32", "f16", "bf16", "q8", "q4"]).default("native"),
   /** Generations running at once on this tier's model. */

@@ -18,6 +18,7 @@ import {
   LogitProcessor,
   type StepLogprobs,
   stepLogprobs,
+  validRepetitionPenalty,
 } from "./logits.ts";
 import { type Decoder, IncrementalDetokenizer } from "./detokenizer.ts";
 
@@ -35,6 +36,10 @@ export interface GenerateOptions extends SamplingOptions, LogitOptions {
   /** Token ids that end generation (not included in the text, included in tokenIds).
    *  Default: the model's eos ids; `[]` disables stopping on a token. */
   stopTokenIds?: number[];
+  /** The stop token ids cannot be sampled before this many tokens were generated (vLLM's
+   *  min_tokens; stop strings still apply). 0..maxTokens, default 0. Sampling then runs in
+   *  TypeScript. */
+  minTokens?: number;
   /** Aborting ends generation between tokens with finishReason "abort". */
   signal?: AbortSignal;
   /** Leave special tokens out of the text; default true (they stay in tokenIds). */
@@ -105,6 +110,9 @@ export interface DecodeContext {
   eosTokenIds: readonly number[];
   /** Ids before the generated ones, for detokenization context. */
   contextIds: ArrayLike<number>;
+  /** Ids the repetition penalty counts as seen before the first generated token (the whole
+   *  prompt); default contextIds. */
+  penaltyIds?: ArrayLike<number>;
   promptTokens: number;
   /** performance.now() at the start of the call, for ttftMs. */
   startMs: number;
@@ -114,6 +122,8 @@ interface ResolvedOptions {
   maxTokens: number;
   stop: string[];
   stopTokenIds: number[] | undefined;
+  minTokens: number;
+  repetitionPenalty: number;
 }
 
 /**
@@ -126,10 +136,17 @@ interface ResolvedOptions {
  */
 export function validateGenerateOptions(opts: GenerateOptions): ResolvedOptions {
   validateSampling(opts);
+  const repetitionPenalty = validRepetitionPenalty(opts.repetitionPenalty);
   const maxTokens = opts.maxTokens ?? DEFAULT_MAX_TOKENS;
   if (!Number.isSafeInteger(maxTokens) || maxTokens < 1 || maxTokens > MAX_SEQUENCE_TOKENS) {
     throw new RangeError(
       `maxTokens must be an integer in [1, ${MAX_SEQUENCE_TOKENS}], got ${maxTokens}`,
+    );
+  }
+  const minTokens = opts.minTokens ?? 0;
+  if (!Number.isSafeInteger(minTokens) || minTokens < 0 || minTokens > maxTokens) {
+    throw new RangeError(
+      `minTokens must be an integer in [0, maxTokens ${maxTokens}], got ${minTokens}`,
     );
   }
   const stop = opts.stop ?? [];
@@ -153,7 +170,7 @@ export function validateGenerateOptions(opts: GenerateOptions): ResolvedOptions 
       }
     });
   }
-  return { maxTokens, stop, stopTokenIds: opts.stopTokenIds };
+  return { maxTokens, stop, stopTokenIds: opts.stopTokenIds, minTokens, repetitionPenalty };
 }
 
 /**
@@ -176,7 +193,9 @@ export async function* decodeLoop(
   ctx: DecodeContext,
   opts: GenerateOptions = {},
 ): AsyncGenerator<GenerateChunk, GenerateResult> {
-  const { maxTokens, stop, stopTokenIds } = validateGenerateOptions(opts);
+  const { maxTokens, stop, stopTokenIds, minTokens, repetitionPenalty } = validateGenerateOptions(
+    opts,
+  );
   const sampler = new Sampler(opts);
   const stopper = new StopStringMatcher(stop);
   // Context ids the tokenizer cannot decode (embedding padding rows) are left out of the context.
@@ -192,8 +211,11 @@ export async function* decodeLoop(
   let ttftMs: number | undefined;
   let finishReason: GenerateResult["finishReason"] | undefined;
   let logits = firstLogits;
-  // Bias and penalties change each row in TypeScript: native sampling is then off.
-  const processor = changesLogits(opts) ? new LogitProcessor(opts) : null;
+  // Bias, presence/frequency penalties and min_tokens' ban change each row in TypeScript: native
+  // sampling is then off. The repetition penalty alone stays native (the sampler applies it).
+  const ban = minTokens > 0 && stopIds.size > 0 ? { minTokens, ids: [...stopIds] } : undefined;
+  const inTypeScript = changesLogits(opts) || ban !== undefined;
+  const penaltyIds = ctx.penaltyIds ?? contextIds;
   // Logprobs alone come from the native sampler (the same bits as stepLogprobs).
   const lpReq: LogprobRequest | undefined = opts.logprobs === undefined
     ? undefined
@@ -201,13 +223,25 @@ export async function* decodeLoop(
   // Native sampling: the same stream (seed resolved by `sampler`), drawn next to the logits when
   // the target samples in its decode step; a target without one (a batched step, a target that
   // transforms logits in JavaScript) still gets its logprobs from a native sampler on its rows.
-  const canNative = !processor && opts.nativeSampling !== false;
+  const canNative = !inTypeScript && opts.nativeSampling !== false;
   const stepSamples = canNative && target.createSampler !== undefined &&
     target.decodeSample !== undefined;
   const native = stepSamples
     ? target.createSampler!(sampler.options)
     : canNative && lpReq
     ? NativeSampler.create(sampler.options)
+    : null;
+  if (native && repetitionPenalty !== 1) {
+    try {
+      native.setRepetitionPenalty(repetitionPenalty, penaltyIds);
+    } catch (e) {
+      native.free();
+      throw e;
+    }
+  }
+  // Rows sampled in TypeScript are processed here (the native sampler penalises its own).
+  const processor = !native && (inTypeScript || repetitionPenalty !== 1)
+    ? new LogitProcessor(opts, penaltyIds, ban)
     : null;
   let next: SampleResult | undefined; // what the last native decode step sampled
   // A burst's tokens not consumed yet (each already appended but the burst's last): without

@@ -125,6 +125,30 @@ Deno.test("`decodeLoop()` decodes past eos when stopTokenIds is empty and stops 
   assertEquals(custom.result.text, tok.decode(BODY.slice(0, 2)));
 });
 
+Deno.test("`decodeLoop()` minTokens bans the stop tokens until that many tokens were generated", async () => {
+  // The script's EOS comes at index BODY.length. Banned there, the one-hot row's best other token
+  // is a tie of every other id at -10: greedy takes the lowest, 0. Then the script goes on.
+  const n = BODY.length;
+  const banned = await runScript(SCRIPT, { minTokens: n + 1, maxTokens: SCRIPT.length });
+  assertEquals(banned.result.tokenIds.slice(0, n + 1), [...BODY, 0]);
+  assertEquals(banned.result.tokenIds.includes(EOS), false);
+  assertEquals(banned.result.finishReason, "length");
+  // minTokens = n: n tokens are out when EOS comes, so it stops as without minTokens.
+  const allowed = await runScript(SCRIPT, { minTokens: n });
+  assertEquals(allowed.result.tokenIds, [...BODY, EOS]);
+  assertEquals(allowed.result.finishReason, "stop");
+  // Custom stop ids are banned too; after minTokens the next one stops (and is not in the text).
+  const custom = await runScript([...BODY, BODY[1]], { stopTokenIds: [BODY[1]], minTokens: 3 });
+  assertEquals(custom.result.tokenIds.slice(0, 2), [BODY[0], 0]);
+  assertEquals(custom.result.tokenIds.at(-1), BODY[1]);
+  assertEquals(custom.result.finishReason, "stop");
+  await assertRejects(
+    () => runScript(SCRIPT, { minTokens: 5, maxTokens: 4 }),
+    RangeError,
+    "minTokens",
+  );
+});
+
 Deno.test("`decodeLoop()` returns finishReason abort when the signal fires between tokens", async () => {
   const ac = new AbortController();
   const seq = new ScriptedSequence(SCRIPT);
@@ -380,6 +404,63 @@ Deno.test("`generate()` samples natively with the same tokens as the TypeScript 
       assertEquals(native.text, ts.text);
     }
   }
+});
+
+Deno.test("`generate()` with a repetition penalty: greedy equals the penalised argmax of a fresh prefill at every step", async () => {
+  const m = await model();
+  const p = 1.3;
+  const r = await generate(m, PROMPT, {
+    temperature: 0,
+    repetitionPenalty: p,
+    maxTokens: 24,
+    stopTokenIds: [],
+  });
+  const off = await generate(m, PROMPT, { temperature: 0, maxTokens: 24, stopTokenIds: [] });
+  assert(r.text !== off.text, "the penalty changes this greedy continuation");
+  // Oracle: the rule written out on the raw logits of prefill(prompt + tokens[0..i−1]).
+  const prompt = tok.encode(PROMPT);
+  for (let i = 0; i < r.tokenIds.length; i++) {
+    const seq = m.native.createSequence(64);
+    try {
+      const ctx = [...prompt, ...r.tokenIds.slice(0, i)];
+      const row = (await seq.prefill(ctx)).slice(0, tok.vocabSize);
+      for (const id of new Set(ctx)) row[id] = Math.fround(row[id] > 0 ? row[id] / p : row[id] * p);
+      assertEquals(argmax(row), r.tokenIds[i], `token ${i}`);
+    } finally {
+      seq.free();
+    }
+  }
+});
+
+Deno.test("`generate()` with a repetition penalty samples natively with the TypeScript path's tokens", async () => {
+  const m = await model();
+  const settings = [
+    { temperature: 0, repetitionPenalty: 1.5 },
+    { temperature: 0.8, topP: 0.95, repetitionPenalty: 1.2 },
+    { temperature: 1, topK: 40, repetitionPenalty: 0.8 },
+    // with bias/penalties too (TypeScript for both; the processor's order)
+    { temperature: 0.9, repetitionPenalty: 1.3, presencePenalty: 0.5 },
+  ];
+  for (const s of settings) {
+    for (const seed of [5, 77]) {
+      const opts = { ...s, seed, maxTokens: 24, stopTokenIds: [] };
+      const native = await generate(m, PROMPT, opts);
+      const ts = await generate(m, PROMPT, { ...opts, nativeSampling: false });
+      assertEquals(native.tokenIds, ts.tokenIds, JSON.stringify(opts));
+    }
+  }
+});
+
+Deno.test("`generate()` minTokens keeps a forced EOS out until then, on the real model", async () => {
+  const m = await model();
+  // logit_bias +100 on EOS makes it the certain pick whenever it is allowed.
+  const force = { logitBias: new Map([[EOS, 100]]), temperature: 0 };
+  assertEquals((await generate(m, PROMPT, force)).tokenIds, [EOS]);
+  const r = await generate(m, PROMPT, { ...force, minTokens: 3 });
+  assertEquals(r.tokenIds.length, 4);
+  assertEquals(r.tokenIds.indexOf(EOS), 3);
+  assertEquals(r.finishReason, "stop");
+  assertEquals(r.text, tok.decode(r.tokenIds.slice(0, 3)));
 });
 
 Deno.test("`decodeLoop()` samples logits in TypeScript when the target has no native sampling", async () => {

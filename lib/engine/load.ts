@@ -1,7 +1,7 @@
 // loadModel: a Hugging Face checkpoint directory → checkpoint + native weights + tokenizer,
 // ready for generation. It loads; it does not generate or cache models across calls.
 
-import { type Checkpoint, loadCheckpoint } from "../model/mod.ts";
+import { type Checkpoint, type GenerationSampling, loadCheckpoint } from "../model/mod.ts";
 import { NativeModel, type NativeModelOptions } from "../native/mod.ts";
 import { Tokenizer, TokenizerError } from "../tokenizer/mod.ts";
 
@@ -16,6 +16,8 @@ export interface LoadedModel {
   tokenizer: Tokenizer;
   /** Stop ids by default: config.json and generation_config.json eos_token_id, merged. */
   eosTokenIds: number[];
+  /** Sampling defaults from generation_config.json (a tier's `sampling` overrides them). */
+  samplingDefaults: GenerationSampling;
   /** The model fingerprint (lib/model), hex SHA-256. */
   fingerprint: string;
   /** Where the load's time went (ms). */
@@ -80,6 +82,7 @@ export async function loadModel(dir: string, opts: NativeModelOptions = {}): Pro
     native,
     tokenizer,
     eosTokenIds: [...checkpoint.config.eosTokenIds],
+    samplingDefaults: { ...checkpoint.generation },
     fingerprint: checkpoint.fingerprint,
     loadMs: { checkpoint: t1 - t0, tokenizer: t2 - t1, weights: t3 - t1 },
   };

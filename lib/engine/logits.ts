@@ -1,6 +1,8 @@
-// Per-request logit processing before sampling, as OpenAI's API defines it: logit_bias (added to
-// the named tokens' logits), presence and frequency penalties over the tokens generated so far
-// (logit −= count·frequency + [count > 0]·presence), and log-probabilities of the processed
+// Per-request logit processing before sampling, in vLLM's order: tokens banned until min_tokens
+// (the stop ids), logit_bias (added to the named tokens' logits), the repetition penalty of
+// transformers and vLLM over the prompt and the tokens generated so far (logit / p when positive,
+// logit · p otherwise), then OpenAI's presence and frequency penalties over the generated tokens
+// (logit −= count·frequency + [count > 0]·presence); and log-probabilities of the processed
 // distribution (log-softmax at temperature 1, before temperature/top-k/top-p filtering) for the
 // chosen token and the most likely alternatives. One row at a time; no sampling here.
 
@@ -16,6 +18,46 @@ export interface LogitOptions {
   frequencyPenalty?: number;
   /** Report the chosen token's log-probability and this many top alternatives (0..20). */
   logprobs?: number;
+  /** transformers'/vLLM's repetition penalty over prompt and generated tokens (> 0; 1 = off).
+   *  The native sampler applies it too, so alone it does not move sampling into TypeScript. */
+  repetitionPenalty?: number;
+}
+
+/**
+ * The repetition penalty of transformers and vLLM on one row: the logit of every id in `seen`
+ * (ids ≥ the row's width are ignored) is divided by `penalty` when positive and multiplied by it
+ * otherwise, in float64 rounded to float32 (the native sampler's arithmetic, bit for bit).
+ * @param row one row, changed in place
+ * @param seen the ids seen so far (prompt and generated), each once
+ * @param penalty > 0; 1 leaves the row as it is
+ * @returns the row
+ */
+export function applyRepetitionPenalty(
+  row: Float32Array,
+  seen: Iterable<number>,
+  penalty: number,
+): Float32Array {
+  if (penalty === 1) return row;
+  for (const id of seen) {
+    if (id < 0 || id >= row.length) continue;
+    const v = row[id];
+    row[id] = v > 0 ? v / penalty : v * penalty;
+  }
+  return row;
+}
+
+/**
+ * Checks a repetition penalty.
+ * @param p the value (undefined = off)
+ * @returns p, or 1 when undefined
+ * @throws {RangeError} unless p is a finite number > 0
+ */
+export function validRepetitionPenalty(p: number | undefined): number {
+  if (p === undefined) return 1;
+  if (typeof p !== "number" || !Number.isFinite(p) || !(p > 0)) {
+    throw new RangeError(`repetitionPenalty must be a finite number > 0, got ${p}`);
+  }
+  return p;
 }
 
 /** A token with its log-probability. */
@@ -48,23 +90,43 @@ export function changesLogits(opts: LogitOptions): boolean {
     (opts.frequencyPenalty ?? 0) !== 0;
 }
 
-/** Applies bias and penalties to logit rows, tracking the tokens generated so far. */
+/** Tokens banned (logit −Infinity) while fewer than `minTokens` tokens have been generated. */
+export interface MinTokensBan {
+  minTokens: number;
+  ids: readonly number[];
+}
+
+/** Applies bans, bias and penalties to logit rows, tracking the tokens seen so far. */
 export class LogitProcessor {
   readonly #counts = new Map<number, number>();
+  readonly #seen: Set<number>;
+  readonly #repetition: number;
+  readonly #ban: MinTokensBan | undefined;
+  #generated = 0;
 
   /**
    * @param opts bias, penalties, logprobs
+   * @param contextIds tokens before the generated ones (the prompt), for the repetition penalty
+   * @param ban stop ids suppressed until min_tokens tokens were generated
    */
-  constructor(readonly opts: LogitOptions) {}
+  constructor(readonly opts: LogitOptions, contextIds: ArrayLike<number> = [], ban?: MinTokensBan) {
+    this.#repetition = validRepetitionPenalty(opts.repetitionPenalty);
+    this.#seen = new Set(this.#repetition === 1 ? [] : Array.from(contextIds));
+    this.#ban = ban;
+  }
 
   /**
    * The processed row (a copy; the input is not changed).
    * @param logits one row, (width,) float32
-   * @returns bias added, penalties subtracted
+   * @returns bans applied, bias added, penalties applied
    */
   process(logits: Float32Array): Float32Array {
     const out = logits.slice();
+    if (this.#ban && this.#generated < this.#ban.minTokens) {
+      for (const id of this.#ban.ids) if (id < out.length) out[id] = -Infinity;
+    }
     for (const [id, b] of this.opts.logitBias ?? []) if (id < out.length) out[id] += b;
+    applyRepetitionPenalty(out, this.#seen, this.#repetition);
     const fp = this.opts.frequencyPenalty ?? 0, pp = this.opts.presencePenalty ?? 0;
     if (fp !== 0 || pp !== 0) {
       for (const [id, n] of this.#counts) if (id < out.length) out[id] -= n * fp + pp;
@@ -73,11 +135,13 @@ export class LogitProcessor {
   }
 
   /**
-   * Records a generated token (for the penalties of later steps).
+   * Records a generated token (for the penalties and bans of later steps).
    * @param id the token
    */
   push(id: number): void {
+    this.#generated++;
     this.#counts.set(id, (this.#counts.get(id) ?? 0) + 1);
+    if (this.#repetition !== 1) this.#seen.add(id);
   }
 }
 

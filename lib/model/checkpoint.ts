@@ -5,7 +5,13 @@
 
 import { z } from "zod";
 import { ModelFormatError, quote } from "./errors.ts";
-import { type ModelConfig, readGenerationEosIds, readModelConfig } from "./config.ts";
+import {
+  type GenerationSampling,
+  type ModelConfig,
+  readGenerationEosIds,
+  readGenerationSampling,
+  readModelConfig,
+} from "./config.ts";
 import { readSafetensorsHeader, type TensorInfo } from "./safetensors.ts";
 import { mapWeights } from "./weights.ts";
 import { computeFingerprint } from "./fingerprint.ts";
@@ -20,6 +26,8 @@ export interface Checkpoint {
   tensors: Map<string, TensorInfo>;
   /** hex SHA-256 (lib/model/fingerprint.ts) */
   fingerprint: string;
+  /** Sampling defaults from generation_config.json (absent fields: none given). */
+  generation?: GenerationSampling;
 }
 
 /** Options for loadCheckpoint. */
@@ -95,6 +103,7 @@ export async function loadCheckpoint(
   }
   const base = await readModelConfig(abs);
   const genEos = await readGenerationEosIds(abs, base.vocabSize);
+  const generation = await readGenerationSampling(abs);
   const config: ModelConfig = {
     ...base,
     eosTokenIds: [...new Set([...base.eosTokenIds, ...genEos])],
@@ -161,5 +170,5 @@ export async function loadCheckpoint(
 
   mapWeights(config, tensors, abs);
   const fingerprint = await computeFingerprint(config, tensors.values(), opts);
-  return { dir: abs, config, files, tensors, fingerprint };
+  return { dir: abs, config, files, tensors, fingerprint, generation };
 }

@@ -371,3 +371,54 @@ export async function readGenerationEosIds(dir: string, vocabSize: number): Prom
   }
   return ids;
 }
+
+/** Sampling defaults a checkpoint's generation_config.json gives (the fields vLLM reads). */
+export interface GenerationSampling {
+  /** 0 = greedy (also what `do_sample: false` means). */
+  temperature?: number;
+  top_p?: number;
+  /** 0 = off. */
+  top_k?: number;
+  min_p?: number;
+  repetition_penalty?: number;
+}
+
+const generationSamplingSchema = z.object({
+  do_sample: z.boolean().nullable().optional(),
+  temperature: z.number().min(0).nullable().optional(),
+  top_p: z.number().gt(0).max(1).nullable().optional(),
+  // transformers: 0 = off; vLLM: -1 = off.
+  top_k: z.number().int().min(-1).nullable().optional(),
+  min_p: z.number().min(0).max(1).nullable().optional(),
+  repetition_penalty: z.number().gt(0).nullable().optional(),
+});
+
+/**
+ * Reads the sampling defaults of `<dir>/generation_config.json`, as vLLM does: temperature,
+ * top_p, top_k, min_p and repetition_penalty when present (null = absent), and `do_sample: false`
+ * (stated, not defaulted) as temperature 0 — greedy, the way transformers reads it.
+ * @param dir checkpoint directory
+ * @returns the fields present (empty when the file is absent)
+ * @throws ModelFormatError when the file exists but is malformed or a value is out of range
+ */
+export async function readGenerationSampling(dir: string): Promise<GenerationSampling> {
+  const path = `${dir}/generation_config.json`;
+  try {
+    await Deno.stat(path);
+  } catch (e) {
+    if (e instanceof Deno.errors.NotFound) return {};
+    throw new ModelFormatError(`cannot stat: ${(e as Error).message}`, path);
+  }
+  const json = await readJson(path);
+  const parsed = generationSamplingSchema.safeParse(json);
+  if (!parsed.success) zodFailure(json, parsed.error, path);
+  const g = parsed.data;
+  const out: GenerationSampling = {};
+  if (g.temperature != null) out.temperature = g.temperature;
+  if (g.top_p != null) out.top_p = g.top_p;
+  if (g.top_k != null) out.top_k = Math.max(0, g.top_k);
+  if (g.min_p != null) out.min_p = g.min_p;
+  if (g.repetition_penalty != null) out.repetition_penalty = g.repetition_penalty;
+  if (g.do_sample === false) out.temperature = 0;
+  return out;
+}

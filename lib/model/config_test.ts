@@ -1,8 +1,8 @@
-// Tests for parseModelConfig/readGenerationEosIds: each family, HF defaults, RoPE variants and
+// Tests for parseModelConfig/readGenerationSampling: each family, HF defaults, RoPE variants and
 // refused/invalid values. Expected values are written out by hand from the HF config classes.
 
 import assert from "node:assert/strict";
-import { parseModelConfig } from "./config.ts";
+import { parseModelConfig, readGenerationSampling } from "./config.ts";
 import { ModelFormatError } from "./errors.ts";
 
 const base = {
@@ -276,4 +276,47 @@ Deno.test("`parseModelConfig()` reads tie_word_embeddings and max_position_embed
   const c = parseModelConfig({ ...base, tie_word_embeddings: true, max_position_embeddings: 4096 });
   assert.equal(c.tieWordEmbeddings, true);
   assert.equal(c.maxPositionEmbeddings, 4096);
+});
+
+Deno.test("`readGenerationSampling()` reads vLLM's fields, do_sample false as greedy, null as absent, and refuses bad values", async () => {
+  const dir = await Deno.makeTempDir();
+  const write = (g: unknown) =>
+    Deno.writeTextFile(`${dir}/generation_config.json`, JSON.stringify(g));
+  try {
+    assert.deepEqual(await readGenerationSampling(dir), {}); // no file
+    await write({
+      eos_token_id: 2,
+      do_sample: true,
+      temperature: 0.7,
+      top_p: 0.9,
+      top_k: 40,
+      min_p: 0.05,
+      repetition_penalty: 1.15,
+    });
+    assert.deepEqual(await readGenerationSampling(dir), {
+      temperature: 0.7,
+      top_p: 0.9,
+      top_k: 40,
+      min_p: 0.05,
+      repetition_penalty: 1.15,
+    });
+    await write({ do_sample: false, temperature: 0.7, top_p: null, top_k: -1 });
+    assert.deepEqual(await readGenerationSampling(dir), { temperature: 0, top_k: 0 });
+    await write({ temperature: 0.6 }); // do_sample absent: the values stand, as in vLLM
+    assert.deepEqual(await readGenerationSampling(dir), { temperature: 0.6 });
+    for (
+      const [g, field] of [[{ repetition_penalty: 0 }, "repetition_penalty"], [
+        { top_p: 1.5 },
+        "top_p",
+      ], [{ top_k: 2.5 }, "top_k"]] as const
+    ) {
+      await write(g);
+      await assert.rejects(
+        readGenerationSampling(dir),
+        (e: unknown) => e instanceof ModelFormatError && e.message.includes(field),
+      );
+    }
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
 });

@@ -5,9 +5,11 @@
 export { ModelFormatError } from "./errors.ts";
 export {
   type Architecture,
+  type GenerationSampling,
   type ModelConfig,
   parseModelConfig,
   readGenerationEosIds,
+  readGenerationSampling,
   readModelConfig,
   type RopeScaling,
 } from "./config.ts";

@@ -156,6 +156,32 @@ export class NativeSampler {
   }
 
   /**
+   * Sets the repetition penalty (transformers'/vLLM's): before each later draw the logits of the
+   * tokens seen — `seenIds` (the prompt), then every token this sampler draws — are divided by
+   * `penalty` when positive, multiplied by it otherwise; the logprobs see that row too. Call it
+   * before the first draw.
+   *
+   * @param penalty finite > 0; 1 = off
+   * @param seenIds token ids already in the context (≥ 0)
+   * @throws EngineError when the library rejects a value (the message names it)
+   */
+  setRepetitionPenalty(penalty: number, seenIds: ArrayLike<number> = []): void {
+    const ptr = this.pointer;
+    const ids = Int32Array.from(seenIds);
+    const status = this.#lib.symbols.kvr_sampler_set_repetition_penalty(
+      ptr,
+      penalty,
+      ids.length > 0 ? ids : null,
+      BigInt(ids.length),
+    );
+    if (status !== 0) {
+      const message = cString(this.#lib.symbols.kvr_sampler_last_error(ptr)) ||
+        this.#lib.lastError();
+      throw new EngineError(status, message, "kvr_sampler_set_repetition_penalty");
+    }
+  }
+
+  /**
    * Picks a token from logits[0..width).
    *
    * @param logits one row

@@ -6,6 +6,7 @@ import assert from "node:assert/strict";
 import { NativeSampler } from "./sampler.ts";
 import { EngineError } from "./errors.ts";
 import { Sampler, type SamplingOptions } from "../engine/sampler.ts";
+import { applyRepetitionPenalty } from "../engine/logits.ts";
 import { Xoshiro128 } from "../engine/prng.ts";
 
 /** A logits row of `kind` from a seeded stream. */
@@ -185,4 +186,73 @@ Deno.test("`decodeSample()` returns the token the sampler would draw from `decod
   assert.throws(() => sa.free(), /still running/);
   await p;
   sa.sample(new Float32Array(4));
+});
+
+// The repetition penalty written out for one logit, as transformers documents it (float64, then
+// float32 storage): an oracle independent of applyRepetitionPenalty and of the native code.
+function penalised(l: number, p: number): number {
+  return Math.fround(l > 0 ? l / p : l * p);
+}
+
+Deno.test("repetition penalty: native sampler = TypeScript twin = the plain rule on known logits (draws and logprobs)", () => {
+  // Known row: token 3 leads, token 1 is second; 0 and 3 are seen in the prompt.
+  const logits = new Float32Array([2.5, 2.0, -1.5, 3.0, 0.25, -0.5]);
+  const seen = [3, 0, 2];
+  const p = 1.6;
+  const expected = Float32Array.from(logits, (l, i) => (seen.includes(i) ? penalised(l, p) : l));
+  // By hand: 3.0/1.6 = 1.875 < 2.0, so greedy moves from token 3 to token 1; −1.5·1.6 = −2.4.
+  assert.equal(expected[3], Math.fround(1.875));
+  assert.equal(expected[2], Math.fround(-2.4));
+  const twin = applyRepetitionPenalty(logits.slice(), new Set(seen), p);
+  assert.deepEqual(twin, expected);
+  // Greedy picks the penalised argmax; the logprobs are the log-softmax of the penalised row.
+  const lse = Math.log(expected.reduce((s, v) => s + Math.exp(v - 2.0), 0)) + 2.0;
+  using greedy = NativeSampler.create({ temperature: 0, topK: 0, topP: 1, minP: 0, seed: 1 });
+  greedy.setRepetitionPenalty(p, seen);
+  const g = greedy.sample(logits, logits.length, { logprob: true, topLogprobs: 3 });
+  assert.equal(g.token, 1);
+  assert.ok(Math.abs(g.logprob! - (expected[1] - lse)) < 1e-12);
+  assert.deepEqual(Array.from(g.top!.ids), [1, 3, 0]); // 2.0, 1.875, 2.5/1.6 = 1.5625
+  // The drawn token counts as seen for the next draw: token 1 is penalised next (2.0/1.6 = 1.25),
+  // so the greedy pick is token 3 again (1.875).
+  assert.equal(greedy.sample(logits).token, 3);
+  // Off (1) and unseen ids change nothing.
+  using off = NativeSampler.create({ temperature: 0, topK: 0, topP: 1, minP: 0, seed: 1 });
+  off.setRepetitionPenalty(1, seen);
+  assert.equal(off.sample(logits).token, 3);
+  // Sampled draws: the native sampler on the raw row = the TypeScript Sampler on the twin's row,
+  // seed for seed, across filters (the seen set grows with each draw on both sides).
+  const rng = new Xoshiro128(77);
+  for (
+    const opts of [{ temperature: 1 }, { temperature: 0.7, topK: 3 }, {
+      temperature: 1.3,
+      topP: 0.8,
+    }]
+  ) {
+    for (let seed = 0; seed < 20; seed++) {
+      const big = row(500, rng, seed);
+      const prompt = [7, 40, 41, 499, 250, 3];
+      const full = { topK: 0, topP: 1, minP: 0, ...opts, seed };
+      using native = NativeSampler.create(full);
+      native.setRepetitionPenalty(1.3, prompt);
+      const ts = new Sampler(full);
+      const seenTs = new Set(prompt);
+      for (let step = 0; step < 6; step++) {
+        const want = ts.sample(applyRepetitionPenalty(big.slice(), seenTs, 1.3));
+        seenTs.add(want);
+        assert.equal(native.sample(big).token, want, `${JSON.stringify(full)} step ${step}`);
+      }
+    }
+  }
+});
+
+Deno.test("repetition penalty: the native sampler refuses a penalty that is not > 0 or negative ids", () => {
+  using s = NativeSampler.create({ temperature: 0, topK: 0, topP: 1, minP: 0, seed: 1 });
+  for (const bad of [0, -1, NaN, Infinity]) {
+    assert.throws(
+      () => s.setRepetitionPenalty(bad),
+      (e: unknown) => e instanceof EngineError && /repetition_penalty/.test(e.message),
+    );
+  }
+  assert.throws(() => s.setRepetitionPenalty(1.2, [1, -3]), /seen_ids\[1\] = -3/);
 });

@@ -418,6 +418,11 @@ export const samplingSymbols = {
   kvr_sampler_create: { parameters: ["buffer", "buffer"], result: "i32" },
   kvr_sampler_free: { parameters: ["pointer"], result: "void" },
   kvr_sampler_last_error: { parameters: ["pointer"], result: "pointer" },
+  // (sampler, penalty f64, seen_ids i32* | NULL, n_seen)
+  kvr_sampler_set_repetition_penalty: {
+    parameters: ["pointer", "f64", "buffer", "usize"],
+    result: "i32",
+  },
   // (sampler, logits f32*, logits_len, width, token_out i32*, logprob_out f64* | NULL,
   //  top_ids i32* | NULL, top_logprobs f64* | NULL, top_len, top_count_out u32* | NULL)
   kvr_sampler_sample: {

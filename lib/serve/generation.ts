@@ -162,6 +162,7 @@ export class Generation {
         tokenizer: this.tier.model.tokenizer,
         eosTokenIds: this.tier.model.eosTokenIds,
         contextIds: this.promptIds.slice(-8),
+        penaltyIds: this.promptIds,
         promptTokens: this.promptIds.length,
         startMs: this.#startMs,
       }, { ...this.options, signal: this.#signal });

@@ -31,6 +31,23 @@ export interface Tier {
   } | null;
 }
 
+/** Sampling defaults of a tier (the snake_case fields of generation_config.json). */
+export type TierSampling = LoadedModel["samplingDefaults"];
+
+/**
+ * A tier's sampling defaults: its model's generation_config.json, each field the tier's
+ * `sampling` config gives overriding the model's (requests override both).
+ * @param tier the tier
+ * @returns the merged fields; absent ones are left to the engine's defaults
+ */
+export function tierSampling(tier: Pick<Tier, "config" | "model">): TierSampling {
+  const out: TierSampling = { ...tier.model.samplingDefaults };
+  for (const [k, v] of Object.entries(tier.config.sampling) as [keyof TierSampling, number][]) {
+    if (v !== undefined) out[k] = v;
+  }
+  return out;
+}
+
 /**
  * The tier named `name` among loaded tiers.
  * @param tiers loaded tiers by name

@@ -609,6 +609,17 @@ KVR_API void kvr_sampler_free(kvr_sampler* sampler);
 /* Message of the last failed call on this sampler ("" if none), readable from any thread. */
 KVR_API const char* kvr_sampler_last_error(const kvr_sampler* sampler);
 /*
+ * Sets the sampler's repetition penalty (transformers' and vLLM's repetition_penalty): before
+ * every later draw, the logit of each token seen so far is divided by `penalty` when positive and
+ * multiplied by it otherwise (float64, rounded to float32), and both the draw and the logprobs
+ * use that row. Seen: seen_ids[0..n_seen) (the prompt; ids >= a row's width are ignored there),
+ * then every token this sampler draws. penalty finite > 0; 1 = off (the default). Replaces any
+ * earlier setting; call it before the first draw. On a CUDA sequence a penalised step copies the
+ * row (kvr_seq_decode_sample).
+ */
+KVR_API int32_t kvr_sampler_set_repetition_penalty(kvr_sampler* sampler, double penalty,
+                                                   const int32_t* seen_ids, size_t n_seen);
+/*
  * Picks one token from logits[0..width) (1 <= width <= logits_len; ids >= width are never
  * drawn) into *token_out. Optional outputs, log-softmax of the raw logits over [0, width)
  * (temperature 1, no filters, float64): *logprob_out (the chosen token; NULL = not computed);

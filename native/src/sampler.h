@@ -15,6 +15,7 @@ struct kvr_sampler {
   kvr::SamplingConfig cfg;
   kvr::Xoshiro128 rng;
   kvr::SamplingScratch scratch;
+  kvr::RepetitionPenalty penalty;
   std::string last_error;
 };
 
@@ -39,6 +40,12 @@ inline void sample_step_token(kvr_sampler* s, const float* logits, size_t width,
 // The step's token from a device's reduced row (common/sample_math.h plan_route): kGreedy takes
 // ids[0]; kTopK draws from the m candidates (sample_candidates). m == 0: no finite logit among
 // the `width` values (same message as sampler_run).
+// Where a device's decode step samples for this sampler (sm::plan_route): a repetition penalty
+// changes the row before any selection, so the whole row is needed then.
+inline sm::RoutePlan sampler_route(const kvr_sampler& s, uint32_t width, bool want_logprobs) {
+  return sm::plan_route(s.cfg.temperature, s.cfg.top_k, width, want_logprobs || s.penalty.active());
+}
+
 int32_t sampler_run_candidates(kvr_sampler* s, sm::Route route, const float* vals, const int32_t* ids, size_t m,
                                size_t width, int32_t* token_out);
 

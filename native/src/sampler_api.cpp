@@ -3,6 +3,7 @@
 // decode step that samples in place is kvr_seq_decode_sample (sequence.cpp).
 #include <cmath>
 #include <new>
+#include <utility>
 #include <string>
 
 #include "errors.h"
@@ -27,6 +28,9 @@ int32_t sampler_fail(kvr_sampler* s, int32_t status, const std::string& msg) {
 int32_t sampler_run(kvr_sampler* s, const float* logits, size_t width, int32_t* token_out,
                     double* logprob_out, int32_t* top_ids, double* top_logprobs, uint32_t top_len,
                     uint32_t* top_count_out) {
+  // The penalised row is what both the draw and the logprobs see (as lib/engine's LogitProcessor
+  // row does when sampling runs in TypeScript).
+  logits = s->penalty.apply(logits, width);
   const int64_t id = s->cfg.temperature == 0
                          ? argmax_row(logits, width)
                          : sample_row(logits, width, s->cfg, s->rng, s->scratch);
@@ -34,6 +38,7 @@ int32_t sampler_run(kvr_sampler* s, const float* logits, size_t width, int32_t* 
     return sampler_fail(s, KVR_ERR_INVALID_ARGUMENT,
                         format("sampling: no finite logit among %zu values", width));
   *token_out = static_cast<int32_t>(id);
+  if (s->penalty.active()) s->penalty.add(*token_out);
   const size_t n = logprobs_row(logits, width, id, logprob_out, top_len, top_ids, top_logprobs);
   if (top_count_out) *top_count_out = static_cast<uint32_t>(n);
   return KVR_OK;
@@ -48,6 +53,7 @@ int32_t sampler_run_candidates(kvr_sampler* s, sm::Route route, const float* val
     return sampler_fail(s, KVR_ERR_INVALID_ARGUMENT,
                         format("sampling: no finite logit among %zu values", width));
   *token_out = static_cast<int32_t>(id);
+  if (s->penalty.active()) s->penalty.add(*token_out);
   return KVR_OK;
 }
 
@@ -113,6 +119,32 @@ KVR_API void kvr_sampler_free(kvr_sampler* s) { delete s; }
 
 KVR_API const char* kvr_sampler_last_error(const kvr_sampler* s) {
   return s ? s->last_error.c_str() : "";
+}
+
+KVR_API int32_t kvr_sampler_set_repetition_penalty(kvr_sampler* s, double penalty,
+                                                   const int32_t* seen_ids, size_t n_seen) {
+  if (!s) return fail(KVR_ERR_INVALID_ARGUMENT, "sampler is NULL");
+  if (!std::isfinite(penalty) || !(penalty > 0))
+    return kvr::sampler_fail(
+        s, KVR_ERR_INVALID_ARGUMENT,
+        format("repetition_penalty must be a finite number > 0, got %g", penalty));
+  if (n_seen > 0 && !seen_ids)
+    return kvr::sampler_fail(s, KVR_ERR_INVALID_ARGUMENT,
+                             format("seen_ids is NULL with n_seen %zu", n_seen));
+  for (size_t i = 0; i < n_seen; ++i)
+    if (seen_ids[i] < 0)
+      return kvr::sampler_fail(s, KVR_ERR_INVALID_ARGUMENT,
+                               format("seen_ids[%zu] = %d is negative", i, seen_ids[i]));
+  try {
+    kvr::RepetitionPenalty next;
+    next.penalty = penalty;
+    if (next.active())
+      for (size_t i = 0; i < n_seen; ++i) next.add(seen_ids[i]);
+    s->penalty = std::move(next);
+  } catch (const std::bad_alloc&) {
+    return kvr::sampler_fail(s, KVR_ERR_OUT_OF_MEMORY, "out of memory in sampling");
+  }
+  return KVR_OK;
 }
 
 KVR_API int32_t kvr_sampler_sample(kvr_sampler* s, const float* logits, size_t logits_len,

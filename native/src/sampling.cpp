@@ -132,6 +132,28 @@ double js_exp(double x) {
   return std::ldexp(h, static_cast<int>(m));
 }
 
+void RepetitionPenalty::add(int32_t id) {
+  if (id < 0) return;
+  const size_t i = static_cast<size_t>(id);
+  if (i >= seen.size()) seen.resize(i + 1, 0);
+  if (seen[i] != 0) return;
+  seen[i] = 1;
+  ids.push_back(id);
+}
+
+const float* RepetitionPenalty::apply(const float* logits, size_t n) {
+  if (!active() || ids.empty()) return logits;
+  row.assign(logits, logits + n);
+  for (const int32_t id : ids) {
+    const size_t i = static_cast<size_t>(id);
+    if (i >= n) continue;
+    const double v = row[i];
+    // vLLM: where(logit > 0, logit / p, logit * p); NaN stays NaN, -inf stays -inf for p > 0.
+    row[i] = static_cast<float>(v > 0 ? v / penalty : v * penalty);
+  }
+  return row.data();
+}
+
 int64_t argmax_row(const float* logits, size_t n) {
   // Two passes over 16-wide blocks instead of one scalar pass with a compare-and-branch per
   // logit (~5 µs per 4096-logit row, 0.15 ms of a 32-row batched step): the largest value (NaN

@@ -38,6 +38,22 @@ struct SamplingConfig {
   double min_p = 0.0;        // [0, 1], 0 = off
 };
 
+// The repetition penalty of transformers and vLLM: every token seen so far (the prompt, then each
+// drawn token) has its logit divided by `penalty` when positive and multiplied by it otherwise
+// (penalty > 1 discourages repeats, < 1 encourages them, 1 = off), in float64 rounded back to
+// float32 — the same bits as lib/engine/logits.ts applyRepetitionPenalty. One per sampler.
+struct RepetitionPenalty {
+  double penalty = 1.0;
+  std::vector<int32_t> ids;   // distinct tokens seen, first-seen order
+  std::vector<uint8_t> seen;  // seen[id] != 0 for the ids above (grown on demand)
+  std::vector<float> row;     // the penalised copy of the last row
+  bool active() const { return penalty != 1.0; }
+  // Records a token as seen (negative ids are ignored).
+  void add(int32_t id);
+  // logits[0..n) penalised: a copy in `row`, or `logits` itself when off or nothing was seen.
+  const float* apply(const float* logits, size_t n);
+};
+
 // Reusable candidate buffers (one per sampler; not shared between threads).
 struct SamplingScratch {
   std::vector<int32_t> ids;

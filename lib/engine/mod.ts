@@ -4,11 +4,15 @@
 export { type LoadedModel, loadModel, type LoadTimings } from "./load.ts";
 export {
   argmax,
+  checkTokenMask,
+  maskRow,
+  NoAllowedTokenRowError,
   NoFiniteLogitRowError,
   Sampler,
   samplingDistribution,
   type SamplingOptions,
   type TokenDistribution,
+  type TokenMask,
   validateSampling,
 } from "./sampler.ts";
 export {

@@ -110,7 +110,7 @@ void CudaBackend::forward_batch(BatchEntry* entries, size_t count) const {
     it.pos0 = e.pos0;
     it.logits = e.logits;
     if (e.sampler != nullptr) {
-      const sm::RoutePlan plan = sm::plan_route(e.sampler->cfg.temperature, e.sampler->cfg.top_k, e.width, false);
+      const sm::RoutePlan plan = sampler_route(*e.sampler, e.width, false);
       if (plan.route != sm::Route::kRow) {  // else the neutral layer samples the host row
         it.logits = nullptr;
         it.sampler = e.sampler;
@@ -358,7 +358,7 @@ void CudaBackend::run_group(BatchCtx& c, Item* items, const std::vector<bp::Piec
       const size_t slot = k - host_rows.size();
       const Item& it = items[sample_rows[slot].item];
       const kvr_sampler& smp = *it.sampler;
-      const sm::RoutePlan plan = sm::plan_route(smp.cfg.temperature, smp.cfg.top_k, it.width, false);
+      const sm::RoutePlan plan = sampler_route(smp, it.width, false);
       auto* d = reinterpret_cast<SampleOut*>(dsample + slot * kSampleScratchOffset);
       ck(launch_sample_reduce(dl + (k - r0) * V, it.width, plan.route == sm::Route::kTopK ? plan.k : 0, &d->token,
                               d->ids, d->vals, &d->count, dsample + scratch_off, st),
@@ -382,7 +382,7 @@ void CudaBackend::run_group(BatchCtx& c, Item* items, const std::vector<bp::Piec
     key.insert(key.end(), lrows.begin(), lrows.end());
     for (const LogitRow& r : sample_rows) {
       const Item& it = items[r.item];
-      const sm::RoutePlan plan = sm::plan_route(it.sampler->cfg.temperature, it.sampler->cfg.top_k, it.width, false);
+      const sm::RoutePlan plan = sampler_route(*it.sampler, it.width, false);
       key.push_back((static_cast<uint64_t>(it.width) << 32) | (static_cast<uint64_t>(plan.route) << 16) | plan.k);
     }
     auto enqueue = [&] {
@@ -430,7 +430,7 @@ void CudaBackend::run_group(BatchCtx& c, Item* items, const std::vector<bp::Piec
   for (size_t slot = 0; slot < sample_rows.size(); ++slot) {
     Item& it = items[sample_rows[slot].item];
     const kvr_sampler& smp = *it.sampler;
-    const sm::RoutePlan plan = sm::plan_route(smp.cfg.temperature, smp.cfg.top_k, it.width, false);
+    const sm::RoutePlan plan = sampler_route(smp, it.width, false);
     const auto& o = *reinterpret_cast<const SampleOut*>(static_cast<const uint8_t*>(c.sample_host.p) +
                                                         slot * kSampleScratchOffset);
     int32_t status;

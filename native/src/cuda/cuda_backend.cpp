@@ -670,7 +670,7 @@ void CudaBackend::decode_graph(CudaSeq& s, int32_t token, size_t pos0, float* lo
 int32_t CudaBackend::forward_sample(SeqState& ss, int32_t token, size_t pos0, const SampleRequest& r,
                                     float* spare) const {
   const kvr_sampler& smp = *r.sampler;
-  const sm::RoutePlan plan = sm::plan_route(smp.cfg.temperature, smp.cfg.top_k, r.width, r.wants_logprobs());
+  const sm::RoutePlan plan = sampler_route(smp, r.width, r.wants_logprobs());
   if (plan.route == sm::Route::kRow) return Backend::forward_sample(ss, token, pos0, r, spare);
   ensure_healthy();
   use_device();

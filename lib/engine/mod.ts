@@ -27,6 +27,7 @@ export {
   type GenerateResult,
   generateStream,
   MAX_SEQUENCE_TOKENS,
+  type TokenGrammar,
   validateGenerateOptions,
 } from "./generate.ts";
 export { DEFAULT_SCORE_CONTEXT, negLogLikelihood, type ScoreResult, scoreTokens } from "./score.ts";

@@ -103,6 +103,14 @@ function walk(root: unknown, s: unknown, path: string, depth: number): void {
   if ("enum" in s && (!Array.isArray(s.enum) || s.enum.length === 0)) {
     fail(`${path}.enum`, "enum must be a non-empty list");
   }
+  // The engine matches a fractional number in enum/const loosely (outputs outside the list).
+  const fractional = (v: unknown) => typeof v === "number" && !Number.isInteger(v);
+  if (Array.isArray(s.enum) && s.enum.some(fractional)) {
+    fail(`${path}.enum`, "fractional numbers in enum are not supported for structured output");
+  }
+  if (fractional(s.const)) {
+    fail(`${path}.const`, "a fractional number as const is not supported for structured output");
+  }
   for (const k of COUNTS) {
     if (k in s && !(Number.isSafeInteger(s[k]) && (s[k] as number) >= 0)) {
       fail(`${path}.${k}`, `${k} must be an integer >= 0`);
@@ -121,6 +129,21 @@ function walk(root: unknown, s: unknown, path: string, depth: number): void {
   for (const k of BOUNDS) {
     if (k in s && !(typeof s[k] === "number" && Number.isFinite(s[k]))) {
       fail(`${path}.${k}`, `${k} must be a finite number`);
+    }
+  }
+  // The engine enforces minimum/maximum on integers only; a bound it would ignore is refused
+  // rather than answered with output outside it (exclusive bounds and multipleOf likewise).
+  for (const k of ["exclusiveMinimum", "exclusiveMaximum", "multipleOf"]) {
+    if (k in s) fail(`${path}.${k}`, `${k} is not supported for structured output`);
+  }
+  // Its integer ranges are exact only at 0 and ±(10^k − 1) (a bound like 180 lets 181..189
+  // through): other bounds are refused for the same reason.
+  for (const k of ["minimum", "maximum"]) {
+    if (!(k in s)) continue;
+    if (s.type !== "integer") fail(`${path}.${k}`, `${k} is supported on "type": "integer" only`);
+    const v = s[k];
+    if (typeof v === "number" && !(v === 0 || /^-?9+$/.test(String(v)))) {
+      fail(`${path}.${k}`, `${k} must be 0 or ±(10^k − 1) (9, 99, 999, ...), got ${v}`);
     }
   }
   if (

@@ -45,7 +45,6 @@ interface XgCompiler {
     separators?: [string, string],
     strictMode?: boolean,
   ): Promise<XgCompiled>;
-  compileBuiltinJSONGrammar(): Promise<XgCompiled>;
 }
 interface XgModule {
   TokenizerInfo: {
@@ -209,7 +208,15 @@ export class GrammarEngine {
         "compiling the grammar",
         () =>
           format.type === "json_object"
-            ? this.#compiler.compileBuiltinJSONGrammar()
+            // Any JSON object (OpenAI's json_object is an object; XGrammar's builtin JSON
+            // grammar takes any JSON value): non-strict, so any properties.
+            ? this.#compiler.compileJSONSchema(
+              '{"type":"object"}',
+              false,
+              undefined,
+              [",", ":"],
+              false,
+            )
             // Strict: no properties beyond the schema's, compact separators (no whitespace runs).
             : this.#compiler.compileJSONSchema(
               JSON.stringify(format.schema),

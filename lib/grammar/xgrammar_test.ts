@@ -14,159 +14,10 @@ import { checkpoint, DEMO_DIRS, tokens as randomTokens } from "../native/test_he
 import { Xoshiro128 } from "../engine/prng.ts";
 import { GrammarEngine, GrammarInputError, type GrammarMatcher } from "./mod.ts";
 import type { TokenMask } from "../engine/sampler.ts";
+import { FLOATS, SCHEMAS } from "./test_schemas.ts";
 
 const DIR = DEMO_DIRS[0];
 const EOS = 4093;
-
-export const SCHEMAS: Record<string, unknown> = {
-  person: {
-    type: "object",
-    properties: { name: { type: "string", maxLength: 12 }, age: { type: "integer", minimum: 0 } },
-    required: ["name", "age"],
-    additionalProperties: false,
-  },
-  optional_fields: {
-    type: "object",
-    properties: {
-      id: { type: "integer" },
-      nickname: { type: "string", maxLength: 8 },
-      verified: { type: "boolean" },
-    },
-    required: ["id"],
-    additionalProperties: false,
-  },
-  nested: {
-    type: "object",
-    properties: {
-      user: {
-        type: "object",
-        properties: {
-          name: { type: "string", maxLength: 10 },
-          address: {
-            type: "object",
-            properties: {
-              city: { type: "string", maxLength: 10 },
-              zip: { type: "string", pattern: "^[0-9]{5}$" },
-            },
-            required: ["city", "zip"],
-            additionalProperties: false,
-          },
-        },
-        required: ["name", "address"],
-        additionalProperties: false,
-      },
-    },
-    required: ["user"],
-    additionalProperties: false,
-  },
-  bounded_array: {
-    type: "object",
-    properties: {
-      tags: { type: "array", items: { type: "string", maxLength: 6 }, minItems: 2, maxItems: 4 },
-    },
-    required: ["tags"],
-    additionalProperties: false,
-  },
-  enums: {
-    type: "object",
-    properties: {
-      color: { enum: ["red", "green", "blue"] },
-      size: { type: "string", enum: ["S", "M", "L", "XL"] },
-      level: { enum: [1, 2, 3] },
-    },
-    required: ["color", "size", "level"],
-    additionalProperties: false,
-  },
-  numbers: {
-    type: "object",
-    properties: {
-      price: { type: "number" },
-      count: { type: "integer", minimum: 1, maximum: 99 },
-      ratio: { type: "number" },
-    },
-    required: ["price", "count", "ratio"],
-    additionalProperties: false,
-  },
-  any_of: {
-    type: "object",
-    properties: {
-      value: { anyOf: [{ type: "integer" }, { type: "string", maxLength: 5 }, { type: "null" }] },
-    },
-    required: ["value"],
-    additionalProperties: false,
-  },
-  array_of_objects: {
-    type: "array",
-    items: {
-      type: "object",
-      properties: { x: { type: "integer" }, y: { type: "integer" } },
-      required: ["x", "y"],
-      additionalProperties: false,
-    },
-    minItems: 1,
-    maxItems: 3,
-  },
-  const_and_bool: {
-    type: "object",
-    properties: { kind: { const: "event" }, ok: { type: "boolean" }, note: { type: "null" } },
-    required: ["kind", "ok", "note"],
-    additionalProperties: false,
-  },
-  refs: {
-    type: "object",
-    $defs: {
-      point: {
-        type: "object",
-        properties: { lat: { type: "number" }, lon: { type: "number" } },
-        required: ["lat", "lon"],
-        additionalProperties: false,
-      },
-    },
-    properties: { from: { $ref: "#/$defs/point" }, to: { $ref: "#/$defs/point" } },
-    required: ["from", "to"],
-    additionalProperties: false,
-  },
-  matrix: {
-    type: "object",
-    properties: {
-      rows: {
-        type: "array",
-        items: { type: "array", items: { type: "integer" }, minItems: 1, maxItems: 3 },
-        minItems: 1,
-        maxItems: 2,
-      },
-    },
-    required: ["rows"],
-    additionalProperties: false,
-  },
-  any_of_objects: {
-    type: "object",
-    properties: {
-      shape: {
-        anyOf: [
-          {
-            type: "object",
-            properties: { circle: { type: "number" } },
-            required: ["circle"],
-            additionalProperties: false,
-          },
-          {
-            type: "object",
-            properties: {
-              w: { type: "integer" },
-              h: { type: "integer" },
-            },
-            required: ["w", "h"],
-            additionalProperties: false,
-          },
-        ],
-      },
-      label: { type: "string", maxLength: 6 },
-    },
-    required: ["shape"],
-    additionalProperties: false,
-  },
-};
 
 let tokenizerP: Promise<Tokenizer> | null = null;
 function tokenizer(): Promise<Tokenizer> {
@@ -231,7 +82,7 @@ Deno.test({
     const bias = await closingBias();
     assert.ok(Object.keys(SCHEMAS).length >= 10);
     let outputs = 0;
-    for (const [name, schema] of Object.entries(SCHEMAS)) {
+    for (const [name, schema] of Object.entries({ ...SCHEMAS, floats: FLOATS })) {
       const validate = ajv.compile(schema as object);
       const compiled = await eng.compile({ type: "json_schema", schema });
       for (
@@ -260,7 +111,7 @@ Deno.test({
         outputs++;
       }
     }
-    assert.equal(outputs, Object.keys(SCHEMAS).length * 3);
+    assert.equal(outputs, (Object.keys(SCHEMAS).length + 1) * 3);
   },
 });
 
@@ -311,6 +162,10 @@ Deno.test({
       [{ type: "string", pattern: "([" }, `${P}.pattern`],
       [{ anyOf: [{ type: "integer" }, { not: { type: "string" } }] }, `${P}.anyOf[1].not`],
       [{ type: "array", items: { type: "integer" }, minItems: 3, maxItems: 1 }, `${P}.minItems`],
+      [{ type: "number", maximum: 1 }, `${P}.maximum`],
+      [{ type: "integer", minimum: 0, maximum: 180 }, `${P}.maximum`],
+      [{ type: "object", properties: { r: { enum: [1, 0.5] } } }, `${P}.properties.r.enum`],
+      [{ type: "integer", exclusiveMinimum: 0 }, `${P}.exclusiveMinimum`],
       [{ type: "array", items: [{ type: 7 }] }, `${P}.items`],
       [{ type: "object", properties: { "a b": { enum: [] } } }, `${P}.properties["a b"].enum`],
       [42, P],

@@ -22,7 +22,7 @@ const SCHEMA = {
   type: "object",
   properties: {
     name: { type: "string", maxLength: 16 },
-    age: { type: "integer", minimum: 0, maximum: 150 },
+    age: { type: "integer", minimum: 0, maximum: 999 },
     role: { enum: ["admin", "user", "guest"] },
     tags: { type: "array", items: { type: "string", maxLength: 8 }, minItems: 1, maxItems: 3 },
     address: {

@@ -16,6 +16,7 @@ import { benchMigration, formatMigrationTable } from "./migration.ts";
 import { benchPeers, type Column, COLUMNS, formatPeersTable } from "./peers.ts";
 import { benchBatch, formatBatchTable } from "./batch.ts";
 import { benchColdStart, formatColdStartTable } from "./coldstart.ts";
+import { benchGrammar, formatGrammarTable } from "./grammar.ts";
 import { machineInfo } from "./machine.ts";
 import { currentCommit, sectionResult } from "./result_file.ts";
 import { SECTION_ROWS } from "./result_rows.ts";
@@ -155,6 +156,7 @@ const sections: Record<string, Section> = {
   batch: { run: benchBatch, format: formatBatchTable },
   coldstart: { run: benchColdStart, format: formatColdStartTable },
   multihost: { run: benchMultihost, format: formatMultihostTable },
+  grammar: { run: benchGrammar, format: formatGrammarTable },
   peers: {
     run: async () =>
       benchPeers({

@@ -14,6 +14,7 @@ const ORDER = [
   "migration",
   "multihost",
   "coldstart",
+  "grammar",
 ];
 
 /** A figure with about three significant digits, without exponent notation for everyday sizes. */

@@ -4,6 +4,7 @@
 import type { BatchBenchResult } from "./batch.ts";
 import type { ColdStartResult } from "./coldstart.ts";
 import type { EngineBenchResult } from "./engine.ts";
+import type { GrammarBenchResult } from "./grammar.ts";
 import type { HttpBenchResult } from "./http.ts";
 import type { MultihostResult } from "./multihost.ts";
 import type { PeersResult } from "./peers.ts";
@@ -196,6 +197,22 @@ function peersRows(r: PeersResult): ResultRow[] {
   return rows;
 }
 
+function grammarRows(r: GrammarBenchResult): ResultRow[] {
+  const rows: ResultRow[] = [];
+  for (const v of r.vocabs) {
+    const labels = { vocabulary: v.vocab, ids: v.vocabSize };
+    rows.push(row(labels, "schema compile", "ms", v.compileMs));
+    rows.push(row(labels, "bitmask per token", "µs", v.bitmaskUs));
+    rows.push(row(labels, "accept per token", "µs", v.acceptUs));
+    rows.push(row(labels, "native draw", "µs", v.drawUs));
+    rows.push(row(labels, "native masked draw", "µs", v.maskedDrawUs));
+  }
+  const labels = { model: "tiny-fast", rows: r.decode.rows };
+  rows.push(row({ ...labels, output: "json_schema" }, "decode", TPS, r.decode.constrained));
+  rows.push(row({ ...labels, output: "free" }, "decode", TPS, r.decode.unconstrained));
+  return rows;
+}
+
 /** Row builders by section name (bench/main.ts's sections). */
 export const SECTION_ROWS: Record<string, (result: never) => ResultRow[]> = {
   engine: engineRows,
@@ -205,5 +222,6 @@ export const SECTION_ROWS: Record<string, (result: never) => ResultRow[]> = {
   batch: batchRows,
   coldstart: coldstartRows,
   multihost: multihostRows,
+  grammar: grammarRows,
   peers: peersRows,
 };

@@ -44,6 +44,7 @@ import {
   refuseUnsupportedCompletion,
 } from "./openai.ts";
 import { registerPlayground } from "./playground.ts";
+import { type StructuredOutput, structuredOutput } from "./structured.ts";
 
 const generateSchema = z.object({
   prompt: z.string().min(1),
@@ -97,6 +98,8 @@ interface Planned {
   route: RouteDecision;
   ids: number[];
   options: Omit<GenerateOptions, "signal">;
+  /** response_format json_object / json_schema: each generation gets a matcher of it */
+  structured?: StructuredOutput;
 }
 
 /**
@@ -176,12 +179,19 @@ async function admit(
   p: Planned,
   conversation: Conversation | undefined,
 ): Promise<{ gen: Generation; route: RouteDecision }> {
-  const gen = await startGeneration(rt, {
-    tier: p.tier,
-    promptIds: p.ids,
-    options: p.options,
-    ctx,
-  });
+  const grammar = p.structured ? await p.structured.matcher() : undefined;
+  let gen: Generation;
+  try {
+    gen = await startGeneration(rt, {
+      tier: p.tier,
+      promptIds: p.ids,
+      options: grammar ? { ...p.options, grammar } : p.options,
+      ctx,
+    });
+  } catch (e) {
+    grammar?.dispose(); // the generation owns it from here (its decode loop or close() frees it)
+    throw e;
+  }
   rt.router.commit(conversation, p.tier.name);
   return { gen, route: p.route };
 }
@@ -298,6 +308,8 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
           extras: (tier) => extraOptions(tier, body, logprobs),
         }),
       );
+      const last = plans[plans.length - 1];
+      last.structured = await structuredOutput(last.tier, body.response_format);
     }
     for (const p of plans) deadlineTier(c, p.tier);
     const link = linkedContext(c, body.cache_salt);
@@ -406,6 +418,7 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
       maxTokensParam: body.max_completion_tokens != null ? "max_completion_tokens" : "max_tokens",
       extras: (tier) => extraOptions(tier, body, logprobs),
     });
+    planned.structured = await structuredOutput(planned.tier, body.response_format);
     deadlineTier(c, planned.tier);
     const link = linkedContext(c, body.cache_salt);
     const { gen, route } = await admit(rt, link.ctx, planned, conversationOf(c, body.user));

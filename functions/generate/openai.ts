@@ -1,12 +1,13 @@
 // OpenAI request semantics of /v1/completions and /v1/chat/completions: every field OpenAI's API
 // defines is validated with OpenAI's types and ranges (400 naming `param`); fields kvrelay does
-// not implement (tools, JSON response formats, n/best_of > 1, suffix, echo, audio, ...) are
+// not implement (tools, n/best_of > 1, suffix, echo, audio, ...) are
 // refused with a 400 that says so; unknown fields are refused like OpenAI does ("Unrecognized
 // request argument"). Also the logprobs objects of both APIs. Routes live in app.ts.
 import { z } from "zod";
 import type { GenerateOptions, StepLogprobs } from "../../lib/engine/mod.ts";
 import { InputError, type Tier } from "../../lib/serve/mod.ts";
 import { messagesSchema, samplingFields, tokenIdsSchema } from "../shared/mod.ts";
+import { responseFormatSchema } from "./structured.ts";
 
 /** Fields both APIs share (OpenAI's names and ranges, plus kvrelay's top_k/min_p/cache_salt). */
 const common = {
@@ -45,6 +46,7 @@ export const completionSchema = z.strictObject({
   echo: z.boolean().nullish(),
   best_of: z.number().int().min(1).max(20).nullish(),
   suffix: z.string().nullish(),
+  response_format: responseFormatSchema,
 });
 
 /** POST /v1/chat/completions body. */
@@ -55,12 +57,7 @@ export const chatSchema = z.strictObject({
   max_completion_tokens: z.number().int().min(1).nullish(),
   logprobs: z.boolean().nullish(),
   top_logprobs: z.number().int().min(0).max(20).nullish(),
-  response_format: z.union([
-    z.strictObject({ type: z.literal("text") }),
-    z.strictObject({ type: z.literal("json_object") }),
-    z.strictObject({ type: z.literal("json_schema"), json_schema: z.unknown() }),
-  ], { error: 'must be {"type": "text"}, {"type": "json_object"} or {"type": "json_schema", ...}' })
-    .nullish(),
+  response_format: responseFormatSchema,
   tools: z.array(z.unknown()).nullish(),
   tool_choice: z.unknown().optional(),
   parallel_tool_calls: z.boolean().nullish(),
@@ -96,9 +93,6 @@ export function refuseUnsupportedChat(b: z.infer<typeof chatSchema>): void {
   }
   if (b.function_call !== undefined && b.function_call !== null && b.function_call !== "none") {
     throw unsupported("function_call", "function calling (function_call)");
-  }
-  if (b.response_format != null && b.response_format.type !== "text") {
-    throw unsupported("response_format", `response_format ${b.response_format.type}`);
   }
   if (b.modalities != null && b.modalities.some((m) => m !== "text")) {
     throw unsupported("modalities", "output modalities other than text");

@@ -214,16 +214,29 @@ Deno.test("invalid known fields answer 400 naming param; unsupported features an
       ],
       ["tool_choice", () => chat({ tool_choice: "required" }), "tool_choice", /not supported/],
       [
-        "response_format json_schema",
-        () => chat({ response_format: { type: "json_schema", json_schema: { name: "x" } } }),
-        "response_format",
-        /not supported/,
+        "response_format json_schema without a name",
+        () => chat({ response_format: { type: "json_schema", json_schema: { schema: {} } } }),
+        "response_format.json_schema.name",
       ],
       [
-        "response_format json_object",
-        () => chat({ response_format: { type: "json_object" } }),
-        "response_format",
-        /not supported/,
+        "response_format json_schema the engine cannot compile",
+        () =>
+          chat({
+            response_format: {
+              type: "json_schema",
+              json_schema: {
+                name: "x",
+                schema: { type: "object", properties: { a: { type: "foo" } } },
+              },
+            },
+          }),
+        "response_format.json_schema.schema.properties.a.type",
+        /unsupported type "foo"/,
+      ],
+      [
+        "response_format of an unknown type",
+        () => cmpl({ response_format: { type: "xml" } }),
+        "response_format.type",
       ],
       ["n > 1", () => chat({ n: 2 }), "n", /not supported/],
       ["best_of > 1", () => cmpl({ best_of: 2 }), "best_of", /not supported/],

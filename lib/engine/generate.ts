@@ -10,7 +10,7 @@ import {
   type SampleResult,
 } from "../native/mod.ts";
 import type { LoadedModel } from "./load.ts";
-import { Sampler, type SamplingOptions, validateSampling } from "./sampler.ts";
+import { Sampler, type SamplingOptions, type TokenMask, validateSampling } from "./sampler.ts";
 import { StopStringMatcher } from "./stop_strings.ts";
 import {
   changesLogits,
@@ -48,6 +48,23 @@ export interface GenerateOptions extends SamplingOptions, LogitOptions {
    *  returns a token id instead of the vocabulary's logits. Same tokens either way (the native
    *  sampler replicates {@link Sampler} exactly); false keeps the TypeScript sampler. */
   nativeSampling?: boolean;
+  /** Structured output: a grammar's per-request matcher (lib/grammar GrammarMatcher). Every
+   *  draw is restricted to the tokens its mask allows (never drawn and rejected), each drawn
+   *  token is accepted into it, and a token that completes it ends the output (finishReason
+   *  "stop"). The loop disposes it when it ends. */
+  grammar?: TokenGrammar;
+}
+
+/** The part of a grammar matcher the decode loop uses (lib/grammar GrammarMatcher). */
+export interface TokenGrammar {
+  /** the tokens allowed next */
+  nextMask(): Promise<TokenMask>;
+  /** takes a drawn token; false when the grammar rejects it */
+  accept(token: number): boolean;
+  /** whether the output is complete (a stop token was accepted) */
+  readonly terminated: boolean;
+  /** frees it */
+  dispose(): void;
 }
 
 /** Options of {@link continueFrom}: as {@link GenerateOptions}, plus the text context. */
@@ -246,8 +263,17 @@ export async function* decodeLoop(
   let next: SampleResult | undefined; // what the last native decode step sampled
   // A burst's tokens not consumed yet (each already appended but the burst's last): without
   // logprobs, a target with bursts returns several tokens per call.
-  const bursts = stepSamples && !lpReq && target.decodeBurst !== undefined &&
+  // A grammar's next mask needs this token accepted first: one token per step then.
+  const grammar = opts.grammar;
+  const bursts = stepSamples && !lpReq && !grammar && target.decodeBurst !== undefined &&
     target.rewind !== undefined;
+  // The mask of the next draw, computed right after the previous token was accepted and before
+  // the step that draws it is submitted (the step itself waits for it: not overlapped).
+  let mask: TokenMask | undefined;
+  const nextMask = async () => {
+    mask = await grammar!.nextMask();
+    native?.setMask(mask);
+  };
   let ahead: Int32Array | null = null;
   let aheadAt = 0;
   // Gives back the burst's tokens after the last one emitted (all appended already), so the cache
@@ -257,6 +283,7 @@ export async function* decodeLoop(
     ahead = null;
   };
   try {
+    if (grammar) await nextMask();
     while (finishReason === undefined) {
       if (opts.signal?.aborted) {
         finishReason = "abort";
@@ -272,14 +299,17 @@ export async function* decodeLoop(
       } else {
         const raw = logits.subarray(0, sampleWidth);
         const row = processor ? processor.process(raw) : raw;
-        id = sampler.sample(row);
+        id = sampler.sample(row, mask);
         if (opts.logprobs !== undefined) logprobs = stepLogprobs(row, id, opts.logprobs);
         processor?.push(id);
       }
       ttftMs ??= performance.now() - ctx.startMs;
       tokenIds.push(id);
+      if (grammar && !grammar.accept(id)) {
+        throw new Error(`the grammar rejected token ${id}, which its mask allowed`);
+      }
       let delta: string;
-      if (stopIds.has(id)) {
+      if (stopIds.has(id) || grammar?.terminated) {
         // The stop token's own text is not output; release what was withheld before it.
         const step = stopper.push(detok.flush());
         delta = step.emit + stopper.flush();
@@ -310,12 +340,16 @@ export async function* decodeLoop(
           );
           next = { token: ahead[0] };
           aheadAt = 1;
-        } else if (stepSamples) next = await target.decodeSample!(id, native!, sampleWidth, lpReq);
-        else logits = await target.decode(id);
+        } else {
+          if (grammar) await nextMask();
+          if (stepSamples) next = await target.decodeSample!(id, native!, sampleWidth, lpReq);
+          else logits = await target.decode(id);
+        }
       }
     }
   } finally {
     native?.free();
+    grammar?.dispose();
   }
   return {
     text,

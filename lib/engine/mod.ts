@@ -4,11 +4,15 @@
 export { type LoadedModel, loadModel, type LoadTimings } from "./load.ts";
 export {
   argmax,
+  checkTokenMask,
+  maskRow,
+  NoAllowedTokenRowError,
   NoFiniteLogitRowError,
   Sampler,
   samplingDistribution,
   type SamplingOptions,
   type TokenDistribution,
+  type TokenMask,
   validateSampling,
 } from "./sampler.ts";
 export {
@@ -23,6 +27,7 @@ export {
   type GenerateResult,
   generateStream,
   MAX_SEQUENCE_TOKENS,
+  type TokenGrammar,
   validateGenerateOptions,
 } from "./generate.ts";
 export { DEFAULT_SCORE_CONTEXT, negLogLikelihood, type ScoreResult, scoreTokens } from "./score.ts";

@@ -51,6 +51,73 @@ export class NoFiniteLogitRowError extends RangeError {
   }
 }
 
+/** The allowed tokens of one draw (structured output: a grammar's next-token bitmask). Bit
+ *  t % 32 of words[t / 32] set = token t may be drawn; ids >= nTokens never may. The layout of
+ *  XGrammar's bitmask and of kvr_sampler_set_mask. */
+export interface TokenMask {
+  /** (ceil(nTokens / 32),) bit words; bits past nTokens are 0 */
+  words: Uint32Array;
+  /** how many token ids the mask covers (>= 1) */
+  nTokens: number;
+}
+
+/** A masked row held no allowed token with a finite logit: nothing can be drawn from it. */
+export class NoAllowedTokenRowError extends RangeError {
+  /** @param message names the row's length */
+  constructor(message: string) {
+    super(message);
+    this.name = "NoAllowedTokenRowError";
+  }
+}
+
+/**
+ * Checks a token mask's shape: nTokens an integer >= 1, words of length ceil(nTokens / 32), no
+ * bit at or past nTokens, at least one bit set (the checks of kvr_sampler_set_mask).
+ *
+ * @param mask the mask
+ * @param vocab when given, the vocabulary the mask must fit (nTokens <= vocab)
+ * @throws {RangeError} naming what is wrong
+ */
+export function checkTokenMask(mask: TokenMask, vocab?: number): void {
+  const { words, nTokens } = mask ?? {};
+  if (!(words instanceof Uint32Array)) throw new TypeError("mask.words must be a Uint32Array");
+  if (!Number.isInteger(nTokens) || nTokens < 1 || nTokens > 0xffff_ffff) {
+    throw new RangeError(`mask.nTokens must be an integer in [1, 2^32), got ${nTokens}`);
+  }
+  const need = Math.ceil(nTokens / 32);
+  if (words.length !== need) {
+    throw new RangeError(
+      `a mask of ${nTokens} tokens takes ${need} words, got mask.words.length ${words.length}`,
+    );
+  }
+  if (vocab !== undefined && nTokens > vocab) {
+    throw new RangeError(`the mask covers ${nTokens} tokens, the vocabulary has ${vocab}`);
+  }
+  const tail = nTokens % 32;
+  if (tail !== 0 && words[need - 1] >>> tail !== 0) {
+    throw new RangeError(`the mask allows a token id >= nTokens ${nTokens}`);
+  }
+  if (!words.some((w) => w !== 0)) throw new RangeError("the mask allows no token");
+}
+
+/**
+ * The row a masked draw runs on: logits where the mask allows the token, -Infinity elsewhere
+ * (ids >= mask.nTokens included), so a disallowed token is never drawn and the allowed ones keep
+ * their relative probabilities.
+ *
+ * @param logits one row
+ * @param mask allowed tokens (checked with {@link checkTokenMask} by the caller)
+ * @returns (logits.length,) float32
+ */
+export function maskRow(logits: ArrayLike<number>, mask: TokenMask): Float32Array {
+  const out = new Float32Array(logits.length).fill(-Infinity);
+  const end = Math.min(logits.length, mask.nTokens);
+  for (let i = 0; i < end; i++) {
+    if ((mask.words[i >>> 5] >>> (i & 31)) & 1) out[i] = logits[i];
+  }
+  return out;
+}
+
 export function validateSampling(opts: SamplingOptions): ValidSampling {
   const temperature = opts.temperature ?? 1;
   const topK = opts.topK ?? 0;
@@ -276,10 +343,21 @@ export class Sampler {
    * Picks the next token.
    *
    * @param logits one row, (vocab,) float32
+   * @param mask allowed tokens (structured output); absent = every token
    * @returns the chosen token id
-   * @throws {RangeError} when the row holds no finite logit
+   * @throws {RangeError} when the row holds no finite logit, or the mask is malformed;
+   *   {@link NoAllowedTokenRowError} when no allowed token has a finite logit
    */
-  sample(logits: Float32Array): number {
+  sample(logits: Float32Array, mask?: TokenMask): number {
+    if (mask) {
+      checkTokenMask(mask);
+      logits = maskRow(logits, mask);
+      if (!logits.some((v) => v > -Infinity)) {
+        throw new NoAllowedTokenRowError(
+          `sampling: no token the mask allows has a finite logit among ${logits.length} values`,
+        );
+      }
+    }
     if (this.#greedy) return argmax(logits);
     const { temperature, topK, topP, minP } = this.options;
     if (topK === 0 && topP >= 1 && minP === 0) {

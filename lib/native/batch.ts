@@ -5,7 +5,7 @@
 // free() meanwhile is deferred), and maps failures to EngineError. Not the scheduler (lib/serve).
 
 import { checkInt, quoteValue } from "./check.ts";
-import { EngineError, NoFiniteLogitError } from "./errors.ts";
+import { EngineError, NoAllowedTokenError, NoFiniteLogitError } from "./errors.ts";
 import type { NativeLibrary } from "./library.ts";
 import { cString } from "./library.ts";
 import type { NativeModel } from "./model.ts";
@@ -135,6 +135,8 @@ export async function runBatchStep(
  * sequence's capacity ran out) or a row has no finite logit; that row's sequence then gives back
  * the token the failed draw would have followed, so every sequence holds its returned tokens but
  * the last, as after single steps.
+ * A burst with a masked sampler (structured output) runs one step: the row's next mask needs its
+ * grammar to take this step's token first.
  * @param lib the library
  * @param model the model every sequence belongs to
  * @param items the sequences, their first tokens and samplers
@@ -302,7 +304,10 @@ async function stepWith(
     } else if (steps !== null) {
       // A burst (every item one token and a sampler): each step's draws are the next one's input.
       burst = items.map((_, i) => [tokensOut[i]]);
-      while (done < steps && burst.every((b) => b[b.length - 1] >= 0)) {
+      // A masked row's next mask exists only once its grammar has taken this token (in
+      // JavaScript): a burst holding one stops after its first step.
+      const masked = items.some((it) => it.sample!.sampler.masked);
+      while (!masked && done < steps && burst.every((b) => b[b.length - 1] >= 0)) {
         for (let i = 0; i < n; i++) ids[i] = tokensOut[i];
         if (await step() !== 0) break; // nothing changed in that step: the ones done stand
         done++;
@@ -327,15 +332,7 @@ async function stepWith(
     if (want[i]) out.push(logits.subarray(row * vocab, ++row * vocab));
     else if (!sample) out.push(null);
     else if (tokensOut[i] >= 0) out.push(tokensOut[i]);
-    else {
-      const ptr = Deno.UnsafePointer.create(samplerPtrs![i]);
-      out.push(
-        new NoFiniteLogitError(
-          cString(lib.symbols.kvr_sampler_last_error(ptr)),
-          "kvr_batch_step_sample",
-        ),
-      );
-    }
+    else out.push(drawError(lib, sample.sampler, samplerPtrs![i]));
   }
   return out;
 }
@@ -350,13 +347,7 @@ function burstResults(
 ): DecodeStepsResult[] {
   return burst.map((tokens, i) => {
     const failed = tokens.indexOf(-1);
-    if (failed === 0) {
-      const ptr = Deno.UnsafePointer.create(samplerPtrs[i]);
-      return new NoFiniteLogitError(
-        cString(lib.symbols.kvr_sampler_last_error(ptr)),
-        "kvr_batch_step_sample",
-      );
-    }
+    if (failed === 0) return drawError(lib, items[i].sample!.sampler, samplerPtrs[i]);
     if (failed > 0) {
       const seq = items[i].seq;
       seq.truncate(seq.length - 1);
@@ -364,4 +355,12 @@ function burstResults(
     }
     return Int32Array.from(tokens);
   });
+}
+
+/** The error of a row whose draw failed: no allowed token (a masked sampler) or no finite logit. */
+function drawError(lib: NativeLibrary, sampler: NativeSampler, ptr: bigint): EngineError {
+  const message = cString(lib.symbols.kvr_sampler_last_error(Deno.UnsafePointer.create(ptr)));
+  return sampler.masked && message.includes("the mask allows")
+    ? new NoAllowedTokenError(message, "kvr_batch_step_sample")
+    : new NoFiniteLogitError(message, "kvr_batch_step_sample");
 }

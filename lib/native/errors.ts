@@ -39,3 +39,17 @@ export class NoFiniteLogitError extends EngineError {
     this.name = "NoFiniteLogitError";
   }
 }
+
+/** A masked sampler's row (kvr_sampler_set_mask) held no allowed token with a finite logit: the
+ *  step ran, its draw did not. A structured-output request whose grammar allows only tokens the
+ *  model rules out (or only ids past the sampled width) ends here, not in a crash. */
+export class NoAllowedTokenError extends EngineError {
+  /**
+   * @param message the sampler's message (kvr_sampler_last_error)
+   * @param call the C function whose draw failed
+   */
+  constructor(message: string, call: string) {
+    super(-1, message, call);
+    this.name = "NoAllowedTokenError";
+  }
+}

@@ -3,7 +3,7 @@
 // GEMM entry points, and the native twin of lib/engine's sampler (NativeSampler). No
 // tokenization, sampling policy or scheduling (lib/engine).
 
-export { EngineError, NoFiniteLogitError } from "./errors.ts";
+export { EngineError, NoAllowedTokenError, NoFiniteLogitError } from "./errors.ts";
 export { assertKvDtype, dtypeByteSize, type KvDtype } from "./dtype.ts";
 export { ENCODING_CODE, type KvEncoding } from "./abi.ts";
 export { NativeLibrary, openNativeLibrary } from "./library.ts";

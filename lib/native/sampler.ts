@@ -4,7 +4,8 @@
 // Not the option defaults or validation rules themselves (lib/engine/sampler.ts owns those).
 
 import { checkInt } from "./check.ts";
-import { EngineError, NoFiniteLogitError } from "./errors.ts";
+import { EngineError, NoAllowedTokenError, NoFiniteLogitError } from "./errors.ts";
+import { checkTokenMask, type TokenMask } from "../engine/sampler.ts";
 import { cString, type NativeLibrary, openNativeLibrary } from "./library.ts";
 
 /** sizeof(kvr_sampling_params). */
@@ -99,6 +100,7 @@ export class NativeSampler {
   #ptr: Deno.PointerObject | null;
   readonly #out = new SampleBuffers();
   #busy = false;
+  #maskTokens = 0;
 
   private constructor(lib: NativeLibrary, ptr: Deno.PointerObject, o: NativeSamplingOptions) {
     this.#lib = lib;
@@ -155,6 +157,46 @@ export class NativeSampler {
     this.#busy = false;
   }
 
+  /** Whether a mask is set ({@link setMask}): its draws are then one decode step at a time. */
+  get masked(): boolean {
+    return this.#maskTokens !== 0;
+  }
+
+  /**
+   * Sets (or, with null, clears) the allowed-token mask every later draw of this sampler uses
+   * (kvr_sampler_set_mask: the words are copied). Disallowed tokens are never drawn.
+   *
+   * @param mask allowed tokens, or null for none
+   * @throws RangeError/TypeError for a malformed mask (wrong length, bits past nTokens, no bit
+   *   set), before FFI; Error while a call using the sampler runs
+   */
+  setMask(mask: TokenMask | null): void {
+    const ptr = this.pointer;
+    if (mask === null) {
+      this.#lib.check(
+        this.#lib.symbols.kvr_sampler_set_mask(ptr, null, 0n, 0),
+        "kvr_sampler_set_mask",
+      );
+      this.#maskTokens = 0;
+      return;
+    }
+    checkTokenMask(mask);
+    const status = this.#lib.symbols.kvr_sampler_set_mask(
+      ptr,
+      mask.words,
+      BigInt(mask.words.length),
+      mask.nTokens,
+    );
+    if (status !== 0) {
+      throw new EngineError(
+        status,
+        cString(this.#lib.symbols.kvr_sampler_last_error(ptr)),
+        "kvr_sampler_set_mask",
+      );
+    }
+    this.#maskTokens = mask.nTokens;
+  }
+
   /**
    * Sets the repetition penalty (transformers'/vLLM's): before each later draw the logits of the
    * tokens seen — `seenIds` (the prompt), then every token this sampler draws — are divided by
@@ -188,12 +230,19 @@ export class NativeSampler {
    * @param width ids < width are candidates (default the row length)
    * @param req logprobs to return
    * @returns the token and the requested logprobs
-   * @throws RangeError for a bad width or topLogprobs; NoFiniteLogitError when no logit is finite
+   * @throws RangeError for a bad width or topLogprobs, or a mask longer than the row;
+   *   NoFiniteLogitError when no logit is finite; NoAllowedTokenError when logits are finite but
+   *   none the mask allows is
    */
   sample(logits: Float32Array, width = logits.length, req: LogprobRequest = {}): SampleResult {
     const ptr = this.pointer;
     checkInt("width", width, 1, logits.length);
     const top = this.#out.prepare(req);
+    if (this.#maskTokens > logits.length) {
+      throw new RangeError(
+        `the sampler's mask covers ${this.#maskTokens} tokens, the row has ${logits.length}`,
+      );
+    }
     const o = this.#out;
     const status = this.#lib.symbols.kvr_sampler_sample(
       ptr,
@@ -211,6 +260,9 @@ export class NativeSampler {
       const message = cString(this.#lib.symbols.kvr_sampler_last_error(ptr)) ||
         this.#lib.lastError();
       if (!hasFinite(logits, width)) throw new NoFiniteLogitError(message, "kvr_sampler_sample");
+      if (this.#maskTokens !== 0 && status === -1) {
+        throw new NoAllowedTokenError(message, "kvr_sampler_sample");
+      }
       throw new EngineError(status, message, "kvr_sampler_sample");
     }
     return o.result(req, top);

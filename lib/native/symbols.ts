@@ -440,6 +440,8 @@ export const samplingSymbols = {
     ],
     result: "i32",
   },
+  // (sampler, words u32* | NULL, words_len, n_tokens): the allowed-token mask (0 tokens = none)
+  kvr_sampler_set_mask: { parameters: ["pointer", "buffer", "usize", "u32"], result: "i32" },
   // (seq, token, sampler, width, token_out i32*, logprob_out f64* | NULL, top_ids | NULL,
   //  top_logprobs | NULL, top_len, top_count_out u32* | NULL) — worker thread
   kvr_seq_decode_sample: { ...seqDecodeSample, nonblocking: true },

@@ -221,6 +221,7 @@ export class Generation {
   close(): void {
     if (this.#closed) return;
     this.#closed = true;
+    this.options.grammar?.dispose(); // idempotent: the decode loop may have freed it already
     this.#lane?.free();
     this.#lane = null;
     this.#rt.metrics.activeSequences.add({ tier: this.tier.name }, -1);

@@ -343,6 +343,22 @@ export class Tokenizer {
   }
 
   /**
+   * The vocabulary as a grammar engine reads it (XGrammar's TokenizerInfo): every token string
+   * by id (added tokens included; "" for an id the vocabulary skips) and how those strings
+   * spell bytes: "byte_level" (GPT-2 byte-to-unicode, as this class decodes them),
+   * "byte_fallback" (SentencePiece "▁" and <0xNN> tokens) or "raw".
+   *
+   * @returns the token strings and the vocabulary type
+   */
+  grammarVocab(): { pieces: string[]; type: "byte_level" | "byte_fallback" | "raw" } {
+    const pieces = new Array<string>(this.vocabSize).fill("");
+    for (const [piece, id] of this.#hf.get_vocab(true)) pieces[id] = piece;
+    if (this.#byteLevel) return { pieces, type: "byte_level" };
+    const model = this.#json?.model as Record<string, unknown> | undefined;
+    return { pieces, type: model?.byte_fallback === true ? "byte_fallback" : "raw" };
+  }
+
+  /**
    * Whether an id is a special added token (<|endoftext|>, <|im_start|>, ...).
    *
    * @param id a token id

@@ -633,6 +633,24 @@ KVR_API int32_t kvr_sampler_sample(kvr_sampler* sampler, const float* logits, si
                                    uint32_t* top_count_out);
 
 /*
+ * The sampler's allowed-token mask (structured output: a grammar's next-token bitmask), used by
+ * every draw of this sampler until replaced or cleared — kvr_sampler_sample,
+ * kvr_seq_decode_sample and each row of kvr_batch_step_sample. words[0..words_len) is a bit
+ * array: bit t % 32 of words[t / 32] set = token t may be drawn; ids >= n_tokens never may.
+ * words_len must be (n_tokens + 31) / 32, bits past n_tokens must be 0 (KVR_ERR_OUT_OF_RANGE)
+ * and at least one bit set (KVR_ERR_INVALID_ARGUMENT: a mask allowing nothing). The words are
+ * copied. n_tokens 0 with words NULL and words_len 0 clears the mask. The draw applies it before
+ * temperature and the filters: disallowed logits become -inf, so such a token is never drawn (no
+ * rejection and redraw) and the allowed ones keep their relative probabilities; logprobs
+ * outputs stay those of the raw row. A draw whose row has no allowed token with a finite logit
+ * fails as a row without a finite logit does (KVR_ERR_INVALID_ARGUMENT; -1 in a batched step).
+ * A draw on a row shorter than n_tokens (logits_len, or the model's vocabulary) is
+ * KVR_ERR_OUT_OF_RANGE, checked before any decode. Not while a call using the sampler runs.
+ */
+KVR_API int32_t kvr_sampler_set_mask(kvr_sampler* sampler, const uint32_t* words, size_t words_len,
+                                     uint32_t n_tokens);
+
+/*
  * A decode step that returns a token instead of logits: kvr_seq_decode(seq, token) into a buffer
  * the library owns, then kvr_sampler_sample(sampler, those logits, vocab, width, ...). Everything
  * is checked before the decode (sampler, 1 <= width <= vocab, output buffers, then as

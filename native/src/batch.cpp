@@ -97,6 +97,9 @@ int32_t batch_impl(kvr_seq* const* seqs, uint32_t n_seqs, const uint32_t* n_toke
                    format("widths[%u] must be in [1, vocab %zu], got %u", i, model->vocab, widths[i]));
       if (!seen.insert(samplers[i]).second)
         return bad(KVR_ERR_INVALID_ARGUMENT, format("samplers[%u] appears twice in the batch", i));
+      if (samplers[i]->mask_tokens > model->vocab)
+        return bad(KVR_ERR_OUT_OF_RANGE, format("samplers[%u]: its mask covers %u tokens, the vocabulary has %zu", i,
+                                                samplers[i]->mask_tokens, model->vocab));
       ++sampled;
     }
     rows += n_tokens[i];

@@ -1,7 +1,9 @@
 // C ABI of native sampling (kvr_sampling_default_params, kvr_sampler_*): validates params and
 // buffers, keeps each sampler's PRNG stream and candidate buffers. The math is sampling.cpp; the
 // decode step that samples in place is kvr_seq_decode_sample (sequence.cpp).
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <new>
 #include <utility>
 #include <string>
@@ -25,20 +27,62 @@ int32_t sampler_fail(kvr_sampler* s, int32_t status, const std::string& msg) {
   return status;
 }
 
+namespace {
+
+// logits[0..width) with every token the mask disallows at -inf (ids >= mask_tokens included), in
+// s->masked: the draw then runs on that row unchanged, so a disallowed token can never be drawn
+// (it is not drawn and rejected) and the allowed ones keep their relative probabilities.
+const float* masked_row(kvr_sampler* s, const float* logits, size_t width) {
+  s->masked.resize(width);
+  float* out = s->masked.data();
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  const size_t allowed_end = std::min<size_t>(width, s->mask_tokens);
+  size_t i = 0;
+  for (; i + 32 <= allowed_end; i += 32) {
+    const uint32_t w = s->mask[i / 32];
+    if (w == 0) {
+      std::fill(out + i, out + i + 32, neg_inf);
+    } else if (w == 0xffffffffu) {
+      std::copy(logits + i, logits + i + 32, out + i);
+    } else {
+      for (size_t b = 0; b < 32; ++b) out[i + b] = (w >> b) & 1u ? logits[i + b] : neg_inf;
+    }
+  }
+  for (; i < allowed_end; ++i) out[i] = (s->mask[i / 32] >> (i % 32)) & 1u ? logits[i] : neg_inf;
+  std::fill(out + allowed_end, out + width, neg_inf);
+  return out;
+}
+
+}  // namespace
+
+int32_t sampler_check_mask(kvr_sampler* s, size_t row_len) {
+  if (s->mask_tokens > row_len)
+    return sampler_fail(s, KVR_ERR_OUT_OF_RANGE,
+                        format("the sampler's mask covers %u tokens, the vocabulary has %zu", s->mask_tokens,
+                               row_len));
+  return KVR_OK;
+}
+
 int32_t sampler_run(kvr_sampler* s, const float* logits, size_t width, int32_t* token_out,
                     double* logprob_out, int32_t* top_ids, double* top_logprobs, uint32_t top_len,
                     uint32_t* top_count_out) {
   // The penalised row is what both the draw and the logprobs see (as lib/engine's LogitProcessor
-  // row does when sampling runs in TypeScript).
+  // row does when sampling runs in TypeScript); the mask then applies to the draw only.
   logits = s->penalty.apply(logits, width);
-  const int64_t id = s->cfg.temperature == 0
-                         ? argmax_row(logits, width)
-                         : sample_row(logits, width, s->cfg, s->rng, s->scratch);
+  const float* row = s->mask_tokens != 0 ? masked_row(s, logits, width) : logits;
+  const int64_t id = s->cfg.temperature == 0 ? argmax_row(row, width)
+                                             : sample_row(row, width, s->cfg, s->rng, s->scratch);
+  // A masked row that fails names the mask only when the raw row had a finite logit: a row with
+  // none is the model's failure (overflowed values), not the grammar's.
   if (id < 0)
     return sampler_fail(s, KVR_ERR_INVALID_ARGUMENT,
-                        format("sampling: no finite logit among %zu values", width));
+                        row != logits && argmax_row(logits, width) >= 0
+                            ? format("sampling: no token the mask allows has a finite logit among %zu values", width)
+                            : format("sampling: no finite logit among %zu values", width));
   *token_out = static_cast<int32_t>(id);
   if (s->penalty.active()) s->penalty.add(*token_out);
+  // Logprobs are those of the (penalised) row without the mask, as documented for
+  // kvr_sampler_sample.
   const size_t n = logprobs_row(logits, width, id, logprob_out, top_len, top_ids, top_logprobs);
   if (top_count_out) *top_count_out = static_cast<uint32_t>(n);
   return KVR_OK;
@@ -46,6 +90,8 @@ int32_t sampler_run(kvr_sampler* s, const float* logits, size_t width, int32_t* 
 
 int32_t sampler_run_candidates(kvr_sampler* s, sm::Route route, const float* vals, const int32_t* ids, size_t m,
                                size_t width, int32_t* token_out) {
+  if (s->mask_tokens != 0)  // sampler_route sends masked samplers to the row path
+    return sampler_fail(s, KVR_ERR_INTERNAL, "sampling: a masked sampler reached the device candidate path");
   const int64_t id = m == 0                       ? -1
                      : route == sm::Route::kGreedy ? ids[0]
                                                    : sample_candidates(vals, ids, m, s->cfg, s->rng, s->scratch);
@@ -158,6 +204,7 @@ KVR_API int32_t kvr_sampler_sample(kvr_sampler* s, const float* logits, size_t l
         s, KVR_ERR_INVALID_ARGUMENT,
         format("width must be in [1, logits_len %zu], got %u", logits_len, width));
   if (int32_t st = kvr::sampler_check_out(s, token_out, top_ids, top_logprobs, top_len)) return st;
+  if (int32_t st = kvr::sampler_check_mask(s, logits_len)) return st;
   try {
     return kvr::sampler_run(s, logits, width, token_out, logprob_out, top_ids, top_logprobs, top_len,
                             top_count_out);
@@ -166,6 +213,36 @@ KVR_API int32_t kvr_sampler_sample(kvr_sampler* s, const float* logits, size_t l
   } catch (...) {
     return kvr::sampler_fail(s, KVR_ERR_INTERNAL, "internal error in sampling");
   }
+}
+
+KVR_API int32_t kvr_sampler_set_mask(kvr_sampler* s, const uint32_t* words, size_t words_len, uint32_t n_tokens) {
+  if (!s) return fail(KVR_ERR_INVALID_ARGUMENT, "sampler is NULL");
+  if (n_tokens == 0) {
+    if (words != nullptr || words_len != 0)
+      return kvr::sampler_fail(s, KVR_ERR_INVALID_ARGUMENT, "n_tokens 0 (clear the mask) takes words NULL, words_len 0");
+    s->mask_tokens = 0;
+    return KVR_OK;
+  }
+  if (!words) return kvr::sampler_fail(s, KVR_ERR_INVALID_ARGUMENT, "words is NULL");
+  const size_t need = (static_cast<size_t>(n_tokens) + 31) / 32;
+  if (words_len != need)
+    return kvr::sampler_fail(s, KVR_ERR_INVALID_ARGUMENT,
+                             format("a mask of %u tokens takes %zu words, got words_len %zu", n_tokens, need, words_len));
+  const uint32_t tail = n_tokens % 32;
+  if (tail != 0 && (words[need - 1] >> tail) != 0)
+    return kvr::sampler_fail(s, KVR_ERR_OUT_OF_RANGE,
+                             format("the mask allows a token id >= n_tokens %u (bits past it must be 0)", n_tokens));
+  bool any = false;
+  for (size_t i = 0; i < need && !any; ++i) any = words[i] != 0;
+  if (!any) return kvr::sampler_fail(s, KVR_ERR_INVALID_ARGUMENT, "the mask allows no token");
+  try {
+    s->mask.assign(words, words + need);
+  } catch (...) {
+    s->mask_tokens = 0;
+    return kvr::sampler_fail(s, KVR_ERR_OUT_OF_MEMORY, "out of memory storing the mask");
+  }
+  s->mask_tokens = n_tokens;
+  return KVR_OK;
 }
 
 }  // extern "C"

@@ -171,6 +171,7 @@ KVR_API int32_t kvr_seq_decode_sample(kvr_seq* seq, int32_t token, kvr_sampler* 
       return seq_fail(seq, KVR_ERR_INVALID_ARGUMENT, format("width must be in [1, vocab %zu], got %u", vocab, width));
     if (int32_t st = kvr::sampler_check_out(sampler, token_out, top_ids, top_logprobs, top_len))
       return seq_fail(seq, st, sampler->last_error);
+    if (int32_t st = kvr::sampler_check_mask(sampler, vocab)) return seq_fail(seq, st, sampler->last_error);
     kvr::SampleRequest r;
     r.sampler = sampler;
     r.width = width;

@@ -49,6 +49,7 @@ const SECTION_HELP: Record<string, string> = {
   batch: "continuous batching: step times and per-request TPOT at several concurrencies",
   coldstart: "process start until /readyz, and where the time went",
   multihost: "snapshot handoff between namespaced hosts",
+  grammar: "structured output: schema compile, bitmask per token, constrained vs free decode",
   peers: "kvrelay beside llama.cpp on the same weights (only when named; minutes)",
 };
 

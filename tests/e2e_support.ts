@@ -6,7 +6,13 @@ const root = new URL("../", import.meta.url).pathname;
 
 /** A tier `sampling` that overrides every generation_config.json default: greedy, nothing else
  *  (as functions/shared/test_helpers.ts NEUTRAL_SAMPLING). */
-const NEUTRAL_SAMPLING = { temperature: 0, top_p: 1, top_k: 0, min_p: 0, repetition_penalty: 1 };
+export const NEUTRAL_SAMPLING = {
+  temperature: 0,
+  top_p: 1,
+  top_k: 0,
+  min_p: 0,
+  repetition_penalty: 1,
+};
 
 /** A free loopback TCP port. */
 export function freePort(): number {

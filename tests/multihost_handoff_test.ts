@@ -19,6 +19,7 @@ import {
 } from "./support/lab_hosts.ts";
 import { findRedisServer, REDIS_INSTALL_HINT } from "./support/redis_server.ts";
 import { readValidSample } from "./support/corpus.ts";
+import { NEUTRAL_SAMPLING } from "./e2e_support.ts";
 
 const root = new URL("../", import.meta.url).pathname;
 const DEADLINE_MS = 8000;
@@ -41,6 +42,8 @@ async function writeConfigs(
     max_context: 4096,
     max_new_tokens: 256,
     request_timeout_ms: DEADLINE_MS,
+    // Greedy: the texts are compared with a one-process greedy generation.
+    sampling: NEUTRAL_SAMPLING,
   });
   const common = {
     server: { port: PORT, shutdown_grace_ms: 2000 },

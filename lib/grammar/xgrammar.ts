@@ -231,6 +231,8 @@ export class GrammarEngine {
     if (format.type === "json_object") {
       key = "json_object";
     } else if (format.type === "tool_call") {
+      // An empty anyOf would abort the WebAssembly module (and break it for the process).
+      if (format.tools.length === 0) throw new GrammarInputError("no tool to call", param);
       format.tools.forEach((t, i) => {
         const at = `${param}.${i}.function.parameters`;
         checkSchema(t.parameters, at);

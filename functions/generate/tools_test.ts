@@ -263,6 +263,10 @@ Deno.test({
           "tools.1.function.parameters.$ref",
         ],
         [
+          { tools: TOOLS, tool_choice: "required", response_format: { type: "json_object" } },
+          "response_format",
+        ],
+        [
           {
             messages: [QUESTION, { role: "tool", content: "4" }],
           },
@@ -316,7 +320,12 @@ Deno.test({
         { role: "tool", tool_call_id: "call_1", content: "RESULT-4-DEGREES" },
       ], TOOLS);
       assert.ok(text.startsWith("<|im_start|>system\nBe brief.\n\n# Tools"), text);
-      assert.ok(text.includes('"name":"get_weather"') || text.includes('"name": "get_weather"'));
+      assert.ok(
+        text.includes(
+          '<tools>\n{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city", "parameters": {"type": "object", ',
+        ),
+        text,
+      );
       assert.ok(
         text.includes(
           '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "celsius"}}\n</tool_call><|im_end|>\n',

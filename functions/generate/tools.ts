@@ -157,7 +157,11 @@ export function resolveTools(
 
 /**
  * The grammar of a forced call (required: any of the tools; named: that one), compiled for the
- * tier; undefined when nothing is forced.
+ * tier; undefined when nothing is forced. Only the tools a forced call may use are compiled, so
+ * with `auto` a parameters schema is never checked against the engine's rules.
+ * @param tier the tier the request runs on (its tokenizer, vocabulary and stop ids)
+ * @param use the request's tool use
+ * @returns the compiled call grammar, or undefined
  * @throws {InputError} naming `tools.<i>.function.parameters...` for a schema the engine cannot use
  */
 export async function toolGrammar(
@@ -172,7 +176,7 @@ export async function toolGrammar(
     m.native.config.vocabSize,
     m.eosTokenIds,
   );
-  // Indices stay those of the request's `tools`, so errors name the right entry.
+  // With `required` every tool compiles in request order, so error paths index `tools` as sent.
   const tools = use.rendered.map((t) => ({
     name: t.function.name,
     parameters: t.function.parameters ?? { type: "object" },

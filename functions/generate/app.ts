@@ -11,6 +11,7 @@ import {
   checkContext,
   checkTextBound,
   type Generation,
+  InputError,
   messageText,
   promptChars,
   promptIds,
@@ -45,6 +46,13 @@ import {
 } from "./openai.ts";
 import { registerPlayground } from "./playground.ts";
 import { type StructuredOutput, structuredOutput } from "./structured.ts";
+import {
+  parseToolOutput,
+  resolveTools,
+  ToolCallParser,
+  type ToolDelta,
+  toolGrammar,
+} from "./tools.ts";
 
 const generateSchema = z.object({
   prompt: z.string().min(1),
@@ -408,20 +416,32 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
     const id = `chatcmpl-${crypto.randomUUID()}`;
     const created = Math.floor(Date.now() / 1000);
     const logprobs = body.logprobs === true ? body.top_logprobs ?? 0 : undefined;
+    const tools = resolveTools(body.tools, body.tool_choice);
+    if (tools?.forced && body.response_format != null && body.response_format.type !== "text") {
+      throw new InputError(
+        "response_format cannot be combined with tool_choice required or a named function",
+        "response_format",
+      );
+    }
     const planned = await plan(rt, {
       explicit: body.model,
       param: "model",
-      prompt: { messages: body.messages },
+      prompt: { messages: body.messages, tools: tools?.rendered },
       promptParam: "messages",
       conversation: conversationOf(c, body.user),
       sampling: { ...body, max_tokens: body.max_completion_tokens ?? body.max_tokens },
       maxTokensParam: body.max_completion_tokens != null ? "max_completion_tokens" : "max_tokens",
       extras: (tier) => extraOptions(tier, body, logprobs),
     });
-    planned.structured = await structuredOutput(planned.tier, body.response_format);
+    planned.structured = tools?.forced
+      ? await toolGrammar(planned.tier, tools)
+      : await structuredOutput(planned.tier, body.response_format);
     deadlineTier(c, planned.tier);
     const link = linkedContext(c, body.cache_salt);
     const { gen, route } = await admit(rt, link.ctx, planned, conversationOf(c, body.user));
+    // OpenAI's finish_reason for an output that ends in calls.
+    const chatFinish = (r: ServedResult, calls: number) =>
+      calls > 0 && r.finishReason === "stop" ? "tool_calls" : finishReason(r);
     const model = gen.tier.name;
     const info = kvrelayInfo(gen, route);
     const lpObject = (steps: StepLogprobs[] | undefined) =>
@@ -430,6 +450,7 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
         : { content: (steps ?? []).map((s) => chatLogprob(gen.tier, s)), refusal: null };
     if (!body.stream) {
       const r = await gen.collect();
+      const message = tools ? parseToolOutput(tools, r.text) : { content: r.text };
       return c.json({
         id,
         object: "chat.completion",
@@ -437,8 +458,8 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
         model,
         choices: [{
           index: 0,
-          message: { role: "assistant", content: r.text, refusal: null },
-          finish_reason: finishReason(r),
+          message: { role: "assistant", ...message, refusal: null },
+          finish_reason: chatFinish(r, message.tool_calls?.length ?? 0),
           logprobs: lpObject(r.logprobs),
         }],
         usage: usage(r.promptTokens, r.tokenIds.length),
@@ -448,7 +469,7 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
     const includeUsage = body.stream_options?.include_usage === true;
     return sseResponse(c, async (send) => {
       const frame = (
-        delta: Record<string, string>,
+        delta: Record<string, unknown>,
         fr: string | null,
         lp?: StepLogprobs,
       ) => ({
@@ -461,18 +482,34 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
       });
       // kvrelay's extension rides on the first chunk (tier, route, cache) and the finishing one
       // (plus speed); OpenAI clients ignore the field.
-      send({ ...frame({ role: "assistant", content: "" }, null), kvrelay: info });
+      const opening = tools?.forced ? { role: "assistant", content: null } : {
+        role: "assistant",
+        content: "",
+      };
+      send({ ...frame(opening, null), kvrelay: info });
+      // With tools, text goes through the parser: content deltas and tool_calls deltas.
+      const parser: ToolCallParser | undefined = tools ? new ToolCallParser(tools) : undefined;
+      const sendDeltas = (deltas: ToolDelta[], lp?: StepLogprobs) => {
+        if (deltas.length === 0 && lp) send(frame({}, null, lp));
+        deltas.forEach((d, i) => send(frame(d, null, i === 0 ? lp : undefined)));
+      };
       const it = gen.tokens();
       let step = await it.next();
       while (!step.done) {
-        if (step.value.text !== "" || step.value.logprobs) {
+        if (parser) {
+          sendDeltas(parser.push(step.value.text), step.value.logprobs);
+        } else if (step.value.text !== "" || step.value.logprobs) {
           send(frame({ content: step.value.text }, null, step.value.logprobs));
         }
         step = await it.next();
       }
       const r = step.value;
       if (r.abortCause) throw abortError(r, gen);
-      send({ ...frame({}, finishReason(r)), kvrelay: { ...info, ...speed(r) } });
+      if (parser) sendDeltas(parser.end());
+      send({
+        ...frame({}, chatFinish(r, parser?.calls.length ?? 0)),
+        kvrelay: { ...info, ...speed(r) },
+      });
       if (includeUsage) {
         send({
           id,

@@ -1,13 +1,14 @@
 // OpenAI request semantics of /v1/completions and /v1/chat/completions: every field OpenAI's API
 // defines is validated with OpenAI's types and ranges (400 naming `param`); fields kvrelay does
-// not implement (tools, n/best_of > 1, suffix, echo, audio, ...) are
+// not implement (legacy functions, n/best_of > 1, suffix, echo, audio, ...) are
 // refused with a 400 that says so; unknown fields are refused like OpenAI does ("Unrecognized
 // request argument"). Also the logprobs objects of both APIs. Routes live in app.ts.
 import { z } from "zod";
 import type { GenerateOptions, StepLogprobs } from "../../lib/engine/mod.ts";
 import { InputError, type Tier } from "../../lib/serve/mod.ts";
-import { messagesSchema, samplingFields, tokenIdsSchema } from "../shared/mod.ts";
+import { samplingFields, tokenIdsSchema } from "../shared/mod.ts";
 import { responseFormatSchema } from "./structured.ts";
+import { chatMessagesSchema, toolChoiceSchema, toolSchema } from "./tools.ts";
 
 /** Fields both APIs share (OpenAI's names and ranges, plus kvrelay's top_k/min_p/cache_salt). */
 const common = {
@@ -52,14 +53,14 @@ export const completionSchema = z.strictObject({
 /** POST /v1/chat/completions body. */
 export const chatSchema = z.strictObject({
   ...common,
-  messages: messagesSchema,
+  messages: chatMessagesSchema,
   max_tokens: z.number().int().min(1).nullish(),
   max_completion_tokens: z.number().int().min(1).nullish(),
   logprobs: z.boolean().nullish(),
   top_logprobs: z.number().int().min(0).max(20).nullish(),
   response_format: responseFormatSchema,
-  tools: z.array(z.unknown()).nullish(),
-  tool_choice: z.unknown().optional(),
+  tools: z.array(toolSchema).max(128).nullish(),
+  tool_choice: toolChoiceSchema,
   parallel_tool_calls: z.boolean().nullish(),
   functions: z.array(z.unknown()).nullish(),
   function_call: z.unknown().optional(),
@@ -84,10 +85,6 @@ function unsupported(param: string, what: string): InputError {
  */
 export function refuseUnsupportedChat(b: z.infer<typeof chatSchema>): void {
   if (b.n != null && b.n > 1) throw unsupported("n", "n > 1 (several choices per request)");
-  if (b.tools != null && b.tools.length > 0) throw unsupported("tools", "tool calling (tools)");
-  if (b.tool_choice !== undefined && b.tool_choice !== null && b.tool_choice !== "none") {
-    throw unsupported("tool_choice", "tool calling (tool_choice)");
-  }
   if (b.functions != null && b.functions.length > 0) {
     throw unsupported("functions", "function calling (functions)");
   }

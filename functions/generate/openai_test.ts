@@ -207,12 +207,17 @@ Deno.test("invalid known fields answer 400 naming param; unsupported features an
       ["completions logprobs over 5", () => cmpl({ logprobs: 6 }), "logprobs"],
       ["seed not an integer", () => cmpl({ seed: 1.5 }), "seed"],
       [
-        "tools",
-        () => chat({ tools: [{ type: "function", function: { name: "f" } }] }),
-        "tools",
+        "tools entry not a function",
+        () => chat({ tools: [{ type: "web", function: { name: "f" } }] }),
+        "tools.0.type",
+      ],
+      ["tool_choice without tools", () => chat({ tool_choice: "required" }), "tool_choice"],
+      [
+        "legacy functions",
+        () => chat({ functions: [{ name: "f" }] }),
+        "functions",
         /not supported/,
       ],
-      ["tool_choice", () => chat({ tool_choice: "required" }), "tool_choice", /not supported/],
       [
         "response_format json_schema without a name",
         () => chat({ response_format: { type: "json_schema", json_schema: { schema: {} } } }),

@@ -10,5 +10,6 @@ export {
   GrammarMatcher,
   GrammarUnavailableError,
   type ResponseFormat,
+  type ToolSpec,
 } from "./xgrammar.ts";
 export { checkSchema } from "./schema_check.ts";

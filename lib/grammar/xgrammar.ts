@@ -15,7 +15,15 @@ export { GrammarInputError };
 /** What a request asks the output to be. */
 export type ResponseFormat =
   | { type: "json_object" }
-  | { type: "json_schema"; schema: unknown };
+  | { type: "json_schema"; schema: unknown }
+  | { type: "tool_call"; tools: ToolSpec[]; open: string; close: string };
+
+/** A function the model may call: its name and its parameters' JSON schema. */
+export interface ToolSpec {
+  name: string;
+  /** JSON schema of the arguments object (checked like response_format's, without $ref) */
+  parameters: unknown;
+}
 
 /** The grammar engine failed in a way that leaves it unusable (an abort of its WebAssembly
  *  module); structured output is unavailable until the process restarts. */
@@ -45,8 +53,18 @@ interface XgCompiler {
     separators?: [string, string],
     strictMode?: boolean,
   ): Promise<XgCompiled>;
+  compileGrammar(ebnf: string, rootRule?: string): Promise<XgCompiled>;
 }
 interface XgModule {
+  Testings: {
+    _jsonSchemaToEBNF(
+      schema: string,
+      anyWhitespace?: boolean,
+      indent?: number,
+      separators?: [string, string],
+      strictMode?: boolean,
+    ): Promise<string>;
+  };
   TokenizerInfo: {
     createTokenizerInfo(
       vocab: string[],
@@ -120,6 +138,21 @@ async function guarded<T>(what: string, f: () => Promise<T> | T): Promise<T> {
   }
 }
 
+/**
+ * Refuses `$ref` in a tool's parameters: the tools' schemas are nested into one, where a local
+ * reference would point at the wrong root.
+ * @throws {GrammarInputError} naming the reference
+ */
+function noRef(v: unknown, path: string): void {
+  if (v === null || typeof v !== "object") return;
+  for (const [k, w] of Object.entries(v)) {
+    if (k === "$ref" && typeof w === "string") {
+      throw new GrammarInputError(`$ref is not supported in tool parameters`, `${path}.$ref`);
+    }
+    noRef(w, `${path}.${k}`);
+  }
+}
+
 /** Most compiled grammars kept per engine (least recently used dropped first). */
 const MAX_COMPILED = 128;
 
@@ -184,7 +217,8 @@ export class GrammarEngine {
   /**
    * Compiles a response format (cached by its canonical JSON).
    *
-   * @param format json_object, or json_schema with the parsed schema (strict: no other fields)
+   * @param format json_object, json_schema with the parsed schema (strict: no other fields), or
+   *   tool_call: one call of one of the tools, between fixed open and close texts
    * @param param the request field holding the schema, for error paths
    * @returns the compiled grammar
    * @throws {GrammarInputError} for a schema the engine cannot compile, naming its path
@@ -196,6 +230,15 @@ export class GrammarEngine {
     let key: string;
     if (format.type === "json_object") {
       key = "json_object";
+    } else if (format.type === "tool_call") {
+      // An empty anyOf would abort the WebAssembly module (and break it for the process).
+      if (format.tools.length === 0) throw new GrammarInputError("no tool to call", param);
+      format.tools.forEach((t, i) => {
+        const at = `${param}.${i}.function.parameters`;
+        checkSchema(t.parameters, at);
+        noRef(t.parameters, at);
+      });
+      key = `tool_call:${canonicalJson([format.open, format.close, format.tools])}`;
     } else {
       checkSchema(format.schema, param);
       key = `json_schema:${canonicalJson(format.schema)}`;
@@ -207,7 +250,9 @@ export class GrammarEngine {
       p = guarded(
         "compiling the grammar",
         () =>
-          format.type === "json_object"
+          format.type === "tool_call"
+            ? this.#toolCall(format.tools, format.open, format.close)
+            : format.type === "json_object"
             // Any JSON object (OpenAI's json_object is an object; XGrammar's builtin JSON
             // grammar takes any JSON value): non-strict, so any properties.
             ? this.#compiler.compileJSONSchema(
@@ -235,6 +280,31 @@ export class GrammarEngine {
     }
     this.#compiled.set(key, p);
     return new CompiledFormat(this.#xg, await p, this.vocabSize);
+  }
+
+  /**
+   * One call of one of the tools: `<open>{"name": "<name>", "arguments": <args>}<close>` with
+   * the arguments following that tool's schema. Built as one JSON schema (an anyOf over the
+   * tools, `name` a const) converted to EBNF, wrapped in a rule that adds the fixed open and
+   * close text. Separators ", " and ": " and no indent: the spacing chat templates show models.
+   */
+  async #toolCall(tools: ToolSpec[], open: string, close: string): Promise<XgCompiled> {
+    const schema = {
+      anyOf: tools.map((t) => ({
+        type: "object",
+        properties: { name: { const: t.name }, arguments: t.parameters },
+        required: ["name", "arguments"],
+      })),
+    };
+    const ebnf = await this.#xg.Testings._jsonSchemaToEBNF(
+      JSON.stringify(schema),
+      false,
+      -1,
+      [", ", ": "],
+      true,
+    );
+    const root = `tool_call_root ::= ${JSON.stringify(open)} root ${JSON.stringify(close)}`;
+    return await this.#compiler.compileGrammar(`${ebnf}\n${root}\n`, "tool_call_root");
   }
 }
 

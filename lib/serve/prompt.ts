@@ -3,28 +3,37 @@
 // (a text longer than max_context tokens can cover is refused unread) and long texts are
 // tokenized on a worker thread, so a megabyte prompt neither costs seconds nor stalls the event
 // loop. Validation of the request's shape is functions/'s (zod).
+import type { ChatToolCall } from "../tokenizer/mod.ts";
 import { InputError } from "./errors.ts";
 import type { Tier } from "./tier.ts";
 
-/** One chat message (validated by the caller); content is text or text parts. */
+/** One chat message (validated by the caller); content is text or text parts, null only on an
+ *  assistant message that carries tool calls. */
 export interface ChatMessage {
   role: "system" | "user" | "assistant" | "developer" | "tool";
-  content: string | { type: "text"; text: string }[];
+  content?: string | { type: "text"; text: string }[] | null;
+  /** an assistant's calls (arguments: a JSON string, as OpenAI sends them) */
+  tool_calls?: ChatToolCall[];
+  /** a tool message's: the call it answers */
+  tool_call_id?: string;
 }
 
 /** A prompt in one of its forms: exactly one of text, messages, ids. */
 export interface PromptInput {
   text?: string;
   messages?: ChatMessage[];
+  /** tool definitions rendered by the chat template (messages only) */
+  tools?: unknown[];
   ids?: number[];
 }
 
 /**
- * A message's text (text parts joined).
+ * A message's text (text parts joined; none for null content).
  * @param m the message
  * @returns its text
  */
 export function messageText(m: ChatMessage): string {
+  if (m.content == null) return "";
   return typeof m.content === "string" ? m.content : m.content.map((p) => p.text).join("");
 }
 
@@ -32,15 +41,27 @@ export function messageText(m: ChatMessage): string {
  * Text of chat messages through the tier's chat template (with the generation prompt).
  * @param tier the tier
  * @param messages validated messages
+ * @param tools tool definitions for the template's tool section (none: no section)
  * @returns the prompt text
  */
-export function chatPrompt(tier: Tier, messages: ChatMessage[]): string {
+export function chatPrompt(tier: Tier, messages: ChatMessage[], tools?: unknown[]): string {
   return tier.model.tokenizer.applyChatTemplate(
     messages.map((m) => ({
       role: m.role === "developer" ? "system" : m.role,
       content: messageText(m),
+      ...(m.tool_calls ? { tool_calls: m.tool_calls } : {}),
+      ...(m.tool_call_id !== undefined ? { tool_call_id: m.tool_call_id } : {}),
     })),
-    { addGenerationPrompt: true },
+    { addGenerationPrompt: true, tools },
+  );
+}
+
+/** The characters a message adds to the prompt beyond its text (its calls' names and
+ *  arguments). */
+function callChars(m: ChatMessage): number {
+  return (m.tool_calls ?? []).reduce(
+    (n, c) => n + c.function.name.length + c.function.arguments.length,
+    0,
   );
 }
 
@@ -75,7 +96,10 @@ export function checkTextBound(tier: Tier, chars: number, param: string): void {
  */
 export function promptChars(p: PromptInput): number {
   if (p.text !== undefined) return p.text.length;
-  if (p.messages) return p.messages.reduce((n, m) => n + messageText(m).length, 0);
+  if (p.messages) {
+    const tools = p.tools && p.tools.length > 0 ? JSON.stringify(p.tools).length : 0;
+    return p.messages.reduce((n, m) => n + messageText(m).length + callChars(m), tools);
+  }
   return 0;
 }
 
@@ -103,7 +127,7 @@ export async function promptIds(tier: Tier, p: PromptInput, param = "prompt"): P
     }
     ids = p.ids;
   } else if (p.messages) {
-    ids = await tier.model.tokenizer.encodeAsync(chatPrompt(tier, p.messages));
+    ids = await tier.model.tokenizer.encodeAsync(chatPrompt(tier, p.messages, p.tools));
   } else {
     ids = await tier.model.tokenizer.encodeAsync(p.text ?? "");
   }

@@ -22,10 +22,19 @@ export class TokenizerError extends Error {
   }
 }
 
-/** One chat message as chat templates expect it. */
+/** One tool call of an assistant message, as HF chat templates expect it. */
+export interface ChatToolCall {
+  id: string;
+  type: "function";
+  function: { name: string; arguments: string };
+}
+
+/** One chat message as chat templates expect it (tool calls and results in HF's shape). */
 export interface ChatMessage {
   role: string;
   content: string;
+  tool_calls?: ChatToolCall[];
+  tool_call_id?: string;
 }
 
 async function readJson(path: string): Promise<Record<string, unknown>> {
@@ -286,11 +295,15 @@ export class Tokenizer {
    *
    * @param messages the conversation, oldest first
    * @param opts.addGenerationPrompt append the template's assistant-turn opener; default true
+   * @param opts.tools tool definitions (OpenAI's `tools` entries) for templates with a tool section
    * @returns the prompt text (encode it with `encode`, which adds no special tokens)
    * @throws {TokenizerError} when the tokenizer has no chat template or the template fails
    * @throws {TypeError} when a message is not {role: string, content: string}
    */
-  applyChatTemplate(messages: ChatMessage[], opts: { addGenerationPrompt?: boolean } = {}): string {
+  applyChatTemplate(
+    messages: ChatMessage[],
+    opts: { addGenerationPrompt?: boolean; tools?: unknown[] } = {},
+  ): string {
     if (!Array.isArray(messages)) {
       throw new TypeError("applyChatTemplate: messages must be an array");
     }
@@ -310,6 +323,9 @@ export class Tokenizer {
       this.#template ??= new Template(this.chatTemplate);
       return this.#template.render({
         messages,
+        // HF's convention: the tool definitions (OpenAI's `tools` entries) as `tools`, absent
+        // when there are none so templates' `{% if tools %}` sections stay out.
+        ...(opts.tools && opts.tools.length > 0 ? { tools: opts.tools } : {}),
         add_generation_prompt: opts.addGenerationPrompt ?? true,
         bos_token: tokenText(this.#config.bos_token),
         eos_token: tokenText(this.#config.eos_token),

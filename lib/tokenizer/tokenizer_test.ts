@@ -243,3 +243,36 @@ Deno.test("`Tokenizer.fingerprint` agrees across loads and the three demo models
   }
   assertNotEquals((await qwen()).fingerprint, demo.fingerprint);
 });
+
+Deno.test("`Tokenizer.applyChatTemplate()` passes tools and tool calls to Qwen3's own template", async () => {
+  const q = await qwen();
+  const tools = [{
+    type: "function",
+    function: { name: "get_weather", parameters: { type: "object", properties: {} } },
+  }];
+  const text = q.applyChatTemplate([
+    { role: "user", content: "Weather?" },
+    {
+      role: "assistant",
+      content: "",
+      tool_calls: [{
+        id: "call_1",
+        type: "function",
+        function: { name: "get_weather", arguments: '{"city": "Oslo"}' },
+      }],
+    },
+    { role: "tool", content: "TOOL-RESULT-4", tool_call_id: "call_1" },
+  ], { tools });
+  assert(text.startsWith("<|im_start|>system\n# Tools"), JSON.stringify(text));
+  assert(text.includes('"name": "get_weather"'), JSON.stringify(text));
+  assert(
+    text.includes(
+      '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>',
+    ),
+    JSON.stringify(text),
+  );
+  assert(
+    text.includes("<tool_response>\nTOOL-RESULT-4\n</tool_response>"),
+    JSON.stringify(text),
+  );
+});

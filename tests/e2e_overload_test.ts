@@ -13,6 +13,9 @@ Deno.test("overload gives 429s and no 5xx; a disconnected stream frees its seque
   const config = await writeConfig({ fast: "tiny-fast", powerful: "tiny-powerful" }, {
     concurrency: 1,
     queue_depth: 2,
+    // Room for a stream long enough that the client's disconnect always comes before its end.
+    max_context: 2048,
+    max_new_tokens: 2000,
   });
   const server = await startServer("functions/main.ts", { KVRELAY_CONFIG: config });
   try {
@@ -54,14 +57,22 @@ Deno.test("overload gives 429s and no 5xx; a disconnected stream frees its seque
       body: JSON.stringify({
         model: "powerful",
         messages: [{ role: "user", content: "Tell a long story" }],
-        max_tokens: 250,
+        max_tokens: 2000,
+        ignore_eos: true,
         stream: true,
       }),
       signal: ac.signal,
     });
     assert.equal(res.status, 200);
     const reader = res.body!.getReader();
-    await reader.read();
+    // The opening chunk (role, kvrelay info) goes out before the first step: wait for a token's
+    // chunk, so the generation is surely running (2000 tokens) when the metrics are read.
+    let seen = "";
+    while ((seen.match(/^data: /gm) ?? []).length < 2) {
+      const { value, done } = await reader.read();
+      assert.ok(!done, "stream ended before its first token");
+      seen += new TextDecoder().decode(value);
+    }
     metrics = await (await fetch(`${server.base}/metrics`)).text();
     assert.equal(
       metric(metrics, 'kvrelay_active_sequences{tier="powerful"}'),

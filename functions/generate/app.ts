@@ -43,6 +43,7 @@ import {
   refuseUnsupportedChat,
   refuseUnsupportedCompletion,
 } from "./openai.ts";
+import { bestOf, choiceCounts, collectAll, forkChoices, interleave } from "./choices.ts";
 import { registerPlayground } from "./playground.ts";
 import { type StructuredOutput, structuredOutput } from "./structured.ts";
 
@@ -281,6 +282,7 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
   app.post("/v1/completions", async (c) => {
     const body = completionSchema.parse(await readJson(c, rt));
     refuseUnsupportedCompletion(body);
+    const { n, candidates } = choiceCounts(body.n, body.best_of, body.stream === true);
     const prompts: PromptInput[] = typeof body.prompt === "string"
       ? [{ text: body.prompt }]
       : typeof body.prompt[0] === "string"
@@ -305,7 +307,8 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
             : `prompt.${i}`,
           conversation: conversationOf(c, body.user),
           sampling: body,
-          extras: (tier) => extraOptions(tier, body, logprobs),
+          // best_of ranks candidates by their tokens' logprobs, asked for or not.
+          extras: (tier) => extraOptions(tier, body, logprobs ?? (candidates > n ? 0 : undefined)),
         }),
       );
       const last = plans[plans.length - 1];
@@ -313,7 +316,11 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
     }
     for (const p of plans) deadlineTier(c, p.tier);
     const link = linkedContext(c, body.cache_salt);
-    const admitOne = (i: number) => admit(rt, link.ctx, plans[i], conversationOf(c, body.user));
+    // Each prompt's choices fork its prefilled KV; choice j of prompt i is index i·n + j.
+    const admitOne = async (i: number) => {
+      const a = await admit(rt, link.ctx, plans[i], conversationOf(c, body.user));
+      return { ...a, gens: await forkChoices(a.gen, candidates, plans[i].structured) };
+    };
     if (!body.stream) {
       const choices = [];
       let promptTokens = 0;
@@ -321,18 +328,25 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
       let model = "";
       let info: ReturnType<typeof kvrelayInfo> | undefined;
       for (let i = 0; i < prompts.length; i++) {
-        const { gen, route } = await admitOne(i);
+        const { gen, route, gens } = await admitOne(i);
         info ??= kvrelayInfo(gen, route);
         model = gen.tier.name;
-        const r = await gen.collect();
-        promptTokens += r.promptTokens;
-        completion += r.tokenIds.length;
-        choices.push({
-          index: i,
-          text: r.text,
-          finish_reason: finishReason(r),
-          logprobs: logprobs === undefined ? null : completionLogprobs(gen.tier, r.logprobs ?? []),
-        });
+        const rs = await collectAll(gens);
+        promptTokens += rs[0].promptTokens;
+        // Every candidate's tokens count, the ones best_of drops too: they were generated.
+        for (const r of rs) completion += r.tokenIds.length;
+        const keep = candidates > n ? bestOf(rs, n) : rs.map((_, j) => j);
+        for (const [j, k] of keep.entries()) {
+          const r = rs[k];
+          choices.push({
+            index: i * n + j,
+            text: r.text,
+            finish_reason: finishReason(r),
+            logprobs: logprobs === undefined
+              ? null
+              : completionLogprobs(gen.tier, r.logprobs ?? []),
+          });
+        }
       }
       return c.json({
         id,
@@ -352,39 +366,36 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
         let promptTokens = 0;
         let completion = 0;
         for (let i = 0; i < prompts.length; i++) {
-          const { gen } = i === 0 ? first : await admitOne(i);
+          const { gen, gens } = i === 0 ? first : await admitOne(i);
           const model = gen.tier.name;
-          let offset = 0;
-          const frame = (text: string, fr: string | null, lp?: StepLogprobs) => {
+          const offsets = gens.map(() => 0);
+          const frame = (j: number, text: string, fr: string | null, lp?: StepLogprobs) => {
             const f = {
               id,
               object: "text_completion",
               created,
               model,
               choices: [{
-                index: i,
+                index: i * n + j,
                 text,
                 finish_reason: fr,
-                logprobs: lp ? completionLogprobs(gen.tier, [lp], offset) : null,
+                logprobs: lp ? completionLogprobs(gen.tier, [lp], offsets[j]) : null,
               }],
               ...(includeUsage ? { usage: null } : {}),
             };
-            offset += text.length;
+            offsets[j] += text.length;
             return f;
           };
-          const it = gen.tokens();
-          let step = await it.next();
-          while (!step.done) {
-            if (step.value.text !== "" || step.value.logprobs) {
-              send(frame(step.value.text, null, step.value.logprobs));
+          promptTokens += gen.promptIds.length;
+          for await (const ev of interleave(gens)) {
+            if (ev.done) {
+              if (ev.result.abortCause) throw abortError(ev.result, gens[ev.choice]);
+              completion += ev.result.tokenIds.length;
+              send(frame(ev.choice, "", finishReason(ev.result)));
+            } else if (ev.chunk.text !== "" || ev.chunk.logprobs) {
+              send(frame(ev.choice, ev.chunk.text, null, ev.chunk.logprobs));
             }
-            step = await it.next();
           }
-          const r = step.value;
-          if (r.abortCause) throw abortError(r, gen);
-          promptTokens += r.promptTokens;
-          completion += r.tokenIds.length;
-          send(frame("", finishReason(r)));
         }
         if (includeUsage) {
           send({
@@ -405,6 +416,7 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
   app.post("/v1/chat/completions", async (c) => {
     const body = chatSchema.parse(await readJson(c, rt));
     refuseUnsupportedChat(body);
+    const { n } = choiceCounts(body.n, undefined, body.stream === true);
     const id = `chatcmpl-${crypto.randomUUID()}`;
     const created = Math.floor(Date.now() / 1000);
     const logprobs = body.logprobs === true ? body.top_logprobs ?? 0 : undefined;
@@ -422,6 +434,7 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
     deadlineTier(c, planned.tier);
     const link = linkedContext(c, body.cache_salt);
     const { gen, route } = await admit(rt, link.ctx, planned, conversationOf(c, body.user));
+    const gens = await forkChoices(gen, n, planned.structured);
     const model = gen.tier.name;
     const info = kvrelayInfo(gen, route);
     const lpObject = (steps: StepLogprobs[] | undefined) =>
@@ -429,25 +442,26 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
         ? null
         : { content: (steps ?? []).map((s) => chatLogprob(gen.tier, s)), refusal: null };
     if (!body.stream) {
-      const r = await gen.collect();
+      const rs = await collectAll(gens);
       return c.json({
         id,
         object: "chat.completion",
         created,
         model,
-        choices: [{
-          index: 0,
+        choices: rs.map((r, index) => ({
+          index,
           message: { role: "assistant", content: r.text, refusal: null },
           finish_reason: finishReason(r),
           logprobs: lpObject(r.logprobs),
-        }],
-        usage: usage(r.promptTokens, r.tokenIds.length),
+        })),
+        usage: usage(rs[0].promptTokens, rs.reduce((t, r) => t + r.tokenIds.length, 0)),
         kvrelay: info,
       });
     }
     const includeUsage = body.stream_options?.include_usage === true;
     return sseResponse(c, async (send) => {
       const frame = (
+        index: number,
         delta: Record<string, string>,
         fr: string | null,
         lp?: StepLogprobs,
@@ -456,23 +470,25 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
         object: "chat.completion.chunk",
         created,
         model,
-        choices: [{ index: 0, delta, finish_reason: fr, logprobs: lp ? lpObject([lp]) : null }],
+        choices: [{ index, delta, finish_reason: fr, logprobs: lp ? lpObject([lp]) : null }],
         ...(includeUsage ? { usage: null } : {}),
       });
-      // kvrelay's extension rides on the first chunk (tier, route, cache) and the finishing one
-      // (plus speed); OpenAI clients ignore the field.
-      send({ ...frame({ role: "assistant", content: "" }, null), kvrelay: info });
-      const it = gen.tokens();
-      let step = await it.next();
-      while (!step.done) {
-        if (step.value.text !== "" || step.value.logprobs) {
-          send(frame({ content: step.value.text }, null, step.value.logprobs));
-        }
-        step = await it.next();
+      // kvrelay's extension rides on each choice's first chunk (tier, route, cache) and its
+      // finishing one (plus speed); OpenAI clients ignore the field.
+      for (let j = 0; j < gens.length; j++) {
+        send({ ...frame(j, { role: "assistant", content: "" }, null), kvrelay: info });
       }
-      const r = step.value;
-      if (r.abortCause) throw abortError(r, gen);
-      send({ ...frame({}, finishReason(r)), kvrelay: { ...info, ...speed(r) } });
+      let completion = 0;
+      for await (const ev of interleave(gens)) {
+        if (ev.done) {
+          const r = ev.result;
+          if (r.abortCause) throw abortError(r, gens[ev.choice]);
+          completion += r.tokenIds.length;
+          send({ ...frame(ev.choice, {}, finishReason(r)), kvrelay: { ...info, ...speed(r) } });
+        } else if (ev.chunk.text !== "" || ev.chunk.logprobs) {
+          send(frame(ev.choice, { content: ev.chunk.text }, null, ev.chunk.logprobs));
+        }
+      }
       if (includeUsage) {
         send({
           id,
@@ -480,7 +496,7 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
           created,
           model,
           choices: [],
-          usage: usage(r.promptTokens, r.tokenIds.length),
+          usage: usage(gen.promptIds.length, completion),
         });
       }
     }, () => {

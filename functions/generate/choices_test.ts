@@ -198,7 +198,8 @@ Deno.test("n and best_of beyond the limits answer 400 naming the field", async (
 });
 
 Deno.test("n=4 prefills the prompt once: the other choices fork its KV", async () => {
-  const rt = await testRuntime();
+  // Room for four separate requests, so a route that prefilled each choice would not block.
+  const rt = await testRuntime({ tier: { concurrency: 8, queue_depth: 8 } });
   try {
     const ai = client(rt);
     const labels = { tier: "fast", kind: "prefill" };

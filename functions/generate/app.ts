@@ -319,7 +319,15 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
     // Each prompt's choices fork its prefilled KV; choice j of prompt i is index i·n + j.
     const admitOne = async (i: number) => {
       const a = await admit(rt, link.ctx, plans[i], conversationOf(c, body.user));
-      return { ...a, gens: await forkChoices(a.gen, candidates, plans[i].structured) };
+      return {
+        ...a,
+        gens: await forkChoices(
+          a.gen,
+          candidates,
+          plans[i].structured,
+          candidates > n ? "best_of" : "n",
+        ),
+      };
     };
     if (!body.stream) {
       const choices = [];

@@ -60,6 +60,7 @@ export function choiceOptions(
  * @param gen choice 0, prefilled, not yet decoding
  * @param count choices in all (≥ 1)
  * @param structured response_format, when set
+ * @param param the request field `count` came from (`n` or `best_of`)
  * @returns the `count` generations, choice 0 first
  * @throws {QueueFullError} when the pool lacks the blocks now; whatever fork throws
  */
@@ -67,6 +68,7 @@ export async function forkChoices(
   gen: Generation,
   count: number,
   structured?: StructuredOutput,
+  param = "n",
 ): Promise<Generation[]> {
   if (count === 1) return [gen];
   const options: Omit<GenerateOptions, "signal">[] = [];
@@ -75,7 +77,7 @@ export async function forkChoices(
       const o = choiceOptions(gen.options, i);
       options.push(structured ? { ...o, grammar: await structured.matcher() } : o);
     }
-    return [gen, ...gen.fork(options)];
+    return [gen, ...gen.fork(options, param)];
   } catch (e) {
     for (const o of options) o.grammar?.dispose();
     gen.close();

@@ -211,3 +211,51 @@ Deno.test("n=4 prefills the prompt once: the other choices fork its KV", async (
     await rt.close();
   }
 });
+
+Deno.test("choices whose prompt copies the pool lacks now get 429; ones it never holds get 400", async () => {
+  const rt = await testRuntime();
+  const tier = rt.tiers.get("fast")!;
+  const pool = tier.batch!.pool;
+  const hog = pool.createSequence(pool.blocksTotal * pool.blockTokens);
+  try {
+    const ai = client(rt);
+    const status = (p: Promise<unknown>) =>
+      p.then(
+        () => ({ status: 200, param: undefined }),
+        (e: InstanceType<typeof OpenAI.APIError>) => ({
+          status: e.status,
+          param: (e.error as { param?: string } | undefined)?.param,
+        }),
+      );
+    // Held elsewhere: all but the prompt's own blocks and the scheduler's watermark (what a new
+    // prefill must leave free), so choice 0 prefills and its copies find too few blocks.
+    const per = Math.ceil(tier.model.tokenizer.encode(prompt).length / pool.blockTokens);
+    const watermark = Math.max(1, Math.floor(pool.blocksTotal / 32));
+    hog.setLength((pool.blocksFree - per - watermark) * pool.blockTokens);
+    const n = Math.ceil((watermark + 1) / per) + 2;
+    assert.ok(n <= 16);
+    assert.deepEqual(await status(ai.completions.create({ ...sampled, prompt, n })), {
+      status: 429,
+      param: null,
+    });
+    hog.setLength(0);
+    assert.equal((await ai.completions.create({ ...sampled, prompt, n })).choices.length, n);
+    // A prompt whose 16 copies exceed the whole pool: no wait would help.
+    const long = Array.from({ length: 300 }, (_, i) => 100 + (i % 50));
+    const whole = Math.ceil(long.length / pool.blockTokens) * 16;
+    assert.ok(whole > pool.blocksTotal, `${whole} <= ${pool.blocksTotal}`);
+    assert.deepEqual(await status(ai.completions.create({ ...sampled, prompt: long, n: 16 })), {
+      status: 400,
+      param: "n",
+    });
+    assert.deepEqual(
+      await status(ai.completions.create({ ...sampled, prompt: long, best_of: 16 })),
+      { status: 400, param: "best_of" },
+    );
+    // Nothing leaked: every block is back once the requests are done.
+    assert.equal(pool.blocksFree, pool.blocksTotal);
+  } finally {
+    hog.free();
+    await rt.close();
+  }
+});

@@ -154,16 +154,26 @@ export class Generation {
    * decoding. The queue slot is shared: it goes back when the last of them closes.
    * @param options per new generation, its options (own seed, own grammar matcher, ...), derived
    *   from {@link Generation.options} (a migrated cache's temperature already applied)
+   * @param param the request field that asked for them, blamed when they can never fit
    * @returns the new generations, in order
-   * @throws {QueueFullError} when the tier's KV pool lacks the blocks for the copies now;
-   *   EngineError from the copy
+   * @throws {InputError} when the pool could never hold every choice's prompt;
+   *   {@link QueueFullError} when it lacks the blocks for the copies now; EngineError from the copy
    */
-  fork(options: Omit<GenerateOptions, "signal">[]): Generation[] {
+  fork(options: Omit<GenerateOptions, "signal">[], param = "n"): Generation[] {
     if (this.#closed || !this.#lane) throw new Error("generation already consumed or closed");
     const lane = this.#lane;
     const batch = this.tier.batch;
     if (batch && options.length > 0) {
       const per = Math.ceil(this.promptIds.length / batch.pool.blockTokens);
+      const all = options.length + 1;
+      if (per * all > batch.pool.blocksTotal) {
+        throw new InputError(
+          `${all} choices of a ${this.promptIds.length}-token prompt need ${
+            per * all
+          } KV blocks; tier "${this.tier.name}"'s pool holds ${batch.pool.blocksTotal}`,
+          param,
+        );
+      }
       if (per * options.length > batch.pool.blocksFree) {
         this.#rt.metrics.rejected.inc({ tier: this.tier.name });
         throw new QueueFullError(this.tier.name, 1);

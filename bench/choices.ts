@@ -9,6 +9,7 @@ import { createGenerateApp } from "../functions/generate/app.ts";
 
 const runs = Number(Deno.args[0] ?? 5);
 const maxTokens = Number(Deno.args[1] ?? 64);
+const promptTokens = Number(Deno.args[2] ?? 512);
 const models = new URL("../models/", import.meta.url).pathname;
 const config = parseConfig({
   tiers: {
@@ -26,7 +27,7 @@ await rt.load();
 const app = createGenerateApp(rt);
 const tok = rt.tiers.get("powerful")!.model.tokenizer;
 const words = "the relay keeps every cache warm while the lighthouse keeper counts ships ";
-const prompt = tok.encode(words.repeat(64)).slice(0, 512);
+const prompt = tok.encode(words.repeat(64)).slice(0, promptTokens);
 
 async function once(n: number, seed: number): Promise<number> {
   const t0 = performance.now();

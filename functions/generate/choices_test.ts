@@ -259,3 +259,33 @@ Deno.test("choices whose prompt copies the pool lacks now get 429; ones it never
     await rt.close();
   }
 });
+
+Deno.test("n on a tier without batching forks its own sequences; response_format holds per choice", async () => {
+  const rt = await testRuntime({ tier: { batching: false } });
+  try {
+    assert.equal(rt.tiers.get("fast")!.batch, null);
+    const ai = client(rt);
+    const r = await ai.completions.create({ ...sampled, prompt, n: 2, seed: 11, logprobs: 1 });
+    for (let i = 0; i < 2; i++) {
+      const one = await ai.completions.create({ ...sampled, prompt, seed: 11 + i, logprobs: 1 });
+      assert.equal(r.choices[i].text, one.choices[0].text);
+      assert.deepEqual(r.choices[i].logprobs, one.choices[0].logprobs);
+    }
+    const j = await ai.chat.completions.create({
+      ...sampled,
+      max_tokens: 64,
+      messages,
+      n: 3,
+      seed: 2,
+      response_format: { type: "json_object" },
+    });
+    assert.equal(j.choices.length, 3);
+    for (const c of j.choices) {
+      // Each choice has its own matcher: a shared one would reject the second choice's tokens.
+      if (c.finish_reason === "stop") assert.equal(typeof JSON.parse(c.message.content!), "object");
+      else assert.match(c.message.content!, /^\s*\{/);
+    }
+  } finally {
+    await rt.close();
+  }
+});

@@ -1,8 +1,11 @@
-// `deno run -A --config deno.dev.json bench/choices.ts [runs]`: the cost of several choices of one
+// `deno run -A --config deno.dev.json bench/choices.ts [runs] [max_tokens] [prompt_tokens]`: the
+// cost of several choices of one
 // prompt over HTTP (in process): POST /v1/completions on tiny-powerful with a 512-token prompt,
 // max_tokens 64, temperature 0.7, n=4 against n=1, alternating runs (each pair after one warm-up
 // of each). The n=4 request prefills once and forks the prompt's KV into the other three choices,
-// which then decode in the same batched steps. Prints each run's wall time and the median ratio.
+// which then decode in the same batched steps (the prefix cache is off: each request prefills).
+// Prints each run's wall time, the scheduler's counters of one request of each, and the median
+// ratio.
 import { parseConfig } from "../lib/config/mod.ts";
 import { createRuntime } from "../lib/serve/mod.ts";
 import { createGenerateApp } from "../functions/generate/app.ts";
@@ -21,6 +24,8 @@ const config = parseConfig({
       queue_depth: 4,
     },
   },
+  // Every request prefills its whole prompt: the prefix cache would serve repeats of it.
+  prefix_cache: { enabled: false },
 }, { env: () => undefined, baseDir: models });
 const rt = await createRuntime(config);
 await rt.load();
@@ -53,8 +58,19 @@ async function once(n: number, seed: number): Promise<number> {
   return ms;
 }
 
-await once(1, 0);
-await once(4, 0);
+const counters = () => ({ ...rt.tiers.get("powerful")!.batch!.scheduler.counters });
+for (const n of [1, 4]) {
+  const before = counters();
+  await once(n, 0);
+  const after = counters();
+  console.log(
+    `  n=${n}: engine steps ${after.steps - before.steps} (burst ${
+      after.burstSteps - before.burstSteps
+    }), decode tokens ${after.decodeTokens - before.decodeTokens}, prefill tokens ${
+      after.prefillTokens - before.prefillTokens
+    }`,
+  );
+}
 const ratios: number[] = [];
 const apart: number[] = [];
 for (let i = 1; i <= runs; i++) {

@@ -1,11 +1,10 @@
 // `deno run -A --config deno.dev.json bench/choices.ts [runs] [max_tokens] [prompt_tokens]`: the
-// cost of several choices of one
-// prompt over HTTP (in process): POST /v1/completions on tiny-powerful with a 512-token prompt,
-// max_tokens 64, temperature 0.7, n=4 against n=1, alternating runs (each pair after one warm-up
-// of each). The n=4 request prefills once and forks the prompt's KV into the other three choices,
-// which then decode in the same batched steps (the prefix cache is off: each request prefills).
-// Prints each run's wall time, the scheduler's counters of one request of each, and the median
-// ratio.
+// cost of several choices of one prompt over HTTP (in process): POST /v1/completions on
+// tiny-powerful with a 512-token prompt, max_tokens 64, temperature 0.7, n=4 against n=1,
+// alternating runs (each pair after one warm-up of each). The n=4 request prefills once and forks
+// the prompt's KV into the other three choices, which then decode in the same batched steps (the
+// prefix cache is off: each request prefills). Prints each run's wall time, the scheduler's
+// counters of one request of each, and the median ratio.
 import { parseConfig } from "../lib/config/mod.ts";
 import { createRuntime } from "../lib/serve/mod.ts";
 import { createGenerateApp } from "../functions/generate/app.ts";

@@ -56,13 +56,13 @@ export class Lane {
   }
 
   /**
-   * A lane on the same tier whose sequence starts as a copy of `src`'s cache (a forked choice of
-   * the same prompt): the KV is copied layer by layer, bit-exact in the cache's dtype, and the
+   * A lane on the same tier whose sequence starts as a copy of this one's cache (a forked choice
+   * of the same prompt): the KV is copied layer by layer, bit-exact in the cache's dtype, and the
    * copy is attached to the scheduler with `known` as its history, so a preemption recomputes it
-   * like any prefilled sequence. Copying never waits for the scheduler: a paged pool without the
-   * blocks fails at once (the caller refuses the request rather than wait).
-   * @param src the lane to copy (prefilled, no decode in flight)
-   * @param known the token ids `src` holds (its length)
+   * like any prefilled sequence. Call it while this lane has no prefill or decode in flight.
+   * Copying never waits for the scheduler: a paged pool without the blocks fails at once (the
+   * caller checks the free blocks first and refuses the request rather than wait).
+   * @param known the token ids this lane's sequence holds (its length)
    * @returns the new lane, owning its sequence
    * @throws RangeError when `known` disagrees with `src`'s length; EngineError from the copy
    */

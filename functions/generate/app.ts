@@ -44,6 +44,7 @@ import {
   refuseUnsupportedChat,
   refuseUnsupportedCompletion,
 } from "./openai.ts";
+import { bestOf, choiceCounts, collectAll, forkChoices, interleave } from "./choices.ts";
 import { registerPlayground } from "./playground.ts";
 import { type StructuredOutput, structuredOutput } from "./structured.ts";
 import {
@@ -289,6 +290,7 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
   app.post("/v1/completions", async (c) => {
     const body = completionSchema.parse(await readJson(c, rt));
     refuseUnsupportedCompletion(body);
+    const { n, candidates } = choiceCounts(body.n, body.best_of, body.stream === true);
     const prompts: PromptInput[] = typeof body.prompt === "string"
       ? [{ text: body.prompt }]
       : typeof body.prompt[0] === "string"
@@ -313,7 +315,8 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
             : `prompt.${i}`,
           conversation: conversationOf(c, body.user),
           sampling: body,
-          extras: (tier) => extraOptions(tier, body, logprobs),
+          // best_of ranks candidates by their tokens' logprobs, asked for or not.
+          extras: (tier) => extraOptions(tier, body, logprobs ?? (candidates > n ? 0 : undefined)),
         }),
       );
       const last = plans[plans.length - 1];
@@ -321,7 +324,19 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
     }
     for (const p of plans) deadlineTier(c, p.tier);
     const link = linkedContext(c, body.cache_salt);
-    const admitOne = (i: number) => admit(rt, link.ctx, plans[i], conversationOf(c, body.user));
+    // Each prompt's choices fork its prefilled KV; choice j of prompt i is index i·n + j.
+    const admitOne = async (i: number) => {
+      const a = await admit(rt, link.ctx, plans[i], conversationOf(c, body.user));
+      return {
+        ...a,
+        gens: await forkChoices(
+          a.gen,
+          candidates,
+          plans[i].structured,
+          candidates > n ? "best_of" : "n",
+        ),
+      };
+    };
     if (!body.stream) {
       const choices = [];
       let promptTokens = 0;
@@ -329,18 +344,25 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
       let model = "";
       let info: ReturnType<typeof kvrelayInfo> | undefined;
       for (let i = 0; i < prompts.length; i++) {
-        const { gen, route } = await admitOne(i);
+        const { gen, route, gens } = await admitOne(i);
         info ??= kvrelayInfo(gen, route);
         model = gen.tier.name;
-        const r = await gen.collect();
-        promptTokens += r.promptTokens;
-        completion += r.tokenIds.length;
-        choices.push({
-          index: i,
-          text: r.text,
-          finish_reason: finishReason(r),
-          logprobs: logprobs === undefined ? null : completionLogprobs(gen.tier, r.logprobs ?? []),
-        });
+        const rs = await collectAll(gens);
+        promptTokens += rs[0].promptTokens;
+        // Every candidate's tokens count, the ones best_of drops too: they were generated.
+        for (const r of rs) completion += r.tokenIds.length;
+        const keep = candidates > n ? bestOf(rs, n) : rs.map((_, j) => j);
+        for (const [j, k] of keep.entries()) {
+          const r = rs[k];
+          choices.push({
+            index: i * n + j,
+            text: r.text,
+            finish_reason: finishReason(r),
+            logprobs: logprobs === undefined
+              ? null
+              : completionLogprobs(gen.tier, r.logprobs ?? []),
+          });
+        }
       }
       return c.json({
         id,
@@ -360,39 +382,36 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
         let promptTokens = 0;
         let completion = 0;
         for (let i = 0; i < prompts.length; i++) {
-          const { gen } = i === 0 ? first : await admitOne(i);
+          const { gen, gens } = i === 0 ? first : await admitOne(i);
           const model = gen.tier.name;
-          let offset = 0;
-          const frame = (text: string, fr: string | null, lp?: StepLogprobs) => {
+          const offsets = gens.map(() => 0);
+          const frame = (j: number, text: string, fr: string | null, lp?: StepLogprobs) => {
             const f = {
               id,
               object: "text_completion",
               created,
               model,
               choices: [{
-                index: i,
+                index: i * n + j,
                 text,
                 finish_reason: fr,
-                logprobs: lp ? completionLogprobs(gen.tier, [lp], offset) : null,
+                logprobs: lp ? completionLogprobs(gen.tier, [lp], offsets[j]) : null,
               }],
               ...(includeUsage ? { usage: null } : {}),
             };
-            offset += text.length;
+            offsets[j] += text.length;
             return f;
           };
-          const it = gen.tokens();
-          let step = await it.next();
-          while (!step.done) {
-            if (step.value.text !== "" || step.value.logprobs) {
-              send(frame(step.value.text, null, step.value.logprobs));
+          promptTokens += gen.promptIds.length;
+          for await (const ev of interleave(gens)) {
+            if (ev.done) {
+              if (ev.result.abortCause) throw abortError(ev.result, gens[ev.choice]);
+              completion += ev.result.tokenIds.length;
+              send(frame(ev.choice, "", finishReason(ev.result)));
+            } else if (ev.chunk.text !== "" || ev.chunk.logprobs) {
+              send(frame(ev.choice, ev.chunk.text, null, ev.chunk.logprobs));
             }
-            step = await it.next();
           }
-          const r = step.value;
-          if (r.abortCause) throw abortError(r, gen);
-          promptTokens += r.promptTokens;
-          completion += r.tokenIds.length;
-          send(frame("", finishReason(r)));
         }
         if (includeUsage) {
           send({
@@ -413,6 +432,7 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
   app.post("/v1/chat/completions", async (c) => {
     const body = chatSchema.parse(await readJson(c, rt));
     refuseUnsupportedChat(body);
+    const { n } = choiceCounts(body.n, undefined, body.stream === true);
     const id = `chatcmpl-${crypto.randomUUID()}`;
     const created = Math.floor(Date.now() / 1000);
     const logprobs = body.logprobs === true ? body.top_logprobs ?? 0 : undefined;
@@ -442,6 +462,7 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
     // OpenAI's finish_reason for an output that ends in calls.
     const chatFinish = (r: ServedResult, calls: number) =>
       calls > 0 && r.finishReason === "stop" ? "tool_calls" : finishReason(r);
+    const gens = await forkChoices(gen, n, planned.structured);
     const model = gen.tier.name;
     const info = kvrelayInfo(gen, route);
     const lpObject = (steps: StepLogprobs[] | undefined) =>
@@ -449,26 +470,29 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
         ? null
         : { content: (steps ?? []).map((s) => chatLogprob(gen.tier, s)), refusal: null };
     if (!body.stream) {
-      const r = await gen.collect();
-      const message = tools ? parseToolOutput(tools, r.text) : { content: r.text };
+      const rs = await collectAll(gens);
       return c.json({
         id,
         object: "chat.completion",
         created,
         model,
-        choices: [{
-          index: 0,
-          message: { role: "assistant", ...message, refusal: null },
-          finish_reason: chatFinish(r, message.tool_calls?.length ?? 0),
-          logprobs: lpObject(r.logprobs),
-        }],
-        usage: usage(r.promptTokens, r.tokenIds.length),
+        choices: rs.map((r, index) => {
+          const message = tools ? parseToolOutput(tools, r.text) : { content: r.text };
+          return {
+            index,
+            message: { role: "assistant", ...message, refusal: null },
+            finish_reason: chatFinish(r, message.tool_calls?.length ?? 0),
+            logprobs: lpObject(r.logprobs),
+          };
+        }),
+        usage: usage(rs[0].promptTokens, rs.reduce((t, r) => t + r.tokenIds.length, 0)),
         kvrelay: info,
       });
     }
     const includeUsage = body.stream_options?.include_usage === true;
     return sseResponse(c, async (send) => {
       const frame = (
+        index: number,
         delta: Record<string, unknown>,
         fr: string | null,
         lp?: StepLogprobs,
@@ -477,39 +501,42 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
         object: "chat.completion.chunk",
         created,
         model,
-        choices: [{ index: 0, delta, finish_reason: fr, logprobs: lp ? lpObject([lp]) : null }],
+        choices: [{ index, delta, finish_reason: fr, logprobs: lp ? lpObject([lp]) : null }],
         ...(includeUsage ? { usage: null } : {}),
       });
-      // kvrelay's extension rides on the first chunk (tier, route, cache) and the finishing one
-      // (plus speed); OpenAI clients ignore the field.
+      // kvrelay's extension rides on each choice's first chunk (tier, route, cache) and its
+      // finishing one (plus speed); OpenAI clients ignore the field.
       const opening = tools?.forced ? { role: "assistant", content: null } : {
         role: "assistant",
         content: "",
       };
-      send({ ...frame(opening, null), kvrelay: info });
-      // With tools, text goes through the parser: content deltas and tool_calls deltas.
-      const parser: ToolCallParser | undefined = tools ? new ToolCallParser(tools) : undefined;
-      const sendDeltas = (deltas: ToolDelta[], lp?: StepLogprobs) => {
-        if (deltas.length === 0 && lp) send(frame({}, null, lp));
-        deltas.forEach((d, i) => send(frame(d, null, i === 0 ? lp : undefined)));
-      };
-      const it = gen.tokens();
-      let step = await it.next();
-      while (!step.done) {
-        if (parser) {
-          sendDeltas(parser.push(step.value.text), step.value.logprobs);
-        } else if (step.value.text !== "" || step.value.logprobs) {
-          send(frame({ content: step.value.text }, null, step.value.logprobs));
-        }
-        step = await it.next();
+      for (let j = 0; j < gens.length; j++) {
+        send({ ...frame(j, opening, null), kvrelay: info });
       }
-      const r = step.value;
-      if (r.abortCause) throw abortError(r, gen);
-      if (parser) sendDeltas(parser.end());
-      send({
-        ...frame({}, chatFinish(r, parser?.calls.length ?? 0)),
-        kvrelay: { ...info, ...speed(r) },
-      });
+      // With tools, each choice's text goes through its own parser: content and tool_calls deltas.
+      const parsers = gens.map(() => tools ? new ToolCallParser(tools) : undefined);
+      const sendDeltas = (j: number, deltas: ToolDelta[], lp?: StepLogprobs) => {
+        if (deltas.length === 0 && lp) send(frame(j, {}, null, lp));
+        deltas.forEach((d, i) => send(frame(j, d, null, i === 0 ? lp : undefined)));
+      };
+      let completion = 0;
+      for await (const ev of interleave(gens)) {
+        const parser = parsers[ev.choice];
+        if (ev.done) {
+          const r = ev.result;
+          if (r.abortCause) throw abortError(r, gens[ev.choice]);
+          completion += r.tokenIds.length;
+          if (parser) sendDeltas(ev.choice, parser.end());
+          send({
+            ...frame(ev.choice, {}, chatFinish(r, parser?.calls.length ?? 0)),
+            kvrelay: { ...info, ...speed(r) },
+          });
+        } else if (parser) {
+          sendDeltas(ev.choice, parser.push(ev.chunk.text), ev.chunk.logprobs);
+        } else if (ev.chunk.text !== "" || ev.chunk.logprobs) {
+          send(frame(ev.choice, { content: ev.chunk.text }, null, ev.chunk.logprobs));
+        }
+      }
       if (includeUsage) {
         send({
           id,
@@ -517,7 +544,7 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
           created,
           model,
           choices: [],
-          usage: usage(r.promptTokens, r.tokenIds.length),
+          usage: usage(gen.promptIds.length, completion),
         });
       }
     }, () => {

@@ -1,6 +1,6 @@
 // OpenAI request semantics of /v1/completions and /v1/chat/completions: every field OpenAI's API
 // defines is validated with OpenAI's types and ranges (400 naming `param`); fields kvrelay does
-// not implement (legacy functions, n/best_of > 1, suffix, echo, audio, ...) are
+// not implement (legacy functions, suffix, echo, audio, ...) are
 // refused with a 400 that says so; unknown fields are refused like OpenAI does ("Unrecognized
 // request argument"). Also the logprobs objects of both APIs. Routes live in app.ts.
 import { z } from "zod";
@@ -84,7 +84,6 @@ function unsupported(param: string, what: string): InputError {
  * @throws {InputError} naming the field
  */
 export function refuseUnsupportedChat(b: z.infer<typeof chatSchema>): void {
-  if (b.n != null && b.n > 1) throw unsupported("n", "n > 1 (several choices per request)");
   if (b.functions != null && b.functions.length > 0) {
     throw unsupported("functions", "function calling (functions)");
   }
@@ -113,8 +112,6 @@ export function refuseUnsupportedChat(b: z.infer<typeof chatSchema>): void {
  * @throws {InputError} naming the field
  */
 export function refuseUnsupportedCompletion(b: z.infer<typeof completionSchema>): void {
-  if (b.n != null && b.n > 1) throw unsupported("n", "n > 1 (several choices per prompt)");
-  if (b.best_of != null && b.best_of > 1) throw unsupported("best_of", "best_of > 1");
   if (b.echo === true) throw unsupported("echo", "echo");
   if (b.suffix != null && b.suffix !== "") throw unsupported("suffix", "suffix (insertion)");
 }

@@ -243,8 +243,8 @@ Deno.test("invalid known fields answer 400 naming param; unsupported features an
         () => cmpl({ response_format: { type: "xml" } }),
         "response_format.type",
       ],
-      ["n > 1", () => chat({ n: 2 }), "n", /not supported/],
-      ["best_of > 1", () => cmpl({ best_of: 2 }), "best_of", /not supported/],
+      ["n beyond the choice limit", () => chat({ n: 17 }), "n", /at most 16/],
+      ["best_of below n", () => cmpl({ n: 2, best_of: 1 }), "best_of", /at least n/],
       ["suffix", () => cmpl({ suffix: "end" }), "suffix", /not supported/],
       ["echo", () => cmpl({ echo: true }), "echo", /not supported/],
       [

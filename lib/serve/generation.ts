@@ -19,6 +19,7 @@ import type { RequestContext } from "./request.ts";
 import { requireReady, type Runtime } from "./runtime.ts";
 import { type AbortCause, admitSlot, signalCause, stoppedError } from "./slot.ts";
 import { SchedulerClosedError } from "./scheduler.ts";
+import { QueueFullError } from "./queue.ts";
 import type { Tier } from "./tier.ts";
 
 /** Where the prompt's KV came from. */
@@ -145,6 +146,71 @@ export class Generation {
     this.#signal = signals.all;
     this.#client = signals.client;
     this.#startMs = startMs;
+  }
+
+  /**
+   * More choices of the same prompt: each new generation's sequence is a copy of this one's
+   * prompt KV (no second prefill), its first token drawn from the same last logits. Call before
+   * decoding. The queue slot is shared: it goes back when the last of them closes.
+   * @param options per new generation, its options (own seed, own grammar matcher, ...), derived
+   *   from {@link Generation.options} (a migrated cache's temperature already applied)
+   * @param param the request field that asked for them, blamed when they can never fit
+   * @returns the new generations, in order
+   * @throws {InputError} when the pool could never hold every choice's prompt;
+   *   {@link QueueFullError} when it lacks the blocks for the copies now; EngineError from the copy
+   */
+  fork(options: Omit<GenerateOptions, "signal">[], param = "n"): Generation[] {
+    if (this.#closed || !this.#lane) throw new Error("generation already consumed or closed");
+    const lane = this.#lane;
+    const batch = this.tier.batch;
+    if (batch && options.length > 0) {
+      const per = Math.ceil(this.promptIds.length / batch.pool.blockTokens);
+      const all = options.length + 1;
+      if (per * all > batch.pool.blocksTotal) {
+        throw new InputError(
+          `${all} choices of a ${this.promptIds.length}-token prompt need ${
+            per * all
+          } KV blocks; tier "${this.tier.name}"'s pool holds ${batch.pool.blocksTotal}`,
+          param,
+        );
+      }
+      if (per * options.length > batch.pool.blocksFree) {
+        this.#rt.metrics.rejected.inc({ tier: this.tier.name });
+        throw new QueueFullError(this.tier.name, 1);
+      }
+    }
+    const parentRelease = this.#release!;
+    let open = options.length + 1;
+    const release = () => {
+      if (--open === 0) parentRelease();
+    };
+    this.#release = release;
+    const out: Generation[] = [];
+    try {
+      for (const o of options) {
+        const forked = lane.fork(this.promptIds);
+        this.#rt.metrics.activeSequences.add({ tier: this.tier.name }, 1);
+        out.push(
+          new Generation(
+            this.#rt,
+            this.tier,
+            this.promptIds,
+            { ...o, maxTokens: o.maxTokens ?? this.options.maxTokens },
+            this.cache,
+            forked,
+            this.#logits.slice(),
+            release,
+            { all: this.#signal, client: this.#client },
+            this.#startMs,
+          ),
+        );
+      }
+    } catch (e) {
+      for (const g of out) g.close();
+      for (let i = out.length; i < options.length; i++) release();
+      throw e;
+    }
+    return out;
   }
 
   /**

@@ -56,6 +56,40 @@ export class Lane {
   }
 
   /**
+   * A lane on the same tier whose sequence starts as a copy of this one's cache (a forked choice
+   * of the same prompt): the KV is copied layer by layer, bit-exact in the cache's dtype, and the
+   * copy is attached to the scheduler with `known` as its history, so a preemption recomputes it
+   * like any prefilled sequence. Call it while this lane has no prefill or decode in flight.
+   * Copying never waits for the scheduler: a paged pool without the blocks fails at once (the
+   * caller checks the free blocks first and refuses the request rather than wait).
+   * @param known the token ids this lane's sequence holds (its length)
+   * @returns the new lane, owning its sequence
+   * @throws RangeError when `known` disagrees with `src`'s length; EngineError from the copy
+   */
+  fork(known: readonly number[]): Lane {
+    const src = this.seq;
+    if (known.length !== src.length) {
+      throw new RangeError(`fork(): known has ${known.length} tokens, the sequence ${src.length}`);
+    }
+    const seq = this.#tier
+      ? this.#tier.batch!.pool.createSequence(src.capacity)
+      : src.model.createSequence(src.capacity);
+    const lane = new Lane(seq, this.#tier, this.#signal);
+    try {
+      for (let layer = 0; layer < src.model.config.numLayers; layer++) {
+        const { k, v } = src.readKv(layer, 0, known.length);
+        seq.writeKv(layer, 0, known.length, k, v);
+      }
+      seq.setLength(known.length);
+      if (this.#tier) lane.#handle = this.#tier.batch!.scheduler.attach(seq, known);
+      return lane;
+    } catch (e) {
+      lane.free();
+      throw e;
+    }
+  }
+
+  /**
    * Appends `rest` after the tokens already in the sequence (`known`, e.g. imported from a
    * prefix cache or migrated: what a preemption would recompute) and returns the last logits.
    * @param known the token ids the sequence holds now

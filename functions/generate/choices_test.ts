@@ -4,20 +4,8 @@
 // prompt prefilled once (the scheduler's prefill token counter).
 import assert from "node:assert/strict";
 import OpenAI from "openai";
-import type { Runtime } from "../../lib/serve/mod.ts";
 import { testRuntime } from "../shared/test_helpers.ts";
-import { createGenerateApp } from "./app.ts";
-
-function client(rt: Runtime): OpenAI {
-  const app = createGenerateApp(rt);
-  return new OpenAI({
-    apiKey: "unused",
-    baseURL: "http://kvrelay.test/v1",
-    maxRetries: 0,
-    fetch: (url: string | URL | Request, init?: RequestInit) =>
-      Promise.resolve(app.request(String(url), init)),
-  });
-}
+import { client } from "./openai_client.ts";
 
 const prompt = "The old lighthouse stood at the edge of the";
 const messages = [{ role: "user" as const, content: prompt }];

@@ -7,18 +7,7 @@ import OpenAI from "openai";
 import { generate } from "../../lib/engine/mod.ts";
 import type { Runtime } from "../../lib/serve/mod.ts";
 import { testRuntime } from "../shared/test_helpers.ts";
-import { createGenerateApp } from "./app.ts";
-
-function client(rt: Runtime): OpenAI {
-  const app = createGenerateApp(rt);
-  return new OpenAI({
-    apiKey: "unused",
-    baseURL: "http://kvrelay.test/v1",
-    maxRetries: 0,
-    fetch: (url: string | URL | Request, init?: RequestInit) =>
-      Promise.resolve(app.request(String(url), init)),
-  });
-}
+import { client } from "./openai_client.ts";
 
 /** log-softmax of the logits after `prompt` (float64), over the tokenizer's vocabulary. */
 async function firstLogprobs(rt: Runtime, ids: number[]): Promise<Float64Array> {

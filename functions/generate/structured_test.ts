@@ -12,18 +12,7 @@ import { Ajv } from "ajv";
 import type { Runtime } from "../../lib/serve/mod.ts";
 import { SCHEMAS } from "../../lib/grammar/test_schemas.ts";
 import { testRuntime } from "../shared/test_helpers.ts";
-import { createGenerateApp } from "./app.ts";
-
-function client(rt: Runtime): OpenAI {
-  const app = createGenerateApp(rt);
-  return new OpenAI({
-    apiKey: "unused",
-    baseURL: "http://kvrelay.test/v1",
-    maxRetries: 0,
-    fetch: (url: string | URL | Request, init?: RequestInit) =>
-      Promise.resolve(app.request(String(url), init)),
-  });
-}
+import { client } from "./openai_client.ts";
 
 const TIERS = { fast: "tiny-fast", balanced: "tiny-balanced", powerful: "tiny-powerful" };
 

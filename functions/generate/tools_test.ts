@@ -14,19 +14,8 @@ import type {
 import { Ajv } from "ajv";
 import { chatPrompt, type Runtime } from "../../lib/serve/mod.ts";
 import { testRuntime } from "../shared/test_helpers.ts";
-import { createGenerateApp } from "./app.ts";
+import { client } from "./openai_client.ts";
 import { parseToolOutput, ToolCallParser, type ToolDelta } from "./tools.ts";
-
-function client(rt: Runtime): OpenAI {
-  const app = createGenerateApp(rt);
-  return new OpenAI({
-    apiKey: "unused",
-    baseURL: "http://kvrelay.test/v1",
-    maxRetries: 0,
-    fetch: (url: string | URL | Request, init?: RequestInit) =>
-      Promise.resolve(app.request(String(url), init)),
-  });
-}
 
 function runtime(): Promise<Runtime> {
   return testRuntime({

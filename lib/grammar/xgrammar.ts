@@ -155,6 +155,9 @@ function noRef(v: unknown, path: string): void {
 
 /** Most compiled grammars kept per engine (least recently used dropped first). */
 const MAX_COMPILED = 128;
+/** compileJSONSchema's "no indent": this build maps -1 to none and an absent value to 2 spaces, so
+ *  leaving it out would force a newline and indentation between members. */
+const NO_INDENT = -1;
 
 const engines = new Map<string, Promise<GrammarEngine>>();
 
@@ -258,7 +261,7 @@ export class GrammarEngine {
             ? this.#compiler.compileJSONSchema(
               '{"type":"object"}',
               false,
-              undefined,
+              NO_INDENT,
               [",", ":"],
               false,
             )
@@ -266,7 +269,7 @@ export class GrammarEngine {
             : this.#compiler.compileJSONSchema(
               JSON.stringify(format.schema),
               false,
-              undefined,
+              NO_INDENT,
               [",", ":"],
               true,
             ),

@@ -108,6 +108,9 @@ Deno.test({
           throw new Error(`${name}: not JSON: ${text} (${(e as Error).message})`);
         }
         assert.ok(validate(value), `${name}: ${text} fails: ${JSON.stringify(validate.errors)}`);
+        // Compact: no newline or indentation between members (a line break can only stand
+        // escaped inside a string).
+        assert.ok(!text.includes("\n"), `${name}: not compact: ${JSON.stringify(text)}`);
         outputs++;
       }
     }

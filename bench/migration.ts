@@ -331,7 +331,8 @@ if (import.meta.main) {
   console.log(JSON.stringify(result, null, 2));
 }
 
-interface PairRow {
+/** One projector pair of benchMigration()'s result (also read by result_rows.ts). */
+export interface PairRow {
   kind: string;
   quality: {
     repair: Record<string, { recovered: number; kl_recovered: number; top1_agreement: number }>;

@@ -10,6 +10,7 @@ import type { MultihostResult } from "./multihost.ts";
 import type { PeersResult } from "./peers.ts";
 import { type ResultRow, row } from "./result_file.ts";
 import type { SnapshotBenchRow } from "./snapshot.ts";
+import type { PairRow } from "./migration.ts";
 
 const TPS = "tokens/s";
 
@@ -59,19 +60,7 @@ function snapshotRows(r: { rows: SnapshotBenchRow[] }): ResultRow[] {
   });
 }
 
-interface MigrationPair {
-  kind: string;
-  quality: {
-    repair: Record<string, { recovered: number; kl_recovered: number; top1_agreement: number }>;
-  } | null;
-  speed: {
-    prompt_tokens: number;
-    full_ttft_ms: number;
-    repair: Record<string, { ttft_ms: number }>;
-  }[];
-}
-
-function migrationRows(r: { pairs: Record<string, MigrationPair> }): ResultRow[] {
+function migrationRows(r: { pairs: Record<string, PairRow> }): ResultRow[] {
   const rows: ResultRow[] = [];
   for (const [pair, p] of Object.entries(r.pairs)) {
     for (const [repair, q] of Object.entries(p.quality?.repair ?? {})) {

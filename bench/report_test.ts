@@ -1,7 +1,7 @@
 // bench/report.ts against a small fixture whose figures are known: the table shows them with
 // machine and commit, and each plot has one mark per measured pair or point.
 import assert from "node:assert/strict";
-import { row, type SectionResult } from "./result_file.ts";
+import { parseSectionResult, row, type SectionResult } from "./result_file.ts";
 import { writeReport } from "./report.ts";
 import { SECTION_ROWS } from "./result_rows.ts";
 
@@ -151,4 +151,16 @@ Deno.test("engine rows: each run's tokens/s gives the median and spread; older r
     null,
     null,
   ]]);
+});
+
+Deno.test("every committed file in bench/results is in the one shape and names its own section", async () => {
+  const dir = new URL("./results/", import.meta.url);
+  let files = 0;
+  for await (const e of Deno.readDir(dir)) {
+    if (!e.name.endsWith(".json")) continue;
+    const r = parseSectionResult(JSON.parse(await Deno.readTextFile(new URL(e.name, dir))), e.name);
+    assert.equal(`${r.section}.json`, e.name);
+    files++;
+  }
+  assert.ok(files > 0);
 });

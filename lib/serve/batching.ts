@@ -75,6 +75,7 @@ export function createBatching(
     const free = pool.blocksFree;
     metrics.kvBlocksUsed.set(labels, blocks - free);
     metrics.kvBlocksFree.set(labels, free);
+    scheduler.blocksReleased();
   };
   return { pool, scheduler, refresh };
 }

@@ -1,6 +1,8 @@
-// A generation continued from a KV snapshot (decode): admission, verified import (header,
-// signature, fingerprint before any KV is allocated), optional migration from the tier whose model
-// made it, the pending tokens plus the continuation prefilled, then the usual Generation.
+// A generation continued from a KV snapshot (decode): admission (a queue slot, then the KV blocks
+// of the tier's pool), verified import (header, signature, fingerprint before any KV is allocated)
+// into a paged sequence of the tier's pool, or a migration from the tier whose model made it
+// projected into one, then the pending tokens plus the continuation prefilled by the tier's
+// scheduler and the usual Generation, stepped with every other request.
 import type { GenerateOptions } from "../engine/mod.ts";
 import { Lane } from "./lane.ts";
 import { MigrationRefusedError } from "../migrate/mod.ts";
@@ -11,6 +13,9 @@ import { type CacheOutcome, Generation, withCacheTemperature } from "./generatio
 import { tierNameOfModel, untilAborted } from "./handoff.ts";
 import type { RequestContext } from "./request.ts";
 import { requireReady, type Runtime } from "./runtime.ts";
+import { poolFullError, reservePoolBlocks } from "./pool_reserve.ts";
+import { QueueFullError } from "./queue.ts";
+import { type BlockReservation, SchedulerClosedError } from "./scheduler.ts";
 import { admitSlot, stoppedError } from "./slot.ts";
 import type { Tier } from "./tier.ts";
 
@@ -82,6 +87,7 @@ export async function startFromSnapshot(
   if (gate && !gate.ok) {
     throw new MigrationRefusedError(gate.code, `${source.name} → ${tier.name}: ${gate.reason}`);
   }
+  const repairTokens = gate?.ok ? gate.repairTokens : 0;
   const maxTokens = req.options.maxTokens ?? tier.config.default_max_tokens;
   const { tokenIds, pendingTokenIds } = req.header;
   checkSnapshotContext(
@@ -93,8 +99,11 @@ export async function startFromSnapshot(
   const slot = await admitSlot(rt, tier, req.ctx);
   const { release } = slot;
   rt.metrics.activeSequences.add({ tier: tier.name }, 1);
-  let seq: NativeSequence | null = null;
+  const batch = tier.batch;
   let src: NativeSequence | null = null;
+  let seq: NativeSequence | null = null;
+  let lane: Lane | null = null;
+  let held: BlockReservation | null = null;
   // A streamed body is read while this request holds a slot: its deadline bounds the upload.
   const input = req.input instanceof Uint8Array ? req.input : untilAborted(
     req.input,
@@ -102,34 +111,53 @@ export async function startFromSnapshot(
     () => stoppedError(rt, tier, req.ctx.client, "receiving the snapshot"),
   );
   try {
+    // The KV lands in this tier's pool (imported as is, or projected): its blocks are admitted
+    // first, as a prompt's are. The header was peeked and CRC-checked; the import checks it again.
+    const kvTokens = tokenIds.length;
+    held = await reservePoolBlocks(
+      tier,
+      migrating ? Math.max(0, kvTokens - repairTokens) : kvTokens,
+      slot.signal,
+    );
     const imported = await importSnapshot(source.model, input, {
       verify: rt.verify,
       maxBytes: rt.config.server.max_snapshot_bytes,
       reserve: migrating ? 0 : maxTokens + req.continuationIds.length + 1,
       maxTokens: Math.max(source.config.max_context, tier.config.max_context) + 1,
       prefillPending: false,
+      // Same model: straight into a paged sequence of this tier's pool. A migration imports into
+      // a scratch sequence of the source model, read once by the projection and freed.
+      createSequence: !migrating && batch ? (n) => batch.pool.createSequence(n) : undefined,
     });
     const ids = [...imported.tokenIds, ...req.continuationIds];
-    const kvTokens = imported.header.tokenIds.length;
-    let keep = kvTokens;
+    let keep = imported.header.tokenIds.length;
     if (migrating) {
       src = imported.sequence;
-      keep = Math.max(0, kvTokens - (gate as { repairTokens: number }).repairTokens);
-      seq = tier.model.native.createSequence(ids.length + maxTokens + 1);
+      keep = Math.max(0, keep - repairTokens);
+      const capacity = ids.length + maxTokens + 1;
+      seq = batch
+        ? batch.pool.createSequence(capacity)
+        : tier.model.native.createSequence(capacity);
       if (keep > 0) await rt.migrator.projectInto(source, tier, src, keep, seq);
       src.free();
       src = null;
       rt.metrics.migrations.inc({ from: source.name, to: tier.name });
     } else seq = imported.sequence;
+    held?.release();
+    held = null;
+    lane = Lane.adopt(tier, seq, slot.signal);
+    seq = null;
     checkSnapshotContext(tier, imported.tokenIds.length, req.continuationIds.length, maxTokens);
     let tail = ids.slice(keep);
     if (tail.length === 0) {
       // Everything is in the KV: recompute the last position for its logits.
-      seq.truncate(seq.length - 1);
+      lane.seq.truncate(lane.seq.length - 1);
       tail = ids.slice(-1);
     }
-    const logits = await seq.prefill(tail);
-    const reused = seq.length - tail.length;
+    // The repair tail and the continuation: a prefill of the scheduler's steps (with the tokens
+    // already in the KV as the sequence's history), then decodes with every other request.
+    const reused = lane.seq.length;
+    const logits = await lane.prefill(ids.slice(0, reused), tail);
     rt.metrics.reusedTokens.inc({ tier: tier.name }, reused);
     // A migration that carried no KV (the snapshot's tokens do not exceed the repair length) is
     // a full prefill on this tier: said so, with its reason, rather than called a migration.
@@ -147,7 +175,7 @@ export async function startFromSnapshot(
         source: "migrated",
         fromTier: source.name,
         reusedTokens: reused,
-        logitTemperature: (gate as { temperature: number }).temperature,
+        logitTemperature: gate?.ok ? gate.temperature : 1,
       };
     return new Generation(
       rt,
@@ -155,18 +183,27 @@ export async function startFromSnapshot(
       ids,
       withCacheTemperature({ ...req.options, maxTokens }, cache),
       cache,
-      Lane.direct(seq),
+      lane,
       logits,
       release,
       { all: slot.signal, client: req.ctx.client },
       startMs,
     );
   } catch (e) {
+    held?.release();
     src?.free();
     seq?.free();
+    lane?.free();
+    batch?.refresh();
     rt.metrics.activeSequences.add({ tier: tier.name }, -1);
     release();
-    throw e;
+    // A deadline, disconnect or shutdown while it waited for KV blocks or in the scheduler.
+    if (e instanceof SchedulerClosedError && slot.signal.aborted) {
+      throw stoppedError(rt, tier, req.ctx.client, `waiting for KV blocks on tier "${tier.name}"`);
+    }
+    const full = poolFullError(tier, e);
+    if (full instanceof QueueFullError) rt.metrics.rejected.inc({ tier: tier.name });
+    throw full;
   }
 }
 

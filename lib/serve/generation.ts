@@ -13,6 +13,7 @@ import {
 import { type MigrationRefusalReason, MigrationRefusedError } from "../migrate/mod.ts";
 import { prefillWithCache, type PrefixCache, StoreError } from "../store/mod.ts";
 import { Lane } from "./lane.ts";
+import { poolFullError } from "./pool_reserve.ts";
 import { domainError } from "./native_engine.ts";
 import { InputError, UnavailableError } from "./errors.ts";
 import type { RequestContext } from "./request.ts";
@@ -468,8 +469,14 @@ async function tryMigrate(
         };
       }
     }
-    // Projected KV for [0, keep), then repair: the target prefills the rest itself.
-    await rt.migrator.projectInto(from, to, src, keep, lane.seq);
+    // Projected KV for [0, keep) into the lane's pool blocks (admitted first, as a prompt's
+    // are), then repair: the target's scheduler prefills the rest with the other requests.
+    const held = await lane.reserveBlocks(keep);
+    try {
+      await rt.migrator.projectInto(from, to, src, keep, lane.seq);
+    } finally {
+      held?.release();
+    }
     const logits = await lane.prefill(ids.slice(0, keep), ids.slice(keep));
     rt.metrics.migrations.inc({ from: from.name, to: to.name });
     rt.metrics.reusedTokens.inc({ tier: to.name }, keep);
@@ -488,7 +495,7 @@ async function tryMigrate(
     if (e instanceof MigrationRefusedError) {
       return { ok: false, code: e.reason, reason: e.message };
     }
-    throw e;
+    throw poolFullError(to, e);
   } finally {
     src.free();
   }

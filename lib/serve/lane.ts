@@ -1,11 +1,17 @@
 // A generation's engine handle: its native sequence and how its prefill and decode run — through
 // the tier's continuous-batching scheduler (a paged sequence from the tier's KV pool, stepped with
-// the other requests), or directly on a sequence of its own (batching off, snapshot imports).
+// the other requests, whether it starts empty or holds imported or projected KV), or directly on a
+// sequence of its own (only on a tier configured without batching).
 // Not the scheduler (scheduler.ts) nor the generation's decode loop (generation.ts).
 
 import type { DecodeTarget } from "../engine/mod.ts";
 import type { NativeSampler, NativeSamplingOptions, NativeSequence } from "../native/mod.ts";
-import { type ScheduledSequence, SchedulerClosedError } from "./scheduler.ts";
+import { reservePoolBlocks } from "./pool_reserve.ts";
+import {
+  type BlockReservation,
+  type ScheduledSequence,
+  SchedulerClosedError,
+} from "./scheduler.ts";
 import type { Tier } from "./tier.ts";
 
 /** The sequence of one generation and the way its tokens are computed. */
@@ -47,12 +53,18 @@ export class Lane {
   }
 
   /**
-   * A lane that runs an existing sequence directly (no scheduler).
+   * A lane over a sequence that already holds KV (a snapshot imported, or a projection written,
+   * into it): on a tier that batches, `seq` must be a paged sequence of the tier's pool, and its
+   * first {@link prefill} attaches it to the scheduler with the tokens it holds as history, so
+   * its repair tail and decodes are stepped with every other request. On a tier without batching
+   * it runs directly.
+   * @param tier the tier that decodes it
    * @param seq the sequence (owned by the lane from now on)
+   * @param signal the request's signal (see the constructor)
    * @returns the lane
    */
-  static direct(seq: NativeSequence): Lane {
-    return new Lane(seq, null);
+  static adopt(tier: Tier, seq: NativeSequence, signal?: AbortSignal): Lane {
+    return new Lane(seq, tier, signal);
   }
 
   /**
@@ -109,6 +121,18 @@ export class Lane {
     } finally {
       signal?.removeEventListener("abort", stop);
     }
+  }
+
+  /**
+   * Holds back the pool blocks that `tokens` positions written into this lane's sequence outside
+   * the steps (a projection) will take, waiting under the lane's signal as a prompt does.
+   * @param tokens positions to be written
+   * @returns the reservation to release once written (or on failure); null without batching
+   * @throws SchedulerClosedError when stopped or on shutdown
+   */
+  reserveBlocks(tokens: number): Promise<BlockReservation | null> {
+    if (!this.#tier) return Promise.resolve(null);
+    return reservePoolBlocks(this.#tier, tokens, this.#signal);
   }
 
   /** Empties the sequence (its blocks go back) and leaves the scheduler, for a fresh prefill. */

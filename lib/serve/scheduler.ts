@@ -249,6 +249,23 @@ export class ScheduledSequence<S, P = unknown, O = unknown> {
   }
 }
 
+/** Blocks held back for a sequence that is filled outside the steps (a snapshot import, a
+ *  projection) until it is attached: the steps plan as if they were taken already. */
+export interface BlockReservation {
+  /** blocks held back */
+  readonly blocks: number;
+  /** Gives the blocks back to the steps (call once the sequence holds them, or failed). Idempotent. */
+  release(): void;
+}
+
+interface BlockWaiter {
+  blocks: number;
+  resolve: (r: BlockReservation) => void;
+  reject: (e: unknown) => void;
+  signal?: AbortSignal;
+  onAbort?: () => void;
+}
+
 /** Counters since creation. */
 export interface SchedulerCounters {
   /** engine steps (a burst's steps each count) */
@@ -276,6 +293,10 @@ export class Scheduler<S, P = unknown, O = unknown> {
   /** entries whose work resolved in the last step and that have not sent the next one yet */
   readonly #expected = new Set<Entry<S, P>>();
   #nextId = 0;
+  /** blocks held back by live reservations (see {@link reserveBlocks}) */
+  #reserved = 0;
+  /** reservations waiting for free blocks, first come first served */
+  readonly #blockWaiters: BlockWaiter[] = [];
   #wake: (() => void) | null = null;
   #running = false;
   /** the loop waits for the sequences of #expected (see #loop) */
@@ -336,6 +357,88 @@ export class Scheduler<S, P = unknown, O = unknown> {
     };
     this.#entries.set(entry.id, entry);
     return new ScheduledSequence(this, entry, this.#engine);
+  }
+
+  /**
+   * Holds back `blocks` free KV blocks for a sequence filled outside the steps (a snapshot import
+   * or a projection writes its KV straight into pool blocks), waiting first come first served
+   * until they are free — the same wait a prompt has for its prefill. A new sequence leaves the
+   * watermark free for running ones to grow, as a new prompt does (unless it needs more than the
+   * pool holds beyond the watermark: then it waits for the blocks themselves). Release the
+   * reservation once the sequence holds its blocks (or failed), before attaching it.
+   * @param blocks blocks the sequence will take (0 resolves at once)
+   * @param signal stops the wait (the promise rejects with SchedulerClosedError)
+   * @returns the reservation
+   * @throws RangeError when the pool could never hold `blocks`; SchedulerClosedError on close
+   *   or abort
+   */
+  reserveBlocks(blocks: number, signal?: AbortSignal): Promise<BlockReservation> {
+    if (!Number.isInteger(blocks) || blocks < 0) {
+      return Promise.reject(new RangeError(`blocks must be an integer >= 0, got ${blocks}`));
+    }
+    if (blocks > this.#engine.blocksTotal) {
+      return Promise.reject(
+        new RangeError(
+          `${blocks} KV blocks are more than the pool's ${this.#engine.blocksTotal}`,
+        ),
+      );
+    }
+    if (this.#closed) return Promise.reject(new SchedulerClosedError("scheduler is closed"));
+    if (signal?.aborted) {
+      return Promise.reject(new SchedulerClosedError("the request was stopped"));
+    }
+    return new Promise<BlockReservation>((resolve, reject) => {
+      const w: BlockWaiter = { blocks, resolve, reject, signal };
+      if (signal) {
+        w.onAbort = () => {
+          const i = this.#blockWaiters.indexOf(w);
+          if (i < 0) return;
+          this.#blockWaiters.splice(i, 1);
+          reject(new SchedulerClosedError("the request was stopped"));
+          this.#grantBlocks(); // the next waiter may fit now
+        };
+        signal.addEventListener("abort", w.onAbort, { once: true });
+      }
+      this.#blockWaiters.push(w);
+      this.#grantBlocks();
+    });
+  }
+
+  /** Blocks held back by reservations now. */
+  get reservedBlocks(): number {
+    return this.#reserved;
+  }
+
+  /**
+   * Tells the scheduler that blocks went back to the pool outside its steps (a sequence was
+   * freed or truncated), so a reservation waiting for them may go ahead.
+   */
+  blocksReleased(): void {
+    this.#grantBlocks();
+  }
+
+  /** Grants waiting reservations, in order, while the head one fits. */
+  #grantBlocks(): void {
+    while (this.#blockWaiters.length > 0) {
+      const w = this.#blockWaiters[0];
+      const free = this.#engine.blocksFree() - this.#reserved;
+      const keep = w.blocks + this.#watermark <= this.#engine.blocksTotal ? this.#watermark : 0;
+      if (free - keep < w.blocks) return;
+      this.#blockWaiters.shift();
+      if (w.onAbort) w.signal!.removeEventListener("abort", w.onAbort);
+      this.#reserved += w.blocks;
+      let held = true;
+      w.resolve({
+        blocks: w.blocks,
+        release: () => {
+          if (!held) return;
+          held = false;
+          this.#reserved -= w.blocks;
+          this.#grantBlocks();
+          this.#kick();
+        },
+      });
+    }
   }
 
   /** @internal ScheduledSequence.prefill/decode/decodeSample */
@@ -401,6 +504,10 @@ export class Scheduler<S, P = unknown, O = unknown> {
   /** Rejects every pending work and refuses new ones. */
   close(): void {
     this.#closed = true;
+    for (const w of this.#blockWaiters.splice(0)) {
+      if (w.onAbort) w.signal!.removeEventListener("abort", w.onAbort);
+      w.reject(new SchedulerClosedError("scheduler is closed"));
+    }
     for (const e of [...this.#entries.values()]) this.detach(e);
   }
 
@@ -466,6 +573,7 @@ export class Scheduler<S, P = unknown, O = unknown> {
             continue;
           }
           if (!(await this.#step(plan))) await this.#sleep(1);
+          if (this.#blockWaiters.length > 0) this.#grantBlocks(); // sequences may have shrunk
         } catch (e) {
           // The engine itself failed (e.g. its pool was freed under us): nothing can run; every
           // waiting work gets the error rather than hanging. After close() this is expected.
@@ -526,7 +634,7 @@ export class Scheduler<S, P = unknown, O = unknown> {
     const pending = this.#pending();
     // The pool's free count changes only by a preemption while planning: read once, then again
     // after each (a getter per use cost ~0.1 µs × several per sequence of a 32-row step).
-    let poolFree = this.#engine.blocksFree();
+    let poolFree = this.#engine.blocksFree() - this.#reserved;
     const free = () => poolFree - committed;
     // Decodes first, oldest first: a decode that cannot grow preempts the youngest younger
     // sequence; when there is none it waits for a later step.
@@ -538,7 +646,9 @@ export class Scheduler<S, P = unknown, O = unknown> {
       if (len === 0) continue;
       // A victim is younger than e, never e: its length and blocks stay as read.
       const need = this.#blocksNeeded(e, 1, len);
-      while (need > free() && this.#preempt(inPlan, e)) poolFree = this.#engine.blocksFree();
+      while (need > free() && this.#preempt(inPlan, e)) {
+        poolFree = this.#engine.blocksFree() - this.#reserved;
+      }
       if (need > free()) continue;
       plan.push({ entry: e, n: 1 });
       inPlan.add(e);
@@ -615,7 +725,7 @@ export class Scheduler<S, P = unknown, O = unknown> {
     if (k < 2) return 1;
     let need = 0;
     for (const { entry } of plan) need += this.#blocksNeeded(entry, k);
-    return need <= eng.blocksFree() ? k : 1;
+    return need <= eng.blocksFree() - this.#reserved ? k : 1;
   }
 
   /** Runs a burst of `k` decode steps of the plan's sequences in one engine call (see

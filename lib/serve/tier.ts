@@ -26,7 +26,8 @@ export interface Tier {
   batch: {
     pool: KvPool;
     scheduler: NativeScheduler;
-    /** Sets the KV block gauges from the pool (after a sequence gave its blocks back). */
+    /** Sets the KV block gauges from the pool and lets a waiting block reservation go ahead
+     *  (after a sequence gave its blocks back). */
     refresh(): void;
   } | null;
 }

@@ -222,3 +222,39 @@ Deno.test("Scheduler rejects a work larger than the whole pool and fails only th
   sched.close();
   await assert.rejects(h.decode(1), SchedulerClosedError);
 });
+
+Deno.test("Scheduler.reserveBlocks() waits first come first served for free blocks, and the steps leave reserved blocks alone", async () => {
+  const eng = new FakeEngine(10, 4);
+  const sched = new Scheduler(eng, { maxStepTokens: 100, watermarkBlocks: 0 });
+  const holder = eng.create();
+  const hh = sched.attach(holder);
+  await hh.prefill(ids(24, 1)); // 6 of 10 blocks
+  const order: string[] = [];
+  const big = sched.reserveBlocks(6).then((r) => (order.push("big"), r));
+  const small = sched.reserveBlocks(1).then((r) => (order.push("small"), r));
+  const stop = new AbortController();
+  const gone = sched.reserveBlocks(1, stop.signal);
+  await new Promise((r) => setTimeout(r, 10));
+  assert.deepEqual(order, [], "6 blocks are not free; the 1-block one waits behind");
+  stop.abort();
+  await assert.rejects(gone, SchedulerClosedError);
+  hh.detach();
+  eng.free(holder);
+  sched.blocksReleased();
+  const [rb, rs] = await Promise.all([big, small]);
+  assert.deepEqual(order, ["big", "small"]);
+  assert.equal(sched.reservedBlocks, 7);
+  // A prompt of 4 blocks finds 10 free in the pool but only 3 unreserved: it waits.
+  let ran = false;
+  const prompt = sched.attach(eng.create()).prefill(ids(16, 2)).then((l) => (ran = true, l));
+  await new Promise((r) => setTimeout(r, 30));
+  assert.equal(ran, false, "the steps do not take reserved blocks");
+  rb.release();
+  rb.release(); // idempotent
+  assert.equal(sched.reservedBlocks, 1);
+  assert.equal((await prompt)[0], hash(ids(16, 2)));
+  rs.release();
+  await assert.rejects(sched.reserveBlocks(11), /more than the pool's 10/);
+  sched.close();
+  await assert.rejects(sched.reserveBlocks(1), SchedulerClosedError);
+});

@@ -1,13 +1,17 @@
 // HTTP-layer benchmark: a bounded loopback load on the demo tiers through the real generate app
 // (Deno.serve on 127.0.0.1, streamed /v1/completions), reporting p50/p99 TTFT, per-request
 // tokens/s, p50/p99 time per output token and aggregate tokens/s at concurrency 1, 8 and 32,
-// error counts by status, and the per-request overhead of the HTTP layer vs calling lib/engine
-// generate() directly. Tiers use the bundled config's admission (concurrency, queue_depth) and
-// continuous batching, 2 threads each. Bounded: ~1–2 min on 2 cores.
+// error counts by status, the per-request overhead of the HTTP layer vs calling lib/engine
+// generate() directly, and handoff concurrency: a prefill on fast kept in the store then a decode
+// on powerful migrated through the demo projector, one at a time vs 32 at once, beside 32 direct
+// completions on powerful. Tiers use the bundled config's admission (concurrency, queue_depth)
+// and continuous batching, 2 threads each. Bounded: ~1–2 min on 2 cores.
 import { parseConfig } from "../lib/config/mod.ts";
 import { generate } from "../lib/engine/mod.ts";
 import { createBaseApp } from "../functions/shared/mod.ts";
+import { registerDecode } from "../functions/decode/app.ts";
 import { registerGenerate } from "../functions/generate/app.ts";
+import { registerPrefill } from "../functions/prefill/app.ts";
 import { createRuntime } from "../lib/serve/mod.ts";
 
 const root = new URL("../", import.meta.url).pathname;
@@ -43,10 +47,35 @@ export interface LoadPoint {
   wallS: number;
 }
 
+/** Tokens/s of one way of generating at one concurrency (greedy, non-streamed). */
+export interface HandoffPoint {
+  /** "handoff": /v1/prefill fast (store) then /v1/decode powerful (migrated); "direct":
+   *  /v1/completions on powerful */
+  path: "handoff" | "direct";
+  concurrency: number;
+  requests: number;
+  ok: number;
+  errors: Record<string, number>;
+  /** Completion tokens / wall time of the whole requests (a handoff's prefill included). */
+  aggregateTokensPerSecond: number;
+  wallS: number;
+}
+
+/** Handoff concurrency (see the file comment). */
+export interface HandoffBenchResult {
+  maxTokens: number;
+  points: HandoffPoint[];
+  /** 32 concurrent handoffs / one at a time */
+  concurrentVsAlone: number;
+  /** 32 concurrent handoffs / 32 concurrent direct completions on powerful */
+  handoffVsDirect: number;
+}
+
 /** What benchHttp returns. */
 export interface HttpBenchResult {
   maxTokens: number;
   tiers: Record<string, LoadPoint[]>;
+  handoff: HandoffBenchResult;
   /** Same request through HTTP (non-streamed, loopback) vs engine generate(), fast tier, c=1. */
   overhead: { requests: number; engineMsP50: number; httpMsP50: number; overheadMsP50: number };
 }
@@ -147,6 +176,96 @@ async function loadPoint(base: string, tier: string, concurrency: number): Promi
   };
 }
 
+const HANDOFF_TOKENS = 64;
+
+async function postJson(base: string, path: string, body: unknown): Promise<Response> {
+  return await fetch(`${base}${path}`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify(body),
+  });
+}
+
+/** One handoff (or one direct completion): its completion tokens, or the failing status. */
+async function handoffOne(
+  base: string,
+  path: HandoffPoint["path"],
+  prompt: string,
+): Promise<{ status: string; tokens: number }> {
+  const sampling = { max_tokens: HANDOFF_TOKENS, temperature: 0, ignore_eos: true };
+  if (path === "direct") {
+    const res = await postJson(base, "/v1/completions", { model: "powerful", prompt, ...sampling });
+    if (res.status !== 200) {
+      return (await res.body?.cancel(), { status: String(res.status), tokens: 0 });
+    }
+    return { status: "200", tokens: (await res.json()).usage.completion_tokens };
+  }
+  const pre = await postJson(base, "/v1/prefill", { tier: "fast", prompt, store: true });
+  if (pre.status !== 200) {
+    return (await pre.body?.cancel(), { status: `prefill ${pre.status}`, tokens: 0 });
+  }
+  const { snapshot_id } = await pre.json();
+  const res = await postJson(base, "/v1/decode", { snapshot_id, tier: "powerful", ...sampling });
+  if (res.status !== 200) {
+    return (await res.body?.cancel(), { status: `decode ${res.status}`, tokens: 0 });
+  }
+  const body = await res.json();
+  if (!body.migrated) return { status: "not migrated", tokens: 0 };
+  return { status: "200", tokens: body.usage.completion_tokens };
+}
+
+async function handoffPoint(
+  base: string,
+  path: HandoffPoint["path"],
+  concurrency: number,
+  requests: number,
+): Promise<HandoffPoint> {
+  let next = 0, ok = 0, tokens = 0;
+  const errors: Record<string, number> = {};
+  const t0 = performance.now();
+  await Promise.all(Array.from({ length: concurrency }, async () => {
+    while (next < requests) {
+      const i = next++;
+      try {
+        const r = await handoffOne(base, path, PROMPTS[i % PROMPTS.length]);
+        if (r.status !== "200") errors[r.status] = (errors[r.status] ?? 0) + 1;
+        else (ok++, tokens += r.tokens);
+      } catch {
+        errors.network = (errors.network ?? 0) + 1;
+      }
+    }
+  }));
+  const wallS = (performance.now() - t0) / 1000;
+  return {
+    path,
+    concurrency,
+    requests,
+    ok,
+    errors,
+    aggregateTokensPerSecond: Math.round((tokens / wallS) * 10) / 10,
+    wallS: Math.round(wallS * 100) / 100,
+  };
+}
+
+/**
+ * Handoff concurrency on a served app with the prefill, decode and generate routes.
+ * @param base the server's address
+ * @returns one handoff at a time (8), 32 at once (32), 32 direct completions on powerful (32)
+ */
+export async function benchHandoffs(base: string): Promise<HandoffBenchResult> {
+  await handoffPoint(base, "handoff", 1, 2); // warm-up: the projector's first use, the store
+  const alone = await handoffPoint(base, "handoff", 1, 8);
+  const together = await handoffPoint(base, "handoff", 32, 32);
+  const direct = await handoffPoint(base, "direct", 32, 32);
+  const ratio = (a: number, b: number) => Math.round((a / b) * 100) / 100;
+  return {
+    maxTokens: HANDOFF_TOKENS,
+    points: [alone, together, direct],
+    concurrentVsAlone: ratio(together.aggregateTokensPerSecond, alone.aggregateTokensPerSecond),
+    handoffVsDirect: ratio(together.aggregateTokensPerSecond, direct.aggregateTokensPerSecond),
+  };
+}
+
 /**
  * Runs the HTTP benchmark over the demo tiers (prefix cache off, so every request prefills).
  * @returns the load points per tier and the HTTP overhead
@@ -164,11 +283,21 @@ export async function benchHttp(): Promise<HttpBenchResult> {
       max_new_tokens: 64,
     };
   }
-  const config = parseConfig({ tiers, prefix_cache: { enabled: false } }, { env: () => undefined });
+  const projectors = [{
+    from: "fast",
+    to: "powerful",
+    path: `${root}models/projectors/tiny-fast--tiny-powerful`,
+    min_quality: 0.5,
+  }];
+  const config = parseConfig({ tiers, projectors, prefix_cache: { enabled: false } }, {
+    env: () => undefined,
+  });
   const rt = await createRuntime(config);
   await rt.load();
   const app = createBaseApp(rt, "bench");
   registerGenerate(app, rt);
+  registerPrefill(app, rt);
+  registerDecode(app, rt);
   const server = Deno.serve({ port: 0, hostname: "127.0.0.1", onListen: () => {} }, app.fetch);
   const base = `http://127.0.0.1:${server.addr.port}`;
   try {
@@ -200,6 +329,7 @@ export async function benchHttp(): Promise<HttpBenchResult> {
     return {
       maxTokens: MAX_TOKENS,
       tiers: out,
+      handoff: await benchHandoffs(base),
       overhead: {
         requests: n,
         engineMsP50: e,
@@ -247,6 +377,20 @@ export function formatHttpTable(r: HttpBenchResult): string {
   const o = r.overhead;
   lines.push(
     `HTTP overhead (fast, c=1, ${o.requests} req): engine ${o.engineMsP50} ms, HTTP ${o.httpMsP50} ms, +${o.overheadMsP50} ms p50`,
+  );
+  const hd = r.handoff;
+  lines.push(
+    `handoffs (prefill fast, store → decode powerful, migrated; ${hd.maxTokens} tokens, greedy):`,
+  );
+  for (const p of hd.points) {
+    lines.push(
+      `  ${p.path.padEnd(8)} c=${String(p.concurrency).padEnd(3)} ${p.ok}/${p.requests} ${
+        JSON.stringify(p.errors)
+      }  ${p.aggregateTokensPerSecond} tok/s (${p.wallS} s)`,
+    );
+  }
+  lines.push(
+    `  32 handoffs vs one at a time ×${hd.concurrentVsAlone}; vs 32 direct completions ×${hd.handoffVsDirect}`,
   );
   return lines.join("\n");
 }

@@ -93,6 +93,29 @@ function httpRows(r: HttpBenchResult): ResultRow[] {
   rows.push(
     row({ tier: "fast", concurrency: 1 }, "HTTP overhead p50", "ms", r.overhead.overheadMsP50),
   );
+  const hd = r.handoff;
+  for (const p of hd.points) {
+    const metric = p.path === "handoff" ? "handoff aggregate" : "direct aggregate";
+    rows.push(
+      row(
+        { tier: "powerful", concurrency: p.concurrency },
+        metric,
+        TPS,
+        p.aggregateTokensPerSecond,
+      ),
+    );
+  }
+  rows.push(
+    row(
+      { tier: "powerful", concurrency: 32 },
+      "handoffs vs one at a time",
+      "×",
+      hd.concurrentVsAlone,
+    ),
+  );
+  rows.push(
+    row({ tier: "powerful", concurrency: 32 }, "handoffs vs direct", "×", hd.handoffVsDirect),
+  );
   return rows;
 }
 

@@ -70,3 +70,41 @@ Deno.test("32 concurrent handoffs decode in the target tier's batched steps, eac
     await rt.close();
   }
 });
+
+Deno.test("POST /v1/decode waits for the pool's KV blocks as a prompt does: 503 timeout while they are held, the same text once they are free", async () => {
+  const rt = await testRuntime({ tier: { request_timeout_ms: 400 } });
+  try {
+    const tier = rt.tiers.get("fast")!;
+    const pool = tier.batch!.pool;
+    const prompt = SUBJECTS[0] + " " + PLACES[0] + " " + ACTS[0];
+    const snap = new Uint8Array(
+      await (await createPrefillApp(rt).request("/v1/prefill", post({ tier: "fast", prompt })))
+        .arrayBuffer(),
+    );
+    const decode = () =>
+      createDecodeApp(rt).request("/v1/decode?tier=fast&max_tokens=6", {
+        method: "POST",
+        headers: { "content-type": "application/vnd.kvrelay.snapshot" },
+        body: snap,
+      });
+    const free = await decode();
+    assert.equal(free.status, 200);
+    const expected = (await free.json()).text;
+    // Every block of the pool taken by a sequence the scheduler does not know.
+    const holder = pool.createSequence(pool.blocksFree * pool.blockTokens);
+    await holder.prefill(
+      Array.from({ length: pool.blocksFree * pool.blockTokens }, (_, i) => i % 50),
+    );
+    assert.equal(pool.blocksFree, 0);
+    const held = await decode();
+    assert.equal(held.status, 503);
+    assert.equal((await held.json()).error.type, "timeout_error");
+    holder.free();
+    tier.batch!.refresh();
+    const again = await decode();
+    assert.equal(again.status, 200);
+    assert.equal((await again.json()).text, expected);
+  } finally {
+    await rt.close();
+  }
+});

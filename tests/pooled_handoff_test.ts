@@ -1,7 +1,8 @@
 // Handoffs batch on the target tier: 32 concurrent handoffs (prefill on fast with store, decode
 // on powerful with migration through the demo projector) through the served apps. Oracles: the
-// same handoff run alone (text for text, greedy), and the target scheduler's counters — every
-// decode of an imported sequence is a row of the tier's batched steps, several rows per step.
+// same handoff run alone (text for text, greedy), and both schedulers' counters — every prefill
+// is a row of the source tier's batched steps and every decode of an imported sequence a row of
+// the target tier's, several rows per step.
 import assert from "node:assert/strict";
 import { createDecodeApp } from "../functions/decode/app.ts";
 import { createPrefillApp } from "../functions/prefill/app.ts";
@@ -45,6 +46,8 @@ Deno.test("32 concurrent handoffs decode in the target tier's batched steps, eac
     tier: { concurrency: 32, queue_depth: 32, max_new_tokens: 16 },
     config: {
       projectors: [{ from: "fast", to: "powerful", path: "projectors/tiny-fast--tiny-powerful" }],
+      // Off, so every prompt token is prefilled (a run alone would otherwise cache them).
+      prefix_cache: { enabled: false },
     },
   });
   try {
@@ -57,8 +60,16 @@ Deno.test("32 concurrent handoffs decode in the target tier's batched steps, eac
     }
     const counters = rt.tiers.get("powerful")!.batch!.scheduler.counters;
     const before = { ...counters };
+    const source = rt.tiers.get("fast")!.batch!.scheduler.counters;
+    const sourceBefore = { ...source };
     const together = await Promise.all(all.map((p) => handoff(rt, p)));
     assert.deepEqual(together.map((r) => r.text), alone);
+    // The prefills on fast (every prompt token but the last, which rides as pending) are prefill
+    // rows of fast's steps, several prompts per step.
+    const fast = rt.tiers.get("fast")!.model.tokenizer;
+    const kv = all.reduce((n, p) => n + fast.encode(p).length - 1, 0);
+    assert.equal(source.prefillTokens - sourceBefore.prefillTokens, kv);
+    assert.ok(source.steps - sourceBefore.steps < 32, `${source.steps - sourceBefore.steps} steps`);
     const steps = counters.steps - before.steps;
     const decodes = counters.decodeTokens - before.decodeTokens;
     // Every token after the first of each handoff is a decode row of the scheduler (15 each; a

@@ -1,5 +1,6 @@
-// Snapshots a serving core produces: a prompt prefilled on a tier and exported (prefill), a
-// snapshot moved into another tier's model (migrate), and keeping an export in the shared store.
+// Snapshots a serving core produces: a prompt prefilled on a tier (in its scheduler's batched
+// steps) and exported (prefill), a snapshot moved into another tier's model (migrate), and keeping
+// an export in the shared store.
 // Each holds a tier slot and a native sequence until its export stream ends or is cancelled, or
 // until the request deadline passes with the stream not yet taken by its client.
 // Routes, media types and peers are functions/'s.
@@ -19,7 +20,9 @@ import {
 } from "./handoff.ts";
 import type { RequestContext } from "./request.ts";
 import { requireReady, requireTier, type Runtime } from "./runtime.ts";
-import { admitSlot } from "./slot.ts";
+import { Lane } from "./lane.ts";
+import { SchedulerClosedError } from "./scheduler.ts";
+import { admitSlot, stoppedError } from "./slot.ts";
 import type { Tier } from "./tier.ts";
 
 /**
@@ -49,21 +52,22 @@ export async function prefillSnapshot(
       "context_length_exceeded",
     );
   }
-  const { release, timeout } = await admitSlot(rt, tier, ctx);
+  const { release, timeout, signal } = await admitSlot(rt, tier, ctx);
   rt.metrics.activeSequences.add({ tier: tier.name }, 1);
-  let seq: NativeSequence | null = null;
   let done = releaser(rt, tier, null, release);
   const kv = ids.slice(0, -1);
   const prefix = tier.prefix?.forTenant(ctx.tenant);
   try {
-    seq = tier.model.native.createSequence(Math.max(1, kv.length));
-    done = releaser(rt, tier, seq, release);
+    // A paged sequence of the tier's pool whose prefill runs in the scheduler's batched steps
+    // (a sequence of its own on a tier without batching); attached but idle while it is exported.
+    const lane = Lane.create(tier, Math.max(1, kv.length), signal);
+    done = releaser(rt, tier, lane, release);
     if (kv.length > 0) {
-      if (prefix) await cachedPrefill(rt, tier, prefix, seq, kv);
-      else await seq.prefill(kv);
+      if (prefix) await cachedPrefill(rt, tier, prefix, lane, kv);
+      else await lane.prefill([], kv);
     }
     return streamThenFree(
-      exportSnapshotStream(tier.model, seq, {
+      exportSnapshotStream(tier.model, lane.seq, {
         tokens: kv,
         pending: ids.slice(-1),
         encoding: tier.encoding,
@@ -75,6 +79,10 @@ export async function prefillSnapshot(
     ).pipeThrough(countBytes(rt, "out"));
   } catch (e) {
     done();
+    // A deadline, disconnect or shutdown while the prompt waited in the scheduler.
+    if (e instanceof SchedulerClosedError && signal.aborted) {
+      throw stoppedError(rt, tier, ctx.client, `prefilling on tier "${tier.name}"`);
+    }
     throw e;
   }
 }
@@ -85,11 +93,16 @@ async function cachedPrefill(
   rt: Runtime,
   tier: Tier,
   prefix: PrefixCache,
-  seq: NativeSequence,
+  lane: Lane,
   kv: number[],
 ): Promise<void> {
   try {
-    const r = await prefillWithCache(prefix, seq, kv);
+    const r = await prefillWithCache(
+      prefix,
+      lane.seq,
+      kv,
+      (reused) => lane.prefill(kv.slice(0, reused), kv.slice(reused)),
+    );
     if (r.reusedTokens > 0) {
       rt.metrics.prefixHits.inc({ tier: tier.name });
       rt.metrics.reusedTokens.inc({ tier: tier.name }, r.reusedTokens);
@@ -101,8 +114,8 @@ async function cachedPrefill(
     rt.metrics.errors.inc({ type: "store_degraded" });
     console.warn(`kvrelay: prefix cache of tier "${tier.name}" unavailable, full prefill: ${e}`);
     // The cache may have imported chunks or prefilled before failing: start over.
-    if (seq.length > 0) seq.truncate(0);
-    await seq.prefill(kv);
+    lane.reset();
+    await lane.prefill([], kv);
   }
 }
 

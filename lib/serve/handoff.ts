@@ -198,17 +198,18 @@ export function streamThenFree(
 }
 
 /**
- * Frees a sequence and releases a slot, keeping the active-sequences gauge right.
+ * Frees a sequence (or the lane holding it) and releases a slot, keeping the active-sequences
+ * gauge right.
  * @param rt the runtime
  * @param tier the tier
- * @param seq the sequence (may be null)
+ * @param seq the sequence or lane (may be null)
  * @param release the slot release
  * @returns a function doing it once
  */
 export function releaser(
   rt: Runtime,
   tier: Tier,
-  seq: NativeSequence | null,
+  seq: Pick<NativeSequence, "free"> | null,
   release: () => void,
 ): () => void {
   let done = false;

@@ -197,9 +197,9 @@ export async function startFromSnapshot(
     batch?.refresh();
     rt.metrics.activeSequences.add({ tier: tier.name }, -1);
     release();
-    // A deadline, disconnect or shutdown while it waited for KV blocks or in the scheduler.
+    // A deadline, disconnect or shutdown while it waited for KV blocks or for its prefill.
     if (e instanceof SchedulerClosedError && slot.signal.aborted) {
-      throw stoppedError(rt, tier, req.ctx.client, `waiting for KV blocks on tier "${tier.name}"`);
+      throw stoppedError(rt, tier, req.ctx.client, `continuing a snapshot on tier "${tier.name}"`);
     }
     const full = poolFullError(tier, e);
     if (full instanceof QueueFullError) rt.metrics.rejected.inc({ tier: tier.name });

@@ -250,13 +250,14 @@ async function handoffPoint(
 /**
  * Handoff concurrency on a served app with the prefill, decode and generate routes.
  * @param base the server's address
- * @returns one handoff at a time (8), 32 at once (32), 32 direct completions on powerful (32)
+ * @returns one handoff at a time (16 of them), 32 at once (64), 32 direct completions on
+ *   powerful at once (64)
  */
 export async function benchHandoffs(base: string): Promise<HandoffBenchResult> {
   await handoffPoint(base, "handoff", 1, 2); // warm-up: the projector's first use, the store
-  const alone = await handoffPoint(base, "handoff", 1, 8);
-  const together = await handoffPoint(base, "handoff", 32, 32);
-  const direct = await handoffPoint(base, "direct", 32, 32);
+  const alone = await handoffPoint(base, "handoff", 1, 16);
+  const together = await handoffPoint(base, "handoff", 32, 64);
+  const direct = await handoffPoint(base, "direct", 32, 64);
   const ratio = (a: number, b: number) => Math.round((a / b) * 100) / 100;
   return {
     maxTokens: HANDOFF_TOKENS,

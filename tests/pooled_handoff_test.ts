@@ -119,3 +119,29 @@ Deno.test("POST /v1/decode waits for the pool's KV blocks as a prompt does: 503 
     await rt.close();
   }
 });
+
+Deno.test("a tier configured without batching decodes handoffs on sequences of its own, the same texts as a batching tier", async () => {
+  const runtime = (batching: boolean) =>
+    testRuntime({
+      tiers: { fast: "tiny-fast", powerful: "tiny-powerful" },
+      tier: { batching },
+      config: {
+        projectors: [{ from: "fast", to: "powerful", path: "projectors/tiny-fast--tiny-powerful" }],
+      },
+    });
+  const some = prompts().slice(0, 3);
+  const texts = async (rt: Runtime) => {
+    const out: string[] = [];
+    for (const p of some) out.push((await handoff(rt, p)).text);
+    return out;
+  };
+  const batched = await runtime(true);
+  const alone = await runtime(false);
+  try {
+    assert.equal(alone.tiers.get("powerful")!.batch, null);
+    assert.deepEqual(await texts(alone), await texts(batched));
+  } finally {
+    await batched.close();
+    await alone.close();
+  }
+});

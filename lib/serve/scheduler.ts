@@ -1,8 +1,9 @@
 // The continuous-batching scheduler of one loaded model: a step loop that gathers every attached
 // sequence's pending work (a decode token, or a prompt to prefill in bounded chunks), packs one
 // batched step (decodes first, then prefill chunks first come first served within a token
-// budget), checks KV blocks before each step (admission by free blocks; preempt-and-recompute of
-// the youngest sequence when a running one cannot grow) and resolves each work with its logits.
+// budget), checks KV blocks before each step (admission by free blocks, less those reserved for
+// KV written outside the steps — snapshot imports, projections; preempt-and-recompute of the
+// youngest sequence when a running one cannot grow) and resolves each work with its logits.
 // Sampling, stop conditions and streaming stay with each request (lib/engine decodeLoop drives a
 // ScheduledSequence like a NativeSequence); an engine that samples natively takes each request's
 // sampler into the step, so a decode returns a token id rather than a vocabulary of logits.
@@ -250,7 +251,9 @@ export class ScheduledSequence<S, P = unknown, O = unknown> {
 }
 
 /** Blocks held back for a sequence that is filled outside the steps (a snapshot import, a
- *  projection) until it is attached: the steps plan as if they were taken already. */
+ *  projection) until it is attached: the steps plan as if they were taken already. While the
+ *  sequence fills, the blocks it has taken count twice (held back and gone from the pool), so the
+ *  steps are briefly more careful than needed, never over-committed. */
 export interface BlockReservation {
   /** blocks held back */
   readonly blocks: number;

@@ -112,6 +112,7 @@ Deno.test({
             messages: [QUESTION],
             tools: TOOLS,
             tool_choice: choice,
+            parallel_tool_calls: false,
             max_tokens: 128,
             temperature: 0.8,
             seed: 7 + k,
@@ -147,6 +148,7 @@ Deno.test({
         messages: [QUESTION],
         tools: TOOLS,
         tool_choice: "required",
+        parallel_tool_calls: false,
         max_tokens: 128,
         seed: 1,
         stream: true,
@@ -340,7 +342,7 @@ Deno.test({
 });
 
 Deno.test("the parser's deltas, fed a token at a time, add up to the whole-text parse", () => {
-  const use = { rendered: [], names: new Set(["f", "g"]), forced: false };
+  const use = { rendered: [], names: new Set(["f", "g"]), forced: false, parallel: true };
   const text =
     'Sure.\n<tool_call>\n{"name": "f", "arguments": {"a": [1, 2]}}\n</tool_call>\n<tool_call>\n{"name": "zz", "arguments": {}}\n</tool_call><tool_call>\n{"arguments": {"b": 1}, "name": "g"}\n</tool_call> <tool_ca';
   const whole = parseToolOutput(use, text);
@@ -352,6 +354,10 @@ Deno.test("the parser's deltas, fed a token at a time, add up to the whole-text 
     whole.content,
     'Sure.\n\n<tool_call>\n{"name": "zz", "arguments": {}}\n</tool_call> <tool_ca',
   );
+  // Calls only (required / named): the text between calls is their separator, not content (a
+  // block that is no call, which the grammar rules out, stays content).
+  const forcedWhole = parseToolOutput({ ...use, forced: true }, text);
+  assert.equal(forcedWhole.content, '<tool_call>\n{"name": "zz", "arguments": {}}\n</tool_call>');
   for (const forced of [false, true]) {
     const p = new ToolCallParser({ ...use, forced });
     const deltas: ToolDelta[] = [];
@@ -362,7 +368,7 @@ Deno.test("the parser's deltas, fed a token at a time, add up to the whole-text 
     for (const d of deltas) {
       if ("tool_calls" in d) args[d.tool_calls[0].index] += d.tool_calls[0].function.arguments;
     }
-    assert.equal(content, whole.content, `forced ${forced}`);
+    assert.equal(content, forced ? forcedWhole.content : whole.content, `forced ${forced}`);
     assert.deepEqual(args, ['{"a": [1, 2]}', '{"b":1}'], `forced ${forced}`);
   }
 });

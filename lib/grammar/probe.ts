@@ -1,0 +1,96 @@
+// Builds each new grammar first in a separate, replaceable XGrammar instance (probe_worker.ts, a
+// Web Worker), so a schema that makes the WebAssembly build abort costs that worker and not the
+// server's instance: the failing request gets the engine's message, the worker is terminated,
+// and the next probe starts a fresh one. One probe runs at a time; an idle worker is stopped.
+// Not the compiling against a vocabulary (xgrammar.ts does that, once a probe has passed).
+
+import type { ToolCallMode, ToolCallSyntax } from "./tool_tag.ts";
+
+/** What to build: a response_format schema, or the calls of some tools. */
+export type ProbeRequest =
+  | { kind: "json_schema"; schema: string }
+  | {
+    kind: "tool_calls";
+    /** name and parameters' schema (JSON text) of each tool */
+    tools: { name: string; parameters: string }[];
+    mode: ToolCallMode;
+    parallel: boolean;
+    syntax: ToolCallSyntax;
+  };
+
+/** The outcome: for tool calls, the structural tag to compile; else the engine's message and,
+ *  when one tool's schema failed, its index in the request's tools. */
+export type ProbeAnswer =
+  | { ok: true; structuralTag?: string }
+  | { ok: false; detail: string; tool?: number };
+
+/** An idle worker is stopped after this long (it also keeps a process from exiting). */
+const IDLE_MS = 10_000;
+
+/** One probe worker at a time, replaced after any failure. */
+class GrammarProbe {
+  #worker: Worker | null = null;
+  #queue: Promise<unknown> = Promise.resolve();
+  #idle: ReturnType<typeof setTimeout> | undefined;
+  /** workers started so far (the first, and each replacement) */
+  started = 0;
+
+  /**
+   * Builds one grammar in the worker (after those already queued).
+   * @param req what to build
+   * @returns the worker's answer
+   */
+  probe(req: ProbeRequest): Promise<ProbeAnswer> {
+    const run = this.#queue.then(() => this.#run(req));
+    this.#queue = run.catch(() => {});
+    return run;
+  }
+
+  #run(req: ProbeRequest): Promise<ProbeAnswer> {
+    clearTimeout(this.#idle);
+    if (!this.#worker) {
+      this.#worker = new Worker(new URL("./probe_worker.ts", import.meta.url), { type: "module" });
+      this.started++;
+    }
+    const w = this.#worker;
+    return new Promise<ProbeAnswer>((resolve) => {
+      w.onmessage = (e: MessageEvent<ProbeAnswer>) => resolve(e.data);
+      w.onerror = (e: ErrorEvent) => {
+        e.preventDefault();
+        resolve({ ok: false, detail: `the grammar engine's worker failed: ${e.message}` });
+      };
+      w.postMessage(req);
+    }).then((answer) => {
+      if (!answer.ok) this.#stop(); // its instance may be inconsistent now
+      else {
+        const idle = setTimeout(() => this.#stop(), IDLE_MS);
+        Deno.unrefTimer(idle);
+        this.#idle = idle;
+      }
+      return answer;
+    });
+  }
+
+  #stop(): void {
+    clearTimeout(this.#idle);
+    this.#worker?.terminate();
+    this.#worker = null;
+  }
+}
+
+let shared: GrammarProbe | null = null;
+
+/**
+ * Builds a grammar in the probe worker.
+ * @param req what to build
+ * @returns the worker's answer
+ */
+export function probeGrammar(req: ProbeRequest): Promise<ProbeAnswer> {
+  shared ??= new GrammarProbe();
+  return shared.probe(req);
+}
+
+/** How many probe workers this process has started (each failure starts a new one). */
+export function probeWorkersStarted(): number {
+  return shared?.started ?? 0;
+}

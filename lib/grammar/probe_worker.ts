@@ -1,0 +1,50 @@
+// The probe worker: a Web Worker with its own XGrammar instance that builds each new grammar
+// once, without a vocabulary, before the server's instance compiles it. XGrammar's WebAssembly
+// build reports some bad schemas by aborting, which can leave its instance inconsistent; here
+// that costs only this worker, which the server then replaces (probe.ts). Messages: a
+// ProbeRequest → a ProbeAnswer. Started by probe.ts; not imported anywhere else.
+import { captureFailure, loadXGrammar, XGrammarFailure } from "./load.ts";
+import { toolCallTag } from "./tool_tag.ts";
+import type { ProbeAnswer, ProbeRequest } from "./probe.ts";
+
+// deno-lint-ignore no-explicit-any
+const scope = self as any;
+const xg = loadXGrammar(0);
+
+async function probe(req: ProbeRequest): Promise<ProbeAnswer> {
+  const x = await xg;
+  if (req.kind === "json_schema") {
+    const g = await captureFailure(() =>
+      x.Grammar.fromJSONSchema(req.schema, false, -1, [",", ":"], true)
+    );
+    g.dispose();
+    return { ok: true };
+  }
+  const tools: { name: string; ebnf: string }[] = [];
+  for (const [i, t] of req.tools.entries()) {
+    try {
+      const ebnf = await captureFailure(() =>
+        x.Testings._jsonSchemaToEBNF(t.parameters, false, -1, [", ", ": "], true)
+      );
+      tools.push({ name: t.name, ebnf });
+    } catch (e) {
+      return { ok: false, detail: (e as Error).message, tool: i };
+    }
+  }
+  const tag = toolCallTag(tools, req.mode, req.parallel, req.syntax);
+  (await captureFailure(() => x.Grammar.fromStructuralTag(tag))).dispose();
+  return { ok: true, structuralTag: tag };
+}
+
+scope.onmessage = async (e: MessageEvent<ProbeRequest>) => {
+  let answer: ProbeAnswer;
+  try {
+    answer = await probe(e.data);
+  } catch (err) {
+    answer = {
+      ok: false,
+      detail: err instanceof XGrammarFailure ? err.detail : String((err as Error)?.message ?? err),
+    };
+  }
+  scope.postMessage(answer);
+};

@@ -220,6 +220,57 @@ Deno.test({
 });
 
 Deno.test({
+  name:
+    "parallel_tool_calls: a required or named output may hold several calls, each validating; false holds exactly one, plain and streamed",
+  sanitizeResources: false,
+  sanitizeOps: false,
+  fn: async () => {
+    const rt = await runtime();
+    const ajv = new Ajv({ strict: false });
+    try {
+      const ai = client(rt);
+      const eos = rt.tiers.get("fast")!.model.eosTokenIds[0];
+      const named = { type: "function" as const, function: { name: "get_time" } };
+      for (const choice of ["required", named] as const) {
+        const allowed = choice === "required" ? Object.keys(SCHEMAS) : ["get_time"];
+        for (const parallel of [true, false]) {
+          for (const stream of [false, true]) {
+            const common = {
+              model: "fast",
+              messages: [QUESTION],
+              tools: TOOLS,
+              tool_choice: choice,
+              parallel_tool_calls: parallel,
+              max_tokens: 256,
+              seed: 11,
+              // parallel: the stop token is banned past one call's length (min_tokens), then
+              // favoured; one call: stopping is all but banned, yet the grammar ends the output.
+              ...(parallel
+                ? { min_tokens: 90, logit_bias: { [eos]: 10 } }
+                : { logit_bias: { [eos]: -100 } }),
+            };
+            const r: ChatCompletion = stream
+              ? await ai.chat.completions.stream(common).finalChatCompletion()
+              : await ai.chat.completions.create(common);
+            const c = r.choices[0];
+            const what = `${JSON.stringify(choice)} parallel ${parallel} stream ${stream}`;
+            assert.equal(c.finish_reason, "tool_calls", `${what}: ${JSON.stringify(c.message)}`);
+            const calls = (c.message.tool_calls ?? []) as Call[];
+            if (parallel) assert.ok(calls.length >= 2, `${what}: ${calls.length} calls`);
+            else assert.equal(calls.length, 1, what);
+            for (const call of calls) checkCall(ajv, call, allowed);
+            assert.equal(new Set(calls.map((x) => x.id)).size, calls.length, "repeated call ids");
+            assert.ok(!c.message.content, `${what}: content ${JSON.stringify(c.message.content)}`);
+          }
+        }
+      }
+    } finally {
+      await rt.close();
+    }
+  },
+});
+
+Deno.test({
   name: "bad tool definitions and choices are a 400 naming the field",
   sanitizeResources: false,
   sanitizeOps: false,

@@ -1,9 +1,10 @@
 // Builds each new grammar first in a separate, replaceable XGrammar instance (probe_worker.ts, a
 // Web Worker), so a schema that makes the WebAssembly build abort costs that worker and not the
 // server's instance: the failing request gets the engine's message, the worker is terminated,
-// and the next probe starts a fresh one. One probe runs at a time; an idle worker is stopped.
+// and the next probe starts a fresh one. One probe runs at a time.
 // Not the compiling against a vocabulary (xgrammar.ts does that, once a probe has passed).
 
+import { Worker } from "node:worker_threads";
 import type { ToolCallMode, ToolCallSyntax } from "./tool_tag.ts";
 
 /** What to build: a response_format schema, or the calls of some tools. */
@@ -24,14 +25,11 @@ export type ProbeAnswer =
   | { ok: true; structuralTag?: string }
   | { ok: false; detail: string; tool?: number };
 
-/** An idle worker is stopped after this long (it also keeps a process from exiting). */
-const IDLE_MS = 10_000;
-
-/** One probe worker at a time, replaced after any failure. */
+/** One probe worker at a time, replaced after any failure. It is a node:worker_threads Worker
+ *  so that, idle, it can be unref'd: it never keeps a process alive between probes. */
 class GrammarProbe {
   #worker: Worker | null = null;
   #queue: Promise<unknown> = Promise.resolve();
-  #idle: ReturnType<typeof setTimeout> | undefined;
   /** workers started so far (the first, and each replacement) */
   started = 0;
 
@@ -46,35 +44,37 @@ class GrammarProbe {
     return run;
   }
 
-  #run(req: ProbeRequest): Promise<ProbeAnswer> {
-    clearTimeout(this.#idle);
+  async #run(req: ProbeRequest): Promise<ProbeAnswer> {
     if (!this.#worker) {
-      this.#worker = new Worker(new URL("./probe_worker.ts", import.meta.url), { type: "module" });
+      this.#worker = new Worker(new URL("./probe_worker.ts", import.meta.url));
       this.started++;
     }
     const w = this.#worker;
-    return new Promise<ProbeAnswer>((resolve) => {
-      w.onmessage = (e: MessageEvent<ProbeAnswer>) => resolve(e.data);
-      w.onerror = (e: ErrorEvent) => {
-        e.preventDefault();
-        resolve({ ok: false, detail: `the grammar engine's worker failed: ${e.message}` });
+    w.ref();
+    const answer = await new Promise<ProbeAnswer>((resolve) => {
+      const done = (a: ProbeAnswer) => {
+        w.off("message", done);
+        w.off("error", failed);
+        w.off("exit", exited);
+        resolve(a);
       };
+      const failed = (e: Error) =>
+        done({ ok: false, detail: `the grammar engine's worker failed: ${e.message}` });
+      const exited = (code: number) =>
+        done({ ok: false, detail: `the grammar engine's worker exited with code ${code}` });
+      w.on("message", done);
+      w.on("error", failed);
+      w.on("exit", exited);
       w.postMessage(req);
-    }).then((answer) => {
-      if (!answer.ok) this.#stop(); // its instance may be inconsistent now
-      else {
-        const idle = setTimeout(() => this.#stop(), IDLE_MS);
-        Deno.unrefTimer(idle);
-        this.#idle = idle;
-      }
-      return answer;
     });
-  }
-
-  #stop(): void {
-    clearTimeout(this.#idle);
-    this.#worker?.terminate();
-    this.#worker = null;
+    if (answer.ok) {
+      w.unref();
+    } else {
+      // Its instance may be inconsistent now: the next probe starts a fresh worker.
+      this.#worker = null;
+      w.terminate().catch(() => {});
+    }
+    return answer;
   }
 }
 

@@ -1,14 +1,13 @@
-// The probe worker: a Web Worker with its own XGrammar instance that builds each new grammar
+// The probe worker: a worker thread with its own XGrammar instance that builds each new grammar
 // once, without a vocabulary, before the server's instance compiles it. XGrammar's WebAssembly
 // build reports some bad schemas by aborting, which can leave its instance inconsistent; here
 // that costs only this worker, which the server then replaces (probe.ts). Messages: a
 // ProbeRequest → a ProbeAnswer. Started by probe.ts; not imported anywhere else.
+import { parentPort } from "node:worker_threads";
 import { captureFailure, loadXGrammar, XGrammarFailure } from "./load.ts";
 import { toolCallTag } from "./tool_tag.ts";
 import type { ProbeAnswer, ProbeRequest } from "./probe.ts";
 
-// deno-lint-ignore no-explicit-any
-const scope = self as any;
 const xg = loadXGrammar(0);
 
 async function probe(req: ProbeRequest): Promise<ProbeAnswer> {
@@ -36,15 +35,15 @@ async function probe(req: ProbeRequest): Promise<ProbeAnswer> {
   return { ok: true, structuralTag: tag };
 }
 
-scope.onmessage = async (e: MessageEvent<ProbeRequest>) => {
+parentPort!.on("message", async (req: ProbeRequest) => {
   let answer: ProbeAnswer;
   try {
-    answer = await probe(e.data);
+    answer = await probe(req);
   } catch (err) {
     answer = {
       ok: false,
       detail: err instanceof XGrammarFailure ? err.detail : String((err as Error)?.message ?? err),
     };
   }
-  scope.postMessage(answer);
-};
+  parentPort!.postMessage(answer);
+});

@@ -25,6 +25,7 @@ export interface XgCompiler {
     strictMode?: boolean,
   ): Promise<XgCompiled>;
   compileStructuralTag(structuralTag: string): Promise<XgCompiled>;
+  compileGrammar(ebnf: string, rootRule?: string): Promise<XgCompiled>;
 }
 /** The package's exports used here. */
 export interface XgModule {
@@ -58,6 +59,7 @@ export interface XgModule {
       strictMode?: boolean,
     ): Promise<{ dispose(): void }>;
     fromStructuralTag(structuralTag: string): Promise<{ dispose(): void }>;
+    fromEBNF(ebnf: string, rootRule?: string): Promise<{ dispose(): void }>;
   };
 }
 

@@ -19,10 +19,10 @@ export type ProbeRequest =
     syntax: ToolCallSyntax;
   };
 
-/** The outcome: for tool calls, the structural tag to compile; else the engine's message and,
- *  when one tool's schema failed, its index in the request's tools. */
+/** The outcome: the grammar to compile (a schema's EBNF, or the tools' structural tag); else the
+ *  engine's message and, when one tool's schema failed, its index in the request's tools. */
 export type ProbeAnswer =
-  | { ok: true; structuralTag?: string }
+  | { ok: true; ebnf?: string; structuralTag?: string }
   | { ok: false; detail: string; tool?: number };
 
 /** One probe worker at a time, replaced after any failure. It is a node:worker_threads Worker

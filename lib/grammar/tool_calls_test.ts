@@ -10,15 +10,9 @@
 
 import assert from "node:assert/strict";
 import { Ajv } from "ajv";
-import { Tokenizer } from "../tokenizer/mod.ts";
-import { NativeSampler } from "../native/mod.ts";
-import { DEMO_DIRS } from "../native/test_helpers.ts";
-import { Xoshiro128 } from "../engine/prng.ts";
-import { GrammarEngine, type GrammarMatcher, type ToolCallMode } from "./mod.ts";
+import { GrammarEngine, type ToolCallMode } from "./mod.ts";
 import { SCHEMAS } from "./test_schemas.ts";
-
-const DIR = DEMO_DIRS[0];
-const EOS = 4093;
+import { closingBias, drawTeacher, EOS, tokenizer } from "./test_draw.ts";
 const SYNTAX = {
   trigger: "<tool_call>",
   open: "<tool_call>\n",
@@ -61,62 +55,6 @@ const TEACHERS: [string, string[]][] = [
   [`${W1} and then some trailing text`, ["auto+"]],
   ['{"name": "get_weather", "arguments": {"city": "Oslo"}}', ["auto+", "auto1"]],
 ];
-
-let tokenizerP: Promise<Tokenizer> | null = null;
-function tokenizer(): Promise<Tokenizer> {
-  return tokenizerP ??= Tokenizer.load(DIR);
-}
-
-/** Per token id: a bias toward tokens that close strings, numbers and containers (and the stop
- *  token), so draws that leave the teacher still end. */
-async function closingBias(): Promise<Float32Array> {
-  const tok = await tokenizer();
-  const bias = new Float32Array(tok.vocabSize);
-  for (let id = 0; id < tok.vocabSize; id++) {
-    if (/["}\],]/.test(tok.decode([id]))) bias[id] = 5;
-  }
-  bias[EOS] = 5;
-  return bias;
-}
-
-/**
- * Draws one output under `matcher`: while the output is a prefix of the teacher, the teacher's
- * next token gets +30 (it wins whenever the mask allows it); past the teacher's end the stop
- * token does; elsewhere random logits with the closing bias.
- * @returns the output text (stop excluded)
- */
-async function drawTeacher(
-  matcher: GrammarMatcher,
-  teacher: string,
-  seed: number,
-  bias: Float32Array,
-  maxSteps = 3000,
-): Promise<string> {
-  const tok = await tokenizer();
-  using sampler = NativeSampler.create({ temperature: 1, topK: 0, topP: 1, minP: 0, seed });
-  const rng = new Xoshiro128(seed);
-  const out: number[] = [];
-  const logits = new Float32Array(bias.length);
-  for (let step = 0; step < maxSteps; step++) {
-    const mask = await matcher.nextMask();
-    sampler.setMask(mask);
-    for (let i = 0; i < logits.length; i++) logits[i] = (rng.nextFloat() - 0.5) * 8 + bias[i];
-    const text = tok.decode(out);
-    if (teacher.startsWith(text)) {
-      const rest = teacher.slice(text.length);
-      logits[rest === "" ? EOS : tok.encode(rest)[0]] += 30;
-    }
-    const t = sampler.sample(logits).token;
-    assert.ok(
-      t < mask.nTokens && ((mask.words[t >>> 5] >>> (t & 31)) & 1) === 1,
-      `step ${step}: token ${t} outside the mask`,
-    );
-    assert.ok(matcher.accept(t), `step ${step}: the grammar rejected token ${t} it allowed`);
-    if (matcher.terminated) return tok.decode(out);
-    out.push(t);
-  }
-  throw new Error(`no complete output in ${maxSteps} steps: ${tok.decode(out)}`);
-}
 
 /**
  * The independent reader: splits at every `<tool_call>`; each must open a closed call of a known

@@ -20,7 +20,8 @@ import {
   type XgModule,
   XGrammarFailure,
 } from "./load.ts";
-import { type ProbeAnswer, probeGrammar } from "./probe.ts";
+import { probeGrammar } from "./probe.ts";
+import { fixJsonStrings } from "./ebnf_fix.ts";
 import type { ToolCallMode, ToolCallSyntax } from "./tool_tag.ts";
 
 export { GrammarInputError };
@@ -227,21 +228,34 @@ export class GrammarEngine {
       // Any JSON object (OpenAI's json_object is an object; XGrammar's builtin JSON grammar
       // takes any JSON value): non-strict, so any properties.
       return await this.#compileHere(
-        () => this.#compiler.compileJSONSchema('{"type":"object"}', false, NO_INDENT, [",", ":"]),
+        () =>
+          this.#compiler.compileJSONSchema(
+            '{"type":"object"}',
+            false,
+            NO_INDENT,
+            [",", ":"],
+            false,
+          ),
         param,
       );
     }
     if (format.type === "json_schema") {
       const schema = JSON.stringify(format.schema);
-      const answer: ProbeAnswer = probe
-        ? await probeGrammar({ kind: "json_schema", schema })
-        : { ok: true };
-      if (!answer.ok) throw refused(param, answer.detail);
-      // Strict: no properties beyond the schema's, compact separators (no whitespace runs).
-      return await this.#compileHere(
-        () => this.#compiler.compileJSONSchema(schema, false, NO_INDENT, [",", ":"], true),
-        param,
-      );
+      let ebnf: string;
+      if (probe) {
+        const answer = await probeGrammar({ kind: "json_schema", schema });
+        if (!answer.ok) throw refused(param, answer.detail);
+        ebnf = answer.ebnf!;
+      } else {
+        // Strict: no properties beyond the schema's, compact separators (no whitespace runs).
+        ebnf = fixJsonStrings(
+          await this.#compileHere(
+            () => this.#xg.Testings._jsonSchemaToEBNF(schema, false, NO_INDENT, [",", ":"], true),
+            param,
+          ),
+        );
+      }
+      return await this.#compileHere(() => this.#compiler.compileGrammar(ebnf), param);
     }
     const answer = await probeGrammar({
       kind: "tool_calls",
@@ -260,7 +274,7 @@ export class GrammarEngine {
 
   /** Compiles on the server's instance; a failure there (which the probe did not see) retires
    *  the instance and refuses the format. */
-  async #compileHere(f: () => Promise<XgCompiled>, param: string): Promise<XgCompiled> {
+  async #compileHere<T>(f: () => Promise<T>, param: string): Promise<T> {
     try {
       return await guarded(f);
     } catch (e) {

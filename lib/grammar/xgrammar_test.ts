@@ -15,6 +15,7 @@ import { Xoshiro128 } from "../engine/prng.ts";
 import { GrammarEngine, GrammarInputError, type GrammarMatcher } from "./mod.ts";
 import type { TokenMask } from "../engine/sampler.ts";
 import { FLOATS, SCHEMAS } from "./test_schemas.ts";
+import { drawTeacher } from "./test_draw.ts";
 
 const DIR = DEMO_DIRS[0];
 const EOS = 4093;
@@ -132,6 +133,10 @@ Deno.test({
     const text = tok.decode(await drawRandom(matcher, sampler, new Xoshiro128(3), bias));
     const value = JSON.parse(text);
     assert.ok(value !== null && typeof value === "object" && !Array.isArray(value), text);
+    // Any properties (not strict): an object with members is let through as written.
+    const teacher = '{"key":"x"}';
+    using led = await compiled.matcher();
+    assert.equal(await drawTeacher(led, teacher, 1, bias), teacher);
     const before = eng.cached;
     await eng.compile({ type: "json_schema", schema: { required: ["a"], type: "object" } });
     await eng.compile({ type: "json_schema", schema: { type: "object", required: ["a"] } });

@@ -50,8 +50,8 @@ Deno.test({
     const tok = await tokenizer();
     const bias = await closingBias();
     // Raw-byte tokens (decoding alone to U+FFFD) are kept out of the random part of the draw:
-    // this build's matcher also admits byte sequences that are not valid UTF-8 (surrogates),
-    // another limit than the one tested here, which would break maxLength as ajv counts it.
+    // this build's matcher can also let through byte sequences that do not decode as UTF-8,
+    // another limit than the one tested here, which breaks maxLength as ajv counts it.
     for (let id = 0; id < tok.vocabSize; id++) {
       if (tok.decode([id]).includes("\uFFFD")) bias[id] = -20;
     }

@@ -44,12 +44,17 @@ class GrammarProbe {
     return run;
   }
 
+  /** Starts the worker if none runs (idle: it keeps no process alive). */
+  warm(): void {
+    if (this.#worker) return;
+    this.#worker = new Worker(new URL("./probe_worker.ts", import.meta.url));
+    this.#worker.unref();
+    this.started++;
+  }
+
   async #run(req: ProbeRequest): Promise<ProbeAnswer> {
-    if (!this.#worker) {
-      this.#worker = new Worker(new URL("./probe_worker.ts", import.meta.url));
-      this.started++;
-    }
-    const w = this.#worker;
+    this.warm();
+    const w = this.#worker!;
     w.ref();
     const answer = await new Promise<ProbeAnswer>((resolve) => {
       const done = (a: ProbeAnswer) => {
@@ -88,6 +93,12 @@ let shared: GrammarProbe | null = null;
 export function probeGrammar(req: ProbeRequest): Promise<ProbeAnswer> {
   shared ??= new GrammarProbe();
   return shared.probe(req);
+}
+
+/** Starts the probe worker ahead of the first probe, so its start overlaps other work. */
+export function warmProbe(): void {
+  shared ??= new GrammarProbe();
+  shared.warm();
 }
 
 /** How many probe workers this process has started (each failure starts a new one). */

@@ -20,7 +20,7 @@ import {
   type XgModule,
   XGrammarFailure,
 } from "./load.ts";
-import { probeGrammar } from "./probe.ts";
+import { probeGrammar, warmProbe } from "./probe.ts";
 import { fixJsonStrings } from "./ebnf_fix.ts";
 import type { ToolCallMode, ToolCallSyntax } from "./tool_tag.ts";
 
@@ -148,6 +148,7 @@ export class GrammarEngine {
     const key = `${tokenizer.fingerprint}/${vocabSize}/${stopTokenIds.join(",")}`;
     let e = engines.get(key);
     if (!e) {
+      warmProbe(); // its start overlaps loading the vocabulary here
       const p = (async () => {
         const xg = await xgrammar();
         const { pieces, type } = tokenizer.grammarVocab();

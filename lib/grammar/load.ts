@@ -130,7 +130,9 @@ export async function captureFailure<T>(f: () => Promise<T> | T): Promise<T> {
   try {
     return await f();
   } catch (e) {
-    const detail = lines.filter((l) => !l.startsWith("Aborted(")).join("; ");
+    // Lines read "[FATAL] <source path>:<line>: <message>": the message is what the user needs.
+    const detail = lines.filter((l) => !l.startsWith("Aborted("))
+      .map((l) => l.replace(/^\[[A-Z]+\] \S+:\d+: /, "")).join("; ");
     throw new XGrammarFailure(detail || (e as Error)?.message || String(e));
   } finally {
     if (captured === lines) captured = null;

@@ -8,6 +8,7 @@ import assert from "node:assert/strict";
 import OpenAI from "openai";
 import type {
   ChatCompletion,
+  ChatCompletionCreateParamsStreaming,
   ChatCompletionMessageParam,
   ChatCompletionTool,
 } from "openai/resources/chat/completions";
@@ -261,9 +262,57 @@ Deno.test({
             for (const call of calls) checkCall(ajv, call, allowed);
             assert.equal(new Set(calls.map((x) => x.id)).size, calls.length, "repeated call ids");
             assert.ok(!c.message.content, `${what}: content ${JSON.stringify(c.message.content)}`);
+            if (parallel && !stream) {
+              // The round trip: every call's result goes back, and the model answers in text.
+              const messages: ChatCompletionMessageParam[] = [
+                QUESTION,
+                { role: "assistant", content: null, tool_calls: calls },
+                ...calls.map((x, i) => ({
+                  role: "tool" as const,
+                  tool_call_id: x.id,
+                  content: `{"result": ${i}}`,
+                })),
+              ];
+              const next = await ai.chat.completions.create({
+                model: "fast",
+                messages,
+                tools: TOOLS,
+                tool_choice: "none",
+                max_tokens: 16,
+              });
+              assert.equal(typeof next.choices[0].message.content, "string");
+            }
           }
         }
       }
+      // The raw stream: each call opens with its head (index, id, name), indices 0, 1, ...
+      const s = await ai.chat.completions.create({
+        model: "fast",
+        messages: [QUESTION],
+        tools: TOOLS,
+        tool_choice: "required",
+        max_tokens: 256,
+        seed: 11,
+        min_tokens: 90,
+        logit_bias: { [eos]: 10 },
+        stream: true,
+      } as ChatCompletionCreateParamsStreaming);
+      const heads: number[] = [];
+      let last = -1;
+      for await (const chunk of s) {
+        for (const d of chunk.choices[0]?.delta.tool_calls ?? []) {
+          assert.ok(d.index === last || d.index === last + 1, `index ${d.index} after ${last}`);
+          if (d.index === last + 1) {
+            assert.match(d.id ?? "", /^call_/);
+            assert.ok(d.function?.name, JSON.stringify(d));
+            heads.push(d.index);
+            last = d.index;
+          } else {
+            assert.equal(d.id, undefined);
+          }
+        }
+      }
+      assert.ok(heads.length >= 2, `${heads.length} calls streamed`);
     } finally {
       await rt.close();
     }

@@ -454,8 +454,9 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
       extras: (tier) => extraOptions(tier, body, logprobs),
     });
     // With auto, a response_format other than text takes precedence over the tools' grammar.
-    planned.structured = await structuredOutput(planned.tier, body.response_format) ??
-      await toolGrammar(planned.tier, tools);
+    const formatGrammar = await structuredOutput(planned.tier, body.response_format);
+    const callGrammar = formatGrammar ? undefined : await toolGrammar(planned.tier, tools);
+    planned.structured = formatGrammar ?? callGrammar;
     deadlineTier(c, planned.tier);
     const link = linkedContext(c, body.cache_salt);
     const { gen, route } = await admit(rt, link.ctx, planned, conversationOf(c, body.user));
@@ -514,7 +515,9 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
         send({ ...frame(j, opening, null), kvrelay: info });
       }
       // With tools, each choice's text goes through its own parser: content and tool_calls deltas.
-      const parsers = gens.map(() => tools ? new ToolCallParser(tools) : undefined);
+      const parsers = gens.map(() =>
+        tools ? new ToolCallParser(tools, callGrammar !== undefined) : undefined
+      );
       const sendDeltas = (j: number, deltas: ToolDelta[], lp?: StepLogprobs) => {
         if (deltas.length === 0 && lp) send(frame(j, {}, null, lp));
         deltas.forEach((d, i) => send(frame(j, d, null, i === 0 ? lp : undefined)));

@@ -275,14 +275,15 @@ function partialTag(s: string, tag: string): number {
 /**
  * Splits generated text into content and tool calls as it arrives. Outside a call block text is
  * content (a possible start of `<tool_call>` is held back); a block becomes a call when it
- * closes well-formed, else its text is content. When the grammar makes the output calls only,
- * the text between calls (their separator) is dropped, each call's name is announced as soon as
- * it is generated and its arguments stream as they come (the text after them is the fixed
- * close, held back by its length).
+ * closes well-formed, else its text is content. When the calls' grammar constrains the output,
+ * a call of a known tool is announced as soon as its name is generated and its arguments stream
+ * as they come (the text after them is the fixed close, held back by its length); when it makes
+ * the output calls only, the text between calls (their separator) is dropped.
  */
 export class ToolCallParser {
   readonly #names: Set<string>;
   readonly #forced: boolean;
+  readonly #early: boolean;
   #pending = "";
   #inBlock = false;
   #block = "";
@@ -293,10 +294,13 @@ export class ToolCallParser {
 
   /**
    * @param use the request's tool use
+   * @param constrained whether the calls' grammar constrains the output (with `auto` it does not
+   *   when a response_format takes precedence); default: for required and named calls
    */
-  constructor(use: ToolUse) {
+  constructor(use: ToolUse, constrained = use.forced) {
     this.#names = use.names;
     this.#forced = use.forced;
+    this.#early = constrained;
   }
 
   /**
@@ -326,7 +330,7 @@ export class ToolCallParser {
       this.#pending = "";
       const end = this.#block.indexOf(CLOSE_TAG);
       if (end < 0) {
-        if (this.#forced) this.#streamArgs(out);
+        if (this.#early) this.#streamArgs(out);
         return out;
       }
       this.#pending = this.#block.slice(end + CLOSE_TAG.length);
@@ -374,7 +378,7 @@ export class ToolCallParser {
     });
   }
 
-  /** Forced call: sends the head once complete, then the arguments but the close's length. */
+  /** Constrained call: sends the head once complete, then the arguments but the close's length. */
   #streamArgs(out: ToolDelta[]): void {
     if (this.#sent === undefined) {
       const head = HEAD.exec(this.#block);

@@ -458,8 +458,8 @@ Deno.test("the parser's deltas, fed a token at a time, add up to the whole-text 
   // block that is no call, which the grammar rules out, stays content).
   const forcedWhole = parseToolOutput({ ...use, forced: true }, text);
   assert.equal(forcedWhole.content, '<tool_call>\n{"name": "zz", "arguments": {}}\n</tool_call>');
-  for (const forced of [false, true]) {
-    const p = new ToolCallParser({ ...use, forced });
+  for (const [forced, constrained] of [[false, false], [false, true], [true, true]]) {
+    const p = new ToolCallParser({ ...use, forced }, constrained);
     const deltas: ToolDelta[] = [];
     for (const ch of text) deltas.push(...p.push(ch));
     deltas.push(...p.end());
@@ -468,7 +468,13 @@ Deno.test("the parser's deltas, fed a token at a time, add up to the whole-text 
     for (const d of deltas) {
       if ("tool_calls" in d) args[d.tool_calls[0].index] += d.tool_calls[0].function.arguments;
     }
-    assert.equal(content, forced ? forcedWhole.content : whole.content, `forced ${forced}`);
-    assert.deepEqual(args, ['{"a": [1, 2]}', '{"b":1}'], `forced ${forced}`);
+    const what = `forced ${forced} constrained ${constrained}`;
+    assert.equal(content, forced ? forcedWhole.content : whole.content, what);
+    assert.deepEqual(args, ['{"a": [1, 2]}', '{"b":1}'], what);
+    // Constrained, the first call's arguments stream as generated (a piece per character fed);
+    // else they come whole when its block closes (head, then one piece).
+    const first = deltas.filter((d) => "tool_calls" in d && d.tool_calls[0].index === 0).length;
+    if (constrained) assert.ok(first > 2, `${what}: ${first} deltas`);
+    else assert.equal(first, 2, what);
   }
 });

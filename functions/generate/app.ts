@@ -436,7 +436,7 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
     const id = `chatcmpl-${crypto.randomUUID()}`;
     const created = Math.floor(Date.now() / 1000);
     const logprobs = body.logprobs === true ? body.top_logprobs ?? 0 : undefined;
-    const tools = resolveTools(body.tools, body.tool_choice);
+    const tools = resolveTools(body.tools, body.tool_choice, body.parallel_tool_calls);
     if (tools?.forced && body.response_format != null && body.response_format.type !== "text") {
       throw new InputError(
         "response_format cannot be combined with tool_choice required or a named function",
@@ -453,9 +453,10 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
       maxTokensParam: body.max_completion_tokens != null ? "max_completion_tokens" : "max_tokens",
       extras: (tier) => extraOptions(tier, body, logprobs),
     });
-    planned.structured = tools?.forced
-      ? await toolGrammar(planned.tier, tools)
-      : await structuredOutput(planned.tier, body.response_format);
+    // With auto, a response_format other than text takes precedence over the tools' grammar.
+    const formatGrammar = await structuredOutput(planned.tier, body.response_format);
+    const callGrammar = formatGrammar ? undefined : await toolGrammar(planned.tier, tools);
+    planned.structured = formatGrammar ?? callGrammar;
     deadlineTier(c, planned.tier);
     const link = linkedContext(c, body.cache_salt);
     const { gen, route } = await admit(rt, link.ctx, planned, conversationOf(c, body.user));
@@ -514,7 +515,9 @@ export function registerGenerate(app: Hono, rt: Runtime): void {
         send({ ...frame(j, opening, null), kvrelay: info });
       }
       // With tools, each choice's text goes through its own parser: content and tool_calls deltas.
-      const parsers = gens.map(() => tools ? new ToolCallParser(tools) : undefined);
+      const parsers = gens.map(() =>
+        tools ? new ToolCallParser(tools, callGrammar !== undefined) : undefined
+      );
       const sendDeltas = (j: number, deltas: ToolDelta[], lp?: StepLogprobs) => {
         if (deltas.length === 0 && lp) send(frame(j, {}, null, lp));
         deltas.forEach((d, i) => send(frame(j, d, null, i === 0 ? lp : undefined)));

@@ -1,10 +1,11 @@
-// Tool calling on /v1/chat/completions: the OpenAI request fields (`tools`, `tool_choice`, tool
-// results and assistant tool calls in the history), the grammar that forces a call with
-// `required` or a named function, and the parsing of the model's output into OpenAI `tool_calls`
-// — whole, or as stream deltas. The call format is the Hermes/Qwen one the demo models' chat
-// template shows (models/README.md): `<tool_call>\n{"name": ..., "arguments": {...}}\n
-// </tool_call>`. With `auto` the output is free text; a well-formed call block in it is still
-// returned as a call. With `none` the tools are not rendered at all.
+// Tool calling on /v1/chat/completions: the OpenAI request fields (`tools`, `tool_choice`,
+// `parallel_tool_calls`, tool results and assistant tool calls in the history), the grammar of
+// the output's calls, and the parsing of the model's output into OpenAI `tool_calls` — whole, or
+// as stream deltas. The call format is the Hermes/Qwen one the demo models' chat template shows
+// (models/README.md): `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`, calls
+// separated by a newline. `required` or a named function: the output is calls only; `auto`: free
+// text, but once the model opens a call the rest of it must be a call of one of the tools (its
+// arguments following the tool's schema), closed. With `none` the tools are not rendered at all.
 import { z } from "zod";
 import { InputError, type Tier } from "../../lib/serve/mod.ts";
 import type { StructuredOutput } from "./structured.ts";
@@ -14,6 +15,13 @@ export const TOOL_CALL_OPEN = "<tool_call>\n";
 export const TOOL_CALL_CLOSE = "\n</tool_call>";
 const OPEN_TAG = "<tool_call>";
 const CLOSE_TAG = "</tool_call>";
+/** The grammar's view of the same format. */
+const SYNTAX = {
+  trigger: OPEN_TAG,
+  open: TOOL_CALL_OPEN,
+  close: TOOL_CALL_CLOSE,
+  separator: "\n",
+} as const;
 
 /** OpenAI's rule for function names. */
 const functionName = z.string().regex(
@@ -106,8 +114,10 @@ export interface ToolUse {
   rendered: ToolField[];
   /** the tools the output may call, by name */
   names: Set<string>;
-  /** the grammar forces one call (required / a named function) */
+  /** the output is calls only (required / a named function) */
   forced: boolean;
+  /** several calls may follow one another (`parallel_tool_calls`, default true) */
+  parallel: boolean;
   /** the function tool_choice names, if any */
   only?: string;
 }
@@ -117,6 +127,7 @@ export interface ToolUse {
  * there are not).
  * @param tools the request's tools
  * @param choice the request's tool_choice
+ * @param parallelCalls the request's parallel_tool_calls (absent = true)
  * @returns the tool use, or undefined when no tool is in play
  * @throws {InputError} naming `tools.<i>.function.name` for a repeated name, `tool_choice` for a
  *   choice without tools or naming no tool
@@ -124,7 +135,9 @@ export interface ToolUse {
 export function resolveTools(
   tools: ToolField[] | null | undefined,
   choice: ToolChoiceField,
+  parallelCalls?: boolean | null,
 ): ToolUse | undefined {
+  const parallel = parallelCalls ?? true;
   const list = tools ?? [];
   const names = new Set<string>();
   list.forEach((t, i) => {
@@ -138,13 +151,13 @@ export function resolveTools(
   });
   if (choice == null || choice === "none") {
     if (choice === "none" || list.length === 0) return undefined;
-    return { rendered: list, names, forced: false };
+    return { rendered: list, names, forced: false, parallel };
   }
   if (list.length === 0) {
     throw new InputError("tool_choice requires tools", "tool_choice");
   }
-  if (choice === "auto") return { rendered: list, names, forced: false };
-  if (choice === "required") return { rendered: list, names, forced: true };
+  if (choice === "auto") return { rendered: list, names, forced: false, parallel };
+  if (choice === "required") return { rendered: list, names, forced: true, parallel };
   const only = choice.function.name;
   if (!names.has(only)) {
     throw new InputError(
@@ -152,13 +165,14 @@ export function resolveTools(
       "tool_choice.function.name",
     );
   }
-  return { rendered: list, names: new Set([only]), forced: true, only };
+  return { rendered: list, names: new Set([only]), forced: true, parallel, only };
 }
 
 /**
- * The grammar of a forced call (required: any of the tools; named: that one), compiled for the
- * tier; undefined when nothing is forced. Only the tools a forced call may use are compiled, so
- * with `auto` a parameters schema is never checked against the engine's rules.
+ * The grammar of the output's calls, compiled for the tier: with `required` calls of any of the
+ * tools, with a named function calls of it, with `auto` free text in which every call opened is
+ * a call of one of the tools; one call at most when `parallel` is false. Undefined when no tool
+ * is in play.
  * @param tier the tier the request runs on (its tokenizer, vocabulary and stop ids)
  * @param use the request's tool use
  * @returns the compiled call grammar, or undefined
@@ -168,7 +182,7 @@ export async function toolGrammar(
   tier: Tier,
   use: ToolUse | undefined,
 ): Promise<StructuredOutput | undefined> {
-  if (!use?.forced) return undefined;
+  if (!use) return undefined;
   const { GrammarEngine, GrammarInputError } = await import("../../lib/grammar/mod.ts");
   const m = tier.model;
   const engine = await GrammarEngine.forTokenizer(
@@ -176,24 +190,22 @@ export async function toolGrammar(
     m.native.config.vocabSize,
     m.eosTokenIds,
   );
-  // With `required` every tool compiles in request order, so error paths index `tools` as sent.
-  const tools = use.rendered.map((t) => ({
+  // Error paths index `tools` as sent.
+  const tools = use.rendered.map((t, i) => ({
     name: t.function.name,
     parameters: t.function.parameters ?? { type: "object" },
-  }));
-  const forced = use.only === undefined ? tools : tools.filter((t) => t.name === use.only);
-  const index = use.rendered.findIndex((t) => t.function.name === use.only);
+    param: `tools.${i}.function.parameters`,
+  })).filter((t) => use.names.has(t.name));
   try {
-    return await engine.compile(
-      { type: "tool_call", tools: forced, open: TOOL_CALL_OPEN, close: TOOL_CALL_CLOSE },
-      use.only === undefined ? "tools" : `tools.${index}`,
-    );
+    return await engine.compile({
+      type: "tool_calls",
+      tools,
+      mode: use.forced ? "required" : "auto",
+      parallel: use.parallel,
+      syntax: SYNTAX,
+    });
   } catch (e) {
-    if (e instanceof GrammarInputError) {
-      // A named tool compiles alone: its path reads tools.<i>.0.function...; drop the ".0".
-      const param = use.only === undefined ? e.param : e.param.replace(/^(tools\.\d+)\.0/, "$1");
-      throw new InputError(e.message.replaceAll(e.param, param), param);
-    }
+    if (e instanceof GrammarInputError) throw new InputError(e.message, e.param);
     throw e;
   }
 }
@@ -263,13 +275,15 @@ function partialTag(s: string, tag: string): number {
 /**
  * Splits generated text into content and tool calls as it arrives. Outside a call block text is
  * content (a possible start of `<tool_call>` is held back); a block becomes a call when it
- * closes well-formed, else its text is content. When the grammar forces the call, its name is
- * announced as soon as it is generated and the arguments stream as they come (the text after
- * them is the fixed close, held back by its length).
+ * closes well-formed, else its text is content. When the calls' grammar constrains the output,
+ * a call of a known tool is announced as soon as its name is generated and its arguments stream
+ * as they come (the text after them is the fixed close, held back by its length); when it makes
+ * the output calls only, the text between calls (their separator) is dropped.
  */
 export class ToolCallParser {
   readonly #names: Set<string>;
   readonly #forced: boolean;
+  readonly #early: boolean;
   #pending = "";
   #inBlock = false;
   #block = "";
@@ -280,10 +294,13 @@ export class ToolCallParser {
 
   /**
    * @param use the request's tool use
+   * @param constrained whether the calls' grammar constrains the output (with `auto` it does not
+   *   when a response_format takes precedence); default: for required and named calls
    */
-  constructor(use: ToolUse) {
+  constructor(use: ToolUse, constrained = use.forced) {
     this.#names = use.names;
     this.#forced = use.forced;
+    this.#early = constrained;
   }
 
   /**
@@ -299,11 +316,11 @@ export class ToolCallParser {
         if (at < 0) {
           const keep = partialTag(this.#pending, OPEN_TAG);
           const emit = this.#pending.slice(0, this.#pending.length - keep);
-          if (emit !== "") out.push({ content: emit });
+          if (emit !== "" && !this.#forced) out.push({ content: emit });
           this.#pending = this.#pending.slice(emit.length);
           return out;
         }
-        if (at > 0) out.push({ content: this.#pending.slice(0, at) });
+        if (at > 0 && !this.#forced) out.push({ content: this.#pending.slice(0, at) });
         this.#pending = this.#pending.slice(at + OPEN_TAG.length);
         this.#inBlock = true;
         this.#block = "";
@@ -313,7 +330,7 @@ export class ToolCallParser {
       this.#pending = "";
       const end = this.#block.indexOf(CLOSE_TAG);
       if (end < 0) {
-        if (this.#forced) this.#streamArgs(out);
+        if (this.#early) this.#streamArgs(out);
         return out;
       }
       this.#pending = this.#block.slice(end + CLOSE_TAG.length);
@@ -337,7 +354,7 @@ export class ToolCallParser {
         out.push({ content: OPEN_TAG + this.#block });
       }
       this.#inBlock = false;
-    } else if (this.#pending !== "") {
+    } else if (this.#pending !== "" && !this.#forced) {
       out.push({ content: this.#pending });
     }
     this.#pending = "";
@@ -361,7 +378,7 @@ export class ToolCallParser {
     });
   }
 
-  /** Forced call: sends the head once complete, then the arguments but the close's length. */
+  /** Constrained call: sends the head once complete, then the arguments but the close's length. */
   #streamArgs(out: ToolDelta[]): void {
     if (this.#sent === undefined) {
       const head = HEAD.exec(this.#block);

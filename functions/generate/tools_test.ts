@@ -8,6 +8,7 @@ import assert from "node:assert/strict";
 import OpenAI from "openai";
 import type {
   ChatCompletion,
+  ChatCompletionCreateParamsStreaming,
   ChatCompletionMessageParam,
   ChatCompletionTool,
 } from "openai/resources/chat/completions";
@@ -112,6 +113,7 @@ Deno.test({
             messages: [QUESTION],
             tools: TOOLS,
             tool_choice: choice,
+            parallel_tool_calls: false,
             max_tokens: 128,
             temperature: 0.8,
             seed: 7 + k,
@@ -147,6 +149,7 @@ Deno.test({
         messages: [QUESTION],
         tools: TOOLS,
         tool_choice: "required",
+        parallel_tool_calls: false,
         max_tokens: 128,
         seed: 1,
         stream: true,
@@ -211,6 +214,105 @@ Deno.test({
           }
         }
       }
+    } finally {
+      await rt.close();
+    }
+  },
+});
+
+Deno.test({
+  name:
+    "parallel_tool_calls: a required or named output may hold several calls, each validating; false holds exactly one, plain and streamed",
+  sanitizeResources: false,
+  sanitizeOps: false,
+  fn: async () => {
+    const rt = await runtime();
+    const ajv = new Ajv({ strict: false });
+    try {
+      const ai = client(rt);
+      const eos = rt.tiers.get("fast")!.model.eosTokenIds[0];
+      const named = { type: "function" as const, function: { name: "get_time" } };
+      for (const choice of ["required", named] as const) {
+        const allowed = choice === "required" ? Object.keys(SCHEMAS) : ["get_time"];
+        for (const parallel of [true, false]) {
+          for (const stream of [false, true]) {
+            const common = {
+              model: "fast",
+              messages: [QUESTION],
+              tools: TOOLS,
+              tool_choice: choice,
+              parallel_tool_calls: parallel,
+              max_tokens: 256,
+              seed: 11,
+              // parallel: the stop token is banned past one call's length (min_tokens), then
+              // favoured; one call: stopping is all but banned, yet the grammar ends the output.
+              ...(parallel
+                ? { min_tokens: 90, logit_bias: { [eos]: 10 } }
+                : { logit_bias: { [eos]: -100 } }),
+            };
+            const r: ChatCompletion = stream
+              ? await ai.chat.completions.stream(common).finalChatCompletion()
+              : await ai.chat.completions.create(common);
+            const c = r.choices[0];
+            const what = `${JSON.stringify(choice)} parallel ${parallel} stream ${stream}`;
+            assert.equal(c.finish_reason, "tool_calls", `${what}: ${JSON.stringify(c.message)}`);
+            const calls = (c.message.tool_calls ?? []) as Call[];
+            if (parallel) assert.ok(calls.length >= 2, `${what}: ${calls.length} calls`);
+            else assert.equal(calls.length, 1, what);
+            for (const call of calls) checkCall(ajv, call, allowed);
+            assert.equal(new Set(calls.map((x) => x.id)).size, calls.length, "repeated call ids");
+            assert.ok(!c.message.content, `${what}: content ${JSON.stringify(c.message.content)}`);
+            if (parallel && !stream) {
+              // The round trip: every call's result goes back, and the model answers in text.
+              const messages: ChatCompletionMessageParam[] = [
+                QUESTION,
+                { role: "assistant", content: null, tool_calls: calls },
+                ...calls.map((x, i) => ({
+                  role: "tool" as const,
+                  tool_call_id: x.id,
+                  content: `{"result": ${i}}`,
+                })),
+              ];
+              const next = await ai.chat.completions.create({
+                model: "fast",
+                messages,
+                tools: TOOLS,
+                tool_choice: "none",
+                max_tokens: 16,
+              });
+              assert.equal(typeof next.choices[0].message.content, "string");
+            }
+          }
+        }
+      }
+      // The raw stream: each call opens with its head (index, id, name), indices 0, 1, ...
+      const s = await ai.chat.completions.create({
+        model: "fast",
+        messages: [QUESTION],
+        tools: TOOLS,
+        tool_choice: "required",
+        max_tokens: 256,
+        seed: 11,
+        min_tokens: 90,
+        logit_bias: { [eos]: 10 },
+        stream: true,
+      } as ChatCompletionCreateParamsStreaming);
+      const heads: number[] = [];
+      let last = -1;
+      for await (const chunk of s) {
+        for (const d of chunk.choices[0]?.delta.tool_calls ?? []) {
+          assert.ok(d.index === last || d.index === last + 1, `index ${d.index} after ${last}`);
+          if (d.index === last + 1) {
+            assert.match(d.id ?? "", /^call_/);
+            assert.ok(d.function?.name, JSON.stringify(d));
+            heads.push(d.index);
+            last = d.index;
+          } else {
+            assert.equal(d.id, undefined);
+          }
+        }
+      }
+      assert.ok(heads.length >= 2, `${heads.length} calls streamed`);
     } finally {
       await rt.close();
     }
@@ -340,7 +442,7 @@ Deno.test({
 });
 
 Deno.test("the parser's deltas, fed a token at a time, add up to the whole-text parse", () => {
-  const use = { rendered: [], names: new Set(["f", "g"]), forced: false };
+  const use = { rendered: [], names: new Set(["f", "g"]), forced: false, parallel: true };
   const text =
     'Sure.\n<tool_call>\n{"name": "f", "arguments": {"a": [1, 2]}}\n</tool_call>\n<tool_call>\n{"name": "zz", "arguments": {}}\n</tool_call><tool_call>\n{"arguments": {"b": 1}, "name": "g"}\n</tool_call> <tool_ca';
   const whole = parseToolOutput(use, text);
@@ -352,8 +454,12 @@ Deno.test("the parser's deltas, fed a token at a time, add up to the whole-text 
     whole.content,
     'Sure.\n\n<tool_call>\n{"name": "zz", "arguments": {}}\n</tool_call> <tool_ca',
   );
-  for (const forced of [false, true]) {
-    const p = new ToolCallParser({ ...use, forced });
+  // Calls only (required / named): the text between calls is their separator, not content (a
+  // block that is no call, which the grammar rules out, stays content).
+  const forcedWhole = parseToolOutput({ ...use, forced: true }, text);
+  assert.equal(forcedWhole.content, '<tool_call>\n{"name": "zz", "arguments": {}}\n</tool_call>');
+  for (const [forced, constrained] of [[false, false], [false, true], [true, true]]) {
+    const p = new ToolCallParser({ ...use, forced }, constrained);
     const deltas: ToolDelta[] = [];
     for (const ch of text) deltas.push(...p.push(ch));
     deltas.push(...p.end());
@@ -362,7 +468,13 @@ Deno.test("the parser's deltas, fed a token at a time, add up to the whole-text 
     for (const d of deltas) {
       if ("tool_calls" in d) args[d.tool_calls[0].index] += d.tool_calls[0].function.arguments;
     }
-    assert.equal(content, whole.content, `forced ${forced}`);
-    assert.deepEqual(args, ['{"a": [1, 2]}', '{"b":1}'], `forced ${forced}`);
+    const what = `forced ${forced} constrained ${constrained}`;
+    assert.equal(content, forced ? forcedWhole.content : whole.content, what);
+    assert.deepEqual(args, ['{"a": [1, 2]}', '{"b":1}'], what);
+    // Constrained, the first call's arguments stream as generated (a piece per character fed);
+    // else they come whole when its block closes (head, then one piece).
+    const first = deltas.filter((d) => "tool_calls" in d && d.tool_calls[0].index === 0).length;
+    if (constrained) assert.ok(first > 2, `${what}: ${first} deltas`);
+    else assert.equal(first, 2, what);
   }
 });

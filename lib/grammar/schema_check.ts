@@ -1,9 +1,9 @@
-// Checks a response_format JSON schema before XGrammar sees it, naming the path of the first
-// construct it cannot compile. Why here and not from XGrammar's own error: its WebAssembly build
-// reports a bad schema by aborting the module (a message on stderr, "Aborted()" thrown), and an
-// aborted instance is left broken for every later grammar in the process — so user schemas must
-// be refused before they reach it. The rules are XGrammar's JSON-schema converter's (its
-// supported keywords; a local $ref only; regex patterns without lookaround or backreferences).
+// Checks a response_format or tool JSON schema before XGrammar sees it, naming the path of the
+// first construct it cannot compile or would get wrong (keywords it ignores, bounds it enforces
+// loosely). Its own errors name no path, and its WebAssembly build reports many by aborting; what
+// gets past this check is built in a replaceable worker first (probe.ts). The rules are XGrammar's
+// JSON-schema converter's (its supported keywords; a local $ref only; regex patterns without
+// lookaround or backreferences).
 
 /** A response_format the engine cannot use, with the request field it names. */
 export class GrammarInputError extends RangeError {

@@ -1,32 +1,58 @@
 // Structured output with XGrammar (npm @mlc-ai/web-xgrammar, its WebAssembly build): compiles a
-// response_format ({type: "json_object"} or a JSON schema) against a tokenizer's vocabulary, and
-// per request a matcher that gives each step's allowed-token mask (the TokenMask a NativeSampler
-// applies natively, lib/native/sampler.ts setMask) and takes each sampled token. The package is
-// imported lazily, on the first structured request, so serving without one never loads it.
-// Compiled grammars are cached per (tokenizer fingerprint, vocabulary size, stop ids) and
-// canonical schema. Not the HTTP parsing of response_format nor the generation loop.
+// response_format ({type: "json_object"} or a JSON schema) or the grammar of tool calls against a
+// tokenizer's vocabulary, and per request a matcher that gives each step's allowed-token mask
+// (the TokenMask a NativeSampler applies natively, lib/native/sampler.ts setMask) and takes each
+// sampled token. Each new grammar is first built in the probe worker (probe.ts), so a schema that
+// aborts the WebAssembly build never reaches the server's instance; a failure of that instance
+// anyway retires it and the next request loads a fresh one. The package is imported lazily, on
+// the first structured request. Compiled grammars are cached per (tokenizer fingerprint,
+// vocabulary size, stop ids) and canonical schema. Not the HTTP parsing nor the generation loop.
 
 import { canonicalJson, type Tokenizer } from "../tokenizer/mod.ts";
 import type { TokenMask } from "../engine/sampler.ts";
 import { checkSchema, GrammarInputError } from "./schema_check.ts";
+import {
+  captureFailure,
+  loadXGrammar,
+  type XgCompiled,
+  type XgCompiler,
+  type XgMatcher,
+  type XgModule,
+  XGrammarFailure,
+} from "./load.ts";
+import { probeGrammar, warmProbe } from "./probe.ts";
+import { fixJsonStrings } from "./ebnf_fix.ts";
+import type { ToolCallMode, ToolCallSyntax } from "./tool_tag.ts";
 
 export { GrammarInputError };
+export type { ToolCallMode, ToolCallSyntax };
 
 /** What a request asks the output to be. */
 export type ResponseFormat =
   | { type: "json_object" }
   | { type: "json_schema"; schema: unknown }
-  | { type: "tool_call"; tools: ToolSpec[]; open: string; close: string };
+  | {
+    type: "tool_calls";
+    /** the tools the output may call (≥ 1) */
+    tools: ToolSpec[];
+    /** auto: text or calls; required: calls only */
+    mode: ToolCallMode;
+    /** several calls allowed (else at most one) */
+    parallel: boolean;
+    syntax: ToolCallSyntax;
+  };
 
 /** A function the model may call: its name and its parameters' JSON schema. */
 export interface ToolSpec {
   name: string;
-  /** JSON schema of the arguments object (checked like response_format's, without $ref) */
+  /** JSON schema of the arguments object (checked like response_format's) */
   parameters: unknown;
+  /** the request field holding `parameters`, for error paths */
+  param: string;
 }
 
-/** The grammar engine failed in a way that leaves it unusable (an abort of its WebAssembly
- *  module); structured output is unavailable until the process restarts. */
+/** The grammar engine failed while serving (an abort of its WebAssembly module). The request
+ *  fails; the instance is replaced, so later requests are served. */
 export class GrammarUnavailableError extends Error {
   /** @param message the engine's message */
   constructor(message: string) {
@@ -35,122 +61,50 @@ export class GrammarUnavailableError extends Error {
   }
 }
 
-// The parts of the package used here (its own .d.ts types the rest).
-interface XgMatcher {
-  acceptToken(id: number): boolean;
-  getNextTokenBitmask(): Promise<Int32Array>;
-  isTerminated(): boolean;
-  dispose(): void;
-}
-interface XgCompiled {
-  dispose(): void;
-}
-interface XgCompiler {
-  compileJSONSchema(
-    schema: string,
-    anyWhitespace?: boolean,
-    indent?: number,
-    separators?: [string, string],
-    strictMode?: boolean,
-  ): Promise<XgCompiled>;
-  compileGrammar(ebnf: string, rootRule?: string): Promise<XgCompiled>;
-}
-interface XgModule {
-  Testings: {
-    _jsonSchemaToEBNF(
-      schema: string,
-      anyWhitespace?: boolean,
-      indent?: number,
-      separators?: [string, string],
-      strictMode?: boolean,
-    ): Promise<string>;
-  };
-  TokenizerInfo: {
-    createTokenizerInfo(
-      vocab: string[],
-      type: string,
-      prependSpace: boolean,
-      vocabSize: number,
-      stopTokenIds: number[],
-    ): Promise<unknown>;
-  };
-  GrammarCompiler: { createGrammarCompiler(info: unknown, cache?: boolean): Promise<XgCompiler> };
-  GrammarMatcher: { createGrammarMatcher(compiled: XgCompiled): Promise<XgMatcher> };
-  Grammar: { builtinJSONGrammar(): Promise<{ dispose(): void }> };
-}
-
+/** The server's XGrammar instance: its number (0, then one more per replacement) and its load. */
+let instance = 0;
 let loading: Promise<XgModule> | null = null;
-/** set once the module aborted: its instance is broken from then on */
-let broken: string | null = null;
-/** the module's stderr lines while a call runs (its error messages), else null */
-let captured: string[] | null = null;
+const engines = new Map<string, Promise<GrammarEngine>>();
 
-/**
- * Loads the package once. Its bundle is UMD inside a `type: module` package: evaluated as ESM it
- * attaches itself to globalThis.xgrammar, and its Emscripten loader needs `require`,
- * `__filename` and `__dirname` while it instantiates. Those globals exist only for that moment,
- * so no other module sees a CommonJS environment. The loader binds console.error when it starts:
- * a forwarding function is installed then, so the module's messages (its only account of a
- * failure) can be captured per call.
- */
-function loadXGrammar(): Promise<XgModule> {
-  loading ??= (async () => {
-    const g = globalThis as Record<string, unknown>;
-    const { createRequire } = await import("node:module");
-    const saved = { require: g.require, __filename: g.__filename, __dirname: g.__dirname };
-    const consoleError = console.error;
-    g.require = createRequire(import.meta.url);
-    g.__filename = new URL(import.meta.url).pathname;
-    g.__dirname = new URL(".", import.meta.url).pathname;
-    console.error = (...args: unknown[]) => {
-      if (captured) captured.push(args.map(String).join(" "));
-      else consoleError(...args);
-    };
-    try {
-      await import("@mlc-ai/web-xgrammar");
-      const xg = g.xgrammar as XgModule;
-      (await xg.Grammar.builtinJSONGrammar()).dispose(); // instantiates the WebAssembly module
-      return xg;
-    } finally {
-      console.error = consoleError;
-      for (const [k, v] of Object.entries(saved)) {
-        if (v === undefined) delete g[k];
-        else g[k] = v;
-      }
-      delete g.xgrammar;
-    }
-  })();
+function xgrammar(): Promise<XgModule> {
+  if (!loading) {
+    const p = loadXGrammar(instance);
+    p.catch(() => {
+      if (loading === p) loading = null;
+    });
+    loading = p;
+  }
   return loading;
 }
 
-/** Runs one engine call, turning an abort into GrammarUnavailableError with its message. */
-async function guarded<T>(what: string, f: () => Promise<T> | T): Promise<T> {
-  if (broken) throw new GrammarUnavailableError(broken);
-  captured = [];
-  try {
-    return await f();
-  } catch (e) {
-    const detail = captured.filter((l) => !l.startsWith("Aborted(")).join("; ");
-    broken = `the grammar engine failed in ${what}: ${detail || (e as Error).message}`;
-    throw new GrammarUnavailableError(broken);
-  } finally {
-    captured = null;
-  }
+/** Drops the server's instance after a failure (an abort can leave it inconsistent): the next
+ *  request loads a fresh one and builds its engines again. Calls in flight on the old instance
+ *  finish or fail on their own. */
+function retire(): void {
+  instance++;
+  loading = null;
+  engines.clear();
 }
 
 /**
- * Refuses `$ref` in a tool's parameters: the tools' schemas are nested into one, where a local
- * reference would point at the wrong root.
- * @throws {GrammarInputError} naming the reference
+ * Runs one call on the server's instance; a failure retires the instance.
+ * @throws {XGrammarFailure} the engine's message
  */
-function noRef(v: unknown, path: string): void {
-  if (v === null || typeof v !== "object") return;
-  for (const [k, w] of Object.entries(v)) {
-    if (k === "$ref" && typeof w === "string") {
-      throw new GrammarInputError(`$ref is not supported in tool parameters`, `${path}.$ref`);
-    }
-    noRef(w, `${path}.${k}`);
+async function guarded<T>(f: () => Promise<T> | T): Promise<T> {
+  try {
+    return await captureFailure(f);
+  } catch (e) {
+    retire();
+    throw e;
   }
+}
+
+/** The engine failed outside compiling a grammar. */
+function unavailable(what: string, e: unknown): GrammarUnavailableError {
+  const detail = e instanceof XGrammarFailure ? e.detail : String((e as Error)?.message ?? e);
+  return new GrammarUnavailableError(
+    `the grammar engine failed in ${what}: ${detail} (it is reloaded for the next request)`,
+  );
 }
 
 /** Most compiled grammars kept per engine (least recently used dropped first). */
@@ -158,8 +112,6 @@ const MAX_COMPILED = 128;
 /** compileJSONSchema's "no indent": this build maps -1 to none and an absent value to 2 spaces, so
  *  leaving it out would force a newline and indentation between members. */
 const NO_INDENT = -1;
-
-const engines = new Map<string, Promise<GrammarEngine>>();
 
 /** XGrammar's compiler for one tokenizer and logits width, with its compiled-grammar cache. */
 export class GrammarEngine {
@@ -196,52 +148,61 @@ export class GrammarEngine {
     const key = `${tokenizer.fingerprint}/${vocabSize}/${stopTokenIds.join(",")}`;
     let e = engines.get(key);
     if (!e) {
-      e = (async () => {
-        const xg = await loadXGrammar();
+      warmProbe(); // its start overlaps loading the vocabulary here
+      const p = (async () => {
+        const xg = await xgrammar();
         const { pieces, type } = tokenizer.grammarVocab();
-        const compiler = await guarded("loading the vocabulary", async () => {
-          const info = await xg.TokenizerInfo.createTokenizerInfo(
-            pieces,
-            type,
-            false,
-            vocabSize,
-            [...stopTokenIds],
-          );
-          return await xg.GrammarCompiler.createGrammarCompiler(info, false);
-        });
-        return new GrammarEngine(xg, compiler, vocabSize);
+        try {
+          const compiler = await guarded(async () => {
+            const info = await xg.TokenizerInfo.createTokenizerInfo(
+              pieces,
+              type,
+              false,
+              vocabSize,
+              [...stopTokenIds],
+            );
+            return await xg.GrammarCompiler.createGrammarCompiler(info, false);
+          });
+          return new GrammarEngine(xg, compiler, vocabSize);
+        } catch (err) {
+          throw unavailable("loading the vocabulary", err);
+        }
       })();
-      engines.set(key, e);
-      e.catch(() => engines.delete(key));
+      p.catch(() => {
+        if (engines.get(key) === p) engines.delete(key);
+      });
+      engines.set(key, p);
+      e = p;
     }
     return e;
   }
 
   /**
-   * Compiles a response format (cached by its canonical JSON).
+   * Compiles a response format (cached by its canonical JSON). A new one is checked
+   * (schema_check.ts), then built in the probe worker, then compiled here.
    *
    * @param format json_object, json_schema with the parsed schema (strict: no other fields), or
-   *   tool_call: one call of one of the tools, between fixed open and close texts
-   * @param param the request field holding the schema, for error paths
+   *   tool_calls: text and/or calls of the tools, each call's arguments following its schema
+   * @param param the request field holding the schema (json_schema), for error paths
+   * @param opts.probe false skips the probe worker for a json_schema (tests of the server
+   *   instance's recovery); tool calls are always built there (their schemas convert there)
    * @returns the compiled grammar
-   * @throws {GrammarInputError} for a schema the engine cannot compile, naming its path
+   * @throws {GrammarInputError} for a schema the engine cannot compile, naming its field
    */
   async compile(
     format: ResponseFormat,
     param = "response_format.json_schema.schema",
+    opts: { probe?: boolean } = {},
   ): Promise<CompiledFormat> {
     let key: string;
     if (format.type === "json_object") {
       key = "json_object";
-    } else if (format.type === "tool_call") {
-      // An empty anyOf would abort the WebAssembly module (and break it for the process).
-      if (format.tools.length === 0) throw new GrammarInputError("no tool to call", param);
-      format.tools.forEach((t, i) => {
-        const at = `${param}.${i}.function.parameters`;
-        checkSchema(t.parameters, at);
-        noRef(t.parameters, at);
-      });
-      key = `tool_call:${canonicalJson([format.open, format.close, format.tools])}`;
+    } else if (format.type === "tool_calls") {
+      if (format.tools.length === 0) throw new GrammarInputError("no tool to call", "tools");
+      for (const t of format.tools) checkSchema(t.parameters, t.param);
+      const { mode, parallel, syntax } = format;
+      const tools = format.tools.map((t) => [t.name, t.parameters]);
+      key = `tool_calls:${canonicalJson([mode, parallel, syntax, tools])}`;
     } else {
       checkSchema(format.schema, param);
       key = `json_schema:${canonicalJson(format.schema)}`;
@@ -250,30 +211,7 @@ export class GrammarEngine {
     if (p) {
       this.#compiled.delete(key); // re-inserted last: most recently used
     } else {
-      p = guarded(
-        "compiling the grammar",
-        () =>
-          format.type === "tool_call"
-            ? this.#toolCall(format.tools, format.open, format.close)
-            : format.type === "json_object"
-            // Any JSON object (OpenAI's json_object is an object; XGrammar's builtin JSON
-            // grammar takes any JSON value): non-strict, so any properties.
-            ? this.#compiler.compileJSONSchema(
-              '{"type":"object"}',
-              false,
-              NO_INDENT,
-              [",", ":"],
-              false,
-            )
-            // Strict: no properties beyond the schema's, compact separators (no whitespace runs).
-            : this.#compiler.compileJSONSchema(
-              JSON.stringify(format.schema),
-              false,
-              NO_INDENT,
-              [",", ":"],
-              true,
-            ),
-      );
+      p = this.#build(format, param, opts.probe ?? true);
       p.catch(() => this.#compiled.delete(key));
       while (this.#compiled.size >= MAX_COMPILED) {
         const [oldest, q] = this.#compiled.entries().next().value!;
@@ -285,30 +223,74 @@ export class GrammarEngine {
     return new CompiledFormat(this.#xg, await p, this.vocabSize);
   }
 
-  /**
-   * One call of one of the tools: `<open>{"name": "<name>", "arguments": <args>}<close>` with
-   * the arguments following that tool's schema. Built as one JSON schema (an anyOf over the
-   * tools, `name` a const) converted to EBNF, wrapped in a rule that adds the fixed open and
-   * close text. Separators ", " and ": " and no indent: the spacing chat templates show models.
-   */
-  async #toolCall(tools: ToolSpec[], open: string, close: string): Promise<XgCompiled> {
-    const schema = {
-      anyOf: tools.map((t) => ({
-        type: "object",
-        properties: { name: { const: t.name }, arguments: t.parameters },
-        required: ["name", "arguments"],
-      })),
-    };
-    const ebnf = await this.#xg.Testings._jsonSchemaToEBNF(
-      JSON.stringify(schema),
-      false,
-      -1,
-      [", ", ": "],
-      true,
-    );
-    const root = `tool_call_root ::= ${JSON.stringify(open)} root ${JSON.stringify(close)}`;
-    return await this.#compiler.compileGrammar(`${ebnf}\n${root}\n`, "tool_call_root");
+  /** Probes, then compiles, a format not in the cache. */
+  async #build(format: ResponseFormat, param: string, probe: boolean): Promise<XgCompiled> {
+    if (format.type === "json_object") {
+      // Any JSON object (OpenAI's json_object is an object; XGrammar's builtin JSON grammar
+      // takes any JSON value): non-strict, so any properties.
+      return await this.#compileHere(
+        () =>
+          this.#compiler.compileJSONSchema(
+            '{"type":"object"}',
+            false,
+            NO_INDENT,
+            [",", ":"],
+            false,
+          ),
+        param,
+      );
+    }
+    if (format.type === "json_schema") {
+      const schema = JSON.stringify(format.schema);
+      let ebnf: string;
+      if (probe) {
+        const answer = await probeGrammar({ kind: "json_schema", schema });
+        if (!answer.ok) throw refused(param, answer.detail);
+        ebnf = answer.ebnf!;
+      } else {
+        // Strict: no properties beyond the schema's, compact separators (no whitespace runs).
+        ebnf = fixJsonStrings(
+          await this.#compileHere(
+            () => this.#xg.Testings._jsonSchemaToEBNF(schema, false, NO_INDENT, [",", ":"], true),
+            param,
+          ),
+        );
+      }
+      return await this.#compileHere(() => this.#compiler.compileGrammar(ebnf), param);
+    }
+    const answer = await probeGrammar({
+      kind: "tool_calls",
+      tools: format.tools.map((t) => ({ name: t.name, parameters: JSON.stringify(t.parameters) })),
+      mode: format.mode,
+      parallel: format.parallel,
+      syntax: format.syntax,
+    });
+    const where = answer.ok || answer.tool === undefined
+      ? "tools"
+      : format.tools[answer.tool].param;
+    if (!answer.ok) throw refused(where, answer.detail);
+    const tag = answer.structuralTag!;
+    return await this.#compileHere(() => this.#compiler.compileStructuralTag(tag), where);
   }
+
+  /** Compiles on the server's instance; a failure there (which the probe did not see) retires
+   *  the instance and refuses the format. */
+  async #compileHere<T>(f: () => Promise<T>, param: string): Promise<T> {
+    try {
+      return await guarded(f);
+    } catch (e) {
+      if (e instanceof XGrammarFailure) throw refused(param, e.detail);
+      throw e;
+    }
+  }
+}
+
+/** The 400 for a grammar the engine failed on. */
+function refused(param: string, detail: string): GrammarInputError {
+  return new GrammarInputError(
+    `${param}: the grammar engine cannot compile this schema: ${detail}`,
+    param,
+  );
 }
 
 /** A compiled response format: makes a matcher per request. */
@@ -326,11 +308,12 @@ export class CompiledFormat {
 
   /** A fresh matcher at the start of the output. Dispose it when the request ends. */
   async matcher(): Promise<GrammarMatcher> {
-    const m = await guarded(
-      "creating a matcher",
-      () => this.#xg.GrammarMatcher.createGrammarMatcher(this.#compiled),
-    );
-    return new GrammarMatcher(m, this.#vocabSize);
+    try {
+      const m = await guarded(() => this.#xg.GrammarMatcher.createGrammarMatcher(this.#compiled));
+      return new GrammarMatcher(m, this.#vocabSize);
+    } catch (e) {
+      throw unavailable("creating a matcher", e);
+    }
   }
 }
 
@@ -352,7 +335,12 @@ export class GrammarMatcher {
    */
   async nextMask(): Promise<TokenMask> {
     this.#live();
-    const bits = await guarded("computing a token mask", () => this.#m.getNextTokenBitmask());
+    let bits: Int32Array;
+    try {
+      bits = await guarded(() => this.#m.getNextTokenBitmask());
+    } catch (e) {
+      throw unavailable("computing a token mask", e);
+    }
     const words = new Uint32Array(bits.buffer, bits.byteOffset, bits.length);
     const tail = this.#vocabSize % 32;
     if (tail !== 0) words[words.length - 1] &= (1 << tail) - 1;

@@ -149,32 +149,36 @@ export class Generation {
   }
 
   /**
-   * More choices of the same prompt: each new generation's sequence is a copy of this one's
-   * prompt KV (no second prefill), its first token drawn from the same last logits. Call before
-   * decoding. The queue slot is shared: it goes back when the last of them closes.
+   * More choices of the same prompt: each new generation's sequence starts with this one's
+   * prompt KV (no second prefill; on a paged tier the prompt's blocks are shared, not copied),
+   * its first token drawn from the same last logits. Call before decoding. The queue slot is
+   * shared: it goes back when the last of them closes.
    * @param options per new generation, its options (own seed, own grammar matcher, ...), derived
    *   from {@link Generation.options} (a migrated cache's temperature already applied)
    * @param param the request field that asked for them, blamed when they can never fit
    * @returns the new generations, in order
-   * @throws {InputError} when the pool could never hold every choice's prompt;
-   *   {@link QueueFullError} when it lacks the blocks for the copies now; EngineError from the copy
+   * @throws {InputError} when the pool could never hold the shared prompt and a block of each
+   *   choice's own; {@link QueueFullError} when it lacks a free block per new choice now;
+   *   EngineError from the fork
    */
   fork(options: Omit<GenerateOptions, "signal">[], param = "n"): Generation[] {
     if (this.#closed || !this.#lane) throw new Error("generation already consumed or closed");
     const lane = this.#lane;
     const batch = this.tier.batch;
     if (batch && options.length > 0) {
+      // The prompt's blocks are shared; each new choice soon needs one block of its own (its copy
+      // of the partial last block, or the block after a full one).
       const per = Math.ceil(this.promptIds.length / batch.pool.blockTokens);
       const all = options.length + 1;
-      if (per * all > batch.pool.blocksTotal) {
+      if (per + options.length > batch.pool.blocksTotal) {
         throw new InputError(
           `${all} choices of a ${this.promptIds.length}-token prompt need ${
-            per * all
+            per + options.length
           } KV blocks; tier "${this.tier.name}"'s pool holds ${batch.pool.blocksTotal}`,
           param,
         );
       }
-      if (per * options.length > batch.pool.blocksFree) {
+      if (options.length > batch.pool.blocksFree) {
         this.#rt.metrics.rejected.inc({ tier: this.tier.name });
         throw new QueueFullError(this.tier.name, 1);
       }

@@ -56,12 +56,13 @@ export class Lane {
   }
 
   /**
-   * A lane on the same tier whose sequence starts as a copy of this one's cache (a forked choice
-   * of the same prompt): the KV is copied layer by layer, bit-exact in the cache's dtype, and the
-   * copy is attached to the scheduler with `known` as its history, so a preemption recomputes it
-   * like any prefilled sequence. Call it while this lane has no prefill or decode in flight.
-   * Copying never waits for the scheduler: a paged pool without the blocks fails at once (the
-   * caller checks the free blocks first and refuses the request rather than wait).
+   * A lane on the same tier whose sequence starts with this one's cache (a forked choice of the
+   * same prompt), attached to the scheduler with `known` as its history, so a preemption
+   * recomputes it like any prefilled sequence. On a paged tier the new sequence adopts this one's
+   * blocks (no KV copied; the partial last block is copied by whichever side writes into it
+   * first); a tier without a pool copies the KV layer by layer, bit-exact in the cache's dtype.
+   * Call it while this lane has no prefill or decode in flight. Forking never waits for the
+   * scheduler.
    * @param known the token ids this lane's sequence holds (its length)
    * @returns the new lane, owning its sequence
    * @throws RangeError when `known` disagrees with `src`'s length; EngineError from the copy
@@ -76,12 +77,16 @@ export class Lane {
       : src.model.createSequence(src.capacity);
     const lane = new Lane(seq, this.#tier, this.#signal);
     try {
+      if (this.#tier) {
+        seq.adopt(src.blockTable(), known.length);
+        lane.#handle = this.#tier.batch!.scheduler.attach(seq, known);
+        return lane;
+      }
       for (let layer = 0; layer < src.model.config.numLayers; layer++) {
         const { k, v } = src.readKv(layer, 0, known.length);
         seq.writeKv(layer, 0, known.length, k, v);
       }
       seq.setLength(known.length);
-      if (this.#tier) lane.#handle = this.#tier.batch!.scheduler.attach(seq, known);
       return lane;
     } catch (e) {
       lane.free();

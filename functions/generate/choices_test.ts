@@ -261,7 +261,12 @@ Deno.test("n choices of a long prompt fit a pool that holds the prompt once; one
       await status(ai.completions.create({ ...sampled, prompt: long, best_of: 16 })),
       { status: 400, param: "best_of" },
     );
-    // Nothing leaked: every block is back once the requests are done.
+    // Nothing leaked: once the requests are done, every block is free or held by the prefix
+    // cache alone (the prompt's full blocks), and evicting those frees them.
+    const cache = rt.tiers.get("fast")!.batch!.cache;
+    assert.equal(cache.blocks, 25);
+    assert.equal(pool.blocksFree + cache.blocks, pool.blocksTotal);
+    assert.equal(cache.clear(), 25);
     assert.equal(pool.blocksFree, pool.blocksTotal);
   } finally {
     await rt.close();

@@ -1,9 +1,11 @@
 // A tier's continuous batching at run time: its paged KV pool sized from the tier's memory
 // budget (kv_pool_mb, else derived from the model) and its Scheduler, with the scheduler's step statistics wired to the
-// metrics (batch size histogram, KV blocks used/free, preemptions). Not the scheduler itself.
+// metrics (batch size histogram, KV blocks used/free, preemptions), and the prefix cache inside
+// the pool (block_cache.ts). Not the scheduler itself.
 
 import type { TierConfig } from "../config/mod.ts";
-import type { NativeModel } from "../native/mod.ts";
+import type { NativeModel, NativeSequence } from "../native/mod.ts";
+import { BlockCache } from "./block_cache.ts";
 import type { Metrics } from "./metrics.ts";
 import { nativeStepEngine } from "./native_engine.ts";
 import { derivedKvPoolMb, kvBlockBytes, minKvPoolMb } from "./preflight.ts";
@@ -52,7 +54,9 @@ export function createBatching(
   const labels = { tier: name };
   metrics.kvBlocksUsed.set(labels, 0);
   metrics.kvBlocksFree.set(labels, blocks);
-  const scheduler = new Scheduler(nativeStepEngine(model, pool), {
+  const cache = new BlockCache(pool);
+  const sharedTail = new WeakSet<NativeSequence>();
+  const scheduler = new Scheduler(nativeStepEngine(model, pool, { cache, sharedTail }), {
     maxBatch: tc.max_batch,
     maxStepTokens: tc.max_step_tokens,
     maxDecodeSteps: tc.max_decode_steps,
@@ -76,5 +80,5 @@ export function createBatching(
     metrics.kvBlocksUsed.set(labels, blocks - free);
     metrics.kvBlocksFree.set(labels, free);
   };
-  return { pool, scheduler, refresh };
+  return { pool, scheduler, refresh, cache, sharedTail };
 }

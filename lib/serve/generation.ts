@@ -11,7 +11,7 @@ import {
   type StepLogprobs,
 } from "../engine/mod.ts";
 import { type MigrationRefusalReason, MigrationRefusedError } from "../migrate/mod.ts";
-import { prefillWithCache, type PrefixCache, StoreError } from "../store/mod.ts";
+import { prefillWithCache, type PrefixCache, storeChunks, StoreError } from "../store/mod.ts";
 import { Lane } from "./lane.ts";
 import { domainError } from "./native_engine.ts";
 import { InputError, UnavailableError } from "./errors.ts";
@@ -409,15 +409,49 @@ async function prefill(
         m.fallbacks.inc({ from: best.tier.name, to: tier.name });
       }
     }
+    // First tier: full blocks of this tenant's earlier prompts still in the pool, adopted with no
+    // copy (a hit leaves at least the last token to prefill, for its logits).
+    const batch = tier.batch;
+    const bt = batch?.pool.blockTokens ?? 1;
+    const blockKeys = batch
+      ? await batch.cache.keys(await prefix.keySeed(), ids, Math.floor(ids.length / bt))
+      : [];
+    if (batch) {
+      const lease = batch.cache.adopt(
+        lane.seq,
+        blockKeys.slice(0, Math.floor((ids.length - 1) / bt)),
+      );
+      lane.setLease(lease);
+      const reused = lease.reusedTokens;
+      if (reused > 0) {
+        const logits = await lane.prefill(ids.slice(0, reused), ids.slice(reused));
+        lane.setLease(batch.cache.insert(lane.seq, blockKeys, lease));
+        m.prefixHits.inc(labels);
+        m.reusedTokens.inc(labels, reused);
+        m.prefixSharedBlocks.inc(labels, lease.entries.length);
+        m.prefixCopiedBytes.inc(labels, 0);
+        m.prefixCachedBlocks.set(labels, batch.cache.blocks);
+        // Second tier: the store keeps what another process could reuse.
+        await storeChunks(prefix, lane.seq, ids, Math.floor(reused / C));
+        return { logits, cache: fallback ?? { source: "prefix", reusedTokens: reused } };
+      }
+    }
     const r = await prefillWithCache(
       prefix,
       lane.seq,
       ids,
       (reused) => lane.prefill(ids.slice(0, reused), ids.slice(reused)),
     );
+    if (batch) {
+      lane.setLease(batch.cache.insert(lane.seq, blockKeys, { reusedTokens: 0, entries: [] }));
+      m.prefixCachedBlocks.set(labels, batch.cache.blocks);
+    }
     if (r.reusedTokens > 0) {
       m.prefixHits.inc(labels);
       m.reusedTokens.inc(labels, r.reusedTokens);
+      // Imported from the store: every reused token's KV was copied into the sequence.
+      const tokenBytes = batch ? batch.pool.blockBytes / bt : 0;
+      m.prefixCopiedBytes.inc(labels, r.reusedTokens * tokenBytes);
     } else if (eligible > 0) m.prefixMisses.inc(labels);
     if (fallback) return { logits: r.logits, cache: fallback };
     return {

@@ -5,6 +5,7 @@
 
 import type { DecodeTarget } from "../engine/mod.ts";
 import type { NativeSampler, NativeSamplingOptions, NativeSequence } from "../native/mod.ts";
+import type { BlockLease } from "./block_cache.ts";
 import { type ScheduledSequence, SchedulerClosedError } from "./scheduler.ts";
 import type { Tier } from "./tier.ts";
 
@@ -16,6 +17,8 @@ export class Lane {
   readonly #signal: AbortSignal | undefined;
   #handle: ScheduledSequence<NativeSequence, NativeSampler, NativeSamplingOptions> | null = null;
   #freed = false;
+  /** prefix-cache blocks the sequence holds through the tier's block cache (released on free) */
+  #lease: BlockLease | null = null;
 
   /**
    * @param seq the sequence (owned by the lane from now on)
@@ -78,8 +81,17 @@ export class Lane {
     const lane = new Lane(seq, this.#tier, this.#signal);
     try {
       if (this.#tier) {
+        const batch = this.#tier.batch!;
         seq.adopt(src.blockTable(), known.length);
-        lane.#handle = this.#tier.batch!.scheduler.attach(seq, known);
+        if (this.#lease) {
+          batch.cache.retain(this.#lease);
+          lane.#lease = this.#lease;
+        }
+        if (known.length % batch.pool.blockTokens !== 0) {
+          batch.sharedTail.add(src);
+          batch.sharedTail.add(seq);
+        }
+        lane.#handle = batch.scheduler.attach(seq, known);
         return lane;
       }
       for (let layer = 0; layer < src.model.config.numLayers; layer++) {
@@ -116,11 +128,22 @@ export class Lane {
     }
   }
 
+  /**
+   * Records the prefix-cache blocks this lane's sequence holds through its tier's block cache
+   * (adopted on a hit or inserted after the prefill); they are released when the lane is freed.
+   * @param lease what the tier's BlockCache returned (replaces an earlier one)
+   */
+  setLease(lease: BlockLease): void {
+    this.#lease = lease;
+  }
+
   /** Empties the sequence (its blocks go back) and leaves the scheduler, for a fresh prefill. */
   reset(): void {
     this.#handle?.detach();
     this.#handle = null;
     if (this.seq.length > 0) this.seq.truncate(0);
+    if (this.#lease) this.#tier?.batch?.cache.release(this.#lease);
+    this.#lease = null;
   }
 
   /** What the decode loop drives: the scheduled handle, or the sequence itself. */
@@ -136,6 +159,8 @@ export class Lane {
     this.#handle?.detach();
     this.#handle = null;
     this.seq.free();
+    if (this.#lease) this.#tier?.batch?.cache.release(this.#lease);
+    this.#lease = null;
     this.#tier?.batch?.refresh();
   }
 }

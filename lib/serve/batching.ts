@@ -68,17 +68,19 @@ export function createBatching(
       if (s.prefillTokens > 0) {
         metrics.stepTokens.inc({ ...labels, kind: "prefill" }, s.prefillTokens);
       }
-      metrics.kvBlocksUsed.set(labels, s.blocksUsed);
-      metrics.kvBlocksFree.set(labels, s.blocksFree);
+      refresh();
     },
     onPreempt() {
       metrics.preemptions.inc(labels);
     },
   });
-  const refresh = () => {
+  // The pool's own counts (blocks the prefix cache holds count as used; the scheduler counts its
+  // idle ones as free) and the cache's size.
+  function refresh() {
     const free = pool.blocksFree;
     metrics.kvBlocksUsed.set(labels, blocks - free);
     metrics.kvBlocksFree.set(labels, free);
-  };
+    metrics.prefixCachedBlocks.set(labels, cache.blocks);
+  }
   return { pool, scheduler, refresh, cache, sharedTail };
 }

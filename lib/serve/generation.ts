@@ -178,7 +178,7 @@ export class Generation {
           param,
         );
       }
-      if (options.length > batch.pool.blocksFree) {
+      if (options.length > batch.pool.blocksFree + batch.cache.evictable) {
         this.#rt.metrics.rejected.inc({ tier: this.tier.name });
         throw new QueueFullError(this.tier.name, 1);
       }
@@ -430,7 +430,7 @@ async function prefill(
         m.reusedTokens.inc(labels, reused);
         m.prefixSharedBlocks.inc(labels, lease.entries.length);
         m.prefixCopiedBytes.inc(labels, 0);
-        m.prefixCachedBlocks.set(labels, batch.cache.blocks);
+        batch.refresh();
         // Second tier: the store keeps what another process could reuse.
         await storeChunks(prefix, lane.seq, ids, Math.floor(reused / C));
         return { logits, cache: fallback ?? { source: "prefix", reusedTokens: reused } };
@@ -444,7 +444,7 @@ async function prefill(
     );
     if (batch) {
       lane.setLease(batch.cache.insert(lane.seq, blockKeys, { reusedTokens: 0, entries: [] }));
-      m.prefixCachedBlocks.set(labels, batch.cache.blocks);
+      batch.refresh();
     }
     if (r.reusedTokens > 0) {
       m.prefixHits.inc(labels);

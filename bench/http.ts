@@ -3,12 +3,15 @@
 // tokens/s, p50/p99 time per output token and aggregate tokens/s at concurrency 1, 8 and 32,
 // error counts by status, and the per-request overhead of the HTTP layer vs calling lib/engine
 // generate() directly. Tiers use the bundled config's admission (concurrency, queue_depth) and
-// continuous batching, 2 threads each. Bounded: ~1–2 min on 2 cores.
+// continuous batching, 2 threads each. Then prefix sharing (bench/prefix_share.ts): TTFT of a
+// request sharing a 1,024-token prefix with a finished one on tiny-powerful, against the first's.
+// Bounded: ~1–2 min on 2 cores.
 import { parseConfig } from "../lib/config/mod.ts";
 import { generate } from "../lib/engine/mod.ts";
 import { createBaseApp } from "../functions/shared/mod.ts";
 import { registerGenerate } from "../functions/generate/app.ts";
 import { createRuntime } from "../lib/serve/mod.ts";
+import { formatPrefixSharing, prefixSharing, type PrefixSharingResult } from "./prefix_share.ts";
 
 const root = new URL("../", import.meta.url).pathname;
 const TIERS: Record<string, string> = {
@@ -49,6 +52,8 @@ export interface HttpBenchResult {
   tiers: Record<string, LoadPoint[]>;
   /** Same request through HTTP (non-streamed, loopback) vs engine generate(), fast tier, c=1. */
   overhead: { requests: number; engineMsP50: number; httpMsP50: number; overheadMsP50: number };
+  /** A second request sharing a 1,024-token prefix with a finished one (prefix cache on). */
+  prefixSharing: PrefixSharingResult;
 }
 
 function quantile(xs: number[], q: number): number {
@@ -171,6 +176,7 @@ export async function benchHttp(): Promise<HttpBenchResult> {
   registerGenerate(app, rt);
   const server = Deno.serve({ port: 0, hostname: "127.0.0.1", onListen: () => {} }, app.fetch);
   const base = `http://127.0.0.1:${server.addr.port}`;
+  let loaded: Omit<HttpBenchResult, "prefixSharing">;
   try {
     const out: Record<string, LoadPoint[]> = {};
     for (const tier of Object.keys(TIERS)) {
@@ -197,7 +203,7 @@ export async function benchHttp(): Promise<HttpBenchResult> {
       httpMs.push(performance.now() - t);
     }
     const e = quantile(engineMs, 0.5), h = quantile(httpMs, 0.5);
-    return {
+    loaded = {
       maxTokens: MAX_TOKENS,
       tiers: out,
       overhead: {
@@ -211,6 +217,8 @@ export async function benchHttp(): Promise<HttpBenchResult> {
     await server.shutdown();
     await rt.close();
   }
+  // In a runtime of its own (prefix cache on), once the load points' runtime is closed.
+  return { ...loaded, prefixSharing: await prefixSharing(5, 1024) };
 }
 
 /**
@@ -248,6 +256,7 @@ export function formatHttpTable(r: HttpBenchResult): string {
   lines.push(
     `HTTP overhead (fast, c=1, ${o.requests} req): engine ${o.engineMsP50} ms, HTTP ${o.httpMsP50} ms, +${o.overheadMsP50} ms p50`,
   );
+  lines.push(formatPrefixSharing(r.prefixSharing).split("\n").at(-1)!);
   return lines.join("\n");
 }
 

@@ -93,6 +93,13 @@ function httpRows(r: HttpBenchResult): ResultRow[] {
   rows.push(
     row({ tier: "fast", concurrency: 1 }, "HTTP overhead p50", "ms", r.overhead.overheadMsP50),
   );
+  const ps = r.prefixSharing;
+  if (ps) {
+    const labels = { tier: ps.tier, shared_prefix: ps.prefixTokens };
+    rows.push(row({ ...labels, request: "first" }, "TTFT", "ms", ps.firstMs));
+    rows.push(row({ ...labels, request: "second" }, "TTFT", "ms", ps.secondMs));
+    rows.push(row(labels, "TTFT second / first", "ratio", ps.ratios));
+  }
   return rows;
 }
 

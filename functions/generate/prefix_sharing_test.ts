@@ -103,7 +103,7 @@ Deno.test("another tenant (cache_salt) reuses none of a prefix another tenant le
   }
 });
 
-Deno.test("pool pressure evicts cached blocks no request uses, oldest first, before admission refuses", async () => {
+Deno.test("pool pressure evicts cached blocks no request uses instead of refusing or waiting", async () => {
   const rt = await testRuntime({ tier: { kv_pool_mb: 1 } }); // 32 blocks of 16 tokens
   const plain = await testRuntime({ config: { prefix_cache: { enabled: false } } });
   try {

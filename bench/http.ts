@@ -5,7 +5,9 @@
 // generate() directly, and handoff concurrency: a prefill on fast kept in the store then a decode
 // on powerful migrated through the demo projector, one at a time vs 32 at once, beside 32 direct
 // completions on powerful. Tiers use the bundled config's admission (concurrency, queue_depth)
-// and continuous batching, 2 threads each. Bounded: ~1–2 min on 2 cores.
+// and continuous batching, 2 threads each. Then prefix sharing (bench/prefix_share.ts): TTFT of a
+// request sharing a 1,024-token prefix with a finished one on tiny-powerful, against the first's.
+// Bounded: ~2–3 min on 2 cores.
 import { parseConfig } from "../lib/config/mod.ts";
 import { generate } from "../lib/engine/mod.ts";
 import { createBaseApp } from "../functions/shared/mod.ts";
@@ -13,6 +15,7 @@ import { registerDecode } from "../functions/decode/app.ts";
 import { registerGenerate } from "../functions/generate/app.ts";
 import { registerPrefill } from "../functions/prefill/app.ts";
 import { createRuntime } from "../lib/serve/mod.ts";
+import { formatPrefixSharing, prefixSharing, type PrefixSharingResult } from "./prefix_share.ts";
 
 const root = new URL("../", import.meta.url).pathname;
 const TIERS: Record<string, string> = {
@@ -78,6 +81,8 @@ export interface HttpBenchResult {
   handoff: HandoffBenchResult;
   /** Same request through HTTP (non-streamed, loopback) vs engine generate(), fast tier, c=1. */
   overhead: { requests: number; engineMsP50: number; httpMsP50: number; overheadMsP50: number };
+  /** A second request sharing a 1,024-token prefix with a finished one (prefix cache on). */
+  prefixSharing: PrefixSharingResult;
 }
 
 function quantile(xs: number[], q: number): number {
@@ -301,6 +306,7 @@ export async function benchHttp(): Promise<HttpBenchResult> {
   registerDecode(app, rt);
   const server = Deno.serve({ port: 0, hostname: "127.0.0.1", onListen: () => {} }, app.fetch);
   const base = `http://127.0.0.1:${server.addr.port}`;
+  let loaded: Omit<HttpBenchResult, "prefixSharing">;
   try {
     const out: Record<string, LoadPoint[]> = {};
     for (const tier of Object.keys(TIERS)) {
@@ -327,7 +333,7 @@ export async function benchHttp(): Promise<HttpBenchResult> {
       httpMs.push(performance.now() - t);
     }
     const e = quantile(engineMs, 0.5), h = quantile(httpMs, 0.5);
-    return {
+    loaded = {
       maxTokens: MAX_TOKENS,
       tiers: out,
       handoff: await benchHandoffs(base),
@@ -342,6 +348,8 @@ export async function benchHttp(): Promise<HttpBenchResult> {
     await server.shutdown();
     await rt.close();
   }
+  // In a runtime of its own (prefix cache on), once the load points' runtime is closed.
+  return { ...loaded, prefixSharing: await prefixSharing(5, 1024) };
 }
 
 /**
@@ -393,6 +401,7 @@ export function formatHttpTable(r: HttpBenchResult): string {
   lines.push(
     `  32 handoffs vs one at a time ×${hd.concurrentVsAlone}; vs 32 direct completions ×${hd.handoffVsDirect}`,
   );
+  lines.push(formatPrefixSharing(r.prefixSharing).split("\n").at(-1)!);
   return lines.join("\n");
 }
 

@@ -94,28 +94,37 @@ function httpRows(r: HttpBenchResult): ResultRow[] {
     row({ tier: "fast", concurrency: 1 }, "HTTP overhead p50", "ms", r.overhead.overheadMsP50),
   );
   const hd = r.handoff;
-  for (const p of hd.points) {
-    const metric = p.path === "handoff" ? "handoff aggregate" : "direct aggregate";
+  if (hd) {
+    for (const p of hd.points) {
+      const metric = p.path === "handoff" ? "handoff aggregate" : "direct aggregate";
+      rows.push(
+        row(
+          { tier: "powerful", concurrency: p.concurrency },
+          metric,
+          TPS,
+          p.aggregateTokensPerSecond,
+        ),
+      );
+    }
     rows.push(
       row(
-        { tier: "powerful", concurrency: p.concurrency },
-        metric,
-        TPS,
-        p.aggregateTokensPerSecond,
+        { tier: "powerful", concurrency: 32 },
+        "handoffs vs one at a time",
+        "×",
+        hd.concurrentVsAlone,
       ),
     );
+    rows.push(
+      row({ tier: "powerful", concurrency: 32 }, "handoffs vs direct", "×", hd.handoffVsDirect),
+    );
   }
-  rows.push(
-    row(
-      { tier: "powerful", concurrency: 32 },
-      "handoffs vs one at a time",
-      "×",
-      hd.concurrentVsAlone,
-    ),
-  );
-  rows.push(
-    row({ tier: "powerful", concurrency: 32 }, "handoffs vs direct", "×", hd.handoffVsDirect),
-  );
+  const ps = r.prefixSharing;
+  if (ps) {
+    const labels = { tier: ps.tier, shared_prefix: ps.prefixTokens };
+    rows.push(row({ ...labels, request: "first" }, "TTFT", "ms", ps.firstMs));
+    rows.push(row({ ...labels, request: "second" }, "TTFT", "ms", ps.secondMs));
+    rows.push(row(labels, "TTFT second / first", "ratio", ps.ratios));
+  }
   return rows;
 }
 

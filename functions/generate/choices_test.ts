@@ -11,6 +11,19 @@ const prompt = "The old lighthouse stood at the edge of the";
 const messages = [{ role: "user" as const, content: prompt }];
 const sampled = { model: "fast", temperature: 1, max_tokens: 12 } as const;
 
+/** The HTTP status and error param of a client call (200 when it succeeds). */
+function status(
+  p: Promise<unknown>,
+): Promise<{ status: number | undefined; param?: string | null }> {
+  return p.then(
+    () => ({ status: 200, param: undefined }),
+    (e: InstanceType<typeof OpenAI.APIError>) => ({
+      status: e.status,
+      param: (e.error as { param?: string } | undefined)?.param,
+    }),
+  );
+}
+
 function sum(xs: number[]): number {
   return xs.reduce((a, b) => a + b, 0);
 }
@@ -200,38 +213,46 @@ Deno.test("n=4 prefills the prompt once: the other choices fork its KV", async (
   }
 });
 
-Deno.test("choices whose prompt copies the pool lacks now get 429; ones it never holds get 400", async () => {
+Deno.test("choices share the prompt's blocks: each needs one free block of its own now, else 429", async () => {
   const rt = await testRuntime();
   const tier = rt.tiers.get("fast")!;
   const pool = tier.batch!.pool;
   const hog = pool.createSequence(pool.blocksTotal * pool.blockTokens);
   try {
     const ai = client(rt);
-    const status = (p: Promise<unknown>) =>
-      p.then(
-        () => ({ status: 200, param: undefined }),
-        (e: InstanceType<typeof OpenAI.APIError>) => ({
-          status: e.status,
-          param: (e.error as { param?: string } | undefined)?.param,
-        }),
-      );
     // Held elsewhere: all but the prompt's own blocks and the scheduler's watermark (what a new
-    // prefill must leave free), so choice 0 prefills and its copies find too few blocks.
+    // prefill must leave free), so choice 0 prefills and its forks find fewer free blocks than
+    // choices.
     const per = Math.ceil(tier.model.tokenizer.encode(prompt).length / pool.blockTokens);
     const watermark = Math.max(1, Math.floor(pool.blocksTotal / 32));
     hog.setLength((pool.blocksFree - per - watermark) * pool.blockTokens);
-    const n = Math.ceil((watermark + 1) / per) + 2;
-    assert.ok(n <= 16);
+    const n = watermark + 2;
     assert.deepEqual(await status(ai.completions.create({ ...sampled, prompt, n })), {
       status: 429,
       param: null,
     });
     hog.setLength(0);
     assert.equal((await ai.completions.create({ ...sampled, prompt, n })).choices.length, n);
-    // A prompt whose 16 copies exceed the whole pool: no wait would help.
-    const long = Array.from({ length: 300 }, (_, i) => 100 + (i % 50));
-    const whole = Math.ceil(long.length / pool.blockTokens) * 16;
-    assert.ok(whole > pool.blocksTotal, `${whole} <= ${pool.blocksTotal}`);
+    assert.equal(pool.blocksFree, pool.blocksTotal);
+  } finally {
+    hog.free();
+    await rt.close();
+  }
+});
+
+Deno.test("n choices of a long prompt fit a pool that holds the prompt once; ones it never holds get 400", async () => {
+  const rt = await testRuntime({ tier: { kv_pool_mb: 1 } }); // 32 blocks of 16 tokens
+  try {
+    const pool = rt.tiers.get("fast")!.batch!.pool;
+    assert.equal(pool.blocksTotal, 32);
+    const ai = client(rt);
+    // 400 tokens: 25 blocks. Four copies would need 100; shared, the choices need 25 + 3.
+    const long = Array.from({ length: 400 }, (_, i) => 100 + (i % 50));
+    const r = await ai.completions.create({ ...sampled, prompt: long, n: 4, seed: 9 });
+    assert.equal(r.choices.length, 4);
+    const one = await ai.completions.create({ ...sampled, prompt: long, seed: 10 });
+    assert.equal(r.choices[1].text, one.choices[0].text);
+    // 25 shared + 15 blocks of the choices' own exceed the whole pool: no wait would help.
     assert.deepEqual(await status(ai.completions.create({ ...sampled, prompt: long, n: 16 })), {
       status: 400,
       param: "n",
@@ -240,10 +261,14 @@ Deno.test("choices whose prompt copies the pool lacks now get 429; ones it never
       await status(ai.completions.create({ ...sampled, prompt: long, best_of: 16 })),
       { status: 400, param: "best_of" },
     );
-    // Nothing leaked: every block is back once the requests are done.
+    // Nothing leaked: once the requests are done, every block is free or held by the prefix
+    // cache alone (the prompt's full blocks), and evicting those frees them.
+    const cache = rt.tiers.get("fast")!.batch!.cache;
+    assert.equal(cache.blocks, 25);
+    assert.equal(pool.blocksFree + cache.blocks, pool.blocksTotal);
+    assert.equal(cache.clear(), 25);
     assert.equal(pool.blocksFree, pool.blocksTotal);
   } finally {
-    hog.free();
     await rt.close();
   }
 });

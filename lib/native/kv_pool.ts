@@ -1,6 +1,6 @@
 // KvPool: one model's paged KV pool (kvr_kv_pool) — fixed-size blocks shared by the model's
-// paged sequences, which take blocks as they grow and give them back on truncate/free. Counts
-// for admission and metrics. Created by NativeModel.createKvPool; not the scheduler (lib/serve).
+// paged sequences, which take blocks as they grow and give them back on truncate/free, and
+// references on shared blocks (the prefix cache). Counts for admission and metrics. Created by NativeModel.createKvPool; not the scheduler (lib/serve).
 
 import type { NativeLibrary } from "./library.ts";
 import type { NativeModel } from "./model.ts";
@@ -58,6 +58,28 @@ export class KvPool {
   createSequence(capacity: number): NativeSequence {
     this.#handle("createSequence");
     return this.#create(capacity);
+  }
+
+  /**
+   * Adds one reference to each block (the prefix cache holding cached blocks): a block returns
+   * to the free list only when no sequence and no reference holds it. All or none.
+   * @param ids held block ids (a free block cannot be referenced)
+   * @throws EngineError (OUT_OF_RANGE, INVALID_ARGUMENT for a free block); Error when freed
+   */
+  ref(ids: Uint32Array): void {
+    const ptr = this.#handle("ref");
+    this.#lib.check(this.#lib.symbols.kvr_kv_pool_ref(ptr, ids, ids.length), "kvr_kv_pool_ref");
+  }
+
+  /**
+   * Drops one reference from each block (what ref added); a block nothing else holds returns to
+   * the free list. All or none.
+   * @param ids block ids, each with at least as many references as it appears
+   * @throws EngineError (OUT_OF_RANGE, INVALID_ARGUMENT); Error when freed
+   */
+  unref(ids: Uint32Array): void {
+    const ptr = this.#handle("unref");
+    this.#lib.check(this.#lib.symbols.kvr_kv_pool_unref(ptr, ids, ids.length), "kvr_kv_pool_unref");
   }
 
   /** Releases the handle; the arena lives on until its last sequence is freed. Idempotent. */

@@ -112,6 +112,37 @@ export class NativeSequence {
     return this.#lib.symbols.kvr_seq_blocks(this.#handle("blocks"));
   }
 
+  /**
+   * The ids of the pool blocks this paged sequence holds, in position order (block i holds
+   * positions [i·blockTokens, (i+1)·blockTokens)).
+   * @returns the ids (a copy)
+   * @throws EngineError for a contiguous sequence; Error when freed or busy
+   */
+  blockTable(): Uint32Array {
+    const ptr = this.#handle("blockTable");
+    const n = new Uint32Array(1);
+    const ids = new Uint32Array(Math.max(1, this.#lib.symbols.kvr_seq_blocks(ptr)));
+    const status = this.#lib.symbols.kvr_seq_block_table(ptr, ids, ids.length, n);
+    if (status !== 0) this.#fail(status, "kvr_seq_block_table");
+    return ids.slice(0, n[0]);
+  }
+
+  /**
+   * Makes this empty paged sequence start from pool blocks that already hold the KV of its first
+   * `nTokens` positions (a prefix-cache hit, a forked choice): each block gains a reference, no
+   * KV is copied; a later write into a block another holder shares copies that block first.
+   * @param ids distinct block ids of this sequence's pool, ceil(nTokens / blockTokens) of them
+   * @param nTokens positions they hold (the new length), <= capacity
+   * @throws RangeError for bad arguments; EngineError (INVALID_ARGUMENT when the sequence is not
+   *   empty or a block is free); Error when freed or busy
+   */
+  adopt(ids: Uint32Array, nTokens: number): void {
+    const ptr = this.#handle("adopt");
+    checkInt("adopt(): nTokens", nTokens, 0, this.#lib.symbols.kvr_seq_capacity(ptr));
+    const status = this.#lib.symbols.kvr_seq_adopt(ptr, ids, ids.length, nTokens);
+    if (status !== 0) this.#fail(status, "kvr_seq_adopt");
+  }
+
   /** Whether free() was called (the native cache may still await an in-flight call). */
   get freed(): boolean {
     return this.#freeRequested;

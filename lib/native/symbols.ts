@@ -462,6 +462,12 @@ export const batchSymbols = {
   // (pool, capacity, out_seq**)
   kvr_seq_create_paged: { parameters: ["pointer", "u32", "buffer"], result: "i32" },
   kvr_seq_blocks: { parameters: ["pointer"], result: "u32" },
+  // Block sharing: (seq, ids u32* | NULL, cap, n u32*), (seq, ids u32*, n_blocks, n_tokens),
+  // (pool, ids u32*, n) ×2
+  kvr_seq_block_table: { parameters: ["pointer", "buffer", "u32", "buffer"], result: "i32" },
+  kvr_seq_adopt: { parameters: ["pointer", "buffer", "u32", "u32"], result: "i32" },
+  kvr_kv_pool_ref: { parameters: ["pointer", "buffer", "u32"], result: "i32" },
+  kvr_kv_pool_unref: { parameters: ["pointer", "buffer", "u32"], result: "i32" },
   // (seqs kvr_seq**, n_seqs, n_tokens u32*, tokens i32*, tokens_len, want_logits u32*,
   //  logits_out f32*, logits_len) — worker thread
   kvr_batch_step: { ...batchStep, nonblocking: true },

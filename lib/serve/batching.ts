@@ -1,9 +1,11 @@
 // A tier's continuous batching at run time: its paged KV pool sized from the tier's memory
 // budget (kv_pool_mb, else derived from the model) and its Scheduler, with the scheduler's step statistics wired to the
-// metrics (batch size histogram, KV blocks used/free, preemptions). Not the scheduler itself.
+// metrics (batch size histogram, KV blocks used/free, preemptions), and the prefix cache inside
+// the pool (block_cache.ts). Not the scheduler itself.
 
 import type { TierConfig } from "../config/mod.ts";
-import type { NativeModel } from "../native/mod.ts";
+import type { NativeModel, NativeSequence } from "../native/mod.ts";
+import { BlockCache } from "./block_cache.ts";
 import type { Metrics } from "./metrics.ts";
 import { nativeStepEngine } from "./native_engine.ts";
 import { derivedKvPoolMb, kvBlockBytes, minKvPoolMb } from "./preflight.ts";
@@ -52,30 +54,42 @@ export function createBatching(
   const labels = { tier: name };
   metrics.kvBlocksUsed.set(labels, 0);
   metrics.kvBlocksFree.set(labels, blocks);
-  const scheduler = new Scheduler(nativeStepEngine(model, pool), {
-    maxBatch: tc.max_batch,
-    maxStepTokens: tc.max_step_tokens,
-    maxDecodeSteps: tc.max_decode_steps,
-    burstMs: tc.decode_burst_ms,
-  }, {
-    onStep(s) {
-      metrics.batchSize.observe(labels, s.seqs);
-      if (s.decodes > 0) metrics.stepTokens.inc({ ...labels, kind: "decode" }, s.decodes);
-      if (s.prefillTokens > 0) {
-        metrics.stepTokens.inc({ ...labels, kind: "prefill" }, s.prefillTokens);
-      }
-      metrics.kvBlocksUsed.set(labels, s.blocksUsed);
-      metrics.kvBlocksFree.set(labels, s.blocksFree);
+  const cache = new BlockCache(pool);
+  const sharedTail = new WeakSet<NativeSequence>();
+  const scheduler = new Scheduler(
+    nativeStepEngine(model, pool, {
+      cache,
+      sharedTail,
+      reserved: (): number => scheduler.reservedBlocks,
+    }),
+    {
+      maxBatch: tc.max_batch,
+      maxStepTokens: tc.max_step_tokens,
+      maxDecodeSteps: tc.max_decode_steps,
+      burstMs: tc.decode_burst_ms,
     },
-    onPreempt() {
-      metrics.preemptions.inc(labels);
+    {
+      onStep(s) {
+        metrics.batchSize.observe(labels, s.seqs);
+        if (s.decodes > 0) metrics.stepTokens.inc({ ...labels, kind: "decode" }, s.decodes);
+        if (s.prefillTokens > 0) {
+          metrics.stepTokens.inc({ ...labels, kind: "prefill" }, s.prefillTokens);
+        }
+        refresh();
+      },
+      onPreempt() {
+        metrics.preemptions.inc(labels);
+      },
     },
-  });
-  const refresh = () => {
+  );
+  // The pool's own counts (blocks the prefix cache holds count as used; the scheduler counts its
+  // idle ones as free) and the cache's size.
+  function refresh() {
     const free = pool.blocksFree;
     metrics.kvBlocksUsed.set(labels, blocks - free);
     metrics.kvBlocksFree.set(labels, free);
+    metrics.prefixCachedBlocks.set(labels, cache.blocks);
     scheduler.blocksReleased();
-  };
-  return { pool, scheduler, refresh };
+  }
+  return { pool, scheduler, refresh, cache, sharedTail };
 }

@@ -11,7 +11,7 @@ import {
   type StepLogprobs,
 } from "../engine/mod.ts";
 import { type MigrationRefusalReason, MigrationRefusedError } from "../migrate/mod.ts";
-import { prefillWithCache, type PrefixCache, StoreError } from "../store/mod.ts";
+import { prefillWithCache, type PrefixCache, storeChunks, StoreError } from "../store/mod.ts";
 import { Lane } from "./lane.ts";
 import { poolFullError } from "./pool_reserve.ts";
 import { domainError } from "./native_engine.ts";
@@ -150,32 +150,36 @@ export class Generation {
   }
 
   /**
-   * More choices of the same prompt: each new generation's sequence is a copy of this one's
-   * prompt KV (no second prefill), its first token drawn from the same last logits. Call before
-   * decoding. The queue slot is shared: it goes back when the last of them closes.
+   * More choices of the same prompt: each new generation's sequence starts with this one's
+   * prompt KV (no second prefill; on a paged tier the prompt's blocks are shared, not copied),
+   * its first token drawn from the same last logits. Call before decoding. The queue slot is
+   * shared: it goes back when the last of them closes.
    * @param options per new generation, its options (own seed, own grammar matcher, ...), derived
    *   from {@link Generation.options} (a migrated cache's temperature already applied)
    * @param param the request field that asked for them, blamed when they can never fit
    * @returns the new generations, in order
-   * @throws {InputError} when the pool could never hold every choice's prompt;
-   *   {@link QueueFullError} when it lacks the blocks for the copies now; EngineError from the copy
+   * @throws {InputError} when the pool could never hold the shared prompt and a block of each
+   *   choice's own; {@link QueueFullError} when it lacks a free block per new choice now;
+   *   EngineError from the fork
    */
   fork(options: Omit<GenerateOptions, "signal">[], param = "n"): Generation[] {
     if (this.#closed || !this.#lane) throw new Error("generation already consumed or closed");
     const lane = this.#lane;
     const batch = this.tier.batch;
     if (batch && options.length > 0) {
+      // The prompt's blocks are shared; each new choice soon needs one block of its own (its copy
+      // of the partial last block, or the block after a full one).
       const per = Math.ceil(this.promptIds.length / batch.pool.blockTokens);
       const all = options.length + 1;
-      if (per * all > batch.pool.blocksTotal) {
+      if (per + options.length > batch.pool.blocksTotal) {
         throw new InputError(
           `${all} choices of a ${this.promptIds.length}-token prompt need ${
-            per * all
+            per + options.length
           } KV blocks; tier "${this.tier.name}"'s pool holds ${batch.pool.blocksTotal}`,
           param,
         );
       }
-      if (per * options.length > batch.pool.blocksFree) {
+      if (options.length > batch.pool.blocksFree + batch.cache.evictable) {
         this.#rt.metrics.rejected.inc({ tier: this.tier.name });
         throw new QueueFullError(this.tier.name, 1);
       }
@@ -406,15 +410,49 @@ async function prefill(
         m.fallbacks.inc({ from: best.tier.name, to: tier.name });
       }
     }
+    // First tier: full blocks of this tenant's earlier prompts still in the pool, adopted with no
+    // copy (a hit leaves at least the last token to prefill, for its logits).
+    const batch = tier.batch;
+    const bt = batch?.pool.blockTokens ?? 1;
+    const blockKeys = batch
+      ? await batch.cache.keys(await prefix.keySeed(), ids, Math.floor(ids.length / bt))
+      : [];
+    if (batch) {
+      const lease = batch.cache.adopt(
+        lane.seq,
+        blockKeys.slice(0, Math.floor((ids.length - 1) / bt)),
+      );
+      lane.setLease(lease);
+      const reused = lease.reusedTokens;
+      if (reused > 0) {
+        const logits = await lane.prefill(ids.slice(0, reused), ids.slice(reused));
+        lane.setLease(batch.cache.insert(lane.seq, blockKeys, lease));
+        m.prefixHits.inc(labels);
+        m.reusedTokens.inc(labels, reused);
+        m.prefixSharedBlocks.inc(labels, lease.entries.length);
+        m.prefixCopiedBytes.inc(labels, 0);
+        batch.refresh();
+        // Second tier: the store keeps what another process could reuse.
+        await storeChunks(prefix, lane.seq, ids, Math.floor(reused / C));
+        return { logits, cache: fallback ?? { source: "prefix", reusedTokens: reused } };
+      }
+    }
     const r = await prefillWithCache(
       prefix,
       lane.seq,
       ids,
       (reused) => lane.prefill(ids.slice(0, reused), ids.slice(reused)),
     );
+    if (batch) {
+      lane.setLease(batch.cache.insert(lane.seq, blockKeys, { reusedTokens: 0, entries: [] }));
+      batch.refresh();
+    }
     if (r.reusedTokens > 0) {
       m.prefixHits.inc(labels);
       m.reusedTokens.inc(labels, r.reusedTokens);
+      // Imported from the store: every reused token's KV was copied into the sequence.
+      const tokenBytes = batch ? batch.pool.blockBytes / bt : 0;
+      m.prefixCopiedBytes.inc(labels, r.reusedTokens * tokenBytes);
     } else if (eligible > 0) m.prefixMisses.inc(labels);
     if (fallback) return { logits: r.logits, cache: fallback };
     return {

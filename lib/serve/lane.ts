@@ -6,6 +6,7 @@
 
 import type { DecodeTarget } from "../engine/mod.ts";
 import type { NativeSampler, NativeSamplingOptions, NativeSequence } from "../native/mod.ts";
+import type { BlockLease } from "./block_cache.ts";
 import { reservePoolBlocks } from "./pool_reserve.ts";
 import {
   type BlockReservation,
@@ -22,6 +23,8 @@ export class Lane {
   readonly #signal: AbortSignal | undefined;
   #handle: ScheduledSequence<NativeSequence, NativeSampler, NativeSamplingOptions> | null = null;
   #freed = false;
+  /** prefix-cache blocks the sequence holds through the tier's block cache (released on free) */
+  #lease: BlockLease | null = null;
 
   /**
    * @param seq the sequence (owned by the lane from now on)
@@ -68,12 +71,13 @@ export class Lane {
   }
 
   /**
-   * A lane on the same tier whose sequence starts as a copy of this one's cache (a forked choice
-   * of the same prompt): the KV is copied layer by layer, bit-exact in the cache's dtype, and the
-   * copy is attached to the scheduler with `known` as its history, so a preemption recomputes it
-   * like any prefilled sequence. Call it while this lane has no prefill or decode in flight.
-   * Copying never waits for the scheduler: a paged pool without the blocks fails at once (the
-   * caller checks the free blocks first and refuses the request rather than wait).
+   * A lane on the same tier whose sequence starts with this one's cache (a forked choice of the
+   * same prompt), attached to the scheduler with `known` as its history, so a preemption
+   * recomputes it like any prefilled sequence. On a paged tier the new sequence adopts this one's
+   * blocks (no KV copied; the partial last block is copied by whichever side writes into it
+   * first); a tier without a pool copies the KV layer by layer, bit-exact in the cache's dtype.
+   * Call it while this lane has no prefill or decode in flight. Forking never waits for the
+   * scheduler.
    * @param known the token ids this lane's sequence holds (its length)
    * @returns the new lane, owning its sequence
    * @throws RangeError when `known` disagrees with `src`'s length; EngineError from the copy
@@ -88,12 +92,25 @@ export class Lane {
       : src.model.createSequence(src.capacity);
     const lane = new Lane(seq, this.#tier, this.#signal);
     try {
+      if (this.#tier) {
+        const batch = this.#tier.batch!;
+        seq.adopt(src.blockTable(), known.length);
+        if (this.#lease) {
+          batch.cache.retain(this.#lease);
+          lane.#lease = this.#lease;
+        }
+        if (known.length % batch.pool.blockTokens !== 0) {
+          batch.sharedTail.add(src);
+          batch.sharedTail.add(seq);
+        }
+        lane.#handle = batch.scheduler.attach(seq, known);
+        return lane;
+      }
       for (let layer = 0; layer < src.model.config.numLayers; layer++) {
         const { k, v } = src.readKv(layer, 0, known.length);
         seq.writeKv(layer, 0, known.length, k, v);
       }
       seq.setLength(known.length);
-      if (this.#tier) lane.#handle = this.#tier.batch!.scheduler.attach(seq, known);
       return lane;
     } catch (e) {
       lane.free();
@@ -135,11 +152,22 @@ export class Lane {
     return reservePoolBlocks(this.#tier, tokens, this.#signal);
   }
 
+  /**
+   * Records the prefix-cache blocks this lane's sequence holds through its tier's block cache
+   * (adopted on a hit or inserted after the prefill); they are released when the lane is freed.
+   * @param lease what the tier's BlockCache returned (replaces an earlier one)
+   */
+  setLease(lease: BlockLease): void {
+    this.#lease = lease;
+  }
+
   /** Empties the sequence (its blocks go back) and leaves the scheduler, for a fresh prefill. */
   reset(): void {
     this.#handle?.detach();
     this.#handle = null;
     if (this.seq.length > 0) this.seq.truncate(0);
+    if (this.#lease) this.#tier?.batch?.cache.release(this.#lease);
+    this.#lease = null;
   }
 
   /** What the decode loop drives: the scheduled handle, or the sequence itself. */
@@ -155,6 +183,8 @@ export class Lane {
     this.#handle?.detach();
     this.#handle = null;
     this.seq.free();
+    if (this.#lease) this.#tier?.batch?.cache.release(this.#lease);
+    this.#lease = null;
     this.#tier?.batch?.refresh();
   }
 }

@@ -156,6 +156,25 @@ export class Metrics {
   readonly reusedTokens = this.#add(
     new Counter("kvrelay_prefix_cache_reused_tokens_total", "Prompt tokens not prefilled"),
   );
+  /** Pool blocks a prefix-cache hit shared with the cache (adopted, no KV copied), per tier. */
+  readonly prefixSharedBlocks = this.#add(
+    new Counter(
+      "kvrelay_prefix_cache_shared_blocks_total",
+      "KV pool blocks prefix-cache hits shared instead of copying",
+    ),
+  );
+  /** KV bytes copied into a sequence to serve a prefix-cache hit (0 for shared pool blocks; a
+   *  hit from the snapshot store imports its chunks), per tier. */
+  readonly prefixCopiedBytes = this.#add(
+    new Counter(
+      "kvrelay_prefix_cache_copied_bytes_total",
+      "KV bytes copied to serve prefix-cache hits (shared pool blocks copy none)",
+    ),
+  );
+  /** Pool blocks the in-pool prefix cache holds now, per tier. */
+  readonly prefixCachedBlocks = this.#add(
+    new Gauge("kvrelay_prefix_cache_blocks", "KV pool blocks held by the prefix cache"),
+  );
   /** Escalations served by migrating a lower tier's cache. */
   readonly migrations = this.#add(new Counter("kvrelay_migrations_total", "Cache migrations"));
   /** Escalations that fell back to a full prefill, by reason. */

@@ -2,7 +2,8 @@
 // NativeModel.batchStep and KvPool (block counts, lengths, reset by truncate(0)), with native
 // sampling in the step (a decode returns a token id, no vocabulary row reaches JavaScript), and
 // bursts of decode steps in one call (NativeModel.batchDecodeSteps). A row whose draw found no
-// finite logit comes back as the domain error NonFiniteLogitsError, for that request only.
+// finite logit comes back as the domain error NonFiniteLogitsError, for that request only. The
+// prefix cache's idle blocks count as free and are evicted when a step needs them.
 // Not the scheduler (scheduler.ts) nor the pool sizing (pool_size.ts).
 
 import {
@@ -15,6 +16,7 @@ import {
   NoFiniteLogitError,
 } from "../native/mod.ts";
 import { NoFiniteLogitRowError } from "../engine/mod.ts";
+import type { BlockCache } from "./block_cache.ts";
 import { NonFiniteLogitsError } from "./errors.ts";
 import type { Scheduler, StepEngine, StepItem } from "./scheduler.ts";
 
@@ -42,25 +44,66 @@ function domainResults<R>(out: R[]): R[] {
 /** A scheduler over native sequences that samples natively. */
 export type NativeScheduler = Scheduler<NativeSequence, NativeSampler, NativeSamplingOptions>;
 
+/** What the engine shares with the serving core around a pool (tier.batch). */
+export interface PoolSharing {
+  /** the prefix cache inside the pool: its idle blocks count as free and are evicted on demand */
+  cache?: BlockCache;
+  /** sequences whose next write copies a shared partial last block (one block more needed) */
+  sharedTail?: WeakSet<NativeSequence>;
+  /** blocks held back for KV written outside the steps (imports, projections): a step leaves
+   *  that many free, evicting cached blocks for them too */
+  reserved?: () => number;
+}
+
 /**
- * Wraps a model and its pool for {@link Scheduler}.
+ * Wraps a model and its pool for {@link Scheduler}. Blocks the prefix cache holds for no live
+ * sequence count as free: a step short of free blocks evicts them first (least recently used),
+ * so the cache never makes admission refuse or preempt.
  * @param model the model
  * @param pool a pool of that model; every scheduled sequence comes from it
+ * @param sharing the tier's prefix cache and shared-tail set
  * @returns the engine
  */
 export function nativeStepEngine(
   model: NativeModel,
   pool: KvPool,
+  sharing: PoolSharing = {},
 ): StepEngine<NativeSequence, NativeSampler, NativeSamplingOptions> {
+  const { cache, sharedTail, reserved } = sharing;
+  const bt = pool.blockTokens;
+  const held = (s: NativeSequence) => s.blocks - (sharedTail?.has(s) ? 1 : 0);
+  // Frees enough cached blocks for `tokens` more positions of each item's sequence.
+  const makeRoom = (
+    items: StepItem<NativeSequence, NativeSampler>[],
+    tokens: (i: number) => number,
+  ) => {
+    if (!cache || cache.evictable === 0) return;
+    let need = 0;
+    items.forEach((it, i) => {
+      need += Math.max(0, Math.ceil((it.seq.length + tokens(i)) / bt) - held(it.seq));
+    });
+    const short = need + (reserved?.() ?? 0) - pool.blocksFree;
+    if (short > 0) cache.evict(Math.min(short, cache.evictable));
+  };
+  const wrote = (items: StepItem<NativeSequence, NativeSampler>[]) => {
+    if (sharedTail) { for (const it of items) sharedTail.delete(it.seq); }
+  };
   return {
-    blockTokens: pool.blockTokens,
+    blockTokens: bt,
     blocksTotal: pool.blocksTotal,
-    blocksFree: () => pool.blocksFree,
-    blocksHeld: (s) => s.blocks,
+    blocksFree: () => pool.blocksFree + (cache?.evictable ?? 0),
+    blocksHeld: held,
     length: (s) => s.length,
-    reset: (s) => s.truncate(0),
-    step: async (items: StepItem<NativeSequence, NativeSampler>[]) =>
-      domainResults(await model.batchStep(items)),
+    reset: (s) => {
+      sharedTail?.delete(s);
+      s.truncate(0);
+    },
+    step: async (items: StepItem<NativeSequence, NativeSampler>[]) => {
+      makeRoom(items, (i) => items[i].tokens.length);
+      const out = domainResults(await model.batchStep(items));
+      wrote(items);
+      return out;
+    },
     createSampler: (opts) => model.createSampler(opts),
     sampleRow: (sampler, logits, width, req) => {
       try {
@@ -70,13 +113,17 @@ export function nativeStepEngine(
       }
     },
     isPoolExhausted: (e) => e instanceof EngineError && e.codeName === "POOL_EXHAUSTED",
-    decodeSteps: async (items: StepItem<NativeSequence, NativeSampler>[], steps: number) =>
-      domainResults(
+    decodeSteps: async (items: StepItem<NativeSequence, NativeSampler>[], steps: number) => {
+      makeRoom(items, () => steps);
+      const out = domainResults(
         await model.batchDecodeSteps(
           items.map((it) => ({ seq: it.seq, token: it.tokens[0], sample: it.sample! })),
           steps,
         ),
-      ),
+      );
+      wrote(items);
+      return out;
+    },
     truncate: (s, length) => s.truncate(length),
   };
 }

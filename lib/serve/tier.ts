@@ -2,7 +2,8 @@
 // snapshot encoding. A type plus the lookup by name; loading tiers is runtime.ts's job.
 import type { TierConfig } from "../config/mod.ts";
 import type { LoadedModel } from "../engine/mod.ts";
-import type { KvPool } from "../native/mod.ts";
+import type { KvPool, NativeSequence } from "../native/mod.ts";
+import type { BlockCache } from "./block_cache.ts";
 import type { NativeScheduler } from "./native_engine.ts";
 import type { SnapshotEncoding } from "../snapshot/mod.ts";
 import type { PrefixCache } from "../store/mod.ts";
@@ -29,6 +30,11 @@ export interface Tier {
     /** Sets the KV block gauges from the pool and lets a waiting block reservation go ahead
      *  (after a sequence gave its blocks back). */
     refresh(): void;
+    /** The prefix cache inside the pool (used when the tier's prefix cache is enabled). */
+    cache: BlockCache;
+    /** Sequences whose partial last block another sequence shares (forks before their first
+     *  write): their next write copies that block, which the scheduler counts as a block needed. */
+    sharedTail: WeakSet<NativeSequence>;
   } | null;
 }
 

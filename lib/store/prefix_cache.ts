@@ -128,6 +128,21 @@ export class PrefixCache {
   }
 
   /**
+   * The seed every key of this cache (and of its tier's in-pool block cache) chains from:
+   * SHA-256(domain ‖ u32le len ‖ model fingerprint ‖ u32le len ‖ tenant salt). Two views share a
+   * seed only for the same model and tenant.
+   * @returns 32 bytes
+   */
+  keySeed(): Promise<Uint8Array> {
+    this.#seed ??= (() => {
+      const fp = new TextEncoder().encode(this.model.fingerprint);
+      const len = (x: number) => new Uint8Array(new Uint32Array([x]).buffer);
+      return sha256(SEED_DOMAIN, len(fp.length), fp, len(this.#salt.length), this.#salt);
+    })();
+    return this.#seed;
+  }
+
+  /**
    * Keys of the full chunks of `tokens`: k_0 = SHA-256(seed ‖ ids_0), k_i = SHA-256(k_{i-1} ‖
    * ids_i), ids as u32 little-endian; seed = SHA-256(domain ‖ u32le len ‖ model fingerprint ‖
    * u32le len ‖ tenant salt).
@@ -137,12 +152,7 @@ export class PrefixCache {
    */
   async chunkKeys(tokens: ArrayLike<number>, nChunks?: number): Promise<string[]> {
     const n = Math.min(nChunks ?? Infinity, Math.floor(tokens.length / this.chunkTokens));
-    this.#seed ??= (() => {
-      const fp = new TextEncoder().encode(this.model.fingerprint);
-      const len = (x: number) => new Uint8Array(new Uint32Array([x]).buffer);
-      return sha256(SEED_DOMAIN, len(fp.length), fp, len(this.#salt.length), this.#salt);
-    })();
-    let parent = await this.#seed;
+    let parent = await this.keySeed();
     const keys: string[] = [];
     for (let i = 0; i < n; i++) {
       const ids = new Uint8Array(4 * this.chunkTokens);
@@ -247,7 +257,31 @@ export async function prefillWithCache(
     : await seq.prefill(tokens.slice(reusedTokens));
   cache.stats.reusedTokens += reusedTokens;
   cache.stats.prefilledTokens += tokens.length - reusedTokens;
-  for (let i = reused; i < allFull; i++) {
+  await storeChunks(cache, seq, tokens, reused, keys);
+  return { logits, reusedTokens, prefilledTokens: tokens.length - reusedTokens };
+}
+
+/**
+ * Stores the full chunks of the prompt in `seq` from chunk `from` on (exported from its KV).
+ * @param cache the prefix cache (its model must own `seq`)
+ * @param seq a sequence holding at least the prompt's full chunks
+ * @param tokens the prompt's token ids
+ * @param from the first chunk to store (those before it are in the store already)
+ * @param keys the chunk keys (default: computed)
+ * @throws EngineError from native calls; StoreError from the store
+ */
+export async function storeChunks(
+  cache: PrefixCache,
+  seq: NativeSequence,
+  tokens: number[],
+  from: number,
+  keys?: string[],
+): Promise<void> {
+  const C = cache.chunkTokens;
+  const allFull = Math.floor(tokens.length / C);
+  if (from >= allFull) return;
+  const k = keys ?? await cache.chunkKeys(tokens, allFull);
+  for (let i = from; i < allFull; i++) {
     const bytes = await exportSnapshot(cache.model, seq, {
       tokens: tokens.slice(i * C, (i + 1) * C),
       start: i * C,
@@ -255,7 +289,6 @@ export async function prefillWithCache(
       encoding: cache.encoding,
       chunkTokens: C,
     });
-    await cache.storeChunk(keys[i], bytes);
+    await cache.storeChunk(k[i], bytes);
   }
-  return { logits, reusedTokens, prefilledTokens: tokens.length - reusedTokens };
 }

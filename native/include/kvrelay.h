@@ -278,7 +278,8 @@ KVR_API int32_t kvr_seq_set_length(kvr_seq* seq, uint32_t n_tokens);
  * A pool is one model's arena of fixed-size KV blocks (block_tokens positions each, every layer's
  * K and V: 2 · layers · kv_heads · block_tokens · head_dim · sizeof(kv_dtype) bytes per block).
  * A paged sequence holds a block table into its pool and takes blocks as it grows (prefill,
- * decode, kv_write, set_length, batch steps) and gives them back on truncate and free; its
+ * decode, kv_write, set_length, batch steps) and gives them back on truncate and free (a block
+ * shared with another holder stays with it, see "Block sharing" below); its
  * capacity is only a logical bound. Every other kvr_seq_* call works the same on both kinds.
  * A call that would need more blocks than the pool has free fails with KVR_ERR_POOL_EXHAUSTED
  * and changes nothing (no sequence of the pool is touched). The pool handle may be freed before
@@ -300,6 +301,35 @@ KVR_API uint64_t kvr_kv_pool_block_bytes(const kvr_kv_pool* pool);
 KVR_API int32_t kvr_seq_create_paged(kvr_kv_pool* pool, uint32_t capacity, kvr_seq** out_seq);
 /* Blocks a paged sequence holds (0 for a contiguous one or NULL). */
 KVR_API uint32_t kvr_seq_blocks(const kvr_seq* seq);
+
+/*
+ * Block sharing (the prefix cache and forked choices). Every block has a reference count: each
+ * paged sequence whose table lists it holds one, and each kvr_kv_pool_ref adds one. A block goes
+ * back to the free list only when its count reaches zero, so truncate, set_length, reset and free
+ * drop a sequence's references and never free a block another holder has. A write into a block
+ * another holder shares (prefill, decode, batch step, kv_write, chunk import, projection) first
+ * copies it into a block of the writer's own (copy on write, one block's bytes; the copy counts
+ * against the free blocks, so such a write may fail with KVR_ERR_POOL_EXHAUSTED).
+ *
+ * kvr_seq_block_table: the block ids of a paged sequence, in position order (ids[i] holds
+ * positions [i·block_tokens, (i+1)·block_tokens)). *n is set to the count; cap < count is
+ * KVR_ERR_CAPACITY (ids untouched), a contiguous sequence KVR_ERR_INVALID_ARGUMENT.
+ * kvr_seq_adopt: makes an empty paged sequence (length 0, no block) start from n_blocks blocks
+ * of its own pool that already hold the KV of n_tokens positions: its table becomes ids, its
+ * length n_tokens, and each block gains a reference (no copy). n_blocks must equal
+ * ceil(n_tokens / block_tokens), n_tokens <= capacity, ids distinct and held by some holder
+ * (a free block cannot be adopted). The caller vouches the blocks hold those positions' KV (for
+ * this model and these tokens). All or none.
+ * kvr_kv_pool_ref / kvr_kv_pool_unref: add or drop one reference to each of n ids (a held block:
+ * count > 0; unref needs as many references as an id appears). All or none. Ids >= blocks_total
+ * are KVR_ERR_OUT_OF_RANGE, the rest KVR_ERR_INVALID_ARGUMENT. The pool's handle must be live.
+ * No call may run on these sequences meanwhile; the counts themselves are thread-safe.
+ */
+KVR_API int32_t kvr_seq_block_table(const kvr_seq* seq, uint32_t* ids, uint32_t cap, uint32_t* n);
+KVR_API int32_t kvr_seq_adopt(kvr_seq* seq, const uint32_t* ids, uint32_t n_blocks,
+                              uint32_t n_tokens);
+KVR_API int32_t kvr_kv_pool_ref(kvr_kv_pool* pool, const uint32_t* ids, uint32_t n);
+KVR_API int32_t kvr_kv_pool_unref(kvr_kv_pool* pool, const uint32_t* ids, uint32_t n);
 
 /*
  * One forward step over a batch of sequences of one model: sequence i appends n_tokens[i] (>= 1)

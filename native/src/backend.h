@@ -23,6 +23,8 @@
 
 namespace kvr {
 
+struct KvPool;  // kv_pool.h: the block list and reference counts every pool keeps
+
 // A status with its message, thrown by backends (see the file comment).
 class BackendError : public std::exception {
  public:
@@ -110,6 +112,14 @@ class PoolState {
   virtual uint32_t blocks_free() const = 0;
   virtual uint32_t block_tokens() const = 0;
   virtual uint64_t block_bytes() const = 0;
+  // The free list and per-block reference counts (kv_pool.h), whatever memory holds the blocks.
+  virtual KvPool& block_list() = 0;
+};
+
+// A paged sequence state's pool and block table (Backend::paged); both null when contiguous.
+struct PagedView {
+  PoolState* pool = nullptr;
+  std::vector<uint32_t>* table = nullptr;  // table[i] holds positions [i·block_tokens, (i+1)·block_tokens)
 };
 
 // One sequence's part of a batched step (Backend::forward_batch): tokens[0..n) at positions
@@ -231,10 +241,16 @@ class Backend {
   // `capacity` positions.
   virtual std::unique_ptr<SeqState> create_paged_seq(const std::shared_ptr<PoolState>& pool,
                                                      uint32_t capacity) const;
-  // Makes positions [0, tokens) (tokens <= capacity) addressable: a paged state takes the missing
-  // blocks from its pool all or none, else throws BackendError KVR_ERR_POOL_EXHAUSTED (nothing
-  // changes then). Contiguous states: no-op. Called by the neutral layer before every write.
-  virtual void reserve(SeqState& /*s*/, size_t /*tokens*/) const {}
+  // Makes positions [0, tokens) (from <= tokens <= capacity) addressable and [from, tokens)
+  // writable: a paged state takes the missing blocks from its pool and replaces each block of
+  // [from, tokens) that another holder shares by a copy of it (copy on write, kv_pool.h
+  // prepare_write), all or none, else throws BackendError KVR_ERR_POOL_EXHAUSTED (nothing changes
+  // then). Contiguous states: no-op. Called by the neutral layer before every write, with `from`
+  // the first position the write touches.
+  virtual void reserve(SeqState& /*s*/, size_t /*from*/, size_t /*tokens*/) const {}
+  // The pool and block table of a paged state (kvr_seq_block_table, kvr_seq_adopt); {} when
+  // contiguous.
+  virtual PagedView paged(SeqState& /*s*/) const { return {}; }
   // Gives back the blocks holding no position < tokens (truncate, set_length). Contiguous: no-op.
   virtual void shrink(SeqState& /*s*/, size_t /*tokens*/) const {}
   // Blocks a paged state holds (0 for a contiguous one).

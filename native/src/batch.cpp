@@ -13,14 +13,10 @@
 #include "backend.h"
 #include "dtype.h"
 #include "errors.h"
+#include "kv_pool_handle.h"
 #include "model.h"
 #include "sampler.h"
 #include "sequence.h"
-
-struct kvr_kv_pool {
-  std::shared_ptr<const kvr::Model> model;
-  std::shared_ptr<kvr::PoolState> pool;
-};
 
 namespace kvr {
 
@@ -123,7 +119,7 @@ int32_t batch_impl(kvr_seq* const* seqs, uint32_t n_seqs, const uint32_t* n_toke
   const Backend& be = *model->backend;
   for (uint32_t i = 0; i < n_seqs; ++i) {
     try {
-      be.reserve(*seqs[i]->state, static_cast<size_t>(seqs[i]->length) + n_tokens[i]);
+      be.reserve(*seqs[i]->state, seqs[i]->length, static_cast<size_t>(seqs[i]->length) + n_tokens[i]);
     } catch (const BackendError& e) {
       for (uint32_t j = 0; j < i; ++j) be.shrink(*seqs[j]->state, seqs[j]->length);
       return bad(e.status, format("seqs[%u]: %s", i, e.message.c_str()));

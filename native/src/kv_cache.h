@@ -44,7 +44,7 @@ struct KvCache {
     } else {
       std::free(data);
     }
-    if (pool) pool->release(table.data(), table.size());
+    if (pool) pool->release(table.data(), table.size());  // shared blocks stay with their other holders
   }
 
   // Contiguous: zeroes positions [0, written) of every plane (the rest was never written), so the
@@ -84,21 +84,23 @@ struct KvCache {
     const size_t want = (tokens + pool->tokens_per_block - 1) / pool->tokens_per_block;
     return want > table.size() ? want - table.size() : 0;
   }
-  // Makes positions [0, tokens) (tokens <= capacity) addressable and writable: takes the missing
-  // blocks from the pool, all or none (paged), or raises `written` (contiguous). False when the
-  // pool has too few free blocks (nothing changes then).
-  // Throws std::bad_alloc when the table cannot grow.
-  bool reserve(size_t tokens) {
+  // Makes positions [0, tokens) (from <= tokens <= capacity) addressable and [from, tokens)
+  // writable: takes the missing blocks from the pool and copies each block of [from, tokens)
+  // another holder shares into a block of its own first (copy on write), all or none (paged), or
+  // raises `written` (contiguous). False when the pool has too few free blocks (nothing changes
+  // then). Throws std::bad_alloc when the table cannot grow.
+  bool reserve(size_t from, size_t tokens) {
     if (!pool) {
       if (tokens > written) written = tokens;
       return true;
     }
-    const size_t need = blocks_needed(tokens);
-    if (need == 0) return true;
-    table.reserve(table.size() + need);
-    return pool->take(need, table);
+    KvPool& p = *pool;
+    return p.prepare_write(table, from, tokens, [&p](uint32_t dst, uint32_t src) {
+      std::memcpy(p.data + dst * p.bytes_per_block, p.data + src * p.bytes_per_block, p.bytes_per_block);
+    });
   }
-  // Returns the blocks holding no position < tokens to the pool (paged; no-op when contiguous).
+  // Drops this cache's reference to the blocks holding no position < tokens (paged; no-op when
+  // contiguous): a block no other holder shares returns to the pool.
   void shrink(size_t tokens) {
     if (!pool) return;
     const size_t keep = (tokens + pool->tokens_per_block - 1) / pool->tokens_per_block;

@@ -61,7 +61,7 @@ void scribble(kvr::KvCache& c, size_t tokens) {
   size_t done = 0;
   while (done < tokens) {
     const size_t step = 1 + rnd(static_cast<uint32_t>(tokens - done));
-    c.reserve(done + step);
+    c.reserve(done, done + step);
     done += step;
     for (int w = 0; w < 40; ++w) {
       const size_t p = rnd(static_cast<uint32_t>(done));

@@ -283,7 +283,7 @@ KVR_API int32_t kvr_projector_apply_seq(const kvr_projector* cprojector, const k
       return fail(KVR_ERR_CAPACITY,
                   format("%s: n_tokens %u exceeds the target sequence's capacity %u", fn,
                          n_tokens, dst->capacity));
-    dst->model->backend->reserve(*dst->state, n_tokens);  // paged target: blocks all or none
+    dst->model->backend->reserve(*dst->state, 0, n_tokens);  // paged target: blocks all or none
     const kvr::KvCache* src_cpu = kvr::cpu::cpu_cache(src->state.get());
     kvr::KvCache* dst_cpu = kvr::cpu::cpu_cache(dst->state.get());
     if (src_cpu != nullptr && dst_cpu != nullptr && !force_copy_path()) {

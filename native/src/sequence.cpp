@@ -55,7 +55,7 @@ int32_t prefill_impl(kvr_seq* seq, const int32_t* tokens, size_t n, uint32_t all
                     format("logits_len %zu is too small: need %zu (%s x vocab %zu)", logits_len, need,
                            all_positions ? "n_tokens" : "1", m.vocab));
   if (int32_t st = check_tokens(seq, tokens, n)) return st;
-  m.backend->reserve(*seq->state, seq->length + n);  // paged: blocks all or none (POOL_EXHAUSTED)
+  m.backend->reserve(*seq->state, seq->length, seq->length + n);  // paged: blocks all or none (POOL_EXHAUSTED)
   m.backend->forward(*seq->state, tokens, n, seq->length, all_positions != 0, logits);
   seq->length += static_cast<uint32_t>(n);
   return KVR_OK;
@@ -70,7 +70,7 @@ int32_t decode_sample_impl(kvr_seq* seq, int32_t token, const SampleRequest& r) 
                     format("prefill of 1 tokens at length %u exceeds capacity %u", seq->length, seq->capacity));
   if (int32_t st = check_tokens(seq, &token, 1)) return st;
   if (seq->logits.size() < m.vocab) seq->logits.resize(m.vocab);
-  m.backend->reserve(*seq->state, seq->length + 1);
+  m.backend->reserve(*seq->state, seq->length, seq->length + 1);
   const int32_t st = m.backend->forward_sample(*seq->state, token, seq->length, r, seq->logits.data());
   seq->length += 1;
   return st == KVR_OK ? KVR_OK : seq_fail(seq, st, r.sampler->last_error);
@@ -212,7 +212,7 @@ KVR_API int32_t kvr_seq_kv_write(kvr_seq* seq, uint32_t layer, uint32_t start, u
   return kvr::seq_guarded(seq, "kv_write", [&] {
     if (int32_t st = kvr::kv_check(seq, layer, start, count, dtype, k_in, k_bytes, v_in, v_bytes, true)) return st;
     if (count == 0) return static_cast<int32_t>(KVR_OK);
-    seq->model->backend->reserve(*seq->state, static_cast<size_t>(start) + count);
+    seq->model->backend->reserve(*seq->state, start, static_cast<size_t>(start) + count);
     seq->model->backend->kv_write(*seq->state, layer, start, count, dtype, k_in, v_in);
     return static_cast<int32_t>(KVR_OK);
   });
@@ -224,7 +224,7 @@ KVR_API int32_t kvr_seq_set_length(kvr_seq* seq, uint32_t n_tokens) {
     return seq_fail(seq, KVR_ERR_OUT_OF_RANGE,
                     format("set_length %u exceeds capacity %u", n_tokens, seq->capacity));
   return kvr::seq_guarded(seq, "set_length", [&] {
-    seq->model->backend->reserve(*seq->state, n_tokens);  // paged: blocks for [0, n) all or none
+    seq->model->backend->reserve(*seq->state, n_tokens, n_tokens);  // paged: blocks for [0, n), nothing written
     seq->length = n_tokens;
     seq->model->backend->shrink(*seq->state, n_tokens);
     return static_cast<int32_t>(KVR_OK);

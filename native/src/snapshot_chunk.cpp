@@ -109,7 +109,7 @@ KVR_API int32_t kvr_seq_import_chunk(kvr_seq* seq, uint32_t encoding, uint32_t g
     c.index = index;
     c.start = start;
     c.cache_dtype = seq->model->kv_dtype();
-    seq->model->backend->reserve(*seq->state, end);  // paged: blocks all or none
+    seq->model->backend->reserve(*seq->state, start, end);  // paged: blocks all or none
     seq->model->backend->import_chunk(*seq->state, c, frame, frame_len);
     seq->length = static_cast<uint32_t>(end);
     return static_cast<int32_t>(KVR_OK);

@@ -59,7 +59,7 @@ void test_addressing() {
     std::vector<uint32_t> scratch;
     scratch.reserve(3);
     pool->take(rnd(3), scratch);  // so the sequence's blocks are not 0, 1, 2...
-    check(pc.reserve(cap), "reserve", 1, 0);
+    check(pc.reserve(0, cap), "reserve", 1, 0);
     kvr::bp::KvView vp;
     vp.table = pc.table.data();
     vp.span = static_cast<uint32_t>(bt);

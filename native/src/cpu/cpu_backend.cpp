@@ -255,15 +255,21 @@ class CpuBackend final : public Backend {
     return s;
   }
 
-  void reserve(SeqState& s, size_t tokens) const override {
+  void reserve(SeqState& s, size_t from, size_t tokens) const override {
     KvCache& kv = static_cast<CpuSeq&>(s).kv;
-    if (kv.reserve(tokens)) return;
+    if (kv.reserve(from, tokens)) return;
     throw BackendError(KVR_ERR_POOL_EXHAUSTED,
                        format("KV pool exhausted: %zu more block(s) of %zu tokens needed for %zu positions, %zu free",
                               kv.blocks_needed(tokens), kv.pool->tokens_per_block, tokens, kv.pool->free_count()));
   }
 
   void shrink(SeqState& s, size_t tokens) const override { static_cast<CpuSeq&>(s).kv.shrink(tokens); }
+
+  PagedView paged(SeqState& s) const override {
+    KvCache& kv = static_cast<CpuSeq&>(s).kv;
+    if (!kv.pool) return {};
+    return {kv.pool.get(), &kv.table};
+  }
 
   uint32_t blocks_held(const SeqState& s) const override {
     return static_cast<uint32_t>(static_cast<const CpuSeq&>(s).kv.table.size());

@@ -80,6 +80,7 @@ struct CudaPool final : PoolState {
   uint32_t blocks_free() const override { return blocks.blocks_free(); }
   uint32_t block_tokens() const override { return blocks.block_tokens(); }
   uint64_t block_bytes() const override { return blocks.block_bytes(); }
+  KvPool& block_list() override { return blocks; }
 };
 
 struct CudaSeq final : SeqState {
@@ -162,7 +163,8 @@ class CudaBackend final : public Backend {
   std::shared_ptr<PoolState> create_pool(uint32_t n_blocks, uint32_t block_tokens) const override;
   std::unique_ptr<SeqState> create_paged_seq(const std::shared_ptr<PoolState>& pool,
                                              uint32_t capacity) const override;
-  void reserve(SeqState& s, size_t tokens) const override;
+  void reserve(SeqState& s, size_t from, size_t tokens) const override;
+  PagedView paged(SeqState& s) const override;
   void shrink(SeqState& s, size_t tokens) const override;
   uint32_t blocks_held(const SeqState& s) const override;
   // The batched step (batch_step.cpp): one GEMM per projection over every row of the batch,

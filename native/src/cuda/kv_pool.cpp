@@ -1,6 +1,7 @@
 // The CUDA backend's paged KV pool (backend_impl.h CudaPool): a device arena of blocks laid out
 // like the CPU pool's (kv_pool.h, so kv_read/kv_write and snapshots see the same logical cache),
-// the same free list and all-or-none accounting (reserve / shrink / blocks_held), and paged
+// the same free list, reference counts and all-or-none accounting (reserve with copy on write /
+// shrink / blocks_held), and paged
 // sequences holding block tables into it. Kernels read a paged cache through the table, uploaded
 // with each step (batch_step.cpp). Not the batched forward itself. Compiled, not run.
 #include <algorithm>
@@ -58,18 +59,26 @@ std::unique_ptr<SeqState> CudaBackend::create_paged_seq(const std::shared_ptr<Po
   return s;
 }
 
-void CudaBackend::reserve(SeqState& ss, size_t tokens) const {
+void CudaBackend::reserve(SeqState& ss, size_t from, size_t tokens) const {
   CudaSeq& s = static_cast<CudaSeq&>(ss);
   if (!s.paged()) return;
   KvPool& kp = s.pool->blocks;
+  uint8_t* arena = static_cast<uint8_t*>(s.pool->arena.p);
+  const size_t bpb = kp.bytes_per_block;
+  // Copy on write of a shared block: device to device on the sequence's stream, finished before
+  // the table points at the copy.
+  const bool ok = kp.prepare_write(s.table, from, tokens, [&](uint32_t dst, uint32_t src) {
+    use_device();
+    ck(cudaMemcpyAsync(arena + dst * bpb, arena + src * bpb, bpb, cudaMemcpyDeviceToDevice, s.stream),
+       "copying a shared KV block");
+    ck(cudaStreamSynchronize(s.stream), "copying a shared KV block");
+  });
+  if (ok) return;
   const size_t bt = kp.tokens_per_block, want = (tokens + bt - 1) / bt;
-  if (want <= s.table.size()) return;
-  const size_t need = want - s.table.size();
-  s.table.reserve(want);
-  if (kp.take(need, s.table)) return;
   throw BackendError(KVR_ERR_POOL_EXHAUSTED,
-                     format("KV pool exhausted: %zu more block(s) of %zu tokens needed for %zu positions, %zu free",
-                            need, bt, tokens, kp.free_count()));
+                     format("KV pool exhausted: blocks for %zu positions (%zu held, shared ones copied on write) "
+                            "of %zu tokens, %zu free",
+                            tokens, std::min(want, s.table.size()), bt, kp.free_count()));
 }
 
 void CudaBackend::shrink(SeqState& ss, size_t tokens) const {
@@ -81,6 +90,12 @@ void CudaBackend::shrink(SeqState& ss, size_t tokens) const {
   if (keep >= s.table.size()) return;
   kp.release(s.table.data() + keep, s.table.size() - keep);
   s.table.resize(keep);
+}
+
+PagedView CudaBackend::paged(SeqState& ss) const {
+  CudaSeq& s = static_cast<CudaSeq&>(ss);
+  if (!s.paged()) return {};
+  return {s.pool.get(), &s.table};
 }
 
 uint32_t CudaBackend::blocks_held(const SeqState& ss) const {

@@ -176,6 +176,8 @@ export const coreSymbols = {
     result: "i32",
   },
   kvr_cpu_kernel_name: { parameters: [], result: "pointer" },
+  // (model, flags: KVR_DEBUG_*)
+  kvr_model_set_debug: { parameters: ["pointer", "u32"], result: "i32" },
 } as const satisfies Deno.ForeignLibraryInterface;
 
 /** KV snapshot codec (chunk quantize/dequantize). */

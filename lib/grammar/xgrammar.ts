@@ -7,7 +7,7 @@
 // canonical schema. Not the HTTP parsing of response_format nor the generation loop.
 
 import { canonicalJson, type Tokenizer } from "../tokenizer/mod.ts";
-import type { TokenMask } from "../engine/sampler.ts";
+import type { TokenMask } from "../engine/sampling.ts";
 import { checkSchema, GrammarInputError } from "./schema_check.ts";
 
 export { GrammarInputError };

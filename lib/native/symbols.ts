@@ -425,6 +425,15 @@ export const samplingSymbols = {
     parameters: ["pointer", "f64", "buffer", "usize"],
     result: "i32",
   },
+  // (sampler, ids i32* | NULL, bias f64* | NULL, n)
+  kvr_sampler_set_logit_bias: {
+    parameters: ["pointer", "buffer", "buffer", "usize"],
+    result: "i32",
+  },
+  // (sampler, presence f64, frequency f64)
+  kvr_sampler_set_presence_frequency: { parameters: ["pointer", "f64", "f64"], result: "i32" },
+  // (sampler, min_tokens, stop_ids i32* | NULL, n_stop)
+  kvr_sampler_set_min_tokens: { parameters: ["pointer", "u32", "buffer", "usize"], result: "i32" },
   // (sampler, logits f32*, logits_len, width, token_out i32*, logprob_out f64* | NULL,
   //  top_ids i32* | NULL, top_logprobs f64* | NULL, top_len, top_count_out u32* | NULL)
   kvr_sampler_sample: {

@@ -582,7 +582,7 @@ KVR_API int32_t kvr_projector_apply_seq(const kvr_projector* projector, const kv
  *   off  8 top_p (f64, (0, 1]; 1 = off)   off 16 min_p (f64, [0, 1]; 0 = off)
  *   off 24 seed (i64, |seed| < 2^53)       off 32 top_k (u32; 0 = off)
  *   off 36 reserved (u32, must be 0)
- * The draw is lib/engine/sampler.ts exactly: softmax(logits/T) → top_k → top_p → min_p →
+ * The draw is tests/reference/sampler.ts exactly: softmax(logits/T) → top_k → top_p → min_p →
  * renormalise, from the xoshiro128** stream of lib/engine/prng.ts seeded with `seed`, in float64
  * with the same summation order (and JavaScript's exp), so the same logits and seed give the same
  * tokens. NaN logits count as -inf; -inf logits are never drawn.
@@ -619,6 +619,24 @@ KVR_API const char* kvr_sampler_last_error(const kvr_sampler* sampler);
  */
 KVR_API int32_t kvr_sampler_set_repetition_penalty(kvr_sampler* sampler, double penalty,
                                                    const int32_t* seen_ids, size_t n_seen);
+/*
+ * The rest of vLLM's per-request logit processing, each replacing its earlier setting (call them
+ * before the first draw). Before every later draw the row becomes, in this order: the stop ids
+ * at -inf while fewer than min_tokens tokens were drawn by this sampler (min_tokens), + bias
+ * (logit_bias), the repetition penalty above, - (count·frequency + [count > 0]·presence) for each
+ * token this sampler drew count times (presence/frequency penalties); each step in float64
+ * rounded to float32. Ids >= a row's width are ignored. The draw and the logprobs use that row.
+ * On a CUDA sequence a step with any of them in effect copies the row (kvr_seq_decode_sample).
+ *   set_logit_bias: ids[0..n) (>= 0) and the finite values added to their logits (n 0 = none).
+ *   set_presence_frequency: finite penalties; 0, 0 = off (the default).
+ *   set_min_tokens: min_tokens and stop_ids[0..n_stop) (>= 0); 0 or no ids = off.
+ */
+KVR_API int32_t kvr_sampler_set_logit_bias(kvr_sampler* sampler, const int32_t* ids, const double* bias,
+                                           size_t n);
+KVR_API int32_t kvr_sampler_set_presence_frequency(kvr_sampler* sampler, double presence,
+                                                   double frequency);
+KVR_API int32_t kvr_sampler_set_min_tokens(kvr_sampler* sampler, uint32_t min_tokens,
+                                           const int32_t* stop_ids, size_t n_stop);
 /*
  * Picks one token from logits[0..width) (1 <= width <= logits_len; ids >= width are never
  * drawn) into *token_out. Optional outputs, log-softmax of the raw logits over [0, width)

@@ -397,7 +397,7 @@ KVR_API int32_t kvr_crc32c(const uint8_t* data, size_t len, uint32_t crc, uint32
  * Snapshot chunk frames straight from / into a sequence's KV cache (docs/snapshot-format.md §1.3,
  * §2; design in docs/gpu-handoff.md): the backend encodes or decodes every layer of the token
  * range itself (CPU: from the host cache; CUDA: on the device), so raw KV never crosses into the
- * caller. The bytes equal what lib/snapshot/chunk.ts encodeChunk writes from kvr_seq_kv_read.
+ * caller. The bytes equal what tests/reference/chunk.ts encodeChunk writes from kvr_seq_kv_read.
  * A frame here is the unsigned frame: index (u32), tokens (u32), payload, CRC32C (u32) — an
  * HMAC tag, when signed, is the caller's and is not part of frame/frame_len.
  * encoding: kvr_kv_encoding; group_size: the q4 group (1..1024), must be 0 for every other

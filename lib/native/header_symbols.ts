@@ -57,12 +57,23 @@ function parameterType(decl: string): string {
   return m[1];
 }
 
-/** Every KVR_API function declared in `header` (comments and preprocessor lines ignored). */
-export function parseHeader(header: string): HeaderFunction[] {
-  const code = header.replace(/\/\*[\s\S]*?\*\//g, " ").replace(/\/\/.*$/gm, " ")
+/** `text` without comments and preprocessor lines. */
+function stripComments(text: string): string {
+  return text.replace(/\/\*[\s\S]*?\*\//g, " ").replace(/\/\/.*$/gm, " ")
     .replace(/^\s*#.*$/gm, " ");
+}
+
+/**
+ * Every KVR_API function declared in `header` (comments and preprocessor lines ignored).
+ * @param header the header's text
+ * @param included headers it includes, whose opaque handle typedefs it uses
+ */
+export function parseHeader(header: string, included = ""): HeaderFunction[] {
+  const code = stripComments(header);
   const handles = new Set<string>();
-  for (const m of code.matchAll(/typedef\s+struct\s+(\w+)\s+(\w+)\s*;/g)) {
+  for (
+    const m of stripComments(included + code).matchAll(/typedef\s+struct\s+(\w+)\s+(\w+)\s*;/g)
+  ) {
     handles.add(m[1]);
     handles.add(m[2]);
   }

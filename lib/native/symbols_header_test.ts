@@ -1,18 +1,34 @@
-// symbols.ts against native/include/kvrelay.h: every KVR_API function is opened with the FFI types
-// of its C declaration, and no symbol names a function the header lacks. Reads the header text
-// (no library needed).
+// symbols.ts against native/include/kvrelay.h, and test_symbols.ts against kvrelay_test.h: every
+// KVR_API function is opened with the FFI types of its C declaration, and no symbol names a
+// function its header lacks. Reads the header text (no library needed).
 
 import assert from "node:assert/strict";
 import { compareWithHeader, parseHeader } from "./header_symbols.ts";
 import { symbols } from "./symbols.ts";
+import { testSymbols } from "./test_symbols.ts";
 
 const HEADER = new URL("../../native/include/kvrelay.h", import.meta.url);
+const TEST_HEADER = new URL("../../native/include/kvrelay_test.h", import.meta.url);
 
 Deno.test("symbols.ts opens every kvrelay.h function with its declared FFI types", async () => {
   const functions = parseHeader(await Deno.readTextFile(HEADER));
   assert.ok(functions.length > 50, `parsed only ${functions.length} KVR_API functions`);
   const diff = compareWithHeader(functions, symbols);
   assert.deepEqual(diff, [], `symbols.ts differs from kvrelay.h:\n  ${diff.join("\n  ")}`);
+});
+
+Deno.test("test_symbols.ts opens every kvrelay_test.h function with its declared FFI types", async () => {
+  const functions = parseHeader(
+    await Deno.readTextFile(TEST_HEADER),
+    await Deno.readTextFile(HEADER),
+  );
+  assert.ok(functions.length >= 8, `parsed only ${functions.length} KVR_API functions`);
+  const diff = compareWithHeader(functions, testSymbols);
+  assert.deepEqual(
+    diff,
+    [],
+    `test_symbols.ts differs from kvrelay_test.h:\n  ${diff.join("\n  ")}`,
+  );
 });
 
 Deno.test("`compareWithHeader()` names a missing function, an extra symbol and a type change", () => {

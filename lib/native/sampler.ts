@@ -1,7 +1,8 @@
-// NativeSampler: a kvr_sampler — the native twin of lib/engine's Sampler (same draws for the
-// same logits and seed), so a decode step can return a token id instead of a vocabulary of
-// floats. Options are checked here before FFI; the TypeScript Sampler stays the oracle (tests).
-// Not the option defaults or validation rules themselves (lib/engine/sampler.ts owns those).
+// NativeSampler: a kvr_sampler — the production sampler (the same draws for the same logits and
+// seed as the TypeScript oracle, tests/reference/sampler.ts), so a decode step can return a token
+// id instead of a vocabulary of floats, with the request's logit processing (bias, penalties,
+// min_tokens, mask) applied natively. Options are checked here before FFI. Not the option
+// defaults or validation rules themselves (lib/engine/sampling.ts owns those).
 
 import { checkInt } from "./check.ts";
 import { EngineError, NoAllowedTokenError, NoFiniteLogitError } from "./errors.ts";

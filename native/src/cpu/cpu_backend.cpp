@@ -1,7 +1,7 @@
 // The CPU backend (backend.h): packs the checkpoint's weights from the validated tensor table
-// (kept as bf16 when the file's are BF16, else converted to f32; KVRELAY_WEIGHTS_F32=1 forces
-// f32), runs cpu::forward on a per-sequence KV cache, and copies KV in and out with dtype
-// conversion. Arguments arrive validated (model_load.cpp, sequence.cpp).
+// (kept as bf16 when the file's are BF16, else converted to f32; the test library's
+// kvr_test_set_weights_f32 forces f32), runs cpu::forward on a per-sequence KV cache, and copies
+// KV in and out with dtype conversion. Arguments arrive validated (model_load.cpp, sequence.cpp).
 #include <omp.h>
 
 #include <algorithm>

@@ -4,7 +4,8 @@
 // plus the native GEMM against the machine's fp32 FMA peak.
 // Medians over repeated runs; prompts are deterministic pseudo-random token ids.
 import { loadModel } from "../lib/engine/mod.ts";
-import { cpuKernelName, gemmBench, type WeightFormat } from "../lib/native/mod.ts";
+import type { WeightFormat } from "../lib/native/mod.ts";
+import { cpuKernelName, gemmBench } from "../lib/native/gemm.ts";
 import {
   benchQuantKernels,
   formatQuantKernelTable,

@@ -22,7 +22,7 @@ import {
 import { readCorpusTokens } from "../lib/migrate/corpus.ts";
 import { writeCacheBlock } from "../lib/migrate/native.ts";
 import type { ModelConfig } from "../lib/model/mod.ts";
-import { gemmBench } from "../lib/native/mod.ts";
+import { gemmBench } from "../lib/native/gemm.ts";
 import { median } from "./machine.ts";
 
 const PAIRS = [

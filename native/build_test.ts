@@ -1,4 +1,5 @@
-// Properties of the built library (build/native, CMakeLists.txt): only the C ABI is exported,
+// Properties of the built libraries (build/native, CMakeLists.txt): only the C ABI is exported
+// (the production library kvrelay.h's, the test library that plus kvrelay_test.h's),
 // and a build made where nvcc exists compiles the CUDA backend (its probe then answers with the
 // CUDA runtime's reason on a machine without a GPU, not the stub's "built without CUDA").
 
@@ -23,6 +24,20 @@ Deno.test("libkvrelay exports only kvr_* symbols (static CUDA runtime and libstd
   const names = out.split("\n").filter((l) => l.trim()).map((l) => l.trim().split(/\s+/).pop()!);
   assert.ok(names.length >= 40, `only ${names.length} exported symbols`);
   assert.deepEqual(names.filter((n) => !n.startsWith("kvr_")), []);
+});
+
+Deno.test("the production library exports exactly kvrelay.h; the test library adds exactly kvrelay_test.h", async () => {
+  const { parseHeader } = await import("../lib/native/header_symbols.ts");
+  const { testLibraryPath } = await import("../lib/native/test_library.ts");
+  const exported = async (path: string) =>
+    (await run("nm", ["-D", "--defined-only", path])).split("\n").filter((l) => l.trim())
+      .map((l) => l.trim().split(/\s+/).pop()!).sort();
+  const header = await Deno.readTextFile(`${root}native/include/kvrelay.h`);
+  const testHeader = await Deno.readTextFile(`${root}native/include/kvrelay_test.h`);
+  const production = parseHeader(header).map((f) => f.name).sort();
+  const hooks = parseHeader(testHeader, header).map((f) => f.name).sort();
+  assert.deepEqual(await exported(lib), production);
+  assert.deepEqual(await exported(testLibraryPath()), [...production, ...hooks].sort());
 });
 
 Deno.test("a build with nvcc compiles the CUDA backend: the probe gives CUDA's reason, not the stub's", async () => {

@@ -9,7 +9,7 @@ const USAGE =
 Builds build/native/libkvrelay.so (CMake, Release) when it is missing or older than native/.
   --cuda      build the CUDA backend (needs nvcc) even where no CUDA device answers
   --no-cuda   build the CPU backend only (the default when no CUDA device answers)
-  --lib-only  the library alone, not the g++ test programs beside it (what serving needs)
+  --lib-only  the library alone, not the test library and g++ test programs (what serving needs)
   --force     rebuild even when the library is up to date
   --quiet     no "up to date" line
   -DNAME=VALUE  passed to CMake as is (e.g. -DKVR_CUDA=ON, -DCMAKE_CUDA_ARCHITECTURES=90a-real)`;
@@ -99,9 +99,13 @@ const programs = [...(await Deno.readTextFile(`${root}CMakeLists.txt`)).matchAll
   /^add_executable\((\w+)/gm,
 )].map((m) => m[1]);
 const libOnly = flags.has("--lib-only");
+// Without --lib-only the test library (libkvrelay_test.so: the same objects plus kvrelay_test.h's
+// hooks, which the tests and benchmarks open) and the test programs are built too.
 const libMtime = Math.min(
   await mtime(libPath),
-  ...(libOnly ? [] : await Promise.all(programs.map((p) => mtime(`${buildDir}/${p}`)))),
+  ...(libOnly ? [] : await Promise.all(
+    [...programs, "libkvrelay_test.so"].map((p) => mtime(`${buildDir}/${p}`)),
+  )),
 );
 const before = await configuredCuda();
 // A library built with CUDA still serves a CPU-only machine (auto falls back), so an automatic

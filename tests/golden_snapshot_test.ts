@@ -1,5 +1,5 @@
 // The cross-backend golden snapshots (tests/fixtures/golden): today's CPU backend reproduces each
-// file byte for byte (native chunk encoder and the TypeScript encoder alike) and imports it —
+// file byte for byte (native chunk encoder and the reference TypeScript encoder alike) and imports it —
 // lossless files restore the exact values, q8/q4 files decode within the documented bounds and
 // exactly as the TypeScript decoder does. The GPU check compares device output with these files.
 
@@ -11,9 +11,8 @@ import {
   encodeSnapshot,
   geometryOf,
   importSnapshot,
-  readKvSource,
-  writeKvSink,
 } from "../lib/snapshot/mod.ts";
+import { readKvSource, writeKvSink } from "./reference/chunk.ts";
 import {
   exportGolden,
   GOLDEN_CASES,
@@ -56,7 +55,6 @@ Deno.test("golden snapshots: the CPU backend reproduces every file byte for byte
           encoding: c.encoding,
           chunkTokens: GOLDEN_CHUNK_TOKENS,
           groupSize: c.groupSize || undefined,
-          codec: defaultKvCodec(),
         });
         assert(ts.every((b, i) => b === want[i]), `${c.file} (TypeScript encoder)`);
 

@@ -10,16 +10,14 @@ import {
   type SampleResult,
 } from "../native/mod.ts";
 import type { LoadedModel } from "./load.ts";
-import { Sampler, type SamplingOptions, type TokenMask, validateSampling } from "./sampler.ts";
-import { StopStringMatcher } from "./stop_strings.ts";
 import {
-  changesLogits,
-  type LogitOptions,
-  LogitProcessor,
-  type StepLogprobs,
-  stepLogprobs,
-  validRepetitionPenalty,
-} from "./logits.ts";
+  resolveSampling,
+  type SamplingOptions,
+  type TokenMask,
+  validateSampling,
+} from "./sampling.ts";
+import { StopStringMatcher } from "./stop_strings.ts";
+import { type LogitOptions, type StepLogprobs, validRepetitionPenalty } from "./logits.ts";
 import { type Decoder, IncrementalDetokenizer } from "./detokenizer.ts";
 
 /** Tokens generated when `maxTokens` is not given. */
@@ -37,17 +35,12 @@ export interface GenerateOptions extends SamplingOptions, LogitOptions {
    *  Default: the model's eos ids; `[]` disables stopping on a token. */
   stopTokenIds?: number[];
   /** The stop token ids cannot be sampled before this many tokens were generated (vLLM's
-   *  min_tokens; stop strings still apply). 0..maxTokens, default 0. Sampling then runs in
-   *  TypeScript. */
+   *  min_tokens; stop strings still apply). 0..maxTokens, default 0. */
   minTokens?: number;
   /** Aborting ends generation between tokens with finishReason "abort". */
   signal?: AbortSignal;
   /** Leave special tokens out of the text; default true (they stay in tokenIds). */
   skipSpecialTokens?: boolean;
-  /** Sample in native code when the sequence supports it (default true): each decode step then
-   *  returns a token id instead of the vocabulary's logits. Same tokens either way (the native
-   *  sampler replicates {@link Sampler} exactly); false keeps the TypeScript sampler. */
-  nativeSampling?: boolean;
   /** Structured output: a grammar's per-request matcher (lib/grammar GrammarMatcher). Every
    *  draw is restricted to the tokens its mask allows (never drawn and rejected), each drawn
    *  token is accepted into it, and a token that completes it ends the output (finishReason
@@ -98,9 +91,9 @@ export interface GenerateChunk {
 /** The part of a sequence the decode loop needs (NativeSequence satisfies it). */
 export interface DecodeTarget {
   decode(token: number): Promise<Float32Array>;
-  /** Native sampling (both or neither): a sampler for these options, and a decode step that
-   *  samples the next token from its own logits. Targets that transform logits in JavaScript
-   *  leave these out, so the loop samples their logits in TypeScript. */
+  /** Sampling inside the decode step (both or neither): a sampler for these options, and a decode
+   *  step that samples the next token from its own logits. A target without them returns logits,
+   *  which the loop samples with a native sampler of its own. */
   createSampler?(opts: NativeSamplingOptions): NativeSampler;
   decodeSample?(
     token: number,
@@ -213,7 +206,7 @@ export async function* decodeLoop(
   const { maxTokens, stop, stopTokenIds, minTokens, repetitionPenalty } = validateGenerateOptions(
     opts,
   );
-  const sampler = new Sampler(opts);
+  const options = resolveSampling(opts);
   const stopper = new StopStringMatcher(stop);
   // Context ids the tokenizer cannot decode (embedding padding rows) are left out of the context.
   const contextIds = Array.from(ctx.contextIds).filter((id) => id < ctx.tokenizer.vocabSize);
@@ -228,38 +221,24 @@ export async function* decodeLoop(
   let ttftMs: number | undefined;
   let finishReason: GenerateResult["finishReason"] | undefined;
   let logits = firstLogits;
-  // Bias, presence/frequency penalties and min_tokens' ban change each row in TypeScript: native
-  // sampling is then off. The repetition penalty alone stays native (the sampler applies it).
-  const ban = minTokens > 0 && stopIds.size > 0 ? { minTokens, ids: [...stopIds] } : undefined;
-  const inTypeScript = changesLogits(opts) || ban !== undefined;
-  const penaltyIds = ctx.penaltyIds ?? contextIds;
-  // Logprobs alone come from the native sampler (the same bits as stepLogprobs).
   const lpReq: LogprobRequest | undefined = opts.logprobs === undefined
     ? undefined
     : { logprob: true, topLogprobs: opts.logprobs };
-  // Native sampling: the same stream (seed resolved by `sampler`), drawn next to the logits when
-  // the target samples in its decode step; a target without one (a batched step, a target that
-  // transforms logits in JavaScript) still gets its logprobs from a native sampler on its rows.
-  const canNative = !inTypeScript && opts.nativeSampling !== false;
-  const stepSamples = canNative && target.createSampler !== undefined &&
-    target.decodeSample !== undefined;
-  const native = stepSamples
-    ? target.createSampler!(sampler.options)
-    : canNative && lpReq
-    ? NativeSampler.create(sampler.options)
-    : null;
-  if (native && repetitionPenalty !== 1) {
-    try {
-      native.setRepetitionPenalty(repetitionPenalty, penaltyIds);
-    } catch (e) {
-      native.free();
-      throw e;
-    }
+  // Every draw is native: in the target's decode step when it samples there, else from the
+  // logits it returns. The sampler applies the ban, bias and penalties itself.
+  const stepSamples = target.createSampler !== undefined && target.decodeSample !== undefined;
+  const native = stepSamples ? target.createSampler!(options) : NativeSampler.create(options);
+  try {
+    configureSampler(native, opts, {
+      repetitionPenalty,
+      penaltyIds: ctx.penaltyIds ?? contextIds,
+      minTokens,
+      stopIds,
+    });
+  } catch (e) {
+    native.free();
+    throw e;
   }
-  // Rows sampled in TypeScript are processed here (the native sampler penalises its own).
-  const processor = !native && (inTypeScript || repetitionPenalty !== 1)
-    ? new LogitProcessor(opts, penaltyIds, ban)
-    : null;
   let next: SampleResult | undefined; // what the last native decode step sampled
   // A burst's tokens not consumed yet (each already appended but the burst's last): without
   // logprobs, a target with bursts returns several tokens per call.
@@ -269,10 +248,8 @@ export async function* decodeLoop(
     target.rewind !== undefined;
   // The mask of the next draw, computed right after the previous token was accepted and before
   // the step that draws it is submitted (the step itself waits for it: not overlapped).
-  let mask: TokenMask | undefined;
   const nextMask = async () => {
-    mask = await grammar!.nextMask();
-    native?.setMask(mask);
+    native.setMask(await grammar!.nextMask());
   };
   let ahead: Int32Array | null = null;
   let aheadAt = 0;
@@ -290,19 +267,9 @@ export async function* decodeLoop(
         giveBack();
         break;
       }
-      let id: number;
-      let logprobs: StepLogprobs | undefined;
-      if (next !== undefined || native) {
-        const r = next ?? native!.sample(logits, sampleWidth, lpReq);
-        id = r.token;
-        if (lpReq) logprobs = nativeLogprobs(r);
-      } else {
-        const raw = logits.subarray(0, sampleWidth);
-        const row = processor ? processor.process(raw) : raw;
-        id = sampler.sample(row, mask);
-        if (opts.logprobs !== undefined) logprobs = stepLogprobs(row, id, opts.logprobs);
-        processor?.push(id);
-      }
+      const r = next ?? native.sample(logits, sampleWidth, lpReq);
+      const id = r.token;
+      const logprobs = lpReq ? nativeLogprobs(r) : undefined;
       ttftMs ??= performance.now() - ctx.startMs;
       tokenIds.push(id);
       if (grammar && !grammar.accept(id)) {
@@ -334,7 +301,7 @@ export async function* decodeLoop(
         } else if (bursts) {
           ahead = await target.decodeBurst!(
             id,
-            native!,
+            native,
             sampleWidth,
             maxTokens - tokenIds.length - 1,
           );
@@ -342,13 +309,13 @@ export async function* decodeLoop(
           aheadAt = 1;
         } else {
           if (grammar) await nextMask();
-          if (stepSamples) next = await target.decodeSample!(id, native!, sampleWidth, lpReq);
+          if (stepSamples) next = await target.decodeSample!(id, native, sampleWidth, lpReq);
           else logits = await target.decode(id);
         }
       }
     }
   } finally {
-    native?.free();
+    native.free();
     grammar?.dispose();
   }
   return {
@@ -358,6 +325,29 @@ export async function* decodeLoop(
     finishReason,
     ttftMs: ttftMs ?? performance.now() - ctx.startMs,
   };
+}
+
+/** What a generation's sampler applies besides the draw settings. */
+interface SamplerProcessing {
+  repetitionPenalty: number;
+  /** ids the repetition penalty counts as seen before the first draw */
+  penaltyIds: ArrayLike<number>;
+  minTokens: number;
+  /** the ids banned until minTokens */
+  stopIds: ReadonlySet<number>;
+}
+
+/**
+ * Gives a sampler the request's logit processing (vLLM's order, applied natively): the
+ * min_tokens ban of the stop ids, logit_bias, the repetition penalty, presence and frequency
+ * penalties. Settings that are off are not sent.
+ */
+function configureSampler(native: NativeSampler, opts: LogitOptions, p: SamplerProcessing): void {
+  if (p.repetitionPenalty !== 1) native.setRepetitionPenalty(p.repetitionPenalty, p.penaltyIds);
+  if ((opts.logitBias?.size ?? 0) > 0) native.setLogitBias(opts.logitBias!);
+  const presence = opts.presencePenalty ?? 0, frequency = opts.frequencyPenalty ?? 0;
+  if (presence !== 0 || frequency !== 0) native.setPresenceFrequency(presence, frequency);
+  if (p.minTokens > 0 && p.stopIds.size > 0) native.setMinTokens(p.minTokens, [...p.stopIds]);
 }
 
 /** A native sample's logprobs in the engine's shape (asked with logprob and topLogprobs). */

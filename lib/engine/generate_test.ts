@@ -184,8 +184,9 @@ Deno.test("`decodeLoop()` rejects bad options with RangeError/TypeError before s
 
 import { loadModel } from "./load.ts";
 import { continueFrom, generate, generateStream, MAX_SEQUENCE_TOKENS } from "./generate.ts";
-import { argmax } from "./sampler.ts";
-import { stepLogprobs } from "./logits.ts";
+import { argmax } from "../../tests/reference/sampler.ts";
+import { stepLogprobs } from "../../tests/reference/logits.ts";
+import { referenceGenerate } from "../../tests/reference/generate.ts";
 import type { NativeSequence } from "../native/mod.ts";
 
 const PROMPT = "The Congress of the United States";
@@ -385,7 +386,7 @@ Deno.test("`generate()` gives the same tokens when two generations run concurren
   assertEquals(together.map((r) => r.tokenIds), alone.map((r) => r.tokenIds));
 });
 
-Deno.test("`generate()` samples natively with the same tokens as the TypeScript sampler, many settings", async () => {
+Deno.test("`generate()` samples natively with the same tokens as the reference sampler, many settings", async () => {
   const m = await model();
   const settings = [
     { temperature: 0 },
@@ -399,9 +400,9 @@ Deno.test("`generate()` samples natively with the same tokens as the TypeScript 
     for (const seed of [1, 99, 123456789]) {
       const opts = { ...s, seed, maxTokens: 24, stopTokenIds: [] };
       const native = await generate(m, PROMPT, opts);
-      const ts = await generate(m, PROMPT, { ...opts, nativeSampling: false });
-      assertEquals(native.tokenIds, ts.tokenIds, JSON.stringify(opts));
-      assertEquals(native.text, ts.text);
+      const ref = await referenceGenerate(m, PROMPT, opts);
+      assertEquals(native.tokenIds, ref.map((r) => r.tokenId), JSON.stringify(opts));
+      assertEquals(native.text, tok.decode(native.tokenIds));
     }
   }
 });
@@ -432,21 +433,45 @@ Deno.test("`generate()` with a repetition penalty: greedy equals the penalised a
   }
 });
 
-Deno.test("`generate()` with a repetition penalty samples natively with the TypeScript path's tokens", async () => {
+Deno.test("`generate()` with penalties, logit_bias and min_tokens samples natively with the reference's tokens and logprobs", async () => {
   const m = await model();
-  const settings = [
+  const common = tok.encode(PROMPT);
+  const settings: GenerateOptions[] = [
     { temperature: 0, repetitionPenalty: 1.5 },
     { temperature: 0.8, topP: 0.95, repetitionPenalty: 1.2 },
     { temperature: 1, topK: 40, repetitionPenalty: 0.8 },
-    // with bias/penalties too (TypeScript for both; the processor's order)
     { temperature: 0.9, repetitionPenalty: 1.3, presencePenalty: 0.5 },
+    { temperature: 1, frequencyPenalty: 0.7 },
+    { temperature: 0.8, topK: 30, presencePenalty: -0.4, frequencyPenalty: 1.1 },
+    { temperature: 1, logitBias: new Map([[common[0], 3.25], [common[1], -2.5], [7, 1e-3]]) },
+    { temperature: 0, logitBias: new Map([[common[2], 0.75]]), frequencyPenalty: 0.3, logprobs: 3 },
+    // min_tokens: EOS is likely (bias), banned for the first 5 draws, drawn as soon as allowed
+    { temperature: 1.2, logitBias: new Map([[EOS, 6]]), minTokens: 5 },
+    {
+      temperature: 0.7,
+      topP: 0.9,
+      minP: 0.02,
+      repetitionPenalty: 1.1,
+      presencePenalty: 0.2,
+      frequencyPenalty: 0.2,
+      logitBias: new Map([[EOS, 4]]),
+      minTokens: 3,
+      logprobs: 5,
+    },
   ];
   for (const s of settings) {
     for (const seed of [5, 77]) {
-      const opts = { ...s, seed, maxTokens: 24, stopTokenIds: [] };
-      const native = await generate(m, PROMPT, opts);
-      const ts = await generate(m, PROMPT, { ...opts, nativeSampling: false });
-      assertEquals(native.tokenIds, ts.tokenIds, JSON.stringify(opts));
+      const opts = { ...s, seed, maxTokens: 24, stopTokenIds: s.minTokens ? [EOS] : [] };
+      const chunks: GenerateChunk[] = [];
+      const it = generateStream(m, PROMPT, opts);
+      for (let st = await it.next(); !st.done; st = await it.next()) chunks.push(st.value);
+      const ref = await referenceGenerate(m, PROMPT, opts);
+      const what = JSON.stringify({ ...opts, logitBias: [...(opts.logitBias ?? [])] });
+      assertEquals(chunks.map((c) => c.tokenId), ref.map((r) => r.tokenId), what);
+      if (s.logprobs !== undefined) {
+        assertEquals(chunks.map((c) => c.logprobs), ref.map((r) => r.logprobs), what);
+      }
+      if (s.minTokens) assert(!chunks.slice(0, s.minTokens).some((c) => c.tokenId === EOS), what);
     }
   }
 });
@@ -463,7 +488,7 @@ Deno.test("`generate()` minTokens keeps a forced EOS out until then, on the real
   assertEquals(r.text, tok.decode(r.tokenIds.slice(0, 3)));
 });
 
-Deno.test("`decodeLoop()` samples logits in TypeScript when the target has no native sampling", async () => {
+Deno.test("`decodeLoop()` samples the logits a target returns when it has no sampling decode step", async () => {
   // A target that scales logits in JavaScript (as `compare` does) must not be bypassed.
   const m = await model();
   const seq = m.native.createSequence(64);
@@ -490,7 +515,7 @@ Deno.test("`decodeLoop()` samples logits in TypeScript when the target has no na
   }
 });
 
-Deno.test("`generate()` with logprobs takes them from the native sampler, equal to the TypeScript path bit for bit", async () => {
+Deno.test("`generate()` with logprobs takes them from the native sampler, equal to the reference bit for bit", async () => {
   const m = await model();
   const settings = [
     { temperature: 0, logprobs: 5 },
@@ -501,16 +526,16 @@ Deno.test("`generate()` with logprobs takes them from the native sampler, equal 
   for (const s of settings) {
     for (const seed of [1, 123456789]) {
       const opts = { ...s, seed, maxTokens: 16, stopTokenIds: [] };
-      const collect = async (o: typeof opts & { nativeSampling?: boolean }) => {
-        const chunks: GenerateChunk[] = [];
-        const it = generateStream(m, PROMPT, o);
-        for (let st = await it.next(); !st.done; st = await it.next()) chunks.push(st.value);
-        return chunks;
-      };
-      const native = await collect(opts);
-      const ts = await collect({ ...opts, nativeSampling: false });
+      const native: GenerateChunk[] = [];
+      const it = generateStream(m, PROMPT, opts);
+      for (let st = await it.next(); !st.done; st = await it.next()) native.push(st.value);
+      const ref = await referenceGenerate(m, PROMPT, opts);
       assertEquals(native.length, 16);
-      assertEquals(native, ts, JSON.stringify(opts));
+      assertEquals(
+        native.map((c) => ({ tokenId: c.tokenId, logprobs: c.logprobs })),
+        ref,
+        JSON.stringify(opts),
+      );
       for (const c of native) assertEquals(c.logprobs!.top.length, s.logprobs);
     }
   }

@@ -3,18 +3,12 @@
 
 export { type LoadedModel, loadModel, type LoadTimings } from "./load.ts";
 export {
-  argmax,
   checkTokenMask,
-  maskRow,
-  NoAllowedTokenRowError,
-  NoFiniteLogitRowError,
-  Sampler,
-  samplingDistribution,
+  resolveSampling,
   type SamplingOptions,
-  type TokenDistribution,
   type TokenMask,
   validateSampling,
-} from "./sampler.ts";
+} from "./sampling.ts";
 export {
   continueFrom,
   type ContinueOptions,
@@ -33,13 +27,5 @@ export {
 export { DEFAULT_SCORE_CONTEXT, negLogLikelihood, type ScoreResult, scoreTokens } from "./score.ts";
 export { type StopStep, StopStringMatcher } from "./stop_strings.ts";
 export { IncrementalDetokenizer } from "./detokenizer.ts";
-export {
-  changesLogits,
-  type LogitOptions,
-  LogitProcessor,
-  needsLogits,
-  type StepLogprobs,
-  stepLogprobs,
-  type TokenLogprob,
-} from "./logits.ts";
+export { type LogitOptions, type StepLogprobs, type TokenLogprob } from "./logits.ts";
 export { randomSeed, Xoshiro128 } from "./prng.ts";

@@ -9,7 +9,7 @@
 // vocabulary size, stop ids) and canonical schema. Not the HTTP parsing nor the generation loop.
 
 import { canonicalJson, type Tokenizer } from "../tokenizer/mod.ts";
-import type { TokenMask } from "../engine/sampler.ts";
+import type { TokenMask } from "../engine/sampling.ts";
 import { checkSchema, GrammarInputError } from "./schema_check.ts";
 import {
   captureFailure,

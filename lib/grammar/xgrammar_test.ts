@@ -13,7 +13,7 @@ import { NativeModel, NativeSampler } from "../native/mod.ts";
 import { checkpoint, DEMO_DIRS, tokens as randomTokens } from "../native/test_helpers.ts";
 import { Xoshiro128 } from "../engine/prng.ts";
 import { GrammarEngine, GrammarInputError, type GrammarMatcher } from "./mod.ts";
-import type { TokenMask } from "../engine/sampler.ts";
+import type { TokenMask } from "../engine/sampling.ts";
 import { FLOATS, SCHEMAS } from "./test_schemas.ts";
 import { drawTeacher } from "./test_draw.ts";
 

@@ -9,6 +9,8 @@ import type { ModelConfig } from "../model/mod.ts";
 import { applyRope, ropeInvFreq } from "../../tests/reference/forward.ts";
 import { mulberry32, writeRandomCheckpoint } from "../../tests/fixtures/random_checkpoint.ts";
 import { type LoadedModel, loadModel } from "../engine/mod.ts";
+import type { NativeLibrary } from "../native/mod.ts";
+import { openTestLibrary } from "../native/test_library.ts";
 import {
   encodeModelParams,
   EngineError,
@@ -361,6 +363,7 @@ Deno.test("LinearKernel.apply() gives identical results when applies overlap and
 async function seqPair(
   srcDtype: KvDtype,
   dstDtype: KvDtype,
+  lib?: NativeLibrary,
 ): Promise<{ s: LoadedModel; t: LoadedModel; dirs: string[] }> {
   const ds = await Deno.makeTempDir({ prefix: "kvr-seqproj-" });
   const dt = await Deno.makeTempDir({ prefix: "kvr-seqproj-" });
@@ -390,18 +393,23 @@ async function seqPair(
     seed: 32,
   });
   return {
-    s: await loadModel(ds, { threads: 2, kvDtype: srcDtype }),
-    t: await loadModel(dt, { threads: 2, kvDtype: dstDtype }),
+    s: await loadModel(ds, { threads: 2, kvDtype: srcDtype, lib }),
+    t: await loadModel(dt, { threads: 2, kvDtype: dstDtype, lib }),
     dirs: [ds, dt],
   };
 }
 
-function randomKernel(s: ModelConfig, t: ModelConfig, seed: number): LinearKernel {
+function randomKernel(
+  s: ModelConfig,
+  t: ModelConfig,
+  seed: number,
+  lib?: NativeLibrary,
+): LinearKernel {
   const rand = mulberry32(seed);
   const ns = featureWidth(s), nt = featureWidth(t);
   const w = () => Float32Array.from({ length: nt * ns }, () => randn(rand) / Math.sqrt(ns));
   const b = () => Float32Array.from({ length: nt }, () => randn(rand));
-  return new LinearKernel(s, t, w(), b(), w(), b());
+  return new LinearKernel(s, t, w(), b(), w(), b(), lib);
 }
 
 /** Every layer's K and V of [0, n) in the cache's own dtype, decoded to f32 by readCacheBlock. */
@@ -466,24 +474,26 @@ Deno.test("LinearKernel.applySeq() equals the JS-orchestrated read → apply →
 });
 
 Deno.test("LinearKernel.applySeq() through the backend copy path writes the same bits as the CPU in-place path", async () => {
-  // KVRELAY_PROJECT_VIA_COPIES=1 makes kvr_projector_apply_seq use the backend-neutral path
-  // (kv_read → project → kv_write per chunk), the one a CUDA sequence takes. Same chunks, same
-  // arithmetic: the caches must be bit-identical, in every dtype pair.
+  // The test library's switch (kvr_test_set_project_via_copies) makes kvr_projector_apply_seq use
+  // the backend-neutral path (kv_read → project → kv_write per chunk), the one a CUDA sequence
+  // takes. Same chunks, same arithmetic: the caches must be bit-identical, in every dtype pair.
+  // Models, sequences and the projector all come from the test library.
+  const lib = openTestLibrary();
   for (const [sd, dd] of [["f32", "f32"], ["bf16", "f16"]] as const) {
-    const { s, t, dirs } = await seqPair(sd, dd);
+    const { s, t, dirs } = await seqPair(sd, dd, lib);
     try {
-      using kern = randomKernel(s.native.config, t.native.config, 43);
+      using kern = randomKernel(s.native.config, t.native.config, 43, lib);
       const n = 193; // chunks of 96, 96 and a one-row chunk
       using src = s.native.createSequence(n);
       await src.prefill(Array.from({ length: n }, (_, i) => (i * 104729 + 7) % 4096));
       using fast = t.native.createSequence(n);
       using copied = t.native.createSequence(n);
       await kern.applySeq(src, fast, n, 2);
-      Deno.env.set("KVRELAY_PROJECT_VIA_COPIES", "1");
+      lib.check(lib.hooks.kvr_test_set_project_via_copies(1), "kvr_test_set_project_via_copies");
       try {
         await kern.applySeq(src, copied, n, 2);
       } finally {
-        Deno.env.delete("KVRELAY_PROJECT_VIA_COPIES");
+        lib.check(lib.hooks.kvr_test_set_project_via_copies(0), "kvr_test_set_project_via_copies");
       }
       assert.equal(copied.length, n);
       for (let layer = 0; layer < t.native.config.numLayers; layer++) {

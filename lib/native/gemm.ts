@@ -1,10 +1,12 @@
-// The GEMM entry points of libkvrelay for tests and benchmarks (C = A·Bᵀ in f32), and the name of
-// the runtime-selected CPU kernel. Arguments are checked before FFI. Not used by the model path.
+// The GEMM entry points of the test library (libkvrelay_test.so, kvrelay_test.h) for tests and
+// benchmarks (C = A·Bᵀ in f32), and the name of the runtime-selected CPU kernel. Arguments are
+// checked before FFI. Not used by the model path.
 
 import { WEIGHTS_CODE } from "./abi.ts";
 import { checkInt, quoteValue } from "./check.ts";
 import type { WeightFormat } from "./layout.ts";
-import { cString, type NativeLibrary, openNativeLibrary } from "./library.ts";
+import { cString } from "./library.ts";
+import { openTestLibrary, type TestLibrary } from "./test_library.ts";
 
 const DIM_MAX = 0x7fffffff;
 
@@ -16,7 +18,7 @@ const DIM_MAX = 0x7fffffff;
  * @param a m×k values
  * @param b n×k values
  * @param threads worker threads (0 = all cores)
- * @param lib library (default openNativeLibrary())
+ * @param lib test library (default openTestLibrary())
  * @returns C, m×n values
  * @throws TypeError/RangeError for bad sizes; EngineError from native
  */
@@ -27,7 +29,7 @@ export function gemmF32(
   a: Float32Array,
   b: Float32Array,
   threads = 0,
-  lib: NativeLibrary = openNativeLibrary(),
+  lib: TestLibrary = openTestLibrary(),
 ): Float32Array {
   checkInt("m", m, 1, DIM_MAX);
   checkInt("n", n, 1, DIM_MAX);
@@ -43,7 +45,7 @@ export function gemmF32(
   }
   const c = new Float32Array(m * n);
   lib.check(
-    lib.symbols.kvr_gemm_f32(
+    lib.hooks.kvr_gemm_f32(
       m,
       n,
       k,
@@ -67,7 +69,7 @@ export function gemmF32(
  * @param k shared dimension
  * @param threads worker threads (0 = all cores)
  * @param iterations timed runs (>= 1)
- * @param lib library (default openNativeLibrary())
+ * @param lib test library (default openTestLibrary())
  * @returns median seconds
  * @throws RangeError for bad sizes; EngineError from native
  */
@@ -77,7 +79,7 @@ export function gemmBench(
   k: number,
   threads: number,
   iterations: number,
-  lib: NativeLibrary = openNativeLibrary(),
+  lib: TestLibrary = openTestLibrary(),
 ): number {
   checkInt("m", m, 1, DIM_MAX);
   checkInt("n", n, 1, DIM_MAX);
@@ -85,7 +87,7 @@ export function gemmBench(
   checkInt("threads", threads, 0, 4096);
   checkInt("iterations", iterations, 1, 1_000_000);
   const out = new Float64Array(1);
-  lib.check(lib.symbols.kvr_gemm_bench(m, n, k, threads, iterations, out), "kvr_gemm_bench");
+  lib.check(lib.hooks.kvr_gemm_bench(m, n, k, threads, iterations, out), "kvr_gemm_bench");
   return out[0];
 }
 
@@ -98,7 +100,7 @@ export function gemmBench(
  * @param k input features
  * @param w n×k values, row-major
  * @param x k values, or undefined for the dequantized weights only
- * @param lib library (default openNativeLibrary())
+ * @param lib test library (default openTestLibrary())
  * @returns the n×k values the kernels use, and y (n values) when x was given
  * @throws TypeError/RangeError for bad arguments; EngineError from native
  */
@@ -108,7 +110,7 @@ export function gemvQuantized(
   k: number,
   w: Float32Array,
   x?: Float32Array,
-  lib: NativeLibrary = openNativeLibrary(),
+  lib: TestLibrary = openTestLibrary(),
 ): { weights: Float32Array; y?: Float32Array } {
   if (!Object.hasOwn(WEIGHTS_CODE, format)) {
     throw new TypeError(
@@ -126,7 +128,7 @@ export function gemvQuantized(
   const weights = new Float32Array(n * k);
   const y = x === undefined ? undefined : new Float32Array(n);
   lib.check(
-    lib.symbols.kvr_gemv_quantized(
+    lib.hooks.kvr_gemv_quantized(
       WEIGHTS_CODE[format],
       n,
       k,
@@ -155,7 +157,7 @@ export function gemvQuantized(
  * @param w n×k values, row-major
  * @param x m×k values, row-major
  * @param options threads (default 1; 0 = all cores), y0 (m×n values to accumulate onto)
- * @param lib library (default openNativeLibrary())
+ * @param lib test library (default openTestLibrary())
  * @returns y, m×n values
  * @throws TypeError/RangeError for bad arguments; EngineError from native
  */
@@ -167,7 +169,7 @@ export function gemmQuantized(
   w: Float32Array,
   x: Float32Array,
   options: { threads?: number; y0?: Float32Array } = {},
-  lib: NativeLibrary = openNativeLibrary(),
+  lib: TestLibrary = openTestLibrary(),
 ): Float32Array {
   if (!Object.hasOwn(WEIGHTS_CODE, format)) {
     throw new TypeError(
@@ -190,7 +192,7 @@ export function gemmQuantized(
   }
   const y = y0 === undefined ? new Float32Array(m * n) : y0.slice();
   lib.check(
-    lib.symbols.kvr_gemm_quantized(
+    lib.hooks.kvr_gemm_quantized(
       WEIGHTS_CODE[format],
       m,
       n,
@@ -218,7 +220,7 @@ export function gemmQuantized(
  * @param w n×k bf16 bit patterns, row-major
  * @param x m×k values, row-major
  * @param y0 m×n values to accumulate onto (optional)
- * @param lib library (default openNativeLibrary())
+ * @param lib test library (default openTestLibrary())
  * @returns y (m×n values) and whether the AMX tiles ran
  * @throws RangeError for bad arguments; EngineError from native
  */
@@ -229,7 +231,7 @@ export function gemmFewRowsBf16(
   w: Uint16Array,
   x: Float32Array,
   y0?: Float32Array,
-  lib: NativeLibrary = openNativeLibrary(),
+  lib: TestLibrary = openTestLibrary(),
 ): { y: Float32Array; amx: boolean } {
   checkInt("m", m, 1, DIM_MAX);
   checkInt("n", n, 1, DIM_MAX);
@@ -246,7 +248,7 @@ export function gemmFewRowsBf16(
   const y = y0 === undefined ? new Float32Array(m * n) : y0.slice();
   const amx = new Uint32Array(1);
   lib.check(
-    lib.symbols.kvr_gemm_few_rows_bf16(
+    lib.hooks.kvr_gemm_few_rows_bf16(
       m,
       n,
       k,
@@ -266,9 +268,9 @@ export function gemmFewRowsBf16(
 
 /**
  * The CPU kernel chosen at runtime.
- * @param lib library (default openNativeLibrary())
+ * @param lib test library (default openTestLibrary())
  * @returns "avx512", "avx2-fma" or "generic"
  */
-export function cpuKernelName(lib: NativeLibrary = openNativeLibrary()): string {
-  return cString(lib.symbols.kvr_cpu_kernel_name());
+export function cpuKernelName(lib: TestLibrary = openTestLibrary()): string {
+  return cString(lib.hooks.kvr_cpu_kernel_name());
 }

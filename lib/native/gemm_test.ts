@@ -4,7 +4,9 @@
 // Not a benchmark: bench/ measures speed.
 
 import assert from "node:assert/strict";
-import { cpuKernelName, EngineError, gemmBench, gemmF32, openNativeLibrary } from "./mod.ts";
+import { EngineError } from "./mod.ts";
+import { cpuKernelName, gemmBench, gemmF32 } from "./gemm.ts";
+import { openTestLibrary } from "./test_library.ts";
 import { childTest } from "./test_helpers.ts";
 
 const FORCED = Deno.env.get("KVRELAY_CPU_KERNEL");
@@ -179,10 +181,10 @@ Deno.test("`gemmF32()` throws RangeError before FFI when a or b has the wrong le
 
 Deno.test("kvr_gemm_f32 reports EngineError OUT_OF_RANGE when a buffer is shorter than needed", () => {
   // Straight to the symbol (the TS wrapper would refuse first): the native side checks too.
-  const lib = openNativeLibrary();
+  const lib = openTestLibrary();
   const call = (m: number, n: number, k: number, aLen: number, bLen: number, cLen: number) =>
     lib.check(
-      lib.symbols.kvr_gemm_f32(
+      lib.hooks.kvr_gemm_f32(
         m,
         n,
         k,

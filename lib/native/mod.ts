@@ -25,7 +25,6 @@ export {
   type NativeSamplingOptions,
   type SampleResult,
 } from "./sampler.ts";
-export { cpuKernelName, gemmBench, gemmF32 } from "./gemm.ts";
 export {
   encodeModelParams,
   encodePaths,

@@ -1,11 +1,12 @@
-// NativeSampler: a kvr_sampler — the native twin of lib/engine's Sampler (same draws for the
-// same logits and seed), so a decode step can return a token id instead of a vocabulary of
-// floats. Options are checked here before FFI; the TypeScript Sampler stays the oracle (tests).
-// Not the option defaults or validation rules themselves (lib/engine/sampler.ts owns those).
+// NativeSampler: a kvr_sampler — the production sampler (the same draws for the same logits and
+// seed as the TypeScript oracle, tests/reference/sampler.ts), so a decode step can return a token
+// id instead of a vocabulary of floats, with the request's logit processing (bias, penalties,
+// min_tokens, mask) applied natively. Options are checked here before FFI. Not the option
+// defaults or validation rules themselves (lib/engine/sampling.ts owns those).
 
 import { checkInt } from "./check.ts";
 import { EngineError, NoAllowedTokenError, NoFiniteLogitError } from "./errors.ts";
-import { checkTokenMask, type TokenMask } from "../engine/sampler.ts";
+import { checkTokenMask, type TokenMask } from "../engine/sampling.ts";
 import { cString, type NativeLibrary, openNativeLibrary } from "./library.ts";
 
 /** sizeof(kvr_sampling_params). */
@@ -220,6 +221,77 @@ export class NativeSampler {
       const message = cString(this.#lib.symbols.kvr_sampler_last_error(ptr)) ||
         this.#lib.lastError();
       throw new EngineError(status, message, "kvr_sampler_set_repetition_penalty");
+    }
+  }
+
+  /**
+   * Sets the logit bias (OpenAI's logit_bias): before each later draw `bias.get(id)` is added to
+   * token id's logit (after the min_tokens ban, before the penalties and temperature). Call it
+   * before the first draw.
+   *
+   * @param bias token id (>= 0) → finite value added; empty = none
+   * @throws EngineError when the library rejects a value (the message names it)
+   */
+  setLogitBias(bias: ReadonlyMap<number, number>): void {
+    const ids = Int32Array.from(bias.keys());
+    const values = Float64Array.from(bias.values());
+    this.#set(
+      "kvr_sampler_set_logit_bias",
+      (p) =>
+        this.#lib.symbols.kvr_sampler_set_logit_bias(
+          p,
+          ids.length > 0 ? ids : null,
+          values.length > 0 ? values : null,
+          BigInt(ids.length),
+        ),
+    );
+  }
+
+  /**
+   * Sets OpenAI's presence and frequency penalties over the tokens this sampler draws: before each
+   * later draw, a token drawn n > 0 times has n·frequency + presence subtracted from its logit.
+   *
+   * @param presence finite; 0 = off
+   * @param frequency finite; 0 = off
+   * @throws EngineError when the library rejects a value (the message names it)
+   */
+  setPresenceFrequency(presence: number, frequency: number): void {
+    this.#set(
+      "kvr_sampler_set_presence_frequency",
+      (p) => this.#lib.symbols.kvr_sampler_set_presence_frequency(p, presence, frequency),
+    );
+  }
+
+  /**
+   * Bans `stopIds` (logit -Infinity) from the draws until this sampler has drawn `minTokens`
+   * tokens (vLLM's min_tokens). Call it before the first draw.
+   *
+   * @param minTokens draws the ban lasts (0 = off)
+   * @param stopIds the ids banned (>= 0)
+   * @throws EngineError when the library rejects a value (the message names it)
+   */
+  setMinTokens(minTokens: number, stopIds: ArrayLike<number>): void {
+    const ids = Int32Array.from(stopIds);
+    this.#set(
+      "kvr_sampler_set_min_tokens",
+      (p) =>
+        this.#lib.symbols.kvr_sampler_set_min_tokens(
+          p,
+          checkInt("minTokens", minTokens, 0, 0xffff_ffff),
+          ids.length > 0 ? ids : null,
+          BigInt(ids.length),
+        ),
+    );
+  }
+
+  // Runs a setter on the sampler, turning a failed status into an EngineError with its message.
+  #set(call: string, fn: (ptr: Deno.PointerObject) => number): void {
+    const ptr = this.pointer;
+    const status = fn(ptr);
+    if (status !== 0) {
+      const message = cString(this.#lib.symbols.kvr_sampler_last_error(ptr)) ||
+        this.#lib.lastError();
+      throw new EngineError(status, message, call);
     }
   }
 

@@ -10,12 +10,8 @@ import { EngineError, NoAllowedTokenError, NoFiniteLogitError } from "./errors.t
 import { type BatchItem, NativeModel, type NativeSamplingOptions } from "./mod.ts";
 import { openNativeLibrary } from "./library.ts";
 import { checkpoint, DEMO_DIRS, tokens } from "./test_helpers.ts";
-import {
-  NoAllowedTokenRowError,
-  Sampler,
-  type SamplingOptions,
-  type TokenMask,
-} from "../engine/sampler.ts";
+import type { SamplingOptions, TokenMask } from "../engine/sampling.ts";
+import { NoAllowedTokenRowError, Sampler } from "../../tests/reference/sampler.ts";
 import { Xoshiro128 } from "../engine/prng.ts";
 
 /** A mask over n tokens allowing each with probability `density` (at least one). */

@@ -5,8 +5,13 @@
 import assert from "node:assert/strict";
 import { NativeSampler } from "./sampler.ts";
 import { EngineError } from "./errors.ts";
-import { Sampler, type SamplingOptions } from "../engine/sampler.ts";
-import { applyRepetitionPenalty } from "../engine/logits.ts";
+import type { SamplingOptions } from "../engine/sampling.ts";
+import { Sampler } from "../../tests/reference/sampler.ts";
+import {
+  applyRepetitionPenalty,
+  LogitProcessor,
+  stepLogprobs,
+} from "../../tests/reference/logits.ts";
 import { Xoshiro128 } from "../engine/prng.ts";
 
 /** A logits row of `kind` from a seeded stream. */
@@ -255,4 +260,79 @@ Deno.test("repetition penalty: the native sampler refuses a penalty that is not 
     );
   }
   assert.throws(() => s.setRepetitionPenalty(1.2, [1, -3]), /seen_ids\[1\] = -3/);
+});
+
+Deno.test("logit_bias, presence/frequency and min_tokens: the native sampler = the plain rule on known logits", () => {
+  const logits = new Float32Array([2.5, 2.0, -1.5, 3.0, 0.25, -0.5]);
+  const greedy = () => NativeSampler.create({ temperature: 0, topK: 0, topP: 1, minP: 0, seed: 1 });
+  // Bias, float64 then float32: token 4 gets 0.25 + 3.5 = 3.75 and leads; token 3 drops to 2.
+  using biased = greedy();
+  biased.setLogitBias(new Map([[4, 3.5], [3, -1], [99, 50]])); // id 99 is past the row: ignored
+  const b = biased.sample(logits, logits.length, { logprob: true, topLogprobs: 2 });
+  assert.equal(b.token, 4);
+  assert.deepEqual(Array.from(b.top!.ids), [4, 0]);
+  const rowB = [2.5, 2.0, -1.5, 2.0, 3.75, -0.5];
+  const lse = Math.log(rowB.reduce((a, v) => a + Math.exp(v - 3.75), 0)) + 3.75;
+  assert.ok(Math.abs(b.logprob! - (3.75 - lse)) < 1e-12, "logprobs are those of the biased row");
+  // Presence 0.4, frequency 0.3 over the drawn tokens: token 3 first; drawn once it has
+  // 3 − 0.7 = 2.3 < 2.5, so token 0; then token 0 has 2.5 − 0.7 = 1.8 and token 3 (2.3) leads.
+  using pen = greedy();
+  pen.setPresenceFrequency(0.4, 0.3);
+  assert.deepEqual([0, 1, 2].map(() => pen.sample(logits).token), [3, 0, 3]);
+  // min_tokens 2 with stop id 3: banned for the first two draws (token 0 leads then), then drawn.
+  using minTok = greedy();
+  minTok.setMinTokens(2, [3, 77]);
+  assert.deepEqual([0, 1, 2, 3].map(() => minTok.sample(logits).token), [0, 0, 3, 3]);
+  // Off settings change nothing.
+  using off = greedy();
+  off.setLogitBias(new Map());
+  off.setPresenceFrequency(0, 0);
+  off.setMinTokens(0, [3]);
+  assert.equal(off.sample(logits).token, 3);
+});
+
+Deno.test("logit_bias, presence/frequency, repetition and min_tokens together: native draws = the reference processor and Sampler, seed for seed", () => {
+  const rng = new Xoshiro128(2024);
+  const bias = new Map([[0, 2.5], [13, -1.25], [97, 0.1], [194, 4], [499, -100], [600, 3]]);
+  for (const opts of [{ temperature: 0 }, ...SETTINGS.slice(1, 12)]) {
+    for (let seed = 0; seed < 8; seed++) {
+      const big = row(500, rng, seed);
+      const prompt = [7, 40, 41, 499, 250, 3];
+      const full = { temperature: 1, topK: 0, topP: 1, minP: 0, ...opts, seed };
+      const lo = { logitBias: bias, presencePenalty: 0.3, frequencyPenalty: 0.45 };
+      const stops = [194, 0];
+      using native = NativeSampler.create(full);
+      native.setRepetitionPenalty(1.2, prompt);
+      native.setLogitBias(bias);
+      native.setPresenceFrequency(lo.presencePenalty, lo.frequencyPenalty);
+      native.setMinTokens(4, stops);
+      const ref = new Sampler(full);
+      const proc = new LogitProcessor({ ...lo, repetitionPenalty: 1.2 }, prompt, {
+        minTokens: 4,
+        ids: stops,
+      });
+      for (let step = 0; step < 10; step++) {
+        const r = proc.process(big);
+        const want = ref.sample(r);
+        proc.push(want);
+        const got = native.sample(big, big.length, { logprob: true, topLogprobs: 4 });
+        assert.equal(got.token, want, `${JSON.stringify(full)} step ${step}`);
+        const lp = stepLogprobs(r, want, 4);
+        assert.equal(got.logprob, lp.logprob);
+        assert.deepEqual(Array.from(got.top!.ids), lp.top.map((t) => t.id));
+        assert.deepEqual(Array.from(got.top!.logprobs), lp.top.map((t) => t.logprob));
+        if (step < 4) assert.ok(!stops.includes(got.token), "a stop id before min_tokens");
+      }
+    }
+  }
+});
+
+Deno.test("logit_bias, presence/frequency and min_tokens: the native sampler refuses non-finite values and negative ids", () => {
+  using s = NativeSampler.create({ temperature: 0, topK: 0, topP: 1, minP: 0, seed: 1 });
+  assert.throws(() => s.setLogitBias(new Map([[-2, 1]])), /ids\[0\] = -2 is negative/);
+  assert.throws(() => s.setLogitBias(new Map([[5, NaN]])), /logit_bias\[5\] must be a finite/);
+  assert.throws(() => s.setPresenceFrequency(Infinity, 0), /presence_penalty must be a finite/);
+  assert.throws(() => s.setPresenceFrequency(0, NaN), /frequency_penalty must be a finite/);
+  assert.throws(() => s.setMinTokens(3, [1, -1]), /stop_ids\[1\] = -1 is negative/);
+  assert.throws(() => s.setMinTokens(-1, [1]), RangeError);
 });

@@ -499,7 +499,7 @@ export class NativeSequence {
   /**
    * Encodes positions [start, start+tokens) of every layer as snapshot chunk `index` into
    * `frame`, natively (the backend reads its own cache: no KV crosses into JavaScript). Same
-   * bytes as lib/snapshot encodeChunk over readKv.
+   * bytes as the reference encodeChunk over readKv (tests/reference/chunk.ts).
    * @param encoding chunk encoding
    * @param groupSize q4 group (1..1024), 0 for every other encoding
    * @param index chunk index stored in the frame

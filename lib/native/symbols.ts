@@ -48,7 +48,7 @@ const batchStepSample = {
   result: "i32",
 } as const;
 
-/** Core engine: version/errors, model, sequence, KV access, GEMM. */
+/** Core engine: version/errors, model, sequence, KV access. */
 export const coreSymbols = {
   kvr_abi_version: { parameters: [], result: "u32" },
   /** a nonblocking no-op: its completion makes the event loop poll sockets (sync_step.ts) */
@@ -102,80 +102,6 @@ export const coreSymbols = {
     result: "i32",
   },
   kvr_seq_set_length: { parameters: ["pointer", "u32"], result: "i32" },
-  // (m, n, k, a, a_len, b, b_len, c, c_len, n_threads)
-  kvr_gemm_f32: {
-    parameters: [
-      "u32",
-      "u32",
-      "u32",
-      "buffer",
-      "usize",
-      "buffer",
-      "usize",
-      "buffer",
-      "usize",
-      "u32",
-    ],
-    result: "i32",
-  },
-  // (m, n, k, n_threads, iterations, out_seconds f64*)
-  kvr_gemm_bench: {
-    parameters: ["u32", "u32", "u32", "u32", "u32", "buffer"],
-    result: "i32",
-  },
-  // (weights, n, k, w, w_len, x, x_len, w_deq, w_deq_len, y, y_len)
-  kvr_gemv_quantized: {
-    parameters: [
-      "u32",
-      "u32",
-      "u32",
-      "buffer",
-      "usize",
-      "buffer",
-      "usize",
-      "buffer",
-      "usize",
-      "buffer",
-      "usize",
-    ],
-    result: "i32",
-  },
-  // (m, n, k, w u16*, w_len, x, x_len, y, y_len, accumulate, out_amx u32*)
-  kvr_gemm_few_rows_bf16: {
-    parameters: [
-      "u32",
-      "u32",
-      "u32",
-      "buffer",
-      "usize",
-      "buffer",
-      "usize",
-      "buffer",
-      "usize",
-      "u32",
-      "buffer",
-    ],
-    result: "i32",
-  },
-  // (weights, m, n, k, w, w_len, x, x_len, y, y_len, accumulate, n_threads)
-  kvr_gemm_quantized: {
-    parameters: [
-      "u32",
-      "u32",
-      "u32",
-      "u32",
-      "buffer",
-      "usize",
-      "buffer",
-      "usize",
-      "buffer",
-      "usize",
-      "u32",
-      "u32",
-    ],
-    result: "i32",
-  },
-  kvr_cpu_kernel_name: { parameters: [], result: "pointer" },
 } as const satisfies Deno.ForeignLibraryInterface;
 
 /** KV snapshot codec (chunk quantize/dequantize). */
@@ -423,6 +349,15 @@ export const samplingSymbols = {
     parameters: ["pointer", "f64", "buffer", "usize"],
     result: "i32",
   },
+  // (sampler, ids i32* | NULL, bias f64* | NULL, n)
+  kvr_sampler_set_logit_bias: {
+    parameters: ["pointer", "buffer", "buffer", "usize"],
+    result: "i32",
+  },
+  // (sampler, presence f64, frequency f64)
+  kvr_sampler_set_presence_frequency: { parameters: ["pointer", "f64", "f64"], result: "i32" },
+  // (sampler, min_tokens, stop_ids i32* | NULL, n_stop)
+  kvr_sampler_set_min_tokens: { parameters: ["pointer", "u32", "buffer", "usize"], result: "i32" },
   // (sampler, logits f32*, logits_len, width, token_out i32*, logprob_out f64* | NULL,
   //  top_ids i32* | NULL, top_logprobs f64* | NULL, top_len, top_count_out u32* | NULL)
   kvr_sampler_sample: {

@@ -1,6 +1,6 @@
 // Oracle test for bf16-resident weights: a default load keeps BF16 checkpoint weights as bf16 and
 // widens them exactly in the kernels, so its logits must be bit-identical to a load forced to f32
-// weights (KVRELAY_WEIGHTS_F32=1, the previous engine). Where the CPU has AMX, bf16 GEMMs of 8+
+// weights (the test library's kvr_test_set_weights_f32, the previous engine). Where the CPU has AMX, bf16 GEMMs of 8+
 // rows run on the tile unit (same products, another summation order: docs/gemm.md "AMX"): there
 // the identity is checked in a child with AMX off, and the AMX logits within 1e-5 of f32's. Not a
 // numerical-accuracy test (that is tests/native_vs_reference_test.ts). Needs the built library
@@ -10,11 +10,11 @@ import assert from "node:assert/strict";
 import { NativeModel } from "./model.ts";
 import { probeBackend } from "./backend.ts";
 import { checkpoint, childTest, DEMO_DIRS, tokens } from "./test_helpers.ts";
+import { openTestLibrary } from "./test_library.ts";
 
 const PREFILL = 64;
 const SMALL_PREFILL = 5;
 const DECODE_STEPS = 16;
-const F32_ENV = "KVRELAY_WEIGHTS_F32";
 /** Whether this process's bf16 GEMMs of 8+ rows run on AMX tiles. */
 const AMX = probeBackend("cpu").info.includes(", few-row bf16 amx,");
 
@@ -33,16 +33,17 @@ function maxAbsDiff(a: Float32Array, b: Float32Array): number {
   return d;
 }
 
-/** Loads dir with KVRELAY_WEIGHTS_F32 set to `f32` ("1") or unset, restoring the variable after. */
+/** Loads dir through the test library with its f32-weights switch (kvr_test_set_weights_f32)
+ *  on or off, then off again. */
 async function load(dir: string, f32: boolean, threads: number): Promise<NativeModel> {
-  const saved = Deno.env.get(F32_ENV);
+  const lib = openTestLibrary();
+  const set = (on: number) =>
+    lib.check(lib.hooks.kvr_test_set_weights_f32(on), "kvr_test_set_weights_f32");
+  set(f32 ? 1 : 0);
   try {
-    if (f32) Deno.env.set(F32_ENV, "1");
-    else Deno.env.delete(F32_ENV);
-    return NativeModel.load(await checkpoint(dir), { threads });
+    return await NativeModel.load(await checkpoint(dir), { threads, lib });
   } finally {
-    if (saved === undefined) Deno.env.delete(F32_ENV);
-    else Deno.env.set(F32_ENV, saved);
+    set(0);
   }
 }
 

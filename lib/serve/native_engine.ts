@@ -15,19 +15,18 @@ import {
   type NativeSequence,
   NoFiniteLogitError,
 } from "../native/mod.ts";
-import { NoFiniteLogitRowError } from "../engine/mod.ts";
 import type { BlockCache } from "./block_cache.ts";
 import { NonFiniteLogitsError } from "./errors.ts";
 import type { Scheduler, StepEngine, StepItem } from "./scheduler.ts";
 
 /**
  * The serving core's error for a logits row without a finite value, from the native sampler
- * (NoFiniteLogitError) or the TypeScript one (NoFiniteLogitRowError); anything else unchanged.
+ * (NoFiniteLogitError); anything else unchanged.
  * @param e a thrown or returned error
  * @returns a {@link NonFiniteLogitsError}, or `e`
  */
 export function domainError<E>(e: E): E | NonFiniteLogitsError {
-  if (!(e instanceof NoFiniteLogitError || e instanceof NoFiniteLogitRowError)) return e;
+  if (!(e instanceof NoFiniteLogitError)) return e;
   return new NonFiniteLogitsError(
     `the model's logits at this step hold no finite value (${
       e.message.replace(/^.*?: (sampling: |argmax: )?/, "")

@@ -116,7 +116,6 @@ function exportArgs(
     chunkTokens: opts.chunkTokens,
     groupSize: opts.groupSize,
     sign: opts.sign,
-    codec: defaultKvCodec(),
   };
   return [meta, enc];
 }
@@ -291,7 +290,6 @@ export async function importSnapshot(
       verify: opts.verify,
       maxBytes: opts.maxBytes,
       codec: defaultKvCodec(),
-      cacheDtype: model.native.kvDtype,
     });
     const s = seq as unknown as NativeSequence;
     let logits: Float32Array | null = null;

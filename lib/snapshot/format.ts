@@ -1,6 +1,6 @@
 // The `.kvs` snapshot byte layout (docs/snapshot-format.md): constants, hard limits, the header
 // type, header encode/decode with every integer bounds-checked, and chunk-size arithmetic.
-// Pure TypeScript, no I/O, no engine: chunk payload coding lives in chunk.ts, streams in stream.ts.
+// Pure TypeScript, no I/O, no engine: chunk frames in chunk_frame.ts (payloads are coded natively), streams in stream.ts.
 
 import { fromHex, hex } from "../util/mod.ts";
 import { crc32c, crc32cUpdate } from "./crc32c.ts";

@@ -6,6 +6,7 @@ import { crc32c, crc32cUpdate } from "./crc32c.ts";
 import type { SnapshotError } from "./errors.ts";
 import { decodeHeader } from "./format.ts";
 import { encodeSnapshot } from "./stream.ts";
+import { referenceSource } from "../../tests/reference/chunk.ts";
 
 const DOC = new URL("../../docs/snapshot-format.md", import.meta.url).pathname;
 
@@ -19,13 +20,13 @@ async function docExample(): Promise<Uint8Array> {
   return new Uint8Array(bytes);
 }
 
-const exampleSource = {
+const exampleSource = referenceSource({
   readKv(_l: number, s: number, c: number) {
     const k = new Float32Array([1, 2, 3, 4]).slice(s * 2, (s + c) * 2);
     const v = new Float32Array([0.5, -0.5, 0.25, -0.25]).slice(s * 2, (s + c) * 2);
     return { k: new Uint8Array(k.buffer), v: new Uint8Array(v.buffer) };
   },
-};
+}, { numLayers: 1, numKvHeads: 1, headDim: 2 });
 
 Deno.test("`encodeSnapshot()` reproduces the worked example of docs/snapshot-format.md byte for byte", async () => {
   const bytes = await encodeSnapshot(exampleSource, {

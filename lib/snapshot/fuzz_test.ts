@@ -85,7 +85,6 @@ async function makeBases(): Promise<Base[]> {
         encoding: enc,
         chunkTokens: 4,
         groupSize: 3,
-        codec,
         sign: signed ? { keyId: "fuzz", key: KEY } : undefined,
       });
       const opts: DecodeOptions = signed ? { verify: { keys: { fuzz: KEY } } } : {};

@@ -1,9 +1,26 @@
 // Test helper: an in-memory KV cache (layers × {K,V} × (heads, capacity, headDim)) with the same
 // readKv/writeKv/setLength contract as NativeSequence, plus f32↔bf16/f16 conversions in plain
-// TypeScript, so the format can be tested without the engine. Test-only; not exported by mod.ts.
+// TypeScript, so the format can be tested without the engine; it encodes and decodes chunk frames
+// with the reference codec (tests/reference/chunk.ts; q8/q4 through the native quantizers).
+// Test-only; not exported by mod.ts.
 
 import { mulberry32 } from "../util/mod.ts";
-import type { CacheDtype } from "./format.ts";
+import type { CacheDtype, SnapshotEncoding } from "./format.ts";
+import type { KvQuantCodec } from "./chunk_frame.ts";
+import { NativeKvCodec } from "./native_codec.ts";
+import { referenceSink, referenceSource } from "../../tests/reference/chunk.ts";
+
+let quantCodec: KvQuantCodec | undefined;
+/** The native q8/q4 quantizers, opened on first use (f32/f16/bf16 tests need no library). */
+function lazyCodec(): KvQuantCodec {
+  return {
+    crc32c: undefined,
+    quantizeQ8: (...a) => (quantCodec ??= new NativeKvCodec()).quantizeQ8(...a),
+    dequantizeQ8: (...a) => (quantCodec ??= new NativeKvCodec()).dequantizeQ8(...a),
+    quantizeQ4: (...a) => (quantCodec ??= new NativeKvCodec()).quantizeQ4(...a),
+    dequantizeQ4: (...a) => (quantCodec ??= new NativeKvCodec()).dequantizeQ4(...a),
+  };
+}
 
 /** f32 → bf16 bits, round to nearest even (NaN kept quiet). */
 export function f32ToBf16(x: number): number {
@@ -127,6 +144,41 @@ export class MemoryKv {
       }
     }
     this.writes++;
+  }
+
+  /** The dtype imported values are checked against (default each block's own dtype). */
+  checkAs: CacheDtype | undefined;
+
+  /** Encodes chunk frame `index` of [start, start+tokens) with the reference codec. */
+  exportChunk(
+    encoding: SnapshotEncoding,
+    groupSize: number,
+    index: number,
+    start: number,
+    tokens: number,
+    frame: Uint8Array,
+  ): void {
+    referenceSource(this, this.#geometry(), lazyCodec())
+      .exportChunk(encoding, groupSize, index, start, tokens, frame);
+  }
+
+  /** Checks and decodes chunk frame `index` with the reference codec, then writes it. */
+  importChunk(
+    encoding: SnapshotEncoding,
+    groupSize: number,
+    index: number,
+    start: number,
+    tokens: number,
+    frame: Uint8Array,
+  ): void {
+    referenceSink(this, this.#geometry(), {
+      codec: lazyCodec(),
+      cacheDtype: this.checkAs,
+    }).importChunk(encoding, groupSize, index, start, tokens, frame);
+  }
+
+  #geometry() {
+    return { numLayers: this.layers, numKvHeads: this.heads, headDim: this.headDim };
   }
 
   setLength(n: number): void {

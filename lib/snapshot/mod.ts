@@ -24,7 +24,7 @@ export {
   VERSION_MAJOR,
   VERSION_MINOR,
 } from "./format.ts";
-export { type KvQuantCodec, type KvSink, type KvSource } from "./chunk.ts";
+export { type KvQuantCodec, type KvSink, type KvSource } from "./chunk_frame.ts";
 export { type HmacKey, type KeyRing } from "./hmac.ts";
 export {
   type DecodeHandler,
@@ -38,7 +38,7 @@ export {
 export { NativeKvCodec } from "./native_codec.ts";
 export { checkKvValues, KV_MAX_ABS, type KvBlockPlace } from "./finite.ts";
 export { type ReceivedSnapshot, type ReceiveOptions, receiveSnapshot } from "./receive.ts";
-export { nativeSink, nativeSource, readKvSource, writeKvSink } from "./native_chunk.ts";
+export { nativeSink, nativeSource } from "./native_chunk.ts";
 export {
   checkCompatible,
   defaultKvCodec,

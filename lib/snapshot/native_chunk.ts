@@ -2,38 +2,35 @@
 // backend encodes from and decodes into its own cache) to the KvSource / KvSink of the stream
 // codec, turning native CHECKSUM / CORRUPT failures (CRC; index, scales, non-finite or
 // overflowing values) into SnapshotError checksum / format.
-// Not the codec (native/src/chunk_codec.cpp) nor the format (format.ts, chunk.ts).
+// Not the codec (native/src/chunk_codec.cpp) nor the format (format.ts, chunk_frame.ts).
 
 import { EngineError, type NativeSequence } from "../native/mod.ts";
-import type { KvSink, KvSource } from "./chunk.ts";
+import type { KvSink, KvSource } from "./chunk_frame.ts";
 import { SnapshotError } from "./errors.ts";
 
 const KVR_ERR_CORRUPT = -7;
 const KVR_ERR_CHECKSUM = -9;
 
 /**
- * A source encoding whole chunk frames natively from `seq` (readKv stays available).
+ * A source encoding whole chunk frames natively from `seq`.
  * @param seq the source sequence
  * @returns a KvSource whose exportChunk is the backend's encoder (EngineError on failure)
  */
 export function nativeSource(seq: NativeSequence): KvSource {
   return {
-    readKv: (layer, start, count, dtype) => seq.readKv(layer, start, count, dtype),
     exportChunk: (encoding, groupSize, index, start, tokens, frame) =>
       seq.exportChunkFrame(encoding, groupSize, index, start, tokens, frame),
   };
 }
 
 /**
- * A sink importing whole chunk frames natively into `seq` (writeKv/setLength stay available).
+ * A sink importing whole chunk frames natively into `seq`.
  * @param seq the destination sequence
  * @returns a KvSink whose importChunk throws SnapshotError checksum (CRC32C) or format (stored
  *   index/tokens, scales, mins) for a damaged frame
  */
 export function nativeSink(seq: NativeSequence): KvSink {
   return {
-    writeKv: (layer, start, count, k, v, dtype) => seq.writeKv(layer, start, count, k, v, dtype),
-    setLength: (n) => seq.setLength(n),
     importChunk(encoding, groupSize, index, start, tokens, frame) {
       try {
         // The native import refuses (KVR_ERR_CORRUPT, before writing anything) a value that is
@@ -49,27 +46,5 @@ export function nativeSink(seq: NativeSequence): KvSink {
         throw e;
       }
     },
-  };
-}
-
-/**
- * The sequence as a plain source (readKv only): chunks are then encoded in TypeScript (the
- * oracle the native encoder is tested against).
- * @param seq the source sequence
- * @returns a KvSource with readKv only
- */
-export function readKvSource(seq: NativeSequence): KvSource {
-  return { readKv: (layer, start, count, dtype) => seq.readKv(layer, start, count, dtype) };
-}
-
-/**
- * The sequence as a plain sink (writeKv + setLength): chunks are then decoded in TypeScript.
- * @param seq the destination sequence
- * @returns a KvSink decoding in TypeScript
- */
-export function writeKvSink(seq: NativeSequence): KvSink {
-  return {
-    writeKv: (layer, start, count, k, v, dtype) => seq.writeKv(layer, start, count, k, v, dtype),
-    setLength: (n) => seq.setLength(n),
   };
 }

@@ -1,6 +1,6 @@
 // Tests of the native chunk codec (kvr_seq_export_chunk / kvr_seq_import_chunk through
-// nativeSource / nativeSink) against the TypeScript chunk codec over readKv / writeKv as the
-// oracle: identical snapshot bytes for every encoding and cache dtype, identical imported KV,
+// nativeSource / nativeSink) against the reference chunk codec over readKv / writeKv
+// (tests/reference/chunk.ts) as the oracle: identical snapshot bytes for every encoding and cache dtype, identical imported KV,
 // damaged frames refused with the same SnapshotError kinds and nothing written.
 
 import assert from "node:assert/strict";
@@ -10,7 +10,8 @@ import { crc32c } from "./crc32c.ts";
 import { SnapshotError } from "./errors.ts";
 import { type CacheDtype, decodeHeader, PREFIX_BYTES, type SnapshotEncoding } from "./format.ts";
 import { MemoryKv, rng } from "./kv_test_helper.ts";
-import { nativeSink, nativeSource, readKvSource, writeKvSink } from "./native_chunk.ts";
+import { nativeSink, nativeSource } from "./native_chunk.ts";
+import { readKvSource, writeKvSink } from "../../tests/reference/chunk.ts";
 import { NativeKvCodec } from "./native_codec.ts";
 import {
   decodeSnapshot,
@@ -66,7 +67,7 @@ Deno.test("`nativeSource()` encodes the same snapshot bytes as the TypeScript co
         for (const [chunkTokens, groupSize, start] of [[16, 32, 0], [30, 5, 3], [77, 7, 0]]) {
           const n = 77 - start;
           const meta = metaOf(model, n, start);
-          const opts = { encoding, chunkTokens, groupSize, codec };
+          const opts = { encoding, chunkTokens, groupSize };
           const want = await encodeSnapshot(readKvSource(seq), meta, opts);
           const got = await encodeSnapshot(nativeSource(seq), meta, opts);
           assert.equal(got.length, want.length);
@@ -102,7 +103,6 @@ Deno.test("`nativeSink()` imports the same KV as the TypeScript decoder for ever
           encoding,
           chunkTokens: 16,
           groupSize: 6,
-          codec,
         });
         const a = model.native.createSequence(45), b = model.native.createSequence(45);
         await decodeSnapshot(bytes, { onHeader: () => nativeSink(a) }, { codec });
@@ -150,7 +150,6 @@ Deno.test("`nativeSink()` refuses damaged chunks as checksum / format and writes
       const good = await encodeSnapshot(nativeSource(seq), metaOf(model, 20), {
         encoding,
         chunkTokens: 20,
-        codec,
       });
       const { at, len } = chunk0(good);
       const cases: [string, (b: Uint8Array) => void, SnapshotError["kind"], RegExp][] = [
@@ -268,7 +267,6 @@ Deno.test("`nativeSink()` survives seeded in-frame mutations with recomputed CRC
         encoding,
         chunkTokens: 24,
         groupSize: 5,
-        codec,
       });
       const { at, len } = chunk0(good);
       for (let i = 0; i < 300; i++) {
@@ -315,7 +313,6 @@ Deno.test("`nativeSink()` refuses values that are not finite, beyond 2^24 or ove
     const f32 = await encodeSnapshot(nativeSource(seq), metaOf(src, 16), {
       encoding: "f32",
       chunkTokens: 16,
-      codec,
     });
     const { at, len } = chunk0(f32);
     const lastLayerV = at + 8 + (L - 1) * ((len - 12) / L) + (len - 12) / L / 2; // its V block
@@ -388,7 +385,6 @@ Deno.test("`nativeSink()` checks each dequantized value when q8/q4 scales are to
         encoding,
         chunkTokens: T,
         groupSize: G,
-        codec,
       });
       const { at, len } = chunk0(bytes);
       const layer = (len - 12) / L;

@@ -1,9 +1,9 @@
 // The native q8/q4 KV quantizer (libkvrelay kvr_kv_quantize_* / kvr_kv_dequantize_*) and CRC32C
 // as a KvQuantCodec for the chunk codec. Checks shapes before FFI; a dequantizer rejecting stored
-// scales (KVR_ERR_CORRUPT) becomes SnapshotError "format". Not the format logic (chunk.ts).
+// scales (KVR_ERR_CORRUPT) becomes SnapshotError "format". Not the format logic (chunk_frame.ts).
 
 import { EngineError, type NativeLibrary, openNativeLibrary } from "../native/mod.ts";
-import type { KvQuantCodec } from "./chunk.ts";
+import type { KvQuantCodec } from "./chunk_frame.ts";
 import { SnapshotError } from "./errors.ts";
 
 const KVR_ERR_CORRUPT = -7;

@@ -6,7 +6,7 @@
 import assert from "node:assert/strict";
 import { NativeKvCodec } from "./native_codec.ts";
 import { SnapshotError } from "./errors.ts";
-import { AXIS_PER_CHANNEL, AXIS_PER_TOKEN } from "./chunk.ts";
+import { AXIS_PER_CHANNEL, AXIS_PER_TOKEN } from "./chunk_frame.ts";
 import { crc32cUpdate } from "./crc32c.ts";
 import { mulberry32 } from "../util/mod.ts";
 

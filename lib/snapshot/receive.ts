@@ -5,7 +5,7 @@
 // What the caller's input stream delivers is its to bound (lib/serve charges each byte as it
 // arrives, the header's included).
 // Signatures and KV values are checked by the import (decodeSnapshot) that replays the frames.
-import { checkChunkFrame, type KvQuantCodec } from "./chunk.ts";
+import { checkChunkFrame, type KvQuantCodec } from "./chunk_frame.ts";
 import { SnapshotError } from "./errors.ts";
 import {
   decodeHeader,

@@ -1,12 +1,10 @@
 // Streaming snapshot encode/decode: the encoder is a ReadableStream that emits the header first
-// and then one chunk frame per pull (reading KV from a source lazily); the decoder consumes bytes
-// or a stream, checks header CRC, limits and HMAC before handing over to the sink, then imports
-// chunk by chunk. Not engine-aware: engine.ts binds sources/sinks to NativeSequence.
+// and then one chunk frame per pull (the source encodes it from its cache lazily); the decoder
+// consumes bytes or a stream, checks header CRC, limits and HMAC before handing over to the sink,
+// then imports chunk by chunk. Not engine-aware: engine.ts binds sources/sinks to NativeSequence.
 
-import { type ChunkShape, type KvQuantCodec, type KvSink, type KvSource } from "./chunk.ts";
-import { checkChunkFrame, decodeChunkPayload, encodeChunk } from "./chunk.ts";
+import { checkChunkFrame, type KvQuantCodec, type KvSink, type KvSource } from "./chunk_frame.ts";
 import { SnapshotError } from "./errors.ts";
-import { checkKvValues } from "./finite.ts";
 import {
   type CacheDtype,
   decodeHeader,
@@ -66,8 +64,6 @@ export interface EncodeOptions {
   groupSize?: number;
   /** Sign with HMAC-SHA256 under this key id. */
   sign?: { keyId: string; key: HmacKey };
-  /** q8/q4 quantizer (required for those encodings). */
-  codec?: KvQuantCodec;
 }
 
 function toU32(ids: ArrayLike<number>, what: string): Uint32Array {
@@ -82,16 +78,31 @@ function toU32(ids: ArrayLike<number>, what: string): Uint32Array {
   return out;
 }
 
-/** What the chunk codec needs to know of a snapshot's header. */
-function chunkShape(header: SnapshotHeader): ChunkShape {
-  const g = header.geometry;
-  return {
-    encoding: header.encoding,
-    numLayers: g.numLayers,
-    numKvHeads: g.numKvHeads,
-    headDim: g.headDim,
-    groupSize: header.groupSize,
-  };
+/**
+ * Encodes chunk `index` into `frame` (the whole frame, a tag's bytes last when signed) through the
+ * source's encoder.
+ */
+function encodeChunk(
+  header: SnapshotHeader,
+  source: KvSource,
+  index: number,
+  signed: boolean,
+  frame: Uint8Array,
+): void {
+  const row = header.chunks[index];
+  if (frame.length !== row.length) {
+    throw new Error(`chunk ${index}: frame of ${frame.length} bytes, table says ${row.length}`);
+  }
+  const start = header.positionOffset + index * header.chunkTokens;
+  const end = frame.length - (signed ? TAG_BYTES : 0);
+  source.exportChunk(
+    header.encoding,
+    header.groupSize,
+    index,
+    start,
+    row.tokens,
+    frame.subarray(0, end),
+  );
 }
 
 /**
@@ -162,15 +173,9 @@ export function encodeSnapshotStream(
   const header = buildHeader(meta, opts);
   const headerBytes = encodeHeader(header); // validates before the stream exists
   const signed = opts.sign !== undefined;
-  if (header.encoding === "q8" || header.encoding === "q4") {
-    if (!opts.codec && !source.exportChunk) {
-      throw new TypeError(`encoding ${header.encoding} needs opts.codec`);
-    }
-  }
   let key: CryptoKey | null = null;
   let headerTag: Uint8Array = new Uint8Array(0);
   let next = -1; // -1: header not sent
-  const shape = chunkShape(header);
   return new ReadableStream<Uint8Array>({
     async pull(controller) {
       if (next === -1) {
@@ -187,12 +192,8 @@ export function encodeSnapshotStream(
         return;
       }
       const i = next++;
-      const row = header.chunks[i];
-      const start = header.positionOffset + i * header.chunkTokens;
-      const frame = encodeChunk(shape, source, i, start, row.tokens, signed, opts.codec);
-      if (frame.length !== row.length) {
-        throw new Error(`chunk ${i}: encoded ${frame.length} bytes, table says ${row.length}`);
-      }
+      const frame = new Uint8Array(header.chunks[i].length);
+      encodeChunk(header, source, i, signed, frame);
       if (signed) {
         const end = frame.length - TAG_BYTES;
         frame.set(await signChunk(key!, headerTag, frame.subarray(0, end)), end);
@@ -220,11 +221,6 @@ export async function encodeSnapshot(
   const header = buildHeader(meta, opts);
   const headerBytes = encodeHeader(header);
   const signed = opts.sign !== undefined;
-  if (
-    (header.encoding === "q8" || header.encoding === "q4") && !opts.codec && !source.exportChunk
-  ) {
-    throw new TypeError(`encoding ${header.encoding} needs opts.codec`);
-  }
   const headLength = headerBytes.length + (signed ? TAG_BYTES : 0);
   let n = headLength;
   for (const row of header.chunks) n += row.length;
@@ -237,13 +233,11 @@ export async function encodeSnapshot(
     headerTag = await signHeader(key, headerBytes);
     out.set(headerTag, headerBytes.length);
   }
-  const shape = chunkShape(header);
   let o = headLength;
   for (let i = 0; i < header.chunks.length; i++) {
     const row = header.chunks[i];
     const frame = out.subarray(o, o + row.length);
-    const start = header.positionOffset + i * header.chunkTokens;
-    encodeChunk(shape, source, i, start, row.tokens, signed, opts.codec, frame);
+    encodeChunk(header, source, i, signed, frame);
     if (signed) {
       const end = frame.length - TAG_BYTES;
       frame.set(await signChunk(key!, headerTag, frame.subarray(0, end)), end);
@@ -262,11 +256,8 @@ export interface DecodeOptions {
    * Without `verify`, tags of a signed snapshot are not checked (CRCs still are).
    */
   verify?: { keys: KeyRing; required?: boolean };
-  /** q8/q4 dequantizer (required for those encodings). */
+  /** CRC32C of the frames checked here (signed snapshots; native when given). */
   codec?: KvQuantCodec;
-  /** The dtype the sink stores KV in: values that overflow it are refused like NaN/Inf and
-   *  values beyond KV_MAX_ABS (default: each block's own dtype). */
-  cacheDtype?: CacheDtype;
 }
 
 /** Callbacks of a decode: `onHeader` decides (throw to refuse) and returns the sink. */
@@ -374,8 +365,8 @@ export class ByteReader {
  * Decodes a snapshot from bytes or a stream, importing each chunk into the sink `onHeader`
  * returns as soon as the chunk is complete and checked. Checks, in order: prefix (magic, major
  * version, flags, header length limit), header CRC, header fields/limits/table/maxBytes,
- * signature (when `verify`), then per chunk: CRC, index, HMAC tag, payload, KV values (finite,
- * within KV_MAX_ABS, and finite in `opts.cacheDtype`); finally that no byte
+ * signature (when `verify`), then per chunk: CRC, index, HMAC tag, then the sink's import (the
+ * native decoder checks CRC, index, payload and KV values again); finally that no byte
  * follows the last chunk. Nothing sized by the header is allocated before those header checks.
  * @returns the header
  * @throws SnapshotError for every malformed, foreign or unauthenticated input; errors thrown by
@@ -425,21 +416,15 @@ export async function decodeSnapshot(
       }
     }
     const sink = await handler.onHeader(header, layout);
-    const shape = chunkShape(header);
-    if (
-      (header.encoding === "q8" || header.encoding === "q4") && !opts.codec && !sink.importChunk
-    ) {
-      throw new TypeError(`encoding ${header.encoding} needs opts.codec to decode`);
-    }
     let done = 0;
     for (let i = 0; i < header.chunks.length; i++) {
       const row = header.chunks[i];
       const frame = await reader.read(row.length, `chunk ${i}`);
       const start = header.positionOffset + i * header.chunkTokens;
       const end = frame.length - (signed ? TAG_BYTES : 0);
-      // With a native importer the CRC is checked natively, unless a tag must be verified: then
-      // the CRC comes first here so that a damaged chunk still reads as `checksum`.
-      if (!sink.importChunk || key) checkChunkFrame(frame, i, row.tokens, signed, opts.codec);
+      // The importer checks the CRC itself, but a tag is verified first: then the CRC comes first
+      // here so that a damaged chunk still reads as `checksum`.
+      if (key) checkChunkFrame(frame, i, row.tokens, signed, opts.codec);
       if (key) {
         await verifyTag(
           key,
@@ -448,30 +433,15 @@ export async function decodeSnapshot(
           `chunk ${i}`,
         );
       }
-      if (sink.importChunk) {
-        // Decoded natively into the cache; the sink checks the values it wrote (nativeSink).
-        sink.importChunk(
-          header.encoding,
-          header.groupSize,
-          i,
-          start,
-          row.tokens,
-          frame.subarray(0, end),
-        );
-      } else {
-        const layers = decodeChunkPayload(shape, frame, row.tokens, opts.codec);
-        for (let l = 0; l < layers.length; l++) {
-          const { k, v, dtype } = layers[l];
-          const into = opts.cacheDtype ?? dtype;
-          const place = { chunk: i, layer: l, tokens: row.tokens, headDim: shape.headDim, start };
-          checkKvValues(k, dtype, into, { ...place, part: "K" });
-          checkKvValues(v, dtype, into, { ...place, part: "V" });
-        }
-        for (let l = 0; l < layers.length; l++) {
-          sink.writeKv(l, start, row.tokens, layers[l].k, layers[l].v, layers[l].dtype);
-        }
-        sink.setLength?.(start + row.tokens);
-      }
+      // Decoded into the cache; the sink checks the values it wrote (nativeSink).
+      sink.importChunk(
+        header.encoding,
+        header.groupSize,
+        i,
+        start,
+        row.tokens,
+        frame.subarray(0, end),
+      );
       done += row.tokens;
       await handler.onChunk?.(i, done);
     }

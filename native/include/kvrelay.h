@@ -1,7 +1,8 @@
 /*
  * kvrelay.h — the only public C header of libkvrelay: backend probe, model load from a tensor
  * table, sequences with a KV cache (prefill, decode, truncate, KV read/write), the snapshot codec,
- * cross-model KV projection, and (last, marked) test and benchmark hooks. JSON never crosses
+ * cross-model KV projection, native sampling. Test and benchmark hooks are not here: they are
+ * exported only by the test library (kvrelay_test.h, libkvrelay_test.so). JSON never crosses
  * this boundary: TypeScript parses config.json and safetensors headers and passes fixed-layout
  * structs (offsets documented per field, little-endian).
  *
@@ -427,7 +428,7 @@ KVR_API int32_t kvr_crc32c(const uint8_t* data, size_t len, uint32_t crc, uint32
  * Snapshot chunk frames straight from / into a sequence's KV cache (docs/snapshot-format.md §1.3,
  * §2; design in docs/gpu-handoff.md): the backend encodes or decodes every layer of the token
  * range itself (CPU: from the host cache; CUDA: on the device), so raw KV never crosses into the
- * caller. The bytes equal what lib/snapshot/chunk.ts encodeChunk writes from kvr_seq_kv_read.
+ * caller. The bytes equal what tests/reference/chunk.ts encodeChunk writes from kvr_seq_kv_read.
  * A frame here is the unsigned frame: index (u32), tokens (u32), payload, CRC32C (u32) — an
  * HMAC tag, when signed, is the caller's and is not part of frame/frame_len.
  * encoding: kvr_kv_encoding; group_size: the q4 group (1..1024), must be 0 for every other
@@ -612,7 +613,7 @@ KVR_API int32_t kvr_projector_apply_seq(const kvr_projector* projector, const kv
  *   off  8 top_p (f64, (0, 1]; 1 = off)   off 16 min_p (f64, [0, 1]; 0 = off)
  *   off 24 seed (i64, |seed| < 2^53)       off 32 top_k (u32; 0 = off)
  *   off 36 reserved (u32, must be 0)
- * The draw is lib/engine/sampler.ts exactly: softmax(logits/T) → top_k → top_p → min_p →
+ * The draw is tests/reference/sampler.ts exactly: softmax(logits/T) → top_k → top_p → min_p →
  * renormalise, from the xoshiro128** stream of lib/engine/prng.ts seeded with `seed`, in float64
  * with the same summation order (and JavaScript's exp), so the same logits and seed give the same
  * tokens. NaN logits count as -inf; -inf logits are never drawn.
@@ -649,6 +650,24 @@ KVR_API const char* kvr_sampler_last_error(const kvr_sampler* sampler);
  */
 KVR_API int32_t kvr_sampler_set_repetition_penalty(kvr_sampler* sampler, double penalty,
                                                    const int32_t* seen_ids, size_t n_seen);
+/*
+ * The rest of vLLM's per-request logit processing, each replacing its earlier setting (call them
+ * before the first draw). Before every later draw the row becomes, in this order: the stop ids
+ * at -inf while fewer than min_tokens tokens were drawn by this sampler (min_tokens), + bias
+ * (logit_bias), the repetition penalty above, - (count·frequency + [count > 0]·presence) for each
+ * token this sampler drew count times (presence/frequency penalties); each step in float64
+ * rounded to float32. Ids >= a row's width are ignored. The draw and the logprobs use that row.
+ * On a CUDA sequence a step with any of them in effect copies the row (kvr_seq_decode_sample).
+ *   set_logit_bias: ids[0..n) (>= 0) and the finite values added to their logits (n 0 = none).
+ *   set_presence_frequency: finite penalties; 0, 0 = off (the default).
+ *   set_min_tokens: min_tokens and stop_ids[0..n_stop) (>= 0); 0 or no ids = off.
+ */
+KVR_API int32_t kvr_sampler_set_logit_bias(kvr_sampler* sampler, const int32_t* ids, const double* bias,
+                                           size_t n);
+KVR_API int32_t kvr_sampler_set_presence_frequency(kvr_sampler* sampler, double presence,
+                                                   double frequency);
+KVR_API int32_t kvr_sampler_set_min_tokens(kvr_sampler* sampler, uint32_t min_tokens,
+                                           const int32_t* stop_ids, size_t n_stop);
 /*
  * Picks one token from logits[0..width) (1 <= width <= logits_len; ids >= width are never
  * drawn) into *token_out. Optional outputs, log-softmax of the raw logits over [0, width)
@@ -696,77 +715,6 @@ KVR_API int32_t kvr_seq_decode_sample(kvr_seq* seq, int32_t token, kvr_sampler* 
                                       uint32_t* top_count_out);
 
 /* ---- end native sampling ---- */
-
-/* ---- Test and benchmark hooks — not for production callers ----
- * Entry points and environment switches that exist so tests and `deno task bench` can reach
- * internals; production code (lib/serve, functions/) never uses them.
- *   KVRELAY_CPU_KERNEL=generic   GEMM uses the portable micro-kernel (read once per process);
- *                      =avx2     AVX-512 and AVX-VNNI off (AVX2 GEMM, AVX2 q8/q4 kernels);
- *                      =avxvnni  AVX-512 off (AVX2 GEMM, AVX-VNNI q8/q4 kernels where present);
- *                      =avx512   AMX off (the AVX-512 tiles for few-row bf16 GEMMs too).
- *   KVRELAY_WEIGHTS_F32=1        BF16 checkpoint weights are widened to f32 at load (per load).
- *   KVRELAY_PROJECT_VIA_COPIES=1 kvr_projector_apply_seq takes the backend-neutral copy path even
- *                                for two CPU sequences (per call; compared with the fast path).
- */
-/*
- * C (m, n) = A (m, k) · B(n, k)ᵀ, f32 row-major, with the same packed kernel the model uses
- * (B is packed on every call, so this is for tests; kvr_gemm_bench times a pre-packed B).
- */
-KVR_API int32_t kvr_gemm_f32(uint32_t m, uint32_t n, uint32_t k, const float* a, size_t a_len,
-                             const float* b, size_t b_len, float* c, size_t c_len,
-                             uint32_t n_threads);
-/*
- * Packs w (n, k) row-major f32 in the weight format `weights` (kvr_weight_format; NATIVE = f32)
- * as the model does. When w_deq is not NULL, writes the values the kernels use (n, k) there (the
- * dequantized weights); when y is not NULL, y (n) = x (k) · Wᵀ through the model's one-row GEMV
- * (q8/q4: activation quantized per 32-block, integer dots) on the calling thread.
- */
-KVR_API int32_t kvr_gemv_quantized(uint32_t weights, uint32_t n, uint32_t k, const float* w,
-                                   size_t w_len, const float* x, size_t x_len, float* w_deq,
-                                   size_t w_deq_len, float* y, size_t y_len);
-/*
- * y (m, n) = x (m, k) · Wᵀ (accumulate 1: y += x · Wᵀ) with w (n, k) row-major f32 packed in the
- * weight format `weights` as the model does, through the model's GEMM on n_threads threads (0 =
- * all cores): for q8/q4 and m > 1 the int8 GEMM (activation rows quantized per 32-block).
- */
-KVR_API int32_t kvr_gemm_quantized(uint32_t weights, uint32_t m, uint32_t n, uint32_t k, const float* w,
-                                   size_t w_len, const float* x, size_t x_len, float* y, size_t y_len,
-                                   uint32_t accumulate, uint32_t n_threads);
-/*
- * y (m, n) = x (m, k) · Wᵀ (accumulate 1: y += x · Wᵀ) with w (n, k) row-major bf16 bit patterns,
- * through the batched step's few-row GEMM (the prepared input of several panel ranges: AMX tiles
- * where the CPU has them and m >= 8, else the AVX/portable tiles) on the calling thread;
- * *out_amx = 1 when the AMX tiles ran (out_amx may be NULL).
- */
-KVR_API int32_t kvr_gemm_few_rows_bf16(uint32_t m, uint32_t n, uint32_t k, const uint16_t* w, size_t w_len,
-                                       const float* x, size_t x_len, float* y, size_t y_len,
-                                       uint32_t accumulate, uint32_t* out_amx);
-/*
- * Times `iterations` runs of the model's GEMM on a pre-packed B (m, n, k), returning the median
- * seconds per run in *out_seconds. Inputs are filled deterministically inside the library.
- */
-KVR_API int32_t kvr_gemm_bench(uint32_t m, uint32_t n, uint32_t k, uint32_t n_threads,
-                               uint32_t iterations, double* out_seconds);
-/* Name of the CPU kernel chosen at runtime ("avx2-fma" or "generic"). */
-KVR_API const char* kvr_cpu_kernel_name(void);
-/*
- * Debug switches of a model's backend, for the GPU check (scripts/gpu_check): an OR of the flags
- * below, replacing the model's previous switches (0 = none). They apply to the calls made after
- * this one; set them before the model's first sequence (a batched-step graph captured earlier keeps
- * the route it was captured with). The CPU backend has neither path and ignores them. Unknown bits:
- * KVR_ERR_INVALID_ARGUMENT.
- *   KVR_DEBUG_FALLBACK_GEMM  multi-row projections run the library's own mma.sync GEMM even where
- *                            cuBLASLt loaded (the fallback is otherwise untested on such a machine).
- *   KVR_DEBUG_SYNC_LAUNCHES  every kernel launch (and cuBLASLt matmul) outside graph capture is
- *                            followed by a synchronisation of its stream, so an execution fault is
- *                            reported by the launch that caused it ("attention launch: ...") rather
- *                            than by the next synchronisation. Slow: for locating a fault.
- */
-#define KVR_DEBUG_FALLBACK_GEMM 1u
-#define KVR_DEBUG_SYNC_LAUNCHES 2u
-KVR_API int32_t kvr_model_set_debug(kvr_model* model, uint32_t flags);
-
-/* ---- end test and benchmark hooks ---- */
 
 #ifdef __cplusplus
 }

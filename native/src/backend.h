@@ -281,7 +281,7 @@ class Backend {
   // context unusable) fails every later call, and the model must be reloaded. Any thread
   // (kvr_model_health; /readyz answers 503 then).
   virtual std::string failure() const { return {}; }
-  // Debug switches (kvrelay.h kvr_model_set_debug: KVR_DEBUG_* flags, already checked); a backend
+  // Debug switches (kvrelay_test.h kvr_model_set_debug: KVR_DEBUG_* flags, already checked); a backend
   // without the paths they select ignores them. Any thread; read by the calls that follow.
   virtual void set_debug(uint32_t flags) const { (void)flags; }
   // Projects positions [0, n_tokens) of `src` (a sequence of `src_backend`'s model) into `dst`

@@ -1,6 +1,6 @@
 // The host ("copy path") snapshot chunk codec: Backend::export_chunk / import_chunk's default,
 // built on the backend's kv_read / kv_write and the CPU quantizers and CRC32C, producing exactly
-// the bytes lib/snapshot/chunk.ts encodeChunk writes. The CPU backend uses it as is; a device
+// the bytes tests/reference/chunk.ts encodeChunk writes. The CPU backend uses it as is; a device
 // backend overrides both (native/src/cuda/codec.cu) and falls back here for what it lacks.
 // Not the argument validation (snapshot_chunk.cpp) nor the container format (lib/snapshot).
 #include <algorithm>
@@ -206,7 +206,7 @@ void Backend::import_chunk(SeqState& s, const ChunkSpec& c, const uint8_t* frame
     return;
   }
   // Every scale of the chunk is checked before any layer is written (a corrupt chunk leaves the
-  // cache as it was, as the TypeScript decoder that decodes the whole chunk first does).
+  // cache as it was, as the reference decoder that decodes the whole chunk first does).
   std::vector<float> sc, mn;
   const bool q8 = L.encoding == chunk::kEncQ8;
   double bound = 0.0;

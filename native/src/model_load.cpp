@@ -381,16 +381,6 @@ KVR_API int32_t kvr_model_health(const kvr_model* model, char* info, size_t info
   }
 }
 
-KVR_API int32_t kvr_model_set_debug(kvr_model* model, uint32_t flags) {
-  if (!model) return kvr::fail(KVR_ERR_INVALID_ARGUMENT, "model is NULL");
-  constexpr uint32_t kKnown = KVR_DEBUG_FALLBACK_GEMM | KVR_DEBUG_SYNC_LAUNCHES;
-  if (flags & ~kKnown)
-    return kvr::fail(KVR_ERR_INVALID_ARGUMENT,
-                     kvr::format("debug flags 0x%x: unknown bits 0x%x (known: 0x%x)", flags, flags & ~kKnown, kKnown));
-  model->m->backend->set_debug(flags);
-  return KVR_OK;
-}
-
 KVR_API uint64_t kvr_model_weight_bytes(const kvr_model* model) {
   return model ? model->m->backend->weight_bytes() : 0;
 }

@@ -19,6 +19,7 @@
 #include "projection_checks.h"
 #include "rope.h"
 #include "sequence.h"
+#include "test_switches.h"
 
 struct kvr_projector {
   kvr::cpu::KvGeometry src, dst;
@@ -37,12 +38,9 @@ namespace {
 
 using namespace kvr::proj;
 
-// Test hook: KVRELAY_PROJECT_VIA_COPIES=1 (read per call) makes kvr_projector_apply_seq take the
-// backend-neutral copy path even for two CPU sequences, so tests can compare it with the fast path.
-bool force_copy_path() {
-  const char* v = std::getenv("KVRELAY_PROJECT_VIA_COPIES");
-  return v != nullptr && v[0] == '1' && v[1] == 0;
-}
+// The test library's switch (kvr_test_set_project_via_copies): the backend-neutral copy path even
+// for two CPU sequences, so tests can compare it with the fast path.
+bool force_copy_path() { return kvr::test_switches::project_via_copies.load(std::memory_order_relaxed); }
 
 // Checks that a sequence's model has the KV geometry and RoPE frequencies a projector was built
 // for (what = "source" / "target").

@@ -17,6 +17,8 @@ struct kvr_sampler {
   kvr::Xoshiro128 rng;
   kvr::SamplingScratch scratch;
   kvr::RepetitionPenalty penalty;
+  kvr::LogitAdjust adjust;    // min_tokens ban, logit_bias, presence/frequency penalties
+  std::vector<float> processed;  // the row after adjust and penalty (sampler_run)
   std::string last_error;
   // The allowed-token mask (kvr_sampler_set_mask): bit t of mask[t / 32] set = token t may be
   // drawn; ids >= mask_tokens never. mask_tokens == 0: no mask.
@@ -55,10 +57,12 @@ int32_t sampler_run_candidates(kvr_sampler* s, sm::Route route, const float* val
 // Where a device runs this sampler's draw (sm::plan_route). A masked sampler always takes the
 // row (kRow): a device's top-k candidates may all be disallowed, and the draw must be the one
 // over the masked row, so the CPU sampler applies the mask to the copied row. A repetition
-// penalty changes the row before any selection, so it needs the whole row too.
+// penalty, a ban, a bias or presence/frequency penalties change the row before any selection, so
+// they need the whole row too.
 inline sm::RoutePlan sampler_route(const kvr_sampler& s, uint32_t width, bool want_logprobs) {
   if (s.mask_tokens != 0) return sm::RoutePlan{};
-  return sm::plan_route(s.cfg.temperature, s.cfg.top_k, width, want_logprobs || s.penalty.active());
+  return sm::plan_route(s.cfg.temperature, s.cfg.top_k, width,
+                        want_logprobs || s.penalty.active() || s.adjust.active());
 }
 
 }  // namespace kvr

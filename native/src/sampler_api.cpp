@@ -5,8 +5,9 @@
 #include <cmath>
 #include <limits>
 #include <new>
-#include <utility>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "errors.h"
 #include "kvrelay.h"
@@ -53,6 +54,19 @@ const float* masked_row(kvr_sampler* s, const float* logits, size_t width) {
   return out;
 }
 
+// logits[0..width) after the sampler's logit processing, in s->processed; `logits` itself when
+// none applies to this draw.
+const float* processed_row(kvr_sampler* s, const float* logits, size_t width) {
+  const bool repeat = s->penalty.active() && !s->penalty.ids.empty();
+  if (!repeat && !s->adjust.active()) return logits;
+  s->processed.assign(logits, logits + width);
+  float* row = s->processed.data();
+  s->adjust.apply_before(row, width);
+  if (repeat) s->penalty.apply(row, width);
+  s->adjust.apply_after(row, width);
+  return row;
+}
+
 }  // namespace
 
 int32_t sampler_check_mask(kvr_sampler* s, size_t row_len) {
@@ -66,9 +80,10 @@ int32_t sampler_check_mask(kvr_sampler* s, size_t row_len) {
 int32_t sampler_run(kvr_sampler* s, const float* logits, size_t width, int32_t* token_out,
                     double* logprob_out, int32_t* top_ids, double* top_logprobs, uint32_t top_len,
                     uint32_t* top_count_out) {
-  // The penalised row is what both the draw and the logprobs see (as lib/engine's LogitProcessor
-  // row does when sampling runs in TypeScript); the mask then applies to the draw only.
-  logits = s->penalty.apply(logits, width);
+  // The processed row (ban, bias, repetition, presence/frequency) is what both the draw and the
+  // logprobs see (as the reference LogitProcessor's row, tests/reference); the mask then applies
+  // to the draw only.
+  logits = processed_row(s, logits, width);
   const float* row = s->mask_tokens != 0 ? masked_row(s, logits, width) : logits;
   const int64_t id = s->cfg.temperature == 0 ? argmax_row(row, width)
                                              : sample_row(row, width, s->cfg, s->rng, s->scratch);
@@ -81,6 +96,7 @@ int32_t sampler_run(kvr_sampler* s, const float* logits, size_t width, int32_t* 
                             : format("sampling: no finite logit among %zu values", width));
   *token_out = static_cast<int32_t>(id);
   if (s->penalty.active()) s->penalty.add(*token_out);
+  s->adjust.add(*token_out);
   // Logprobs are those of the (penalised) row without the mask, as documented for
   // kvr_sampler_sample.
   const size_t n = logprobs_row(logits, width, id, logprob_out, top_len, top_ids, top_logprobs);
@@ -100,6 +116,7 @@ int32_t sampler_run_candidates(kvr_sampler* s, sm::Route route, const float* val
                         format("sampling: no finite logit among %zu values", width));
   *token_out = static_cast<int32_t>(id);
   if (s->penalty.active()) s->penalty.add(*token_out);
+  s->adjust.add(*token_out);
   return KVR_OK;
 }
 
@@ -190,6 +207,59 @@ KVR_API int32_t kvr_sampler_set_repetition_penalty(kvr_sampler* s, double penalt
   } catch (const std::bad_alloc&) {
     return kvr::sampler_fail(s, KVR_ERR_OUT_OF_MEMORY, "out of memory in sampling");
   }
+  return KVR_OK;
+}
+
+KVR_API int32_t kvr_sampler_set_logit_bias(kvr_sampler* s, const int32_t* ids, const double* bias, size_t n) {
+  if (!s) return fail(KVR_ERR_INVALID_ARGUMENT, "sampler is NULL");
+  if (n > 0 && (!ids || !bias))
+    return kvr::sampler_fail(s, KVR_ERR_INVALID_ARGUMENT, format("ids or bias is NULL with n %zu", n));
+  for (size_t i = 0; i < n; ++i) {
+    if (ids[i] < 0)
+      return kvr::sampler_fail(s, KVR_ERR_INVALID_ARGUMENT, format("logit_bias ids[%zu] = %d is negative", i, ids[i]));
+    if (!std::isfinite(bias[i]))
+      return kvr::sampler_fail(s, KVR_ERR_INVALID_ARGUMENT,
+                               format("logit_bias[%d] must be a finite number, got %g", ids[i], bias[i]));
+  }
+  try {
+    std::vector<int32_t> next_ids(ids, ids + n);
+    std::vector<double> next_bias(bias, bias + n);
+    s->adjust.bias_ids = std::move(next_ids);
+    s->adjust.bias = std::move(next_bias);
+  } catch (const std::bad_alloc&) {
+    return kvr::sampler_fail(s, KVR_ERR_OUT_OF_MEMORY, "out of memory storing the logit bias");
+  }
+  return KVR_OK;
+}
+
+KVR_API int32_t kvr_sampler_set_presence_frequency(kvr_sampler* s, double presence, double frequency) {
+  if (!s) return fail(KVR_ERR_INVALID_ARGUMENT, "sampler is NULL");
+  if (!std::isfinite(presence))
+    return kvr::sampler_fail(s, KVR_ERR_INVALID_ARGUMENT,
+                             format("presence_penalty must be a finite number, got %g", presence));
+  if (!std::isfinite(frequency))
+    return kvr::sampler_fail(s, KVR_ERR_INVALID_ARGUMENT,
+                             format("frequency_penalty must be a finite number, got %g", frequency));
+  s->adjust.presence = presence;
+  s->adjust.frequency = frequency;
+  return KVR_OK;
+}
+
+KVR_API int32_t kvr_sampler_set_min_tokens(kvr_sampler* s, uint32_t min_tokens, const int32_t* stop_ids,
+                                           size_t n_stop) {
+  if (!s) return fail(KVR_ERR_INVALID_ARGUMENT, "sampler is NULL");
+  if (n_stop > 0 && !stop_ids)
+    return kvr::sampler_fail(s, KVR_ERR_INVALID_ARGUMENT, format("stop_ids is NULL with n_stop %zu", n_stop));
+  for (size_t i = 0; i < n_stop; ++i)
+    if (stop_ids[i] < 0)
+      return kvr::sampler_fail(s, KVR_ERR_INVALID_ARGUMENT, format("stop_ids[%zu] = %d is negative", i, stop_ids[i]));
+  try {
+    std::vector<int32_t> next(stop_ids, stop_ids + n_stop);
+    s->adjust.ban_ids = std::move(next);
+  } catch (const std::bad_alloc&) {
+    return kvr::sampler_fail(s, KVR_ERR_OUT_OF_MEMORY, "out of memory storing the stop ids");
+  }
+  s->adjust.min_tokens = min_tokens;
   return KVR_OK;
 }
 

@@ -1,4 +1,4 @@
-// Sampling math (see sampling.h): a line-by-line port of lib/engine/sampler.ts and prng.ts. Kept
+// Sampling math (see sampling.h): a line-by-line port of tests/reference/sampler.ts and prng.ts. Kept
 // literal on purpose — the candidate widening, the summation orders and the draw — so that the
 // TypeScript sampler stays the oracle and the tokens agree exactly (sampler_test.ts, native).
 #include "sampling.h"
@@ -141,9 +141,7 @@ void RepetitionPenalty::add(int32_t id) {
   ids.push_back(id);
 }
 
-const float* RepetitionPenalty::apply(const float* logits, size_t n) {
-  if (!active() || ids.empty()) return logits;
-  row.assign(logits, logits + n);
+void RepetitionPenalty::apply(float* row, size_t n) const {
   for (const int32_t id : ids) {
     const size_t i = static_cast<size_t>(id);
     if (i >= n) continue;
@@ -151,7 +149,34 @@ const float* RepetitionPenalty::apply(const float* logits, size_t n) {
     // vLLM: where(logit > 0, logit / p, logit * p); NaN stays NaN, -inf stays -inf for p > 0.
     row[i] = static_cast<float>(v > 0 ? v / penalty : v * penalty);
   }
-  return row.data();
+}
+
+void LogitAdjust::add(int32_t id) {
+  ++drawn;
+  if (id < 0 || !penalising()) return;
+  const size_t i = static_cast<size_t>(id);
+  if (i >= counts.size()) counts.resize(i + 1, 0);
+  if (counts[i]++ == 0) drawn_ids.push_back(id);
+}
+
+void LogitAdjust::apply_before(float* row, size_t n) const {
+  if (banning())
+    for (const int32_t id : ban_ids)
+      if (static_cast<size_t>(id) < n) row[id] = -std::numeric_limits<float>::infinity();
+  for (size_t j = 0; j < bias_ids.size(); ++j) {
+    const size_t i = static_cast<size_t>(bias_ids[j]);
+    if (i < n) row[i] = static_cast<float>(static_cast<double>(row[i]) + bias[j]);
+  }
+}
+
+void LogitAdjust::apply_after(float* row, size_t n) const {
+  if (!penalising()) return;
+  for (const int32_t id : drawn_ids) {
+    const size_t i = static_cast<size_t>(id);
+    if (i >= n) continue;
+    const double by = static_cast<double>(counts[i]) * frequency + presence;
+    row[i] = static_cast<float>(static_cast<double>(row[i]) - by);
+  }
 }
 
 int64_t argmax_row(const float* logits, size_t n) {
@@ -421,7 +446,7 @@ size_t logprobs_row(const float* l, size_t n, int64_t id, double* id_logprob, si
     const double v = l[i];
     if (v > -kInf) total += js_exp(v - max);
   }
-  // The same expression as lib/engine/logits.ts stepLogprobs (max + Math.log(sum), then
+  // The same expression as tests/reference/logits.ts stepLogprobs (max + Math.log(sum), then
   // logit − lse), so both give the same bits: the HTTP logprobs may come from either.
   const double lse = max + js_log(total);
   auto lp = [&](int64_t i) {

@@ -1,4 +1,4 @@
-// Token sampling from one logits row, the native twin of lib/engine/sampler.ts: greedy argmax, or
+// Token sampling from one logits row, the native twin of tests/reference/sampler.ts: greedy argmax, or
 // temperature → top_k → top_p → min_p and a draw from the seeded xoshiro128** stream of
 // lib/engine/prng.ts — the same float64 arithmetic in the same order (and the fdlibm exp that
 // V8's Math.exp uses), so identical logits and seed give identical tokens. Plus log-softmax
@@ -41,17 +41,43 @@ struct SamplingConfig {
 // The repetition penalty of transformers and vLLM: every token seen so far (the prompt, then each
 // drawn token) has its logit divided by `penalty` when positive and multiplied by it otherwise
 // (penalty > 1 discourages repeats, < 1 encourages them, 1 = off), in float64 rounded back to
-// float32 — the same bits as lib/engine/logits.ts applyRepetitionPenalty. One per sampler.
+// float32 — the same bits as tests/reference/logits.ts applyRepetitionPenalty. One per sampler.
 struct RepetitionPenalty {
   double penalty = 1.0;
   std::vector<int32_t> ids;   // distinct tokens seen, first-seen order
   std::vector<uint8_t> seen;  // seen[id] != 0 for the ids above (grown on demand)
-  std::vector<float> row;     // the penalised copy of the last row
   bool active() const { return penalty != 1.0; }
   // Records a token as seen (negative ids are ignored).
   void add(int32_t id);
-  // logits[0..n) penalised: a copy in `row`, or `logits` itself when off or nothing was seen.
-  const float* apply(const float* logits, size_t n);
+  // The penalty on row[0..n), in place.
+  void apply(float* row, size_t n) const;
+};
+
+// The rest of vLLM's per-request logit processing, applied around the repetition penalty in
+// vLLM's order: tokens banned until min_tokens (the stop ids at -inf while fewer than min_tokens
+// tokens were drawn), logit_bias (added), [repetition penalty], then OpenAI's presence and
+// frequency penalties over the drawn tokens (logit -= count·frequency + presence). Each step in
+// float64 rounded to float32, as lib/engine's reference LogitProcessor (tests/reference). One per
+// sampler; counts every token the sampler draws.
+struct LogitAdjust {
+  uint32_t min_tokens = 0;
+  std::vector<int32_t> ban_ids;             // the stop ids banned until min_tokens
+  std::vector<int32_t> bias_ids;            // logit_bias: ids and what is added to their logits
+  std::vector<double> bias;
+  double presence = 0.0, frequency = 0.0;   // 0 = off
+  uint32_t drawn = 0;                       // tokens drawn so far
+  std::vector<int32_t> drawn_ids;           // distinct tokens drawn, first-drawn order
+  std::vector<uint32_t> counts;             // counts[id]: how often id was drawn (grown on demand)
+  bool banning() const { return drawn < min_tokens && !ban_ids.empty(); }
+  bool penalising() const { return presence != 0.0 || frequency != 0.0; }
+  // Whether the next draw's row differs from the model's (a device must then copy the row).
+  bool active() const { return banning() || !bias_ids.empty() || penalising(); }
+  // Records a drawn token (negative ids count toward min_tokens only).
+  void add(int32_t id);
+  // The ban and bias on row[0..n), in place (before the repetition penalty).
+  void apply_before(float* row, size_t n) const;
+  // The presence and frequency penalties on row[0..n), in place (after it).
+  void apply_after(float* row, size_t n) const;
 };
 
 // Reusable candidate buffers (one per sampler; not shared between threads).

@@ -155,10 +155,42 @@ void test_plan() {
 
 }  // namespace
 
+// A device takes a sampler's step on its candidates only while the sampler leaves the row as the
+// model wrote it: a repetition penalty, logit_bias, presence/frequency penalties and a min_tokens
+// ban still in force send it to the row route; once min_tokens tokens were drawn the ban is over.
+void test_sampler_route() {
+  using sm::Route;
+  const kvr_sampling_params p{0.8, 1.0, 0.0, 7, 20, 0};
+  auto route = [](const kvr_sampler* s) { return sampler_route(*s, 151936, false).route; };
+  kvr_sampler* s = nullptr;
+  check(kvr_sampler_create(&p, &s) == KVR_OK, "create");
+  check(route(s) == Route::kTopK, "top_k 20 alone runs on the device");
+  const int32_t stop = 2;
+  check(kvr_sampler_set_min_tokens(s, 2, &stop, 1) == KVR_OK, "set_min_tokens");
+  check(route(s) == Route::kRow, "a min_tokens ban in force takes the row");
+  std::vector<float> row(64, 0.0f);
+  int32_t tok = -1;
+  for (int i = 0; i < 2; ++i) sampler_run(s, row.data(), row.size(), &tok, nullptr, nullptr, nullptr, 0, nullptr);
+  check(route(s) == Route::kTopK, "the ban is over after min_tokens draws");
+  const int32_t id = 5;
+  const double bias = 1.5;
+  check(kvr_sampler_set_logit_bias(s, &id, &bias, 1) == KVR_OK, "set_logit_bias");
+  check(route(s) == Route::kRow, "a logit bias takes the row");
+  check(kvr_sampler_set_logit_bias(s, nullptr, nullptr, 0) == KVR_OK, "clear the bias");
+  check(route(s) == Route::kTopK, "no bias, no row");
+  check(kvr_sampler_set_presence_frequency(s, 0.0, 0.5) == KVR_OK, "set_presence_frequency");
+  check(route(s) == Route::kRow, "a frequency penalty takes the row");
+  check(kvr_sampler_set_presence_frequency(s, 0.0, 0.0) == KVR_OK, "clear the penalties");
+  check(kvr_sampler_set_repetition_penalty(s, 1.2, nullptr, 0) == KVR_OK, "set_repetition_penalty");
+  check(route(s) == Route::kRow, "a repetition penalty takes the row");
+  kvr_sampler_free(s);
+}
+
 int main() {
   test_select();
   test_route_equivalence();
   test_plan();
+  test_sampler_route();
   std::printf("sample_math: %d checks, %d failed\n", g_checks, g_failures);
   return g_failures == 0 ? 0 : 1;
 }

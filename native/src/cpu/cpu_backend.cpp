@@ -1,7 +1,7 @@
 // The CPU backend (backend.h): packs the checkpoint's weights from the validated tensor table
-// (kept as bf16 when the file's are BF16, else converted to f32; KVRELAY_WEIGHTS_F32=1 forces
-// f32), runs cpu::forward on a per-sequence KV cache, and copies KV in and out with dtype
-// conversion. Arguments arrive validated (model_load.cpp, sequence.cpp).
+// (kept as bf16 when the file's are BF16, else converted to f32; the test library's
+// kvr_test_set_weights_f32 forces f32), runs cpu::forward on a per-sequence KV cache, and copies
+// KV in and out with dtype conversion. Arguments arrive validated (model_load.cpp, sequence.cpp).
 #include <omp.h>
 
 #include <algorithm>
@@ -30,6 +30,7 @@
 #include "errors.h"
 #include "kv_pool.h"
 #include "kv_recycle.h"
+#include "test_switches.h"
 
 namespace kvr::cpu {
 namespace {
@@ -294,11 +295,11 @@ class CpuBackend final : public Backend {
 
  private:
   void load(const TensorTable& t) {
-    // BF16 linear weights (and the embedding) stay bf16 unless KVRELAY_WEIGHTS_F32=1 (read here,
-    // once per load): the kernels widen them exactly, so results are bit-identical either way,
-    // and bf16 halves the memory and the bytes each decode streams.
-    const char* force_f32_env = std::getenv("KVRELAY_WEIGHTS_F32");
-    const bool keep_bf16 = !(force_f32_env != nullptr && std::strcmp(force_f32_env, "1") == 0);
+    // BF16 linear weights (and the embedding) stay bf16 unless the test library's switch widens
+    // them (kvr_test_set_weights_f32, read once per load): the kernels widen them exactly, so
+    // results are bit-identical either way, and bf16 halves the memory and the bytes each decode
+    // streams.
+    const bool keep_bf16 = !test_switches::weights_f32.load(std::memory_order_relaxed);
     const kvr_model_params& p = g_.params;
     const uint32_t quant = p.weights;                // linear weights (and lm_head): q8 / q4 / as stored
     // Packers run on the model's thread count: the OpenMP default team of this (loading) thread,

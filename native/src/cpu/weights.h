@@ -39,7 +39,7 @@ inline uint64_t next_weights_uid() {
 struct Weights {
   uint64_t uid = next_weights_uid();
   // Token lookup table (vocab, hidden) row-major: at most one of the two is non-empty
-  // (embed_bf16 when the checkpoint's embedding is BF16 and KVRELAY_WEIGHTS_F32 is not 1). Both
+  // (embed_bf16 when the checkpoint's embedding is BF16 and not widened by the test switch). Both
   // are empty when the embedding is tied: lookups then read the lm_head panels (embed_row), so the
   // table is held once, not twice (q8/q4 weights: the lookups see the dequantized values).
   std::vector<float> embed;          // f32

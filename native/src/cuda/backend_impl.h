@@ -22,6 +22,7 @@
 #include "cuda/cublaslt.h"
 #include "cuda/kernels.h"
 #include "kv_pool.h"
+#include "kvrelay_test.h"  // KVR_DEBUG_* flags of kvr_model_set_debug
 
 namespace kvr::cuda {
 

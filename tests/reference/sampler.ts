@@ -1,22 +1,15 @@
-// Token sampling from one position's logits: greedy, or temperature → top_k → top_p → min_p
-// (the order of transformers' warpers and vLLM) followed by a seeded draw. Works on one logits
-// row at a time; knows nothing about sequences, stop conditions or text.
+// The TypeScript sampler: the oracle the native sampler chain (native/src/sampling.cpp,
+// lib/native/sampler.ts) is tested against, seeded draw for seeded draw. Greedy, or temperature →
+// top_k → top_p → min_p (the order of transformers' warpers and vLLM) followed by a seeded draw
+// from lib/engine/prng.ts's stream. One logits row at a time; no production code imports it.
 
-import { randomSeed, Xoshiro128 } from "./prng.ts";
-
-/** How to pick the next token. Fields left out are disabled (temperature defaults to 1). */
-export interface SamplingOptions {
-  /** 0 = greedy (argmax, lowest id on ties); > 0 divides the logits. Default 1. */
-  temperature?: number;
-  /** Keep only the k most likely tokens (ties at the boundary broken by lower id); 0 = off. */
-  topK?: number;
-  /** Nucleus: keep the smallest most-likely set whose probability reaches p; 1 = off. */
-  topP?: number;
-  /** Keep tokens whose probability is at least minP × the top probability; 0 = off. */
-  minP?: number;
-  /** Seed of the PRNG: same seed and logits → same tokens. Absent = a random seed. */
-  seed?: number;
-}
+import { randomSeed, Xoshiro128 } from "../../lib/engine/prng.ts";
+import {
+  checkTokenMask,
+  type SamplingOptions,
+  type TokenMask,
+  validateSampling,
+} from "../../lib/engine/sampling.ts";
 
 /** The distribution a sampler draws from for one logits row: ids by descending probability. */
 export interface TokenDistribution {
@@ -26,39 +19,13 @@ export interface TokenDistribution {
   probs: Float64Array;
 }
 
-interface ValidSampling {
-  temperature: number;
-  topK: number;
-  topP: number;
-  minP: number;
-}
-
-/**
- * Checks sampling options and fills in defaults.
- *
- * @param opts user options
- * @returns temperature, topK, topP, minP with defaults applied
- * @throws {RangeError} when a value is out of range (the message quotes it)
- */
-/** A logits row with no finite value (all NaN or −Inf): nothing can be drawn from it. A
- *  RangeError (a value out of what the sampler accepts) of its own class, so the serving core can
- *  name the cause. */
+/** A logits row with no finite value (all NaN or −Inf): nothing can be drawn from it. */
 export class NoFiniteLogitRowError extends RangeError {
   /** @param message names the row's length */
   constructor(message: string) {
     super(message);
     this.name = "NoFiniteLogitRowError";
   }
-}
-
-/** The allowed tokens of one draw (structured output: a grammar's next-token bitmask). Bit
- *  t % 32 of words[t / 32] set = token t may be drawn; ids >= nTokens never may. The layout of
- *  XGrammar's bitmask and of kvr_sampler_set_mask. */
-export interface TokenMask {
-  /** (ceil(nTokens / 32),) bit words; bits past nTokens are 0 */
-  words: Uint32Array;
-  /** how many token ids the mask covers (>= 1) */
-  nTokens: number;
 }
 
 /** A masked row held no allowed token with a finite logit: nothing can be drawn from it. */
@@ -68,36 +35,6 @@ export class NoAllowedTokenRowError extends RangeError {
     super(message);
     this.name = "NoAllowedTokenRowError";
   }
-}
-
-/**
- * Checks a token mask's shape: nTokens an integer >= 1, words of length ceil(nTokens / 32), no
- * bit at or past nTokens, at least one bit set (the checks of kvr_sampler_set_mask).
- *
- * @param mask the mask
- * @param vocab when given, the vocabulary the mask must fit (nTokens <= vocab)
- * @throws {RangeError} naming what is wrong
- */
-export function checkTokenMask(mask: TokenMask, vocab?: number): void {
-  const { words, nTokens } = mask ?? {};
-  if (!(words instanceof Uint32Array)) throw new TypeError("mask.words must be a Uint32Array");
-  if (!Number.isInteger(nTokens) || nTokens < 1 || nTokens > 0xffff_ffff) {
-    throw new RangeError(`mask.nTokens must be an integer in [1, 2^32), got ${nTokens}`);
-  }
-  const need = Math.ceil(nTokens / 32);
-  if (words.length !== need) {
-    throw new RangeError(
-      `a mask of ${nTokens} tokens takes ${need} words, got mask.words.length ${words.length}`,
-    );
-  }
-  if (vocab !== undefined && nTokens > vocab) {
-    throw new RangeError(`the mask covers ${nTokens} tokens, the vocabulary has ${vocab}`);
-  }
-  const tail = nTokens % 32;
-  if (tail !== 0 && words[need - 1] >>> tail !== 0) {
-    throw new RangeError(`the mask allows a token id >= nTokens ${nTokens}`);
-  }
-  if (!words.some((w) => w !== 0)) throw new RangeError("the mask allows no token");
 }
 
 /**
@@ -116,29 +53,6 @@ export function maskRow(logits: ArrayLike<number>, mask: TokenMask): Float32Arra
     if ((mask.words[i >>> 5] >>> (i & 31)) & 1) out[i] = logits[i];
   }
   return out;
-}
-
-export function validateSampling(opts: SamplingOptions): ValidSampling {
-  const temperature = opts.temperature ?? 1;
-  const topK = opts.topK ?? 0;
-  const topP = opts.topP ?? 1;
-  const minP = opts.minP ?? 0;
-  if (typeof temperature !== "number" || !Number.isFinite(temperature) || temperature < 0) {
-    throw new RangeError(`temperature must be a finite number >= 0, got ${temperature}`);
-  }
-  if (!Number.isSafeInteger(topK) || topK < 0) {
-    throw new RangeError(`topK must be an integer >= 0 (0 = off), got ${topK}`);
-  }
-  if (typeof topP !== "number" || !(topP > 0 && topP <= 1)) {
-    throw new RangeError(`topP must be in (0, 1], got ${topP}`);
-  }
-  if (typeof minP !== "number" || !(minP >= 0 && minP <= 1)) {
-    throw new RangeError(`minP must be in [0, 1], got ${minP}`);
-  }
-  if (opts.seed !== undefined && !Number.isSafeInteger(opts.seed)) {
-    throw new RangeError(`seed must be a safe integer, got ${opts.seed}`);
-  }
-  return { temperature, topK, topP, minP };
 }
 
 /**

@@ -2,9 +2,14 @@
 // and renormalised probabilities are worked out in the test from the definitions, and seeded
 // draws are compared with them by frequency.
 
-import { assert, assertEquals, assertNotEquals, assertThrows } from "../tokenizer/_assert.ts";
+import {
+  assert,
+  assertEquals,
+  assertNotEquals,
+  assertThrows,
+} from "../../lib/tokenizer/_assert.ts";
 import { argmax, Sampler, samplingDistribution } from "./sampler.ts";
-import { mulberry32 } from "../util/mod.ts";
+import { mulberry32 } from "../../lib/util/mod.ts";
 
 // p by token id: id 3 is the most likely, then 0, 4, 1, 2.
 const P = [0.2, 0.1, 0.05, 0.5, 0.15];

@@ -1,4 +1,4 @@
-// C ABI face of the CPU GEMM (kvrelay.h): kvr_gemm_f32 (checked C = A·Bᵀ for tests),
+// Test exports of the CPU GEMM (kvrelay_test.h): kvr_gemm_f32 (checked C = A·Bᵀ for tests),
 // kvr_gemm_bench (median time of the model's packed kernel), kvr_gemv_quantized (a q8/q4
 // weight's dequantized values and quantized GEMV, for tests), kvr_gemm_quantized (the model's
 // GEMM with such a weight, for tests), kvr_gemm_few_rows_bf16 (the batched step's few-row GEMM
@@ -15,7 +15,7 @@
 #include "cpu/gemm.h"
 #include "cpu/gemm_prepared.h"
 #include "errors.h"
-#include "kvrelay.h"
+#include "kvrelay_test.h"
 
 namespace {
 

@@ -1,0 +1,94 @@
+/*
+ * kvrelay_test.h — the test library's extra exports: libkvrelay_test.so is libkvrelay built from
+ * the same objects plus these entry points, which tests and `deno task bench` use to reach
+ * internals. The production library (libkvrelay.so) exports none of them. Everything of
+ * kvrelay.h is in the test library too, with the same rules.
+ */
+#ifndef KVRELAY_TEST_H
+#define KVRELAY_TEST_H
+
+#include "kvrelay.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/*
+ * C (m, n) = A (m, k) · B(n, k)ᵀ, f32 row-major, with the same packed kernel the model uses
+ * (B is packed on every call, so this is for tests; kvr_gemm_bench times a pre-packed B).
+ */
+KVR_API int32_t kvr_gemm_f32(uint32_t m, uint32_t n, uint32_t k, const float* a, size_t a_len,
+                             const float* b, size_t b_len, float* c, size_t c_len,
+                             uint32_t n_threads);
+/*
+ * Packs w (n, k) row-major f32 in the weight format `weights` (kvr_weight_format; NATIVE = f32)
+ * as the model does. When w_deq is not NULL, writes the values the kernels use (n, k) there (the
+ * dequantized weights); when y is not NULL, y (n) = x (k) · Wᵀ through the model's one-row GEMV
+ * (q8/q4: activation quantized per 32-block, integer dots) on the calling thread.
+ */
+KVR_API int32_t kvr_gemv_quantized(uint32_t weights, uint32_t n, uint32_t k, const float* w,
+                                   size_t w_len, const float* x, size_t x_len, float* w_deq,
+                                   size_t w_deq_len, float* y, size_t y_len);
+/*
+ * y (m, n) = x (m, k) · Wᵀ (accumulate 1: y += x · Wᵀ) with w (n, k) row-major f32 packed in the
+ * weight format `weights` as the model does, through the model's GEMM on n_threads threads (0 =
+ * all cores): for q8/q4 and m > 1 the int8 GEMM (activation rows quantized per 32-block).
+ */
+KVR_API int32_t kvr_gemm_quantized(uint32_t weights, uint32_t m, uint32_t n, uint32_t k, const float* w,
+                                   size_t w_len, const float* x, size_t x_len, float* y, size_t y_len,
+                                   uint32_t accumulate, uint32_t n_threads);
+/*
+ * y (m, n) = x (m, k) · Wᵀ (accumulate 1: y += x · Wᵀ) with w (n, k) row-major bf16 bit patterns,
+ * through the batched step's few-row GEMM (the prepared input of several panel ranges: AMX tiles
+ * where the CPU has them and m >= 8, else the AVX/portable tiles) on the calling thread;
+ * *out_amx = 1 when the AMX tiles ran (out_amx may be NULL).
+ */
+KVR_API int32_t kvr_gemm_few_rows_bf16(uint32_t m, uint32_t n, uint32_t k, const uint16_t* w, size_t w_len,
+                                       const float* x, size_t x_len, float* y, size_t y_len,
+                                       uint32_t accumulate, uint32_t* out_amx);
+/*
+ * Times `iterations` runs of the model's GEMM on a pre-packed B (m, n, k), returning the median
+ * seconds per run in *out_seconds. Inputs are filled deterministically inside the library.
+ */
+KVR_API int32_t kvr_gemm_bench(uint32_t m, uint32_t n, uint32_t k, uint32_t n_threads,
+                               uint32_t iterations, double* out_seconds);
+/* Name of the CPU kernel chosen at runtime ("avx2-fma" or "generic"). */
+KVR_API const char* kvr_cpu_kernel_name(void);
+/*
+ * Debug switches of a model's backend, for the GPU check (scripts/gpu_check): an OR of the flags
+ * below, replacing the model's previous switches (0 = none). They apply to the calls made after
+ * this one; set them before the model's first sequence (a batched-step graph captured earlier keeps
+ * the route it was captured with). The CPU backend has neither path and ignores them. Unknown bits:
+ * KVR_ERR_INVALID_ARGUMENT.
+ *   KVR_DEBUG_FALLBACK_GEMM  multi-row projections run the library's own mma.sync GEMM even where
+ *                            cuBLASLt loaded (the fallback is otherwise untested on such a machine).
+ *   KVR_DEBUG_SYNC_LAUNCHES  every kernel launch (and cuBLASLt matmul) outside graph capture is
+ *                            followed by a synchronisation of its stream, so an execution fault is
+ *                            reported by the launch that caused it ("attention launch: ...") rather
+ *                            than by the next synchronisation. Slow: for locating a fault.
+ */
+#define KVR_DEBUG_FALLBACK_GEMM 1u
+#define KVR_DEBUG_SYNC_LAUNCHES 2u
+KVR_API int32_t kvr_model_set_debug(kvr_model* model, uint32_t flags);
+
+/*
+ * The CPU kernel choice is narrowed by the environment variable KVRELAY_CPU_KERNEL, read once per
+ * process by both libraries (native/src/cpu/cpu_features.h): generic (portable GEMM), avx2
+ * (AVX-512 and AVX-VNNI off), avxvnni (AVX-512 off), avx512 (AMX off).
+ *
+ * Code-path switches, process-wide, for in-process comparisons of two paths (the production
+ * library keeps every one at its default). Each applies to the calls made after it.
+ *   set_project_via_copies(1): kvr_projector_apply_seq takes the backend-neutral copy path even
+ *     for two CPU sequences (compared with the fast path). 0 (default): the fast path.
+ *   set_weights_f32(1): BF16 checkpoint weights are widened to f32 at load (read per load).
+ *     0 (default): they stay bf16.
+ * Values other than 0 and 1: KVR_ERR_INVALID_ARGUMENT.
+ */
+KVR_API int32_t kvr_test_set_project_via_copies(uint32_t on);
+KVR_API int32_t kvr_test_set_weights_f32(uint32_t on);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVRELAY_TEST_H */

@@ -116,6 +116,11 @@ function httpRows(r: HttpBenchResult): ResultRow[] {
   rows.push(
     row({ tier: "powerful", concurrency: 32 }, "handoffs vs direct", "×", hd.handoffVsDirect),
   );
+  for (const p of r.probes?.probes ?? []) {
+    const labels = { tier: "all", concurrency: r.probes.streamsPerTier, path: p.path };
+    rows.push(row(labels, "probe p50", "ms", p.ms.p50));
+    rows.push(row(labels, "probe p99", "ms", p.ms.p99));
+  }
   return rows;
 }
 

@@ -12,7 +12,7 @@
 // Engine-agnostic: see StepEngine (S: its sequences, P: its samplers, O: their options); no HTTP.
 
 import type { LogprobRequest, SampleResult } from "../native/mod.ts";
-import { type PlanSeq, planStep, type SeqState, type StepPlan } from "./step_plan.ts";
+import { type PlanRow, type PlanSeq, planStep, type SeqState, type StepPlan } from "./step_plan.ts";
 
 export type { SeqState } from "./step_plan.ts";
 
@@ -186,12 +186,8 @@ interface Entry<S, P> {
   history: number[];
   /** the pending prefill/decode (state waiting, prefilling, decoding or preempted) */
   work: Work<P> | null;
-}
-
-/** One row of a plan being carried out. */
-interface Row<S, P> {
-  entry: Entry<S, P>;
-  n: number;
+  /** what the last plan saw of it (rewritten in place each plan: no allocation per step) */
+  view: PlanSeq;
 }
 
 /** A sequence attached to a scheduler: prefill/decode go through batched steps. */
@@ -414,12 +410,14 @@ export class Scheduler<S, P = unknown, O = unknown> {
    */
   attach(seq: S, history: ArrayLike<number> = []): ScheduledSequence<S, P, O> {
     if (this.#closed) throw new SchedulerClosedError("scheduler is closed");
+    const id = this.#nextId++;
     const entry: Entry<S, P> = {
-      id: this.#nextId++,
+      id,
       seq,
       state: "idle",
       history: Array.from(history),
       work: null,
+      view: { id, state: "idle", left: 0, length: 0, held: 0, history: 0, samples: false },
     };
     this.#entries.set(entry.id, entry);
     return new ScheduledSequence(this, entry, this.#engine);
@@ -682,8 +680,7 @@ export class Scheduler<S, P = unknown, O = unknown> {
             await this.#sleep(50);
             continue;
           }
-          const rows = plan.rows.map(({ seq, n }) => ({ entry: entries[seq], n }));
-          if (!(await this.#run(rows, plan.steps))) await this.#sleep(1);
+          if (!(await this.#run(entries, plan.rows, plan.steps))) await this.#sleep(1);
           if (this.#blockWaiters.length > 0) this.#grantBlocks(); // sequences may have shrunk
         } catch (e) {
           // The engine itself failed (e.g. its pool was freed under us): nothing can run; every
@@ -706,17 +703,15 @@ export class Scheduler<S, P = unknown, O = unknown> {
   #plan(pending: readonly Entry<S, P>[]): StepPlan {
     const eng = this.#engine;
     const seqs: PlanSeq[] = pending.map((e) => {
-      const w = e.work!;
-      return {
-        id: e.id,
-        state: e.state,
-        left: w.tokens.length - w.fed,
-        length: eng.length(e.seq),
-        held: eng.blocksHeld(e.seq),
-        history: e.history.length,
-        burst: w.burst,
-        samples: w.sample !== undefined,
-      };
+      const w = e.work!, v = e.view;
+      v.state = e.state;
+      v.left = w.tokens.length - w.fed;
+      v.length = eng.length(e.seq);
+      v.held = eng.blocksHeld(e.seq);
+      v.history = e.history.length;
+      v.burst = w.burst;
+      v.samples = w.sample !== undefined;
+      return v;
     });
     return planStep({
       seqs,
@@ -772,10 +767,15 @@ export class Scheduler<S, P = unknown, O = unknown> {
 
   /** Runs the plan's rows for `steps` steps (a burst when > 1) and applies the results; false
    *  when the engine found too few blocks (nothing changed: replan). */
-  async #run(rows: Row<S, P>[], steps: number): Promise<boolean> {
+  async #run(
+    entries: readonly Entry<S, P>[],
+    rows: readonly PlanRow[],
+    steps: number,
+  ): Promise<boolean> {
     const eng = this.#engine;
     const burst = steps > 1;
-    const items: StepItem<S, P>[] = rows.map(({ entry, n }) => {
+    const items: StepItem<S, P>[] = rows.map(({ seq, n }) => {
+      const entry = entries[seq];
       const w = entry.work!;
       const last = w.fed + n === w.tokens.length;
       const item: StepItem<S, P> = {
@@ -795,12 +795,12 @@ export class Scheduler<S, P = unknown, O = unknown> {
         : (await eng.step(items)).map(stepOutcome);
     } catch (e) {
       if (eng.isPoolExhausted?.(e)) return false;
-      for (const { entry } of rows) this.#finishWork(entry, { kind: "error", error: e });
+      for (const { seq } of rows) this.#finishWork(entries[seq], { kind: "error", error: e });
       return true;
     }
     const ms = performance.now() - t0;
     if (this.#closed) return true; // close() already rejected every work; the engine may be gone
-    this.#apply(rows, items, out, burst, ms);
+    this.#apply(entries, rows, items, out, burst, ms);
     return true;
   }
 
@@ -808,14 +808,16 @@ export class Scheduler<S, P = unknown, O = unknown> {
    * Updates request state from a step's (or a burst's) tagged results: each row's tokens join its
    * history, a work whose last tokens stepped settles with its outcome and is idle, a partly
    * stepped one is prefilling; then the counters and the onStep hook.
-   * @param rows the rows stepped
+   * @param entries the pending entries the plan was made for
+   * @param rows the rows stepped (indexes into entries)
    * @param items what the engine got, per row
    * @param out per row its outcome (a burst's: "tokens" or "error")
    * @param burst whether the rows ran as a burst (engine decodeSteps)
    * @param ms wall time of the engine call
    */
   #apply(
-    rows: readonly Row<S, P>[],
+    entries: readonly Entry<S, P>[],
+    rows: readonly PlanRow[],
     items: readonly StepItem<S, P>[],
     out: readonly StepOutcome[],
     burst: boolean,
@@ -827,12 +829,13 @@ export class Scheduler<S, P = unknown, O = unknown> {
         if (r.kind === "tokens" && r.tokens.length > steps) steps = r.tokens.length;
       }
     } else {
-      for (const { entry, n } of rows) {
-        if (n === 1 && entry.history.length > 0) decodes++;
+      for (const { seq, n } of rows) {
+        if (n === 1 && entries[seq].history.length > 0) decodes++;
         else prefill += n;
       }
     }
-    rows.forEach(({ entry, n }, i) => {
+    rows.forEach(({ seq, n }, i) => {
+      const entry = entries[seq];
       const w = entry.work;
       if (!w) return; // detached meanwhile
       const r = out[i];

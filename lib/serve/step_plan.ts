@@ -117,27 +117,32 @@ export function blocksFreedByPreempting(held: number): number {
  */
 export function planStep(input: PlanInput): StepPlan {
   const { seqs, blockTokens: bt } = input;
-  // The plan's own view of what a preemption changes.
-  const state = seqs.map((s) => s.state);
-  const length = seqs.map((s) => s.length);
-  const held = seqs.map((s) => s.held);
-  const left = seqs.map((s) => s.left);
-  const history = seqs.map((s) => s.history);
+  // The sequences as the plan sees them: copied at the first preemption, which changes the victim.
+  let view: readonly PlanSeq[] = seqs;
+  let copy: PlanSeq[] | null = null;
   let poolFree = input.free;
   const preempt: number[] = [];
 
-  /** Preempts the youngest block-holder younger than seqs[requester] and not in `inPlan`. */
+  /** Preempts the youngest block-holder younger than view[requester] and not in `inPlan`. */
   const preemptFor = (requester: number, inPlan: Set<number>): boolean => {
     let victim = -1;
-    for (let i = 0; i < seqs.length; i++) {
-      if (seqs[i].id <= seqs[requester].id || inPlan.has(i) || held[i] === 0) continue;
-      if (victim < 0 || seqs[i].id > seqs[victim].id) victim = i;
+    for (let i = 0; i < view.length; i++) {
+      if (view[i].id <= view[requester].id || inPlan.has(i) || view[i].held === 0) continue;
+      if (victim < 0 || view[i].id > view[victim].id) victim = i;
     }
     if (victim < 0) return false;
-    poolFree += blocksFreedByPreempting(held[victim]);
-    left[victim] += history[victim];
-    history[victim] = length[victim] = held[victim] = 0;
-    state[victim] = "preempted";
+    const v = view[victim];
+    poolFree += blocksFreedByPreempting(v.held);
+    copy ??= [...seqs];
+    copy[victim] = {
+      ...v,
+      state: "preempted",
+      left: v.left + v.history,
+      history: 0,
+      length: 0,
+      held: 0,
+    };
+    view = copy;
     preempt.push(victim);
     return true;
   };
@@ -149,10 +154,11 @@ export function planStep(input: PlanInput): StepPlan {
     let budget = input.maxStepTokens;
     const free = () => poolFree - committed;
     // Decodes (and a prompt's last token on a sequence holding KV), oldest first.
-    for (let i = 0; i < seqs.length; i++) {
+    for (let i = 0; i < view.length; i++) {
       if (rows.length >= input.maxBatch || budget < 1) break;
-      if (left[i] !== 1 || length[i] === 0) continue;
-      const need = blocksToAppend(length[i], held[i], 1, bt);
+      const s = view[i];
+      if (s.left !== 1 || s.length === 0) continue;
+      const need = blocksToAppend(s.length, s.held, 1, bt);
       while (need > free() && preemptFor(i, inPlan));
       if (need > free()) continue;
       rows.push({ seq: i, n: 1 });
@@ -161,16 +167,17 @@ export function planStep(input: PlanInput): StepPlan {
       budget--;
     }
     // Prefill chunks, first come first served.
-    for (let i = 0; i < seqs.length; i++) {
+    for (let i = 0; i < view.length; i++) {
       if (inPlan.has(i) || rows.length >= input.maxBatch || budget < 1) continue;
-      if (state[i] === "decoding") continue; // a decode that found no block waits
-      const fresh = state[i] === "waiting" || state[i] === "preempted";
+      const s = view[i];
+      if (s.state === "decoding") continue; // a decode that found no block waits
+      const fresh = s.state === "waiting" || s.state === "preempted";
       const avail = Math.max(0, free() - (fresh ? input.watermark : 0));
-      const n = Math.min(left[i], budget, tokensWithin(length[i], held[i], avail, bt));
+      const n = Math.min(s.left, budget, tokensWithin(s.length, s.held, avail, bt));
       if (n < 1) break;
       rows.push({ seq: i, n });
       inPlan.add(i);
-      committed += blocksToAppend(length[i], held[i], n, bt);
+      committed += blocksToAppend(s.length, s.held, n, bt);
       budget -= n;
     }
     if (rows.length > 0 || seqs.length === 0) {
@@ -178,7 +185,7 @@ export function planStep(input: PlanInput): StepPlan {
     }
     // Blocked: free the youngest holder younger than the oldest work, then plan again.
     if (preemptFor(0, new Set())) continue;
-    const total = length[0] + left[0];
+    const total = view[0].length + view[0].left;
     const tooLarge = Math.ceil(total / bt) > input.blocksTotal ? 0 : null;
     return { preempt, rows, steps: 1, tooLarge };
   }

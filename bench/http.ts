@@ -4,10 +4,11 @@
 // error counts by status, the per-request overhead of the HTTP layer vs calling lib/engine
 // generate() directly, and handoff concurrency: a prefill on fast kept in the store then a decode
 // on powerful migrated through the demo projector, one at a time vs 32 at once, beside 32 direct
-// completions on powerful. Tiers use the bundled config's admission (concurrency, queue_depth)
-// and continuous batching, 2 threads each. Then prefix sharing (bench/prefix_share.ts): TTFT of a
-// request sharing a 1,024-token prefix with a finished one on tiny-powerful, against the first's.
-// Bounded: ~2–3 min on 2 cores.
+// completions on powerful, and probe latency: /healthz and /metrics p50/p99 while 32 streams
+// generate on every tier at once. Tiers use the bundled config's admission (concurrency,
+// queue_depth) and continuous batching, 2 threads each. Then prefix sharing (bench/prefix_share.ts):
+// TTFT of a request sharing a 1,024-token prefix with a finished one on tiny-powerful, against the
+// first's. Bounded: ~2–3 min on 2 cores.
 import { parseConfig } from "../lib/config/mod.ts";
 import { generate } from "../lib/engine/mod.ts";
 import { createBaseApp } from "../functions/shared/mod.ts";
@@ -74,11 +75,34 @@ export interface HandoffBenchResult {
   handoffVsDirect: number;
 }
 
+/** Latency of one probe path while the load ran. */
+export interface ProbePath {
+  path: string;
+  requests: number;
+  /** non-200 answers and failed fetches */
+  errors: number;
+  ms: { p50: number; p99: number; max: number };
+}
+
+/** Probe latency under load (see the file comment). */
+export interface ProbeBenchResult {
+  /** streams per tier, all tiers at once */
+  streamsPerTier: number;
+  maxTokens: number;
+  /** streams that ended 200, of all */
+  streamsOk: number;
+  streams: number;
+  /** stream failures by status */
+  streamErrors: Record<string, number>;
+  probes: ProbePath[];
+}
+
 /** What benchHttp returns. */
 export interface HttpBenchResult {
   maxTokens: number;
   tiers: Record<string, LoadPoint[]>;
   handoff: HandoffBenchResult;
+  probes: ProbeBenchResult;
   /** Same request through HTTP (non-streamed, loopback) vs engine generate(), fast tier, c=1. */
   overhead: { requests: number; engineMsP50: number; httpMsP50: number; overheadMsP50: number };
   /** A second request sharing a 1,024-token prefix with a finished one (prefix cache on). */
@@ -92,7 +116,7 @@ function quantile(xs: number[], q: number): number {
   return Math.round(s[i] * 100) / 100;
 }
 
-async function streamOne(base: string, tier: string, prompt: string) {
+async function streamOne(base: string, tier: string, prompt: string, maxTokens = MAX_TOKENS) {
   const t0 = performance.now();
   const res = await fetch(`${base}/v1/completions`, {
     method: "POST",
@@ -100,7 +124,7 @@ async function streamOne(base: string, tier: string, prompt: string) {
     body: JSON.stringify({
       model: tier,
       prompt,
-      max_tokens: MAX_TOKENS,
+      max_tokens: maxTokens,
       stream: true,
       stream_options: { include_usage: true },
     }),
@@ -272,6 +296,69 @@ export async function benchHandoffs(base: string): Promise<HandoffBenchResult> {
   };
 }
 
+const PROBE_STREAMS = 32;
+const PROBE_TOKENS = 64;
+const PROBE_PATHS = ["/healthz", "/metrics"];
+
+/**
+ * Probe latency under load: 32 streamed completions on every tier at once while one client
+ * probes /healthz and /metrics in turn, back to back, until the last stream ends.
+ * @param base the server's address
+ * @param tiers the tiers to load
+ * @returns per probe path its latency, and how the streams ended
+ */
+export async function benchProbes(base: string, tiers: string[]): Promise<ProbeBenchResult> {
+  const streamErrors: Record<string, number> = {};
+  let streamsOk = 0;
+  let loading = true;
+  const load = Promise.all(
+    tiers.flatMap((tier) =>
+      Array.from({ length: PROBE_STREAMS }, async (_, i) => {
+        try {
+          const r = await streamOne(base, tier, PROMPTS[i % PROMPTS.length], PROBE_TOKENS);
+          if (r.status === "200") streamsOk++;
+          else streamErrors[r.status] = (streamErrors[r.status] ?? 0) + 1;
+        } catch {
+          streamErrors.network = (streamErrors.network ?? 0) + 1;
+        }
+      })
+    ),
+  ).finally(() => loading = false);
+  const ms: Record<string, number[]> = {};
+  const errors: Record<string, number> = {};
+  for (const p of PROBE_PATHS) (ms[p] = [], errors[p] = 0);
+  for (let i = 0; loading; i++) {
+    const path = PROBE_PATHS[i % PROBE_PATHS.length];
+    const t = performance.now();
+    try {
+      const res = await fetch(`${base}${path}`);
+      await res.arrayBuffer();
+      if (res.status !== 200) errors[path]++;
+      else ms[path].push(performance.now() - t);
+    } catch {
+      errors[path]++;
+    }
+  }
+  await load;
+  return {
+    streamsPerTier: PROBE_STREAMS,
+    maxTokens: PROBE_TOKENS,
+    streamsOk,
+    streams: PROBE_STREAMS * tiers.length,
+    streamErrors,
+    probes: PROBE_PATHS.map((path) => ({
+      path,
+      requests: ms[path].length + errors[path],
+      errors: errors[path],
+      ms: {
+        p50: quantile(ms[path], 0.5),
+        p99: quantile(ms[path], 0.99),
+        max: quantile(ms[path], 1),
+      },
+    })),
+  };
+}
+
 /**
  * Runs the HTTP benchmark over the demo tiers (prefix cache off, so every request prefills).
  * @returns the load points per tier and the HTTP overhead
@@ -337,6 +424,7 @@ export async function benchHttp(): Promise<HttpBenchResult> {
       maxTokens: MAX_TOKENS,
       tiers: out,
       handoff: await benchHandoffs(base),
+      probes: await benchProbes(base, Object.keys(TIERS)),
       overhead: {
         requests: n,
         engineMsP50: e,
@@ -402,6 +490,21 @@ export function formatHttpTable(r: HttpBenchResult): string {
     `  32 handoffs vs one at a time ×${hd.concurrentVsAlone}; vs 32 direct completions ×${hd.handoffVsDirect}`,
   );
   lines.push(formatPrefixSharing(r.prefixSharing).split("\n").at(-1)!);
+  const pr = r.probes;
+  if (pr) {
+    lines.push(
+      `probes while ${pr.streamsPerTier} streams generate on every tier (${pr.maxTokens} tokens; streams ${pr.streamsOk}/${pr.streams} ok ${
+        JSON.stringify(pr.streamErrors)
+      }):`,
+    );
+    for (const p of pr.probes) {
+      lines.push(
+        `  ${
+          p.path.padEnd(9)
+        } ${p.requests} req, ${p.errors} errors  p50 ${p.ms.p50} ms  p99 ${p.ms.p99} ms  max ${p.ms.max} ms`,
+      );
+    }
+  }
   return lines.join("\n");
 }
 

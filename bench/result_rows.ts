@@ -125,6 +125,11 @@ function httpRows(r: HttpBenchResult): ResultRow[] {
     rows.push(row({ ...labels, request: "second" }, "TTFT", "ms", ps.secondMs));
     rows.push(row(labels, "TTFT second / first", "ratio", ps.ratios));
   }
+  for (const p of r.probes?.probes ?? []) {
+    const labels = { tier: "all", concurrency: r.probes.streamsPerTier, path: p.path };
+    rows.push(row(labels, "probe p50", "ms", p.ms.p50));
+    rows.push(row(labels, "probe p99", "ms", p.ms.p99));
+  }
   return rows;
 }
 

@@ -1,15 +1,20 @@
 // The continuous-batching scheduler of one loaded model: a step loop that gathers every attached
-// sequence's pending work (a decode token, or a prompt to prefill in bounded chunks), packs one
-// batched step (decodes first, then prefill chunks first come first served within a token
-// budget), checks KV blocks before each step (admission by free blocks, less those reserved for
-// KV written outside the steps — snapshot imports, projections; preempt-and-recompute of the
-// youngest sequence when a running one cannot grow) and resolves each work with its logits.
+// sequence's pending work (a decode token, or a prompt to prefill in bounded chunks), asks the
+// pure planStep (lib/serve/step_plan.ts) for the next step — decodes first, then prefill chunks
+// first come first served within a token budget, admission by free KV blocks less those reserved
+// for KV written outside the steps (snapshot imports, projections), which youngest sequences to
+// preempt and recompute when a running one cannot grow — carries the plan out (preemptions, then
+// one engine step or a burst of decode steps) and applies the engine's results, tagged
+// (StepOutcome), to each request's state (SeqState) and its waiting promise.
 // Sampling, stop conditions and streaming stay with each request (lib/engine decodeLoop drives a
 // ScheduledSequence like a NativeSequence); an engine that samples natively takes each request's
 // sampler into the step, so a decode returns a token id rather than a vocabulary of logits.
 // Engine-agnostic: see StepEngine (S: its sequences, P: its samplers, O: their options); no HTTP.
 
 import type { LogprobRequest, SampleResult } from "../native/mod.ts";
+import { type PlanRow, type PlanSeq, planStep, type SeqState, type StepPlan } from "./step_plan.ts";
+
+export type { SeqState } from "./step_plan.ts";
 
 /** One sequence's part of a step, as the engine receives it. */
 export interface StepItem<S, P = unknown> {
@@ -112,28 +117,77 @@ export class SchedulerClosedError extends Error {
   }
 }
 
+/** An item's result, tagged: what {@link Scheduler} hands a work when its last tokens stepped. */
+export type StepOutcome =
+  /** the last row's logits (a work that did not sample) */
+  | { kind: "logits"; logits: Float32Array }
+  /** the token the step sampled */
+  | { kind: "token"; token: number }
+  /** the tokens a burst sampled, each but the last in the cache now */
+  | { kind: "tokens"; tokens: Int32Array }
+  /** its own sampling failed (the step succeeded: its tokens are in the cache) */
+  | { kind: "error"; error: unknown }
+  /** nothing was asked of the row */
+  | { kind: "none" };
+
+/** Tags one result of {@link StepEngine.step}. */
+function stepOutcome(r: StepResult): StepOutcome {
+  if (r instanceof Float32Array) return { kind: "logits", logits: r };
+  if (typeof r === "number") return { kind: "token", token: r };
+  if (r instanceof Error) return { kind: "error", error: r };
+  return { kind: "none" };
+}
+
+/** Tags one result of {@link StepEngine.decodeSteps}. */
+function burstOutcome(r: Int32Array | Error): StepOutcome {
+  return r instanceof Int32Array ? { kind: "tokens", tokens: r } : { kind: "error", error: r };
+}
+
+/** What a work's caller waits for, and how to hand it over. */
+type Reply =
+  | { want: "logits"; resolve: (logits: Float32Array) => void; reject: (e: unknown) => void }
+  | { want: "token"; resolve: (r: SampleResult) => void; reject: (e: unknown) => void }
+  | { want: "tokens"; resolve: (tokens: Int32Array) => void; reject: (e: unknown) => void };
+
+/** Settles a reply with its work's outcome (a burst work stepped alone takes its one token). */
+function settle(reply: Reply, out: StepOutcome): void {
+  if (out.kind === "error") return reply.reject(out.error);
+  switch (reply.want) {
+    case "logits":
+      if (out.kind === "logits") return reply.resolve(out.logits);
+      break;
+    case "token":
+      if (out.kind === "token") return reply.resolve({ token: out.token });
+      break;
+    case "tokens":
+      if (out.kind === "tokens") return reply.resolve(out.tokens);
+      if (out.kind === "token") return reply.resolve(Int32Array.of(out.token));
+      break;
+  }
+  reply.reject(new Error(`the step returned ${out.kind} where ${reply.want} was asked`));
+}
+
 interface Work<P> {
   tokens: number[];
   /** tokens of `tokens` already in the cache */
   fed: number;
   /** sample the next token in the step that completes the work (else: return the logits) */
   sample?: { sampler: P; width?: number };
-  /** resolve with a {@link SampleResult} `{ token }` rather than the bare token id */
-  asSample: boolean;
-  /** a decodeBurst work: it takes up to this many tokens past the first, and resolves with the
-   *  sampled tokens (Int32Array) */
+  /** a decodeBurst work: it takes up to this many tokens past the first */
   burst?: number;
-  resolve: (out: Float32Array | number | SampleResult | Int32Array) => void;
-  reject: (e: unknown) => void;
+  reply: Reply;
 }
 
 interface Entry<S, P> {
   id: number;
   seq: S;
+  state: SeqState;
   /** tokens in the cache (for recompute after a preemption) */
   history: number[];
+  /** the pending prefill/decode (state waiting, prefilling, decoding or preempted) */
   work: Work<P> | null;
-  detached: boolean;
+  /** what the last plan saw of it (rewritten in place each plan: no allocation per step) */
+  view: PlanSeq;
 }
 
 /** A sequence attached to a scheduler: prefill/decode go through batched steps. */
@@ -169,17 +223,17 @@ export class ScheduledSequence<S, P = unknown, O = unknown> {
       this.createSampler = (o) => createSampler.call(engine, o);
       this.decodeSample = (token, sampler, width, req) => {
         if (req && (req.logprob || (req.topLogprobs ?? 0) > 0)) {
-          return (sched.submit(entry, [token]) as Promise<Float32Array>).then((logits) =>
+          return sched.submitLogits(entry, [token]).then((logits) =>
             sampleRow.call(engine, sampler, logits, width, req)
           );
         }
         // The step's token resolves this promise directly (no async wrapper: one promise and one
         // microtask per token per request fewer — 32 of each per step at 32 requests).
-        return sched.submit(entry, [token], { sampler, width }, true) as Promise<SampleResult>;
+        return sched.submitSample(entry, token, { sampler, width });
       };
       if (engine.decodeSteps && engine.truncate) {
         this.decodeBurst = (token, sampler, width, most) =>
-          sched.submit(entry, [token], { sampler, width }, false, most) as Promise<Int32Array>;
+          sched.submitBurst(entry, token, { sampler, width }, most);
       }
     }
   }
@@ -213,6 +267,11 @@ export class ScheduledSequence<S, P = unknown, O = unknown> {
     this.#sched.rewind(this.#entry, n);
   }
 
+  /** Where the sequence's request stands in the scheduler. */
+  get state(): SeqState {
+    return this.#entry.state;
+  }
+
   /** The engine sequence. */
   get seq(): S {
     return this.#entry.seq;
@@ -231,7 +290,7 @@ export class ScheduledSequence<S, P = unknown, O = unknown> {
    *   the engine's error when its step fails
    */
   prefill(tokens: ArrayLike<number>): Promise<Float32Array> {
-    return this.#sched.submit(this.#entry, Array.from(tokens)) as Promise<Float32Array>;
+    return this.#sched.submitLogits(this.#entry, Array.from(tokens));
   }
 
   /**
@@ -241,7 +300,7 @@ export class ScheduledSequence<S, P = unknown, O = unknown> {
    * @throws as {@link prefill}
    */
   decode(token: number): Promise<Float32Array> {
-    return this.#sched.submit(this.#entry, [token]) as Promise<Float32Array>;
+    return this.#sched.submitLogits(this.#entry, [token]);
   }
 
   /** Leaves the scheduler: pending work is rejected; the caller frees the sequence. Idempotent. */
@@ -351,12 +410,14 @@ export class Scheduler<S, P = unknown, O = unknown> {
    */
   attach(seq: S, history: ArrayLike<number> = []): ScheduledSequence<S, P, O> {
     if (this.#closed) throw new SchedulerClosedError("scheduler is closed");
+    const id = this.#nextId++;
     const entry: Entry<S, P> = {
-      id: this.#nextId++,
+      id,
       seq,
+      state: "idle",
       history: Array.from(history),
       work: null,
-      detached: false,
+      view: { id, state: "idle", left: 0, length: 0, held: 0, history: 0, samples: false },
     };
     this.#entries.set(entry.id, entry);
     return new ScheduledSequence(this, entry, this.#engine);
@@ -444,50 +505,89 @@ export class Scheduler<S, P = unknown, O = unknown> {
     }
   }
 
-  /** @internal ScheduledSequence.prefill/decode/decodeSample */
-  submit(
+  /** @internal ScheduledSequence.prefill/decode: resolves with the logits after `tokens` */
+  submitLogits(entry: Entry<S, P>, tokens: number[]): Promise<Float32Array> {
+    const bad = this.#refuse(entry, tokens.length);
+    if (bad) return Promise.reject(bad);
+    return new Promise<Float32Array>((resolve, reject) =>
+      this.#enqueue(entry, tokens, undefined, undefined, { want: "logits", resolve, reject })
+    );
+  }
+
+  /** @internal ScheduledSequence.decodeSample: resolves with the token sampled after `token` */
+  submitSample(
+    entry: Entry<S, P>,
+    token: number,
+    sample: { sampler: P; width?: number },
+  ): Promise<SampleResult> {
+    const bad = this.#refuse(entry, 1);
+    if (bad) return Promise.reject(bad);
+    return new Promise<SampleResult>((resolve, reject) =>
+      this.#enqueue(entry, [token], sample, undefined, { want: "token", resolve, reject })
+    );
+  }
+
+  /** @internal ScheduledSequence.decodeBurst: resolves with 1..most+1 sampled tokens */
+  submitBurst(
+    entry: Entry<S, P>,
+    token: number,
+    sample: { sampler: P; width?: number },
+    most: number,
+  ): Promise<Int32Array> {
+    const bad = this.#refuse(entry, 1) ??
+      (Number.isInteger(most) && most >= 0
+        ? null
+        : new RangeError(`most must be an integer >= 0, got ${most}`));
+    if (bad) return Promise.reject(bad);
+    return new Promise<Int32Array>((resolve, reject) =>
+      this.#enqueue(entry, [token], sample, most, { want: "tokens", resolve, reject })
+    );
+  }
+
+  /** Why a work of `tokens` tokens cannot be submitted for `entry` now; null when it can. */
+  #refuse(entry: Entry<S, P>, tokens: number): Error | null {
+    if (entry.state === "finished" || this.#closed) {
+      return new SchedulerClosedError("sequence is detached from the scheduler");
+    }
+    if (tokens === 0) return new RangeError("no tokens to append");
+    if (entry.work) {
+      return new Error("a prefill/decode is still pending on this sequence; await it first");
+    }
+    const total = entry.history.length + tokens;
+    if (Math.ceil(total / this.#engine.blockTokens) > this.#engine.blocksTotal) {
+      return new RangeError(
+        `a sequence of ${total} tokens needs more than the pool's ${this.#engine.blocksTotal} blocks of ${this.#engine.blockTokens}`,
+      );
+    }
+    return null;
+  }
+
+  #enqueue(
     entry: Entry<S, P>,
     tokens: number[],
-    sample?: { sampler: P; width?: number },
-    asSample = false,
-    burst?: number,
-  ): Promise<Float32Array | number | SampleResult | Int32Array> {
-    if (entry.detached || this.#closed) {
-      return Promise.reject(new SchedulerClosedError("sequence is detached from the scheduler"));
-    }
-    if (tokens.length === 0) return Promise.reject(new RangeError("no tokens to append"));
-    if (entry.work) {
-      return Promise.reject(
-        new Error("a prefill/decode is still pending on this sequence; await it first"),
-      );
-    }
-    const total = entry.history.length + tokens.length;
-    if (Math.ceil(total / this.#engine.blockTokens) > this.#engine.blocksTotal) {
-      return Promise.reject(
-        new RangeError(
-          `a sequence of ${total} tokens needs more than the pool's ${this.#engine.blocksTotal} blocks of ${this.#engine.blockTokens}`,
-        ),
-      );
-    }
-    if (burst !== undefined && !(Number.isInteger(burst) && burst >= 0)) {
-      return Promise.reject(new RangeError(`most must be an integer >= 0, got ${burst}`));
-    }
-    return new Promise<Float32Array | number | SampleResult | Int32Array>((resolve, reject) => {
-      entry.work = { tokens, fed: 0, sample, asSample, burst, resolve, reject };
-      this.#expected.delete(entry);
-      this.#kick();
-    });
+    sample: { sampler: P; width?: number } | undefined,
+    burst: number | undefined,
+    reply: Reply,
+  ): void {
+    entry.work = { tokens, fed: 0, sample, burst, reply };
+    entry.state = this.#engine.length(entry.seq) === 0
+      ? "waiting"
+      : tokens.length === 1
+      ? "decoding"
+      : "prefilling";
+    this.#expected.delete(entry);
+    this.#kick();
   }
 
   /** @internal ScheduledSequence.detach */
   detach(entry: Entry<S, P>): void {
-    if (entry.detached) return;
-    entry.detached = true;
+    if (entry.state === "finished") return;
+    entry.state = "finished";
     this.#entries.delete(entry.id);
     this.#expected.delete(entry);
     const w = entry.work;
     entry.work = null;
-    w?.reject(new SchedulerClosedError("sequence detached"));
+    w?.reply.reject(new SchedulerClosedError("sequence detached"));
     this.#kick();
   }
 
@@ -499,7 +599,7 @@ export class Scheduler<S, P = unknown, O = unknown> {
       );
     }
     if (entry.work) throw new Error("rewind(): a prefill/decode is still pending on this sequence");
-    if (n === 0 || entry.detached) return;
+    if (n === 0 || entry.state === "finished") return;
     entry.history.length -= n;
     this.#engine.truncate!(entry.seq, this.#engine.length(entry.seq) - n);
   }
@@ -541,16 +641,18 @@ export class Scheduler<S, P = unknown, O = unknown> {
     });
   }
 
+  /** Every entry with a pending work, oldest first (Map order = admission order). */
   #pending(): Entry<S, P>[] {
     const out: Entry<S, P>[] = [];
-    for (const e of this.#entries.values()) if (e.work) out.push(e); // Map order = admission order
+    for (const e of this.#entries.values()) if (e.work) out.push(e);
     return out;
   }
 
   async #loop(): Promise<void> {
     try {
       while (!this.#closed) {
-        if (this.#pending().length === 0) {
+        const pending = this.#pending();
+        if (pending.length === 0) {
           if (this.#entries.size === 0) break;
           await this.#sleep();
           continue;
@@ -569,23 +671,22 @@ export class Scheduler<S, P = unknown, O = unknown> {
         }
         this.#expected.clear();
         try {
-          const plan = this.#plan();
-          if (plan.length === 0) {
+          const entries = this.#pending();
+          const plan = this.#plan(entries);
+          this.#preemptAll(entries, plan.preempt);
+          if (plan.tooLarge !== null) this.#failTooLarge(entries[plan.tooLarge]);
+          if (plan.rows.length === 0) {
             // Nothing fits until some sequence leaves or shrinks (or a new work arrives).
             await this.#sleep(50);
             continue;
           }
-          if (!(await this.#step(plan))) await this.#sleep(1);
+          if (!(await this.#run(entries, plan.rows, plan.steps))) await this.#sleep(1);
           if (this.#blockWaiters.length > 0) this.#grantBlocks(); // sequences may have shrunk
         } catch (e) {
           // The engine itself failed (e.g. its pool was freed under us): nothing can run; every
           // waiting work gets the error rather than hanging. After close() this is expected.
           if (this.#closed) break;
-          for (const entry of this.#pending()) {
-            const w = entry.work!;
-            entry.work = null;
-            w.reject(e);
-          }
+          for (const entry of this.#pending()) this.#finishWork(entry, { kind: "error", error: e });
         }
       }
     } finally {
@@ -594,190 +695,87 @@ export class Scheduler<S, P = unknown, O = unknown> {
     }
   }
 
-  #blocksNeeded(e: Entry<S, P>, tokens: number, length = this.#engine.length(e.seq)): number {
-    const bt = this.#engine.blockTokens;
-    const want = Math.ceil((length + tokens) / bt);
-    return Math.max(0, want - this.#engine.blocksHeld(e.seq));
-  }
-
-  /** Tokens `e` can append within `blocks` more blocks. */
-  #tokensWithin(e: Entry<S, P>, blocks: number): number {
-    const bt = this.#engine.blockTokens;
-    return (this.#engine.blocksHeld(e.seq) + blocks) * bt - this.#engine.length(e.seq);
-  }
-
-  /** Drops the youngest block-holding sequence younger than `requester`, not in `keep` and
-   *  waiting on the scheduler (a sequence between works may be in use by its request: export,
-   *  streaming) — its pending work then starts by recomputing its tokens; null when none. */
-  #preempt(keep: Set<Entry<S, P>>, requester: Entry<S, P>): Entry<S, P> | null {
-    let victim: Entry<S, P> | null = null;
-    for (const e of this.#entries.values()) {
-      if (e.id <= requester.id || keep.has(e) || !e.work || this.#engine.blocksHeld(e.seq) === 0) {
-        continue;
-      }
-      if (!victim || e.id > victim.id) victim = e;
-    }
-    if (!victim) return null;
-    this.#engine.reset(victim.seq);
-    // Its pending work now starts with everything the cache held.
-    const w = victim.work!;
-    w.tokens = [...victim.history, ...w.tokens.slice(w.fed)];
-    w.fed = 0;
-    victim.history = [];
-    this.counters.preemptions++;
-    this.#hooks.onPreempt?.();
-    return victim;
-  }
-
-  #plan(): { entry: Entry<S, P>; n: number }[] {
-    const plan: { entry: Entry<S, P>; n: number }[] = [];
-    const inPlan = new Set<Entry<S, P>>();
-    let committed = 0; // blocks the plan takes so far
-    let budget = this.#maxStepTokens;
-    const pending = this.#pending();
-    // The pool's free count changes only by a preemption while planning: read once, then again
-    // after each (a getter per use cost ~0.1 µs × several per sequence of a 32-row step).
-    let poolFree = this.#engine.blocksFree() - this.#reserved;
-    const free = () => poolFree - committed;
-    // Decodes first, oldest first: a decode that cannot grow preempts the youngest younger
-    // sequence; when there is none it waits for a later step.
-    for (const e of pending) {
-      const w = e.work!;
-      if (plan.length >= this.#maxBatch || budget < 1) break;
-      if (w.tokens.length - w.fed !== 1) continue;
-      const len = this.#engine.length(e.seq);
-      if (len === 0) continue;
-      // A victim is younger than e, never e: its length and blocks stay as read.
-      const need = this.#blocksNeeded(e, 1, len);
-      while (need > free() && this.#preempt(inPlan, e)) {
-        poolFree = this.#engine.blocksFree() - this.#reserved;
-      }
-      if (need > free()) continue;
-      plan.push({ entry: e, n: 1 });
-      inPlan.add(e);
-      committed += need;
-      budget--;
-    }
-    // Then prefill chunks (prompts, recomputes), first come first served: a work that cannot get
-    // any block stops the scan, so later arrivals never overtake it. A NEW prompt leaves the
-    // watermark free for running sequences to grow.
-    for (const e of pending) {
-      if (inPlan.has(e) || plan.length >= this.#maxBatch || budget < 1) continue;
-      const w = e.work!;
-      const left = w.tokens.length - w.fed;
-      if (w.fed === 0 && w.tokens.length === 1 && this.#engine.length(e.seq) > 0) continue; // a waiting decode
-      const fresh = this.#engine.length(e.seq) === 0 && w.fed === 0;
-      const avail = Math.max(0, free() - (fresh ? this.#watermark : 0));
-      const n = Math.min(left, budget, this.#tokensWithin(e, avail));
-      if (n < 1) break;
-      plan.push({ entry: e, n });
-      inPlan.add(e);
-      committed += this.#blocksNeeded(e, n);
-      budget -= n;
-    }
-    if (plan.length === 0 && pending.length > 0) {
-      // Blocked: free the youngest holder younger than the oldest waiting work, if any.
-      const head = pending[0];
-      if (this.#preempt(new Set(), head)) return this.#plan();
-      const w = head.work!;
-      const total = this.#engine.length(head.seq) + w.tokens.length - w.fed;
-      if (Math.ceil(total / this.#engine.blockTokens) > this.#engine.blocksTotal) {
-        head.work = null;
-        w.reject(
-          new RangeError(
-            `a sequence of ${total} tokens needs more than the pool's ${this.#engine.blocksTotal} blocks of ${this.#engine.blockTokens}`,
-          ),
-        );
-      }
-    }
-    return plan;
-  }
-
-  /** An engine call of the plan failed: false when the engine found too few blocks (blocks went
-   *  elsewhere meanwhile: nothing changed, replan), else every work of the plan gets the error. */
-  #failed(plan: { entry: Entry<S, P>; n: number }[], e: unknown): boolean {
-    if (this.#engine.isPoolExhausted?.(e)) return false;
-    for (const { entry } of plan) {
-      const w = entry.work;
-      entry.work = null;
-      w?.reject(e);
-    }
-    return true;
-  }
-
-  /** Steps of a burst for this plan: more than one only when the engine runs bursts, every
-   *  waiting work is in the plan as a decode that takes more tokens (a prompt or a logits decode
-   *  waiting elsewhere gets the next plan at once instead), the last decode step times the burst
-   *  within burstMs, and the pool holds every sequence's tokens without a preemption. */
-  #burstSteps(plan: { entry: Entry<S, P>; n: number }[]): number {
+  /**
+   * The next step's plan for these pending entries (see {@link planStep}): reads the pool's counts
+   * and each sequence's length and blocks, changes nothing.
+   * @param pending every entry with a pending work, oldest first
+   */
+  #plan(pending: readonly Entry<S, P>[]): StepPlan {
     const eng = this.#engine;
-    if (this.#maxDecodeSteps < 2 || !eng.decodeSteps || !eng.truncate) return 1;
-    let k = Math.min(this.#maxDecodeSteps, Math.floor(this.#burstMs / this.#lastDecodeMs));
-    if (!(k >= 2)) return 1;
-    let waiting = 0;
-    for (const e of this.#entries.values()) if (e.work) waiting++;
-    if (waiting !== plan.length) return 1;
-    for (const { entry, n } of plan) {
-      const w = entry.work!;
-      if (
-        n !== 1 || w.burst === undefined || !w.sample || w.fed !== 0 || w.tokens.length !== 1 ||
-        entry.history.length === 0
-      ) return 1;
-      k = Math.min(k, w.burst + 1);
-    }
-    if (k < 2) return 1;
-    let need = 0;
-    for (const { entry } of plan) need += this.#blocksNeeded(entry, k);
-    return need <= eng.blocksFree() - this.#reserved ? k : 1;
-  }
-
-  /** Runs a burst of `k` decode steps of the plan's sequences in one engine call (see
-   *  SchedulerOptions.maxDecodeSteps); false when the engine found too few blocks. */
-  async #burst(plan: { entry: Entry<S, P>; n: number }[], k: number): Promise<boolean> {
-    const items: StepItem<S, P>[] = plan.map(({ entry }) => ({
-      seq: entry.seq,
-      tokens: entry.work!.tokens,
-      wantLogits: false,
-      sample: entry.work!.sample,
-    }));
-    const t0 = performance.now();
-    let out: (Int32Array | Error)[];
-    try {
-      out = await this.#engine.decodeSteps!(items, k);
-    } catch (e) {
-      return this.#failed(plan, e);
-    }
-    const ms = performance.now() - t0;
-    if (this.#closed) return true;
-    let steps = 1;
-    for (const r of out) if (r instanceof Int32Array && r.length > steps) steps = r.length;
-    this.#lastDecodeMs = ms / steps;
-    this.counters.steps += steps;
-    this.counters.burstSteps += steps - 1;
-    plan.forEach(({ entry }, i) => {
-      const w = entry.work;
-      if (!w) return; // detached meanwhile
-      const r = out[i];
-      entry.history.push(w.tokens[0]);
-      entry.work = null;
-      this.counters.decodeTokens++;
-      if (r instanceof Error) return w.reject(r); // its first draw failed; the others go on
-      // Every token but the last went into the cache as the next step's input.
-      for (let j = 0; j + 1 < r.length; j++) entry.history.push(r[j]);
-      this.counters.decodeTokens += r.length - 1;
-      this.#expected.add(entry);
-      w.resolve(r);
+    const seqs: PlanSeq[] = pending.map((e) => {
+      const w = e.work!, v = e.view;
+      v.state = e.state;
+      v.left = w.tokens.length - w.fed;
+      v.length = eng.length(e.seq);
+      v.held = eng.blocksHeld(e.seq);
+      v.history = e.history.length;
+      v.burst = w.burst;
+      v.samples = w.sample !== undefined;
+      return v;
     });
-    for (let s = 0; s < steps; s++) this.#reportStep(plan.length, plan.length, 0, ms / steps);
-    return true;
+    return planStep({
+      seqs,
+      free: eng.blocksFree() - this.#reserved,
+      blockTokens: eng.blockTokens,
+      blocksTotal: eng.blocksTotal,
+      watermark: this.#watermark,
+      maxBatch: this.#maxBatch,
+      maxStepTokens: this.#maxStepTokens,
+      burstSteps: this.#maxDecodeSteps >= 2 && eng.decodeSteps && eng.truncate
+        ? Math.min(this.#maxDecodeSteps, Math.floor(this.#burstMs / this.#lastDecodeMs))
+        : 1,
+    });
   }
 
-  /** Runs one step (or a burst); false when the engine found too few blocks (nothing changed:
-   *  replan). */
-  async #step(plan: { entry: Entry<S, P>; n: number }[]): Promise<boolean> {
-    const burst = this.#burstSteps(plan);
-    if (burst > 1) return this.#burst(plan, burst);
-    const items: StepItem<S, P>[] = plan.map(({ entry, n }) => {
+  /** Drops the KV of the plan's victims: each pending work then starts by recomputing every
+   *  token its sequence held. */
+  #preemptAll(entries: readonly Entry<S, P>[], victims: readonly number[]): void {
+    for (const i of victims) {
+      const victim = entries[i];
+      this.#engine.reset(victim.seq);
+      const w = victim.work!;
+      w.tokens = [...victim.history, ...w.tokens.slice(w.fed)];
+      w.fed = 0;
+      victim.history = [];
+      victim.state = "preempted";
+      this.counters.preemptions++;
+      this.#hooks.onPreempt?.();
+    }
+  }
+
+  /** Fails the oldest work: its sequence could never fit in the pool. */
+  #failTooLarge(head: Entry<S, P>): void {
+    const w = head.work!;
+    const total = this.#engine.length(head.seq) + w.tokens.length - w.fed;
+    this.#finishWork(head, {
+      kind: "error",
+      error: new RangeError(
+        `a sequence of ${total} tokens needs more than the pool's ${this.#engine.blocksTotal} blocks of ${this.#engine.blockTokens}`,
+      ),
+    });
+  }
+
+  /** Ends an entry's work with `out` (it is idle again: its request holds the sequence). */
+  #finishWork(entry: Entry<S, P>, out: StepOutcome): void {
+    const w = entry.work;
+    if (!w) return;
+    entry.work = null;
+    entry.state = "idle";
+    if (out.kind !== "error") this.#expected.add(entry);
+    settle(w.reply, out);
+  }
+
+  /** Runs the plan's rows for `steps` steps (a burst when > 1) and applies the results; false
+   *  when the engine found too few blocks (nothing changed: replan). */
+  async #run(
+    entries: readonly Entry<S, P>[],
+    rows: readonly PlanRow[],
+    steps: number,
+  ): Promise<boolean> {
+    const eng = this.#engine;
+    const burst = steps > 1;
+    const items: StepItem<S, P>[] = rows.map(({ seq, n }) => {
+      const entry = entries[seq];
       const w = entry.work!;
       const last = w.fed + n === w.tokens.length;
       const item: StepItem<S, P> = {
@@ -789,46 +787,86 @@ export class Scheduler<S, P = unknown, O = unknown> {
       if (last && w.sample) item.sample = w.sample;
       return item;
     });
-    let decodes = 0, prefill = 0;
-    plan.forEach(({ entry, n }) => {
-      if (n === 1 && entry.history.length > 0) decodes++;
-      else prefill += n;
-    });
     const t0 = performance.now();
-    let out: StepResult[];
+    let out: StepOutcome[];
     try {
-      out = await this.#engine.step(items);
+      out = burst
+        ? (await eng.decodeSteps!(items, steps)).map(burstOutcome)
+        : (await eng.step(items)).map(stepOutcome);
     } catch (e) {
-      return this.#failed(plan, e);
+      if (eng.isPoolExhausted?.(e)) return false;
+      for (const { seq } of rows) this.#finishWork(entries[seq], { kind: "error", error: e });
+      return true;
     }
     const ms = performance.now() - t0;
     if (this.#closed) return true; // close() already rejected every work; the engine may be gone
-    if (prefill === 0) this.#lastDecodeMs = ms;
-    this.counters.steps++;
-    this.counters.decodeTokens += decodes;
-    this.counters.prefillTokens += prefill;
-    plan.forEach(({ entry, n }, i) => {
+    this.#apply(entries, rows, items, out, burst, ms);
+    return true;
+  }
+
+  /**
+   * Updates request state from a step's (or a burst's) tagged results: each row's tokens join its
+   * history, a work whose last tokens stepped settles with its outcome and is idle, a partly
+   * stepped one is prefilling; then the counters and the onStep hook.
+   * @param entries the pending entries the plan was made for
+   * @param rows the rows stepped (indexes into entries)
+   * @param items what the engine got, per row
+   * @param out per row its outcome (a burst's: "tokens" or "error")
+   * @param burst whether the rows ran as a burst (engine decodeSteps)
+   * @param ms wall time of the engine call
+   */
+  #apply(
+    entries: readonly Entry<S, P>[],
+    rows: readonly PlanRow[],
+    items: readonly StepItem<S, P>[],
+    out: readonly StepOutcome[],
+    burst: boolean,
+    ms: number,
+  ): void {
+    let steps = 1, decodes = 0, prefill = 0;
+    if (burst) {
+      for (const r of out) {
+        if (r.kind === "tokens" && r.tokens.length > steps) steps = r.tokens.length;
+      }
+    } else {
+      for (const { seq, n } of rows) {
+        if (n === 1 && entries[seq].history.length > 0) decodes++;
+        else prefill += n;
+      }
+    }
+    rows.forEach(({ seq, n }, i) => {
+      const entry = entries[seq];
       const w = entry.work;
       if (!w) return; // detached meanwhile
+      const r = out[i];
       const fed = items[i].tokens;
       if (fed.length === 1) entry.history.push(fed[0]);
       else entry.history.push(...fed);
       w.fed += n;
-      if (w.fed < w.tokens.length) return;
-      entry.work = null;
-      const r = out[i];
-      if (r instanceof Error) return w.reject(r); // its own sampling failed; the others go on
-      this.#expected.add(entry);
-      w.resolve(
-        w.burst !== undefined
-          ? Int32Array.of(r as number)
-          : w.asSample
-          ? { token: r as number }
-          : r!,
-      );
+      if (w.fed < w.tokens.length) {
+        entry.state = "prefilling";
+        return;
+      }
+      if (r.kind === "tokens") {
+        // Every token but the last went into the cache as the next step's input.
+        for (let j = 0; j + 1 < r.tokens.length; j++) entry.history.push(r.tokens[j]);
+        this.counters.decodeTokens += r.tokens.length - 1;
+      }
+      if (burst) this.counters.decodeTokens++;
+      this.#finishWork(entry, r);
     });
-    this.#reportStep(plan.length, decodes, prefill, ms);
-    return true;
+    if (burst) {
+      this.#lastDecodeMs = ms / steps;
+      this.counters.steps += steps;
+      this.counters.burstSteps += steps - 1;
+      for (let s = 0; s < steps; s++) this.#reportStep(rows.length, rows.length, 0, ms / steps);
+      return;
+    }
+    if (prefill === 0) this.#lastDecodeMs = ms;
+    this.counters.steps++;
+    this.counters.decodeTokens += decodes;
+    this.counters.prefillTokens += prefill;
+    this.#reportStep(rows.length, decodes, prefill, ms);
   }
 
   /** One engine step's {@link StepStats} to the onStep hook (with the pool's counts now). */

@@ -258,3 +258,42 @@ Deno.test("Scheduler.reserveBlocks() waits first come first served for free bloc
   sched.close();
   await assert.rejects(sched.reserveBlocks(1), SchedulerClosedError);
 });
+
+Deno.test("ScheduledSequence.state follows its request: waiting, prefilling over chunks, idle, decoding, preempted, finished", async () => {
+  const eng = new FakeEngine(7, 4);
+  const handles: { state: string }[] = [];
+  const seen: string[] = [];
+  const preempted: string[][] = [];
+  const sched = new Scheduler(eng, { maxStepTokens: 8, watermarkBlocks: 0 }, {
+    onStep: () => seen.push(handles[0].state),
+    onPreempt: () => preempted.push(handles.map((h) => h.state)),
+  });
+  const old = eng.create();
+  const h = sched.attach(old);
+  handles.push(h);
+  assert.equal(h.state, "idle");
+  const first = h.prefill(ids(20, 1)); // 8 + 8 + 4 tokens, 5 blocks
+  assert.equal(h.state, "waiting");
+  await first;
+  assert.deepEqual(seen, ["prefilling", "prefilling", "idle"]);
+  const next = h.decode(1); // 21 tokens: a sixth block
+  assert.equal(h.state, "decoding");
+  await next;
+  assert.equal(h.state, "idle");
+  const y = sched.attach(eng.create());
+  handles.push(y);
+  await y.prefill(ids(4, 2)); // the seventh and last block
+  for (const t of [2, 3, 4]) await h.decode(t); // 24 tokens: the old sequence's blocks are full
+  // Both need a block and none is free: the younger one, waiting on its decode, is preempted.
+  const hDone = h.decode(5);
+  const yDone = y.decode(9);
+  await hDone;
+  assert.deepEqual(preempted, [["decoding", "preempted"]]);
+  assert.equal(y.state, "preempted", "it waits for blocks to recompute");
+  h.detach();
+  eng.free(old);
+  assert.equal(h.state, "finished");
+  assert.equal((await yDone)[0], hash([...ids(4, 2), 9]), "recomputed exactly");
+  sched.close();
+  assert.equal(y.state, "finished");
+});

@@ -25,6 +25,7 @@
 #include "cpu/attention.h"
 #include "cpu/convert.h"
 #include "cpu/decode_attention.h"
+#include "cpu/decode_step.h"
 #include "cpu/gemm.h"
 #include "cpu/gemm_amx.h"
 #include "cpu/ops.h"
@@ -70,10 +71,6 @@ bool int8_weights(const Weights& w) {
   const PackedWeight& w0 = w.layer.empty() ? w.lm_head : w.layer[0].qkv;
   return w0.is_q8() || w0.is_q4() || w.lm_head.is_q8() || w.lm_head.is_q4();
 }
-
-// The step on `nt` threads with stages (the body of forward_batch below).
-void forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq* seqs, size_t count, BatchScratch& sc,
-                    unsigned nt);
 
 // Cost of a sequence's part of a step in multiply-adds: its rows through the layers, its last
 // row's lm_head when it wants logits, and its attention — weighted ×4 per multiply-add against the
@@ -187,8 +184,6 @@ void forward_batch(const ModelGeometry& m, const Weights& w, BatchSeq* seqs, siz
   if (ctx.failed.load(std::memory_order_relaxed)) throw std::bad_alloc();
 }
 
-namespace {
-
 void forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq* seqs, size_t count, BatchScratch& sc,
                     unsigned nt) {
   const size_t H = m.hidden, I = m.inter, hd = m.head_dim, half = hd / 2;
@@ -208,7 +203,7 @@ void forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq* se
   // depend on whether it shared its step.
   const bool quantized = int8_weights(w);
   if (count == 1 && seqs[0].n == 1 && seqs[0].logits != nullptr && !quantized) {
-    forward(m, w, *seqs[0].kv, seqs[0].tokens, 1, seqs[0].pos0, false, seqs[0].logits, sc.single);
+    decode_tuned(m, w, *seqs[0].kv, seqs[0].tokens[0], seqs[0].pos0, seqs[0].logits, sc.single, sc.single.tuner);
     return;
   }
 
@@ -286,12 +281,16 @@ void forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq* se
   std::vector<HeadRun> runs;
   for (size_t e = 0; e < count; ++e) {
     if (!seqs[e].logits) continue;
-    const size_t k = want_rows.size();
-    want_rows.push_back(row0[e] + seqs[e].n - 1);
-    if (!runs.empty() && runs.back().dst + runs.back().len * m.vocab == seqs[e].logits) {
-      ++runs.back().len;
-    } else {
-      runs.push_back({k, 1, seqs[e].logits});
+    const size_t first = seqs[e].all_rows ? 0 : seqs[e].n - 1;
+    for (size_t i = first; i < seqs[e].n; ++i) {
+      const size_t k = want_rows.size();
+      float* dst = seqs[e].logits + (i - first) * m.vocab;
+      want_rows.push_back(row0[e] + i);
+      if (!runs.empty() && runs.back().dst + runs.back().len * m.vocab == dst) {
+        ++runs.back().len;
+      } else {
+        runs.push_back({k, 1, dst});
+      }
     }
   }
 
@@ -565,5 +564,4 @@ void forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq* se
   if (failed.load(std::memory_order_relaxed)) throw std::bad_alloc();
 }
 
-}  // namespace
 }  // namespace kvr::cpu

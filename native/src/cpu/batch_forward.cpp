@@ -1,7 +1,7 @@
-// CPU batched forward step (see batch_forward.h). Rows of all sequences are concatenated: row r
-// belongs to sequence seq_of[r] at position pos_of[r]. Layer by layer the same math as
-// forward.cpp (same kernels, same order per row), so a sequence's result differs from running
-// it alone only by GEMM row blocking and attention split points (float summation order).
+// CPU batched forward step (see batch_forward.h): the CPU's one layer loop. Rows of all sequences
+// are concatenated: row r belongs to sequence seq_of[r] at position pos_of[r]. A sequence's result
+// differs from running it alone (a step of one sequence, or the decode step) only by GEMM row
+// blocking and attention split points (float summation order).
 //
 // Threads: the whole step is ONE region on the persistent WorkerPool (cpu/worker_pool.h), every
 // thread running the layer loop through the same stages (cpu/stage_units.h: units of work
@@ -242,7 +242,6 @@ void forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq* se
   base.kv_heads = m.kv_heads;
   base.head_dim = hd;
   base.ldo = qd;
-  base.n_threads = 1;
   auto unit_args = [&](const AttnUnit& u) {
     AttnArgs a = base;
     const BatchSeq& s = seqs[u.seq];
@@ -448,7 +447,7 @@ void forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq* se
           for (size_t r = r0; r < r1; ++r) {
             const BatchSeq& s = seqs[seq_of[r]];
             embed_row(w, static_cast<size_t>(s.tokens[pos_of[r] - s.pos0]), H, x + r * H);
-            for (size_t d = 0; d < half; ++d)  // the same bits as forward.cpp (common/device_math.h)
+            for (size_t d = 0; d < half; ++d)  // the same bits as the decode step (common/device_math.h)
               dm::rope_cos_sin(static_cast<uint32_t>(pos_of[r]), m.inv_freq[d], &cs[r * hd + d],
                                &cs[r * hd + half + d]);
             rmsnorm(x + r * H, h + r * H, L.attn_norm.data(), H, eps);

@@ -81,7 +81,6 @@ unsigned decode_step(const ModelGeometry& m, const Weights& w, KvCache& kv, int3
   aa.kv_heads = m.kv_heads;
   aa.head_dim = hd;
   aa.ldo = qd;
-  aa.n_threads = 1;
   auto r16 = [](size_t n) { return (n + 15) & ~size_t{15}; };
   // Per thread: the fused path's whole-group scratch, or the split path's block buffer, its own
   // roped copy of a group's query heads and its own combined attention row.
@@ -128,7 +127,7 @@ unsigned decode_step(const ModelGeometry& m, const Weights& w, KvCache& kv, int3
   std::atomic<uint32_t> sleepers{0};
 
   embed_row(w, static_cast<size_t>(token), H, x);
-  // The same bits as the prefill path and the CUDA backend (common/device_math.h).
+  // The same bits as the batched layer loop and the CUDA backend (common/device_math.h).
   for (size_t d = 0; d < half; ++d)
     dm::rope_cos_sin(static_cast<uint32_t>(pos), m.inv_freq[d], &cs[d], &cs[half + d]);
 

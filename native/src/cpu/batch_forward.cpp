@@ -335,26 +335,29 @@ void forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq* se
                                                             : Split::kPanels;
   if (sc.prepared.size() < nt) sc.prepared.resize(nt);  // prepared GEMM inputs and the lm_head
   // Row blocks of the kRows split: prepared ones balanced (block b: rows [b·rows/n, (b+1)·rows/n));
-  // else about kGemmBlocksPerThread per thread (one block on one thread) of whole kernel tiles —
-  // 32 rows (two AMX row tiles) for AMX bf16 weights, else the kernels' tile (16 rows with AVX-512
-  // tall tiles, 6 with AVX2). 6-row blocks gave 16-row tiles a partial tail per block (a 128-row
-  // prefill on one thread, 66 + 62 rows: 1.86 against 1.59 ms in 128). A last block of fewer than
-  // kBlockRows rows joins the one before: a 1-row block would take the GEMV, other bits than the
-  // tiles (the rows of a 55-row step were once blocked 18, 18, 18, 1).
+  // else kGemmBlocksPerThread per thread (one block on one thread) holding whole kernel tiles,
+  // spread evenly — 32 rows (two AMX row tiles) for AMX bf16 weights, else the kernels' tile (16
+  // rows with AVX-512 tall tiles, 6 with AVX2), the partial tile last. Tiles that do not fit the
+  // kernel's leave a tail per block (a 128-row tiny-fast prefill on one thread in 6-row-granular
+  // blocks of 66 + 62 rows: 1.86 against 1.59 ms in one block); blocks rounded up to whole tiles
+  // instead of spread leave the last thread short (272 rows as 80, 80, 80, 32). While the last
+  // block has fewer than kBlockRows rows it joins the one before: a 1-row block would take the
+  // GEMV, other bits than the tiles, and AMX needs amx::kMinRows.
   const bool amx_layers = !w.layer.empty() && amx::applies(w.layer[0].qkv, kBlockRows);
   const size_t granule = amx_layers ? 32 : gemm_row_group();  // AMX: SplitRows's 2 tiles of 16 rows
-  const size_t gemm_blocks = nt == 1 ? 1 : kGemmBlocksPerThread * nt;
-  const size_t gemm_rows_each = ((rows + gemm_blocks - 1) / gemm_blocks + granule - 1) / granule * granule;
-  uint32_t gemm_row_units = prepared_blocks ? static_cast<uint32_t>(row_blocks) : units_of(rows, gemm_rows_each);
-  if (!prepared_blocks && gemm_row_units > 1 && rows - (gemm_row_units - 1) * gemm_rows_each < kBlockRows)
-    --gemm_row_units;
+  const size_t tiles = (rows + granule - 1) / granule;
+  const size_t blocks_wanted = nt == 1 ? 1 : kGemmBlocksPerThread * nt;
+  size_t gemm_blocks = std::min({blocks_wanted, tiles, std::max<size_t>(1, rows / kBlockRows)});
+  auto block_start = [&](size_t u) { return std::min(rows, u * tiles / gemm_blocks * granule); };
+  while (gemm_blocks > 1 && rows - block_start(gemm_blocks - 1) < kBlockRows) --gemm_blocks;
+  const uint32_t gemm_row_units = static_cast<uint32_t>(prepared_blocks ? row_blocks : gemm_blocks);
   auto row_block = [&](uint32_t u, size_t* r0, size_t* r1) {
     if (prepared_blocks) {
       *r0 = u * rows / row_blocks;
       *r1 = (u + 1) * rows / row_blocks;
     } else {
-      *r0 = u * gemm_rows_each;
-      *r1 = u + 1 == gemm_row_units ? rows : std::min(rows, *r0 + gemm_rows_each);
+      *r0 = block_start(u);
+      *r1 = u + 1 == gemm_blocks ? rows : block_start(u + 1);
     }
   };
 

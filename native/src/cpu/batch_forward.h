@@ -22,9 +22,9 @@ namespace kvr::cpu {
 
 // One sequence of a step: tokens[0..n) go to positions pos0..pos0+n-1 of kv (which holds storage
 // for them: kv.held_tokens() >= pos0 + n). logits: where its last row's (vocab) logits go — every
-// row's, (n, vocab), when all_rows — or nullptr for none. sampler (with logits): the step may sample logits[0..width) into *token_out
-// itself (the draw of kvr_sampler_sample; -1 when the row has no finite logit) and then sets
-// `sampled`; else the caller samples.
+// row's, (n, vocab), when all_rows — or nullptr for none. sampler (with logits): the step may
+// sample logits[0..width) into *token_out itself (the draw of kvr_sampler_sample; -1 when the row
+// has no finite logit) and then sets `sampled`; else the caller samples.
 struct BatchSeq {
   KvCache* kv = nullptr;
   const int32_t* tokens = nullptr;

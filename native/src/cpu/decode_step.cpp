@@ -156,7 +156,9 @@ unsigned decode_step(const ModelGeometry& m, const Weights& w, KvCache& kv, int3
     float* attl = qloc + r16(group * hd);                  // split path: this thread's attention row
     StageCounter* st = sc.stages.get();
     // Each stage: this thread's claims, then a wait for all its units (cpu/stage_units.h).
-    auto stage = [&](StageCounter& s, uint32_t total, auto&& unit) { run_stage(s, total, team_thread, team, sleepers, unit); };
+    auto stage = [&](StageCounter& s, uint32_t total, auto&& unit) {
+      run_stage(s, total, team_thread, team, sleepers, unit);
+    };
 
     for (size_t l = 0; l < m.layers; ++l) {
       const LayerWeights& L = w.layer[l];

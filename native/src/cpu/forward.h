@@ -1,8 +1,6 @@
-// The CPU forward pass of one sequence over a block of new tokens (the layer loop is
-// cpu/batch_forward.cpp; a decode, cpu/decode_step.cpp): embeddings,
-// per layer RMSNorm → fused QKV GEMM (+bias) → Qwen3 q/k norm → RoPE → KV cache write → causal
-// attention → O GEMM + residual → RMSNorm → fused gate/up GEMM → SwiGLU → down GEMM + residual,
-// then final norm and lm_head for the requested rows. Inputs are validated by the caller.
+// The CPU forward pass of one sequence over a block of new tokens: a decode is the one-row decode
+// step (cpu/decode_step.cpp), a prefill runs chunks through the layer loop
+// (cpu/batch_forward.cpp). Inputs are validated by the caller.
 #pragma once
 
 #include <atomic>

@@ -2,7 +2,7 @@
 // Implements create/free, prefill/decode (validate everything, then Backend::forward), truncate,
 // KV read/write (validated here, copied by the backend) and set_length. Every failure, including
 // a backend's BackendError, is recorded on the sequence and in the thread-local last error.
-// Not the forward math (cpu/forward.cpp) nor any cache layout (the backends).
+// Not the forward math (cpu/batch_forward.cpp) nor any cache layout (the backends).
 #include <new>
 #include <string>
 

@@ -1,7 +1,6 @@
-// Causal GQA attention over the KV cache (see attention.h). Work items are (kv head, block of up
-// to 24 queries with all heads of its group, key segment); each item runs flash-style over
-// 64-key tiles converted to f32 once and reused by every row, keeping (max, sum, acc) per row.
-// Segments exist so decode (one query) still uses every thread; a merge step combines them.
+// Causal GQA attention over the KV cache (see attention.h). A work item is (kv head, block of up
+// to 24 queries with all heads of its group); it runs flash-style over 64-key tiles converted to
+// f32 once and reused by every row, keeping (max, sum, acc) per row, then normalises.
 #include "cpu/attention.h"
 
 #include <algorithm>
@@ -11,7 +10,6 @@
 
 
 #include "cpu/convert.h"
-#include "cpu/parallel_for.h"
 #include "cpu/simd.h"
 #include "cpu/vec_math.h"
 #include "kvrelay.h"
@@ -25,7 +23,6 @@ namespace {
 
 constexpr size_t kTile = 64;         // keys per tile
 constexpr size_t kQBlock = kAttnQueryBlock;  // queries per work item (attention.h); 6 | 24
-constexpr double kMinParallelWork = 1 << 20;  // multiply-adds below which one thread is faster
 constexpr size_t kBlockMinRows = 8;  // fewer rows (decode): per-row kernel, no K transpose
 
 // Keys per tile: kTile for either storage. A tile of a paged cache with smaller blocks spans
@@ -34,7 +31,6 @@ constexpr size_t kBlockMinRows = 8;  // fewer rows (decode): per-row kernel, no 
 size_t tile_keys(const KvCache&) { return kTile; }
 
 struct Plan {
-  bool parallel;
   size_t group, qblock, nqb, splits, items, rows_max;
   size_t partial_per_item;  // floats: rows_max * (head_dim + 2)
   size_t thread_floats;     // floats per thread: K, V tiles, scores, K tile transposed, row arrays
@@ -45,16 +41,8 @@ Plan make_plan(const AttnArgs& a) {
   p.group = a.heads / a.kv_heads;
   p.qblock = std::min(kQBlock, a.n);
   p.nqb = (a.n + p.qblock - 1) / p.qblock;
-  const size_t base = a.kv_heads * p.nqb;
-  const size_t want = 2 * static_cast<size_t>(std::max(a.n_threads, 1));
-  const size_t tile = tile_keys(*a.kv);
-  const size_t tiles = (a.pos0 + a.n + tile - 1) / tile;
-  // Multiply-adds (upper bound); small problems run on the calling thread (no fork/join).
-  const double work = 2.0 * a.heads * a.n * static_cast<double>(a.pos0 + a.n) * a.head_dim;
-  p.parallel = a.n_threads > 1 && work >= kMinParallelWork;
-  p.splits = 1;
-  if (p.parallel && base < want) p.splits = std::max<size_t>(1, std::min((want + base - 1) / base, tiles / 2));
-  p.items = base * p.splits;
+  p.splits = 1;  // one key segment: the result does not depend on how callers split the work
+  p.items = a.kv_heads * p.nqb;
   p.rows_max = p.qblock * p.group;
   p.partial_per_item = p.rows_max * (a.head_dim + 2);
   // K tile, V tile, K tile transposed, scores (rows_max, kTile), then row pointers and counts.
@@ -510,48 +498,20 @@ float* align64(float* p) {
 
 }  // namespace
 
-size_t attention_scratch_floats(const AttnArgs& a) {
-  const Plan p = make_plan(a);
-  return ((p.items * p.partial_per_item + 15) & ~size_t{15}) +
-         static_cast<size_t>(std::max(a.n_threads, 1)) * p.thread_floats + 16;
-}
-
-void attention(const AttnArgs& a, float* scratch) {
-  const Plan p = make_plan(a);
-  float* partial = scratch;
-  // Thread blocks start 64-byte aligned (they hold pointer and size_t arrays).
-  float* thread_base = align64(scratch + ((p.items * p.partial_per_item + 15) & ~size_t{15}));
-  const int nt = std::max(a.n_threads, 1);
-
-  // Pass 1 items claimed dynamically (their key ranges differ), then pass 2 merges (static).
-  const int team = p.parallel && p.items > 1 ? nt : 1;
-  parallel_dynamic(a.workers, team, p.items, [&](size_t item, unsigned t) {
-    const ThreadBufs tb = thread_bufs(p, a.head_dim, thread_base + t * p.thread_floats);
-    run_item(a, p, item, tb, partial + item * p.partial_per_item);
-  });
-  parallel_static(a.workers, team, a.kv_heads * p.nqb, [&](size_t b, unsigned) {
-    merge_block(a, p, b, partial + b * p.splits * p.partial_per_item);
-  });
-}
-
 size_t attention_group_scratch_floats(const AttnArgs& a) {
-  AttnArgs one = a;
-  one.n_threads = 1;
-  const Plan p = make_plan(one);
+  const Plan p = make_plan(a);
   return ((p.partial_per_item + 15) & ~size_t{15}) + p.thread_floats + 32;
 }
 
 void attention_group(const AttnArgs& a, size_t g, float* scratch) {
-  AttnArgs one = a;
-  one.n_threads = 1;  // one key segment: the result does not depend on the caller's thread count
-  const Plan p = make_plan(one);
+  const Plan p = make_plan(a);
   float* s = align64(scratch);
   float* tbase = align64(s + ((p.partial_per_item + 15) & ~size_t{15}));
   const ThreadBufs tb = thread_bufs(p, a.head_dim, tbase);
   for (size_t qb = 0; qb < p.nqb; ++qb) {
     const size_t b = g * p.nqb + qb;  // splits = 1: item index = block index
-    run_item(one, p, b, tb, s);
-    merge_block(one, p, b, s);
+    run_item(a, p, b, tb, s);
+    merge_block(a, p, b, s);
   }
 }
 

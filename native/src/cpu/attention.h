@@ -1,19 +1,18 @@
 // Causal multi-head attention (GQA) of a block of new queries against a layer's KV cache, CPU.
 // Flash-style: key tiles converted from the cache dtype to f32, online softmax in f32 with max
-// subtraction; work split over (kv head, query block, key segment) and merged. Not RoPE, not the
-// KV write (forward.cpp does both before calling this).
+// subtraction. Not RoPE, not the KV write (the layer loop, cpu/batch_forward.cpp, does both
+// first). The caller's threads split the work by kv head and query block (one unit each).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
-#include "cpu/parallel_for.h"
 #include "kv_cache.h"
 
 namespace kvr::cpu {
 
-// Queries per work item of attention() (× the GQA group's heads = rows of one pass over the
-// keys): a caller splitting a chunk's queries into units of this many reads the keys once each.
+// Queries per work item (× the GQA group's heads = rows of one pass over the keys): a caller
+// splitting a chunk's queries into units of this many reads the keys once each.
 constexpr size_t kAttnQueryBlock = 24;
 
 struct AttnArgs {
@@ -25,21 +24,11 @@ struct AttnArgs {
   size_t heads = 0, kv_heads = 0, head_dim = 0;
   float* out = nullptr;          // (n, heads*head_dim) rows with stride ldo
   size_t ldo = 0;
-  int n_threads = 1;
-  Workers workers = Workers::kOpenMP;  // where the n_threads come from (parallel_for.h)
 };
 
-// Floats of scratch attention() needs for these arguments.
-size_t attention_scratch_floats(const AttnArgs& a);
-
-// Computes out = softmax(q·kᵀ/sqrt(head_dim), causal) · v. scratch has
-// attention_scratch_floats(a) floats. Does not allocate or throw.
-void attention(const AttnArgs& a, float* scratch);
-
-// Decode building block for callers that run their own parallel region (cpu/decode_step.cpp):
-// every query row of kv head g's GQA group, all keys on the calling thread in one segment (the
-// same arithmetic as attention() with n_threads = 1, so the result never depends on how a caller
-// splits heads over threads). Writes only those heads' columns of out. scratch has
+// Every query row of kv head g's GQA group, all keys on the calling thread in one segment (so the
+// result never depends on how a caller splits heads over threads). Writes only those heads'
+// columns of out. scratch has
 // attention_group_scratch_floats(a) floats, private to the calling thread.
 size_t attention_group_scratch_floats(const AttnArgs& a);
 void attention_group(const AttnArgs& a, size_t g, float* scratch);

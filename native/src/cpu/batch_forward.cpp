@@ -1,7 +1,7 @@
-// CPU batched forward step (see batch_forward.h). Rows of all sequences are concatenated: row r
-// belongs to sequence seq_of[r] at position pos_of[r]. Layer by layer the same math as
-// forward.cpp (same kernels, same order per row), so a sequence's result differs from running
-// it alone only by GEMM row blocking and attention split points (float summation order).
+// CPU batched forward step (see batch_forward.h): the CPU's one layer loop. Rows of all sequences
+// are concatenated: row r belongs to sequence seq_of[r] at position pos_of[r]. A sequence's result
+// differs from running it alone (a step of one sequence, or the decode step) only by GEMM row
+// blocking and attention split points (float summation order).
 //
 // Threads: the whole step is ONE region on the persistent WorkerPool (cpu/worker_pool.h), every
 // thread running the layer loop through the same stages (cpu/stage_units.h: units of work
@@ -25,6 +25,7 @@
 #include "cpu/attention.h"
 #include "cpu/convert.h"
 #include "cpu/decode_attention.h"
+#include "cpu/decode_step.h"
 #include "cpu/gemm.h"
 #include "cpu/gemm_amx.h"
 #include "cpu/ops.h"
@@ -70,10 +71,6 @@ bool int8_weights(const Weights& w) {
   const PackedWeight& w0 = w.layer.empty() ? w.lm_head : w.layer[0].qkv;
   return w0.is_q8() || w0.is_q4() || w.lm_head.is_q8() || w.lm_head.is_q4();
 }
-
-// The step on `nt` threads with stages (the body of forward_batch below).
-void forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq* seqs, size_t count, BatchScratch& sc,
-                    unsigned nt);
 
 // Cost of a sequence's part of a step in multiply-adds: its rows through the layers, its last
 // row's lm_head when it wants logits, and its attention — weighted ×4 per multiply-add against the
@@ -187,8 +184,6 @@ void forward_batch(const ModelGeometry& m, const Weights& w, BatchSeq* seqs, siz
   if (ctx.failed.load(std::memory_order_relaxed)) throw std::bad_alloc();
 }
 
-namespace {
-
 void forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq* seqs, size_t count, BatchScratch& sc,
                     unsigned nt) {
   const size_t H = m.hidden, I = m.inter, hd = m.head_dim, half = hd / 2;
@@ -208,7 +203,7 @@ void forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq* se
   // depend on whether it shared its step.
   const bool quantized = int8_weights(w);
   if (count == 1 && seqs[0].n == 1 && seqs[0].logits != nullptr && !quantized) {
-    forward(m, w, *seqs[0].kv, seqs[0].tokens, 1, seqs[0].pos0, false, seqs[0].logits, sc.single);
+    decode_tuned(m, w, *seqs[0].kv, seqs[0].tokens[0], seqs[0].pos0, seqs[0].logits, sc.single, sc.single.tuner);
     return;
   }
 
@@ -247,7 +242,6 @@ void forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq* se
   base.kv_heads = m.kv_heads;
   base.head_dim = hd;
   base.ldo = qd;
-  base.n_threads = 1;
   auto unit_args = [&](const AttnUnit& u) {
     AttnArgs a = base;
     const BatchSeq& s = seqs[u.seq];
@@ -286,12 +280,16 @@ void forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq* se
   std::vector<HeadRun> runs;
   for (size_t e = 0; e < count; ++e) {
     if (!seqs[e].logits) continue;
-    const size_t k = want_rows.size();
-    want_rows.push_back(row0[e] + seqs[e].n - 1);
-    if (!runs.empty() && runs.back().dst + runs.back().len * m.vocab == seqs[e].logits) {
-      ++runs.back().len;
-    } else {
-      runs.push_back({k, 1, seqs[e].logits});
+    const size_t first = seqs[e].all_rows ? 0 : seqs[e].n - 1;
+    for (size_t i = first; i < seqs[e].n; ++i) {
+      const size_t k = want_rows.size();
+      float* dst = seqs[e].logits + (i - first) * m.vocab;
+      want_rows.push_back(row0[e] + i);
+      if (!runs.empty() && runs.back().dst + runs.back().len * m.vocab == dst) {
+        ++runs.back().len;
+      } else {
+        runs.push_back({k, 1, dst});
+      }
     }
   }
 
@@ -337,25 +335,29 @@ void forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq* se
                                                             : Split::kPanels;
   if (sc.prepared.size() < nt) sc.prepared.resize(nt);  // prepared GEMM inputs and the lm_head
   // Row blocks of the kRows split: prepared ones balanced (block b: rows [b·rows/n, (b+1)·rows/n));
-  // else about kGemmBlocksPerThread per thread of whole kernel tiles — 32 rows (two AMX row tiles)
-  // for AMX bf16 weights, 6 for the AVX tiles. 6-row blocks gave AMX a 2-row tail per block (a
-  // 256-row step: 4 blocks of 66 rows, each tail a 16-row tile's work). A last block of fewer than
-  // kBlockRows rows joins the one before: a 1-row block would take the GEMV, other bits than the
-  // tiles (the rows of a 55-row step were once blocked 18, 18, 18, 1).
+  // else kGemmBlocksPerThread per thread (one block on one thread) holding whole kernel tiles,
+  // spread evenly — 32 rows (two AMX row tiles) for AMX bf16 weights, else the kernels' tile (16
+  // rows with AVX-512 tall tiles, 6 with AVX2), the partial tile last. Tiles that do not fit the
+  // kernel's leave a tail per block (a 128-row tiny-fast prefill on one thread in 6-row-granular
+  // blocks of 66 + 62 rows: 1.86 against 1.59 ms in one block); blocks rounded up to whole tiles
+  // instead of spread leave the last thread short (272 rows as 80, 80, 80, 32). While the last
+  // block has fewer than kBlockRows rows it joins the one before: a 1-row block would take the
+  // GEMV, other bits than the tiles, and AMX needs amx::kMinRows.
   const bool amx_layers = !w.layer.empty() && amx::applies(w.layer[0].qkv, kBlockRows);
-  const size_t granule = amx_layers ? 32 : 6;  // SplitRows::gemm_range: 2 tiles of 16 rows
-  const size_t gemm_rows_each =
-      ((rows + kGemmBlocksPerThread * nt - 1) / (kGemmBlocksPerThread * nt) + granule - 1) / granule * granule;
-  uint32_t gemm_row_units = prepared_blocks ? static_cast<uint32_t>(row_blocks) : units_of(rows, gemm_rows_each);
-  if (!prepared_blocks && gemm_row_units > 1 && rows - (gemm_row_units - 1) * gemm_rows_each < kBlockRows)
-    --gemm_row_units;
+  const size_t granule = amx_layers ? 32 : gemm_row_group();  // AMX: SplitRows's 2 tiles of 16 rows
+  const size_t tiles = (rows + granule - 1) / granule;
+  const size_t blocks_wanted = nt == 1 ? 1 : kGemmBlocksPerThread * nt;
+  size_t gemm_blocks = std::min({blocks_wanted, tiles, std::max<size_t>(1, rows / kBlockRows)});
+  auto block_start = [&](size_t u) { return std::min(rows, u * tiles / gemm_blocks * granule); };
+  while (gemm_blocks > 1 && rows - block_start(gemm_blocks - 1) < kBlockRows) --gemm_blocks;
+  const uint32_t gemm_row_units = static_cast<uint32_t>(prepared_blocks ? row_blocks : gemm_blocks);
   auto row_block = [&](uint32_t u, size_t* r0, size_t* r1) {
     if (prepared_blocks) {
       *r0 = u * rows / row_blocks;
       *r1 = (u + 1) * rows / row_blocks;
     } else {
-      *r0 = u * gemm_rows_each;
-      *r1 = u + 1 == gemm_row_units ? rows : std::min(rows, *r0 + gemm_rows_each);
+      *r0 = block_start(u);
+      *r1 = u + 1 == gemm_blocks ? rows : block_start(u + 1);
     }
   };
 
@@ -448,7 +450,7 @@ void forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq* se
           for (size_t r = r0; r < r1; ++r) {
             const BatchSeq& s = seqs[seq_of[r]];
             embed_row(w, static_cast<size_t>(s.tokens[pos_of[r] - s.pos0]), H, x + r * H);
-            for (size_t d = 0; d < half; ++d)  // the same bits as forward.cpp (common/device_math.h)
+            for (size_t d = 0; d < half; ++d)  // the same bits as the decode step (common/device_math.h)
               dm::rope_cos_sin(static_cast<uint32_t>(pos_of[r]), m.inv_freq[d], &cs[r * hd + d],
                                &cs[r * hd + half + d]);
             rmsnorm(x + r * H, h + r * H, L.attn_norm.data(), H, eps);
@@ -565,5 +567,4 @@ void forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq* se
   if (failed.load(std::memory_order_relaxed)) throw std::bad_alloc();
 }
 
-}  // namespace
 }  // namespace kvr::cpu

@@ -3,7 +3,8 @@
 // projection runs as one GEMM over the rows of all sequences; attention runs per sequence over
 // its own cache (in units claimed by the threads: a decode, or a block of a chunk's rows); the
 // lm_head runs only for the sequences that want logits. Inputs are validated by the caller.
-// Not the single-sequence path (forward.h), which stays as it is.
+// The one CPU layer loop: a single sequence's prefill chunk (forward.h) is a step of one
+// sequence; a lone decode dispatches to the one-row decode step (decode_step.h).
 #pragma once
 
 #include <cstddef>
@@ -20,15 +21,16 @@
 namespace kvr::cpu {
 
 // One sequence of a step: tokens[0..n) go to positions pos0..pos0+n-1 of kv (which holds storage
-// for them: kv.held_tokens() >= pos0 + n). logits: where its last row's (vocab) logits go, or
-// nullptr for none. sampler (with logits): the step may sample logits[0..width) into *token_out
-// itself (the draw of kvr_sampler_sample; -1 when the row has no finite logit) and then sets
-// `sampled`; else the caller samples.
+// for them: kv.held_tokens() >= pos0 + n). logits: where its last row's (vocab) logits go — every
+// row's, (n, vocab), when all_rows — or nullptr for none. sampler (with logits): the step may
+// sample logits[0..width) into *token_out itself (the draw of kvr_sampler_sample; -1 when the row
+// has no finite logit) and then sets `sampled`; else the caller samples.
 struct BatchSeq {
   KvCache* kv = nullptr;
   const int32_t* tokens = nullptr;
   size_t n = 0, pos0 = 0;
   float* logits = nullptr;
+  bool all_rows = false;
   kvr_sampler* sampler = nullptr;
   uint32_t width = 0;
   int32_t* token_out = nullptr;
@@ -49,5 +51,10 @@ struct BatchScratch {
 // Runs the step (and may sample: see BatchSeq). Sequences must be distinct caches, samplers distinct. Throws std::bad_alloc when scratch cannot
 // grow (caches may then hold partial writes at positions >= pos0; lengths are the caller's).
 void forward_batch(const ModelGeometry& m, const Weights& w, BatchSeq* seqs, size_t count, BatchScratch& sc);
+
+// The step on `nt` threads in one WorkerPool region of stages (no split in groups, no sampling):
+// the layer loop behind forward_batch and the single-sequence prefill (forward.h).
+void forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq* seqs, size_t count, BatchScratch& sc,
+                    unsigned nt);
 
 }  // namespace kvr::cpu

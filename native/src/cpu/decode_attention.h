@@ -44,7 +44,7 @@ void decode_values_block(const AttnArgs& a, size_t g, size_t b, const DecodePart
 void decode_combine(const AttnArgs& a, size_t g, const DecodeParts& d, float* out);
 
 // out = softmax(q·kᵀ/sqrt(head_dim)) · v over keys [0, pos0] for the single query of `a`
-// (a.n == 1; a.n_threads is ignored). scratch has decode_attention_scratch_floats(a) floats.
+// (a.n == 1). scratch has decode_attention_scratch_floats(a) floats.
 // Does not allocate or throw.
 void decode_attention(const AttnArgs& a, float* scratch);
 

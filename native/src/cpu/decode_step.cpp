@@ -20,15 +20,11 @@
 #include "cpu/convert.h"
 #include "cpu/gemm.h"
 #include "cpu/ops.h"
-#include "cpu/futex.h"
+#include "cpu/stage_units.h"
 #include "cpu/worker_pool.h"
 
 namespace kvr::cpu {
 namespace {
-
-// Waits for a stage's last unit spin this long before sleeping on a futex: a stage's units are
-// tens of microseconds, and a spinner keeps its core from a partner that the OS has preempted.
-constexpr int kSpinMicros = 20;
 
 // Panels [p0, p1) of w for y (+)= x · Wᵀ, then the bias on the same columns.
 void gemv_part(const float* x, const PackedWeight& w, const std::vector<float>& bias, float* y,
@@ -85,7 +81,6 @@ unsigned decode_step(const ModelGeometry& m, const Weights& w, KvCache& kv, int3
   aa.kv_heads = m.kv_heads;
   aa.head_dim = hd;
   aa.ldo = qd;
-  aa.n_threads = 1;
   auto r16 = [](size_t n) { return (n + 15) & ~size_t{15}; };
   // Per thread: the fused path's whole-group scratch, or the split path's block buffer, its own
   // roped copy of a group's query heads and its own combined attention row.
@@ -129,12 +124,10 @@ unsigned decode_step(const ModelGeometry& m, const Weights& w, KvCache& kv, int3
     sc.stages[i].done.v.store(0, std::memory_order_relaxed);
     for (auto& c : sc.stages[i].next) c.v.store(0, std::memory_order_relaxed);
   }
-  constexpr uint32_t kShares = StageCounter::kShares;
-  const uint32_t shares = static_cast<uint32_t>(std::min<size_t>(nt, kShares));
   std::atomic<uint32_t> sleepers{0};
 
   embed_row(w, static_cast<size_t>(token), H, x);
-  // The same bits as the prefill path and the CUDA backend (common/device_math.h).
+  // The same bits as the batched layer loop and the CUDA backend (common/device_math.h).
   for (size_t d = 0; d < half; ++d)
     dm::rope_cos_sin(static_cast<uint32_t>(pos), m.inv_freq[d], &cs[d], &cs[half + d]);
 
@@ -155,42 +148,16 @@ unsigned decode_step(const ModelGeometry& m, const Weights& w, KvCache& kv, int3
   const uint32_t attn_units = static_cast<uint32_t>(m.kv_heads * nb);
   float* parts_base = sc.attn.data() + nt * attn_each;
 
-  auto body = [&](unsigned team_thread, unsigned) {
+  auto body = [&](unsigned team_thread, unsigned team) {
     const size_t t = team_thread;
     float* h = hbase + t * h_each;
     float* as = sc.attn.data() + t * attn_each;
     float* qloc = as + decode_block_scratch_floats(aa);  // split path: this thread's roped q
     float* attl = qloc + r16(group * hd);                  // split path: this thread's attention row
     StageCounter* st = sc.stages.get();
-    // Runs `unit(u)` for every unit this thread claims of stage *s (total units) — its own share
-    // first (the same units every step: their weights stay in this core's cache), then what is left
-    // of the others' — then waits until all units of the stage are finished (spin, then sleep on
-    // the stage's done counter).
+    // Each stage: this thread's claims, then a wait for all its units (cpu/stage_units.h).
     auto stage = [&](StageCounter& s, uint32_t total, auto&& unit) {
-      std::atomic<uint32_t>& done = s.done.v;
-      for (uint32_t k = 0; k < shares; ++k) {
-        const uint32_t r = static_cast<uint32_t>((t + k) % shares);
-        const uint32_t begin = static_cast<uint32_t>(uint64_t{total} * r / shares);
-        const uint32_t end = static_cast<uint32_t>(uint64_t{total} * (r + 1) / shares);
-        for (uint32_t u = begin + s.next[r].v.fetch_add(1, std::memory_order_relaxed); u < end;
-             u = begin + s.next[r].v.fetch_add(1, std::memory_order_relaxed)) {
-          unit(u);
-          if (done.fetch_add(1, std::memory_order_seq_cst) + 1 == total &&
-              sleepers.load(std::memory_order_seq_cst) > 0)
-            futex_wake_all(&done);
-        }
-      }
-      if (done.load(std::memory_order_acquire) == total) return;
-      const auto start = std::chrono::steady_clock::now();
-      for (unsigned i = 1; done.load(std::memory_order_acquire) != total; ++i) {
-        cpu_pause();
-        if (i % 32 == 0 && std::chrono::steady_clock::now() - start > std::chrono::microseconds(kSpinMicros)) {
-          sleepers.fetch_add(1, std::memory_order_seq_cst);
-          for (uint32_t d; (d = done.load(std::memory_order_seq_cst)) != total;) futex_wait(&done, d);
-          sleepers.fetch_sub(1, std::memory_order_seq_cst);
-          break;
-        }
-      }
+      run_stage(s, total, team_thread, team, sleepers, unit);
     };
 
     for (size_t l = 0; l < m.layers; ++l) {

@@ -1,7 +1,7 @@
 // One decode step (a single new token) of the CPU forward pass, run as ONE parallel region (on a
 // persistent worker pool, cpu/worker_pool.h) with stage barriers instead of a fork/join per GEMV:
-// the per-token overhead path of docs/native.md "Decode step". Not prefill (forward.cpp runs
-// blocks of tokens with batched GEMMs).
+// the per-token overhead path of docs/native.md "Decode step": the layer loop's dispatch for one
+// row alone (cpu/batch_forward.h runs every other step).
 #pragma once
 
 #include <cstddef>

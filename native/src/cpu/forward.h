@@ -1,7 +1,6 @@
-// The CPU forward pass of one decoder-only transformer over a block of new tokens: embeddings,
-// per layer RMSNorm → fused QKV GEMM (+bias) → Qwen3 q/k norm → RoPE → KV cache write → causal
-// attention → O GEMM + residual → RMSNorm → fused gate/up GEMM → SwiGLU → down GEMM + residual,
-// then final norm and lm_head for the requested rows. Inputs are validated by the caller.
+// The CPU forward pass of one sequence over a block of new tokens: a decode is the one-row decode
+// step (cpu/decode_step.cpp), a prefill runs chunks through the layer loop
+// (cpu/batch_forward.cpp). Inputs are validated by the caller.
 #pragma once
 
 #include <atomic>
@@ -46,13 +45,18 @@ struct StageCounter {
   Line next[kShares];
 };
 
+struct BatchScratch;  // cpu/batch_forward.h
+
 // Reusable buffers of one sequence (never shared between sequences).
 struct Scratch {
-  std::vector<float> main;  // activations of one chunk
-  std::vector<float> attn;  // attention partials and per-thread tiles
+  Scratch();
+  ~Scratch();
+  std::vector<float> main;  // decode step activations
+  std::vector<float> attn;  // decode attention partials and per-thread tiles
   DecodeTuner tuner;        // decode thread count (cpu/decode_step.cpp)
   std::unique_ptr<StageCounter[]> stages;  // decode step work counters
   size_t stage_count = 0;
+  std::unique_ptr<BatchScratch> prefill;  // a prefill chunk's step buffers (made on first use)
 };
 
 // Appends tokens[0..n) at positions pos0..pos0+n-1 to kv (which must have room) and writes

@@ -609,6 +609,8 @@ void gemm_range(const float* x, size_t m, size_t ldx, const PackedWeight& w, flo
   gemm_rows(kernels(), x, ldx, w, y, ldy, accumulate, 0, m, p0, p1);
 }
 
+size_t gemm_row_group() { return packed_group(kernels()); }
+
 size_t gemm_packed_a_floats(size_t m, size_t k) {
   const size_t g = packed_group(kernels());
   return (m + g - 1) / g * g * k;

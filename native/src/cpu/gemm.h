@@ -174,6 +174,10 @@ void gemv_range(const float* x, const PackedWeight& w, float* y, bool accumulate
 void gemm_range(const float* x, size_t m, size_t ldx, const PackedWeight& w, float* y, size_t ldy,
                 bool accumulate, size_t p0, size_t p1);
 
+// Rows of the chosen kernels' packed A tile (16 with tall AVX-512 tiles, else 6): a row block of
+// gemm_range that is a multiple of it leaves no partial tile.
+size_t gemm_row_group();
+
 // The same for f32/bf16 weights with A packed once by the caller (gemm_pack_a), for threads
 // that each take several panel ranges of one GEMM (cpu/gemm_prepared.h). apack holds
 // gemm_packed_a_floats(m, k) floats; gemm_packed_range reads it (m >= 1 rows) and does not

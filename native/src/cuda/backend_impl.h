@@ -26,8 +26,7 @@
 
 namespace kvr::cuda {
 
-constexpr size_t kChunk = 256;           // tokens per prefill chunk (bounded scratch)
-constexpr size_t kLogitBytes = 64u << 20;  // device/pinned logits staging per sequence
+constexpr size_t kLogitBytes = 64u << 20;  // device/pinned logits staging of a batched step
 
 // Device (cudaFree) or pinned host (cudaFreeHost) memory owned by RAII.
 template <cudaError_t (*Free)(void*)>
@@ -95,24 +94,11 @@ struct CudaSeq final : SeqState {
   cudaEvent_t ready = nullptr;     // orders this stream against batched steps (batch_step.cpp)
   DevBuf stage;    // paged: one snapshot chunk in the contiguous layout (device codec), on demand
   DevBuf d_table;  // paged: the block table on the device (snapshot chunks), on demand
-  DevBuf scratch;   // activations, see CudaBackend::forward
-  DevBuf partial;   // attention split partials
-  DevBuf workspace; // cuBLASLt workspace
-  DevBuf io;        // [pos (u32), tokens (kChunk i32)]
-  PinnedBuf io_host;
-  DevBuf logits;    // (logit_rows, vocab) f32
-  PinnedBuf logits_host;
-  size_t logit_rows = 1;
   PinnedBuf kv_host;  // kv_read/kv_write staging, grown on demand
-  uint32_t decode_splits = 1;
-  cudaGraphExec_t graph = nullptr;
   std::unique_ptr<CodecStaging> codec;  // snapshot chunk codec staging (codec_host.cpp), on demand
-  DevBuf sample;          // [SampleOut | 1 KiB | sample_scratch_bytes(vocab)], on demand
-  PinnedBuf sample_host;  // SampleOut
   bool paged() const { return pool != nullptr; }
   ~CudaSeq() override {
     cudaSetDevice(device);
-    if (graph) cudaGraphExecDestroy(graph);
     if (stream) {
       cudaStreamSynchronize(stream);
       cudaStreamDestroy(stream);
@@ -251,10 +237,6 @@ class CudaBackend final : public Backend {
   // paged); k_dev/v_dev point at kv head 0, heads `pitch` bytes apart.
   template <class Fn>
   void kv_runs(const CudaSeq& s, uint32_t layer, uint32_t start, uint32_t count, Fn fn) const;
-  void run_layers(CudaSeq& s, uint32_t n, uint32_t fixed_splits) const;
-  void run_chunk(CudaSeq& s, const int32_t* tokens, size_t n, size_t pos0, size_t logit_row0, size_t logit_rows,
-                 float* logits_out) const;
-  void decode_graph(CudaSeq& s, int32_t token, size_t pos0, float* logits_out) const;
   uint8_t* kv_layer(const CudaSeq& s, size_t layer, bool v) const;
   Scratch scratch_layout(void* base, size_t n) const;
 

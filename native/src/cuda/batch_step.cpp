@@ -1,12 +1,13 @@
 // The CUDA batched step (Backend::forward_batch, docs/batching.md "CUDA"): the rows of every
-// sequence concatenated, one GEMM per projection over all of them (the single-sequence path's
-// GEMV / cuBLASLt / mma.sync projections), the fused q/k/v post-processing writing each row's K/V
+// sequence concatenated, one GEMM per projection over all of them (project(): GEMV for one row,
+// cuBLASLt / mma.sync for more), the fused q/k/v post-processing writing each row's K/V
 // into its own sequence's cache (contiguous or paged), attention of all decodes in one launch and
 // of all longer pieces in another (each block reads its own sequence's cache), then the final
 // norm and lm_head only for the rows that want logits, and greedy / top-k sampling on the device.
 // Everything runs on the model's batch stream, ordered against each sequence's own stream by
-// events. Paged sequences also run their single-sequence calls through here (run_items).
-// Host plans: common/batch_plan.h (g++-tested). Compiled, not run.
+// events. Every single-sequence forward pass (prefill, decode, sampled decode) is a step of one
+// item here: the one CUDA layer loop. Host plans: common/batch_plan.h (g++-tested). Compiled, not
+// run.
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -148,7 +149,7 @@ void CudaBackend::run_items(Item* items, size_t count) const {
   for (size_t i = 0; i < count; ++i) n[i] = items[i].n;
   for (const auto& group : bp::plan_groups(n.data(), count, kBatchRows)) run_group(c, items, group);
   // Later work on each sequence's stream waits for the step (it has finished: run_group ends
-  // synchronised; the event keeps the ordering explicit, as on the single-sequence path).
+  // synchronised; the event keeps the ordering explicit for their kv_read, codec and projections).
   ck(cudaEventRecord(c.done, c.stream), "ordering the sequences after the step");
   for (size_t i = 0; i < count; ++i)
     ck(cudaStreamWaitEvent(items[i].s->stream, c.done, 0), "ordering the sequences after the step");
@@ -161,10 +162,10 @@ void CudaBackend::run_group(BatchCtx& c, Item* items, const std::vector<bp::Piec
   const float eps = g_.params.rms_norm_eps;
   const size_t P = pieces.size();
   cudaStream_t st = c.stream;
-  // A step of decodes only (the steady state of continuous batching) replays a CUDA graph: every
-  // launch reads positions, caches and block tables from the metadata, so one graph serves every
-  // such step with the same rows, wanted rows and samplers (StepKey).
-  bool decodes_only = P >= 2;
+  // A step of decodes only (the steady state of continuous batching, or one sequence's decode)
+  // replays a CUDA graph: every launch reads positions, caches and block tables from the metadata,
+  // so one graph serves every such step with the same rows, wanted rows and samplers (StepKey).
+  bool decodes_only = P >= 1;
   uint32_t max_capacity = 0;
   for (const bp::Piece& p : pieces) {
     decodes_only = decodes_only && p.n == 1;
@@ -281,7 +282,7 @@ void CudaBackend::run_group(BatchCtx& c, Item* items, const std::vector<bp::Piec
        "embed launch", st);
     for (size_t l = 0; l < g_.layers; ++l) {
       const DevLayer& L = layers_[l];
-      // One row (a paged sequence's decode): the RMSNorm rides in the GEMV's prologue (run_layers).
+      // One row (a lone decode): the RMSNorm rides in the GEMV's prologue (one launch, no pass over h).
       if (R == 1) {
         launched(launch_norm_gemv(L.qkv, x, L.attn_norm, eps, nullptr, qkv, false, st), "gemv launch", st);
       } else {
@@ -346,7 +347,7 @@ void CudaBackend::run_group(BatchCtx& c, Item* items, const std::vector<bp::Piec
   float* dl = static_cast<float*>(c.logits.p);
   uint8_t* dsample = static_cast<uint8_t*>(c.sample.p);
   auto enqueue_head = [&](size_t r0, size_t rows) {
-    if (R == 1) {  // the one row: norm in the lm_head GEMV's prologue, as the decode graph does
+    if (R == 1) {  // the one row: norm in the lm_head GEMV's prologue
       launched(launch_norm_gemv(lm_head_, x, final_norm_, eps, nullptr, dl, false, st), "gemv launch", st);
     } else {
       launched(launch_rmsnorm_rows(x, H, d_lrows + r0, h, H, final_norm_, static_cast<uint32_t>(rows),

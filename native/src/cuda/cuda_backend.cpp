@@ -1,11 +1,11 @@
 // The CUDA backend (backend.h): uploads the weights once (BF16 stays bf16, F16/F32 become f32,
 // q/k/v and gate/up fused as on the CPU), keeps a device KV cache per sequence in the CPU's logical
-// layout, runs the forward pass on the sequence's own stream (decode as one CUDA graph per
-// sequence, replayed for every step), and copies KV through pinned staging. Every CUDA status is
-// mapped by status.h; a kernel fault marks the backend failed (failure()). Design: docs/cuda.md.
-// Declarations: backend_impl.h. Paged sequences (kv_pool.cpp) run their forward passes through the
-// batched step (batch_step.cpp); their snapshot chunks, projections and fits run on the device
-// through contiguous stages (SlabIo, chunk_stage) copied from / to their blocks (k_kvcopy.cu).
+// layout, runs every forward pass — a prefill, a decode, a sampled decode — as a batched step of
+// one sequence (batch_step.cpp: the one CUDA layer loop; a repeated decode step replays a captured
+// graph), and copies KV through pinned staging. Every CUDA status is mapped by status.h; a kernel
+// fault marks the backend failed (failure()). Design: docs/cuda.md. Declarations: backend_impl.h.
+// Paged sequences' (kv_pool.cpp) snapshot chunks, projections and fits run on the device through
+// contiguous stages (SlabIo, chunk_stage) copied from / to their blocks (k_kvcopy.cu).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -239,21 +239,6 @@ std::unique_ptr<SeqState> CudaBackend::create_seq(uint32_t capacity) const {
   const size_t kv_bytes = 2 * g_.layers * g_.kv_heads * static_cast<size_t>(capacity) * g_.head_dim * elem;
   alloc_dev(s->kv, kv_bytes, "allocating the KV cache");
   ck(cudaMemsetAsync(s->kv.p, 0, kv_bytes, s->stream), "zeroing the KV cache");
-  alloc_dev(s->scratch, scratch_layout(nullptr, kChunk).floats * sizeof(float), "allocating scratch");
-  // Attention partials: any plan chosen from the context stays under dm::attn_partial_bound;
-  // the decode graph's split count (fixed at capture, from the capacity) is such a plan.
-  const uint32_t hd = static_cast<uint32_t>(g_.head_dim);
-  s->decode_splits = attention_plan(1, static_cast<uint32_t>(g_.heads), static_cast<uint32_t>(g_.kv_heads), hd,
-                                    capacity, sm_count_, 0)
-                         .splits;
-  const size_t part = dm::attn_partial_bound(sm_count_, hd);
-  alloc_dev(s->partial, std::max<size_t>(part, 1) * sizeof(float), "allocating attention partials");
-  if (lt_) alloc_dev(s->workspace, lt::kWorkspaceBytes, "allocating the cuBLASLt workspace");
-  alloc_dev(s->io, (kChunk + 1) * sizeof(int32_t), "allocating token staging");
-  grow_pinned(s->io_host, (kChunk + 1) * sizeof(int32_t), "allocating pinned staging");
-  s->logit_rows = std::max<size_t>(1, std::min(kChunk, kLogitBytes / (g_.vocab * sizeof(float))));
-  alloc_dev(s->logits, s->logit_rows * g_.vocab * sizeof(float), "allocating logits");
-  grow_pinned(s->logits_host, s->logit_rows * g_.vocab * sizeof(float), "allocating pinned logits");
   ck(cudaStreamSynchronize(s->stream), "zeroing the KV cache");
   return s;
 }
@@ -550,211 +535,33 @@ void CudaBackend::project(cudaStream_t st, void* workspace, const Scratch& sc, c
   launched(launch_gemm(a, lda, m, w, bias, c, ldc, accumulate, st), "gemm launch", st);
 }
 
-// The layers for n tokens whose ids and start position are already in s.io (device). Leaves the
-// residual stream in scratch x.
-void CudaBackend::run_layers(CudaSeq& s, uint32_t n, uint32_t fixed_splits) const {
-  const size_t H = g_.hidden, I = g_.inter, qd = g_.q_dim, kvd = g_.kv_dim, ldqkv = qd + 2 * kvd;
-  const float eps = g_.params.rms_norm_eps;
-  const Scratch sc = scratch_layout(s.scratch.p, n);
-  float *x = sc.x, *h = sc.h, *qkv = sc.qkv, *att = sc.att, *gu = sc.gu;
-  const uint32_t* d_pos = static_cast<const uint32_t*>(s.io.p);
-  const int32_t* d_tok = static_cast<const int32_t*>(s.io.p) + 1;
-  cudaStream_t st = s.stream;
-
-  launched(launch_embed(d_tok, n, embed_, embed_bf16_, static_cast<uint32_t>(H), x, st), "embed launch", st);
-  for (size_t l = 0; l < g_.layers; ++l) {
-    const DevLayer& L = layers_[l];
-    // One token (decode): the RMSNorm rides in the GEMV's prologue (one launch, no pass over h).
-    if (n == 1) {
-      launched(launch_norm_gemv(L.qkv, x, L.attn_norm, eps, nullptr, qkv, false, st), "gemv launch", st);
-    } else {
-      launched(launch_rmsnorm(x, H, h, H, L.attn_norm, n, static_cast<uint32_t>(H), eps, st), "rmsnorm launch", st);
-      project(s.stream, s.workspace.p, sc, h, H, n, L.qkv, nullptr, qkv, ldqkv, false);
-    }
-    QkvPostArgs q;
-    q.qkv = qkv;
-    q.ldqkv = static_cast<uint32_t>(ldqkv);
-    q.n = n;
-    q.d_pos = d_pos;
-    q.bias = L.qkv_bias;
-    q.q_norm = L.q_norm;
-    q.k_norm = L.k_norm;
-    q.inv_freq = inv_freq_;
-    q.heads = static_cast<uint32_t>(g_.heads);
-    q.kv_heads = static_cast<uint32_t>(g_.kv_heads);
-    q.head_dim = static_cast<uint32_t>(g_.head_dim);
-    q.eps = eps;
-    q.k_cache = kv_layer(s, l, false);
-    q.v_cache = kv_layer(s, l, true);
-    q.capacity = s.capacity;
-    q.kv_dtype = g_.kv_dtype();
-    launched(launch_qkv_post(q, st), "qkv_post launch", st);
-    AttnArgs a;
-    a.q = qkv;
-    a.ldq = static_cast<uint32_t>(ldqkv);
-    a.k_cache = q.k_cache;
-    a.v_cache = q.v_cache;
-    a.capacity = s.capacity;
-    a.kv_dtype = q.kv_dtype;
-    a.d_pos = d_pos;
-    a.n = n;
-    a.heads = q.heads;
-    a.kv_heads = q.kv_heads;
-    a.head_dim = q.head_dim;
-    a.out = att;
-    a.ldo = static_cast<uint32_t>(qd);
-    a.partial = static_cast<float*>(s.partial.p);
-    // ctx hint: the capacity bounds the plan when the split count is fixed (graph), else the
-    // caller passes the real context through fixed_splits = 0 and ctx below.
-    launched(launch_attention(a, s.capacity, sm_count_, fixed_splits, st), "attention launch", st);
-    project(s.stream, s.workspace.p, sc, att, qd, n, L.o, L.o_bias, x, H, true);
-    if (n == 1) {
-      launched(launch_norm_gemv(L.gate_up, x, L.mlp_norm, eps, L.gate_up_bias, gu, false, st), "gemv launch", st);
-    } else {
-      launched(launch_rmsnorm(x, H, h, H, L.mlp_norm, n, static_cast<uint32_t>(H), eps, st), "rmsnorm launch", st);
-      project(s.stream, s.workspace.p, sc, h, H, n, L.gate_up, L.gate_up_bias, gu, 2 * I, false);
-    }
-    launched(launch_swiglu(gu, n, static_cast<uint32_t>(I), st), "swiglu launch", st);
-    project(s.stream, s.workspace.p, sc, gu, 2 * I, n, L.down, L.down_bias, x, H, true);
-  }
-}
-
-void CudaBackend::run_chunk(CudaSeq& s, const int32_t* tokens, size_t n, size_t pos0, size_t logit_row0,
-                            size_t logit_rows, float* logits_out) const {
-  // Stage [pos0, tokens...] (the previous chunk's copy has completed: we synchronised after it).
-  int32_t* io = static_cast<int32_t*>(s.io_host.p);
-  const uint32_t p32 = static_cast<uint32_t>(pos0);
-  std::memcpy(io, &p32, 4);
-  std::memcpy(io + 1, tokens, n * sizeof(int32_t));
-  ck(cudaMemcpyAsync(s.io.p, io, (n + 1) * sizeof(int32_t), cudaMemcpyHostToDevice, s.stream), "copying tokens");
-  // Split count from this chunk's real context (no graph here).
-  const uint32_t splits =
-      attention_plan(static_cast<uint32_t>(n), static_cast<uint32_t>(g_.heads), static_cast<uint32_t>(g_.kv_heads),
-                     static_cast<uint32_t>(g_.head_dim), static_cast<uint32_t>(pos0 + n), sm_count_, 0)
-          .splits;
-  run_layers(s, static_cast<uint32_t>(n), splits);
-  const size_t H = g_.hidden, V = g_.vocab;
-  const Scratch sc = scratch_layout(s.scratch.p, n);
-  float *x = sc.x, *h = sc.h;
-  for (size_t r0 = 0; r0 < logit_rows; r0 += s.logit_rows) {
-    const size_t rows = std::min(s.logit_rows, logit_rows - r0);
-    launched(launch_rmsnorm(x + (logit_row0 + r0) * H, H, h, H, final_norm_, static_cast<uint32_t>(rows),
-                      static_cast<uint32_t>(H), g_.params.rms_norm_eps, s.stream),
-       "rmsnorm launch", s.stream);
-    float* dl = static_cast<float*>(s.logits.p);
-    project(s.stream, s.workspace.p, sc, h, H, static_cast<uint32_t>(rows), lm_head_, nullptr, dl, V, false);
-    ck(cudaMemcpyAsync(s.logits_host.p, dl, rows * V * sizeof(float), cudaMemcpyDeviceToHost, s.stream),
-       "copying logits");
-    ck(cudaStreamSynchronize(s.stream), "forward");
-    std::memcpy(logits_out + r0 * V, s.logits_host.p, rows * V * sizeof(float));
-  }
-  ck(cudaStreamSynchronize(s.stream), "forward");
-}
-
-// One decode step through the sequence's graph: captured on the first step (layers + final norm
-// + lm_head GEMV into s.logits), replayed afterwards; token and position come from s.io. With
-// logits_out null the step is only enqueued and the row stays on the device.
-void CudaBackend::decode_graph(CudaSeq& s, int32_t token, size_t pos0, float* logits_out) const {
-  int32_t* io = static_cast<int32_t*>(s.io_host.p);
-  const uint32_t p32 = static_cast<uint32_t>(pos0);
-  std::memcpy(io, &p32, 4);
-  io[1] = token;
-  ck(cudaMemcpyAsync(s.io.p, io, 2 * sizeof(int32_t), cudaMemcpyHostToDevice, s.stream), "copying the token");
-  if (!s.graph) {
-    ck(cudaStreamBeginCapture(s.stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
-    cudaGraph_t graph = nullptr;
-    try {
-      run_layers(s, 1, s.decode_splits);
-      const Scratch sc = scratch_layout(s.scratch.p, 1);
-      launched(launch_norm_gemv(lm_head_, sc.x, final_norm_, g_.params.rms_norm_eps, nullptr,
-                          static_cast<float*>(s.logits.p), false, s.stream),
-         "gemv launch", s.stream);
-    } catch (...) {
-      cudaStreamEndCapture(s.stream, &graph);
-      if (graph) cudaGraphDestroy(graph);
-      throw;
-    }
-    ck(cudaStreamEndCapture(s.stream, &graph), "cudaStreamEndCapture");
-    const cudaError_t e = cudaGraphInstantiate(&s.graph, graph, 0);
-    cudaGraphDestroy(graph);
-    ck(e, "cudaGraphInstantiate");
-  }
-  ck(cudaGraphLaunch(s.graph, s.stream), "cudaGraphLaunch");
-  if (logits_out == nullptr) return;  // the row stays in s.logits (forward_sample), not waited for
-  ck(cudaMemcpyAsync(s.logits_host.p, s.logits.p, g_.vocab * sizeof(float), cudaMemcpyDeviceToHost, s.stream),
-     "copying logits");
-  ck(cudaStreamSynchronize(s.stream), "decode");
-  std::memcpy(logits_out, s.logits_host.p, g_.vocab * sizeof(float));
-}
-
 int32_t CudaBackend::forward_sample(SeqState& ss, int32_t token, size_t pos0, const SampleRequest& r,
                                     float* spare) const {
   const kvr_sampler& smp = *r.sampler;
   const sm::RoutePlan plan = sampler_route(smp, r.width, r.wants_logprobs());
   if (plan.route == sm::Route::kRow) return Backend::forward_sample(ss, token, pos0, r, spare);
-  ensure_healthy();
-  use_device();
-  CudaSeq& s = static_cast<CudaSeq&>(ss);
-  if (s.paged()) {  // no graph for a paged cache: one item of the batched path, sampled there
-    Item it;
-    it.s = &s;
-    it.tokens = &token;
-    it.n = 1;
-    it.pos0 = pos0;
-    it.sampler = r.sampler;
-    it.width = r.width;
-    it.token_out = r.token_out;
-    run_items(&it, 1);
-    return it.sample_status;
-  }
-  if (!s.sample.p) {
-    const size_t bytes = kSampleScratchOffset + sample_scratch_bytes(static_cast<uint32_t>(g_.vocab));
-    alloc_dev(s.sample, bytes, "allocating sampling scratch");
-  }
-  grow_pinned(s.sample_host, sizeof(SampleOut), "allocating pinned sampling staging");
-  decode_graph(s, token, pos0, nullptr);
-  auto* d = static_cast<SampleOut*>(s.sample.p);
-  const bool topk = plan.route == sm::Route::kTopK;
-  launched(launch_sample_reduce(static_cast<const float*>(s.logits.p), r.width, topk ? plan.k : 0, &d->token, d->ids,
-                          d->vals, &d->count, static_cast<uint8_t*>(s.sample.p) + kSampleScratchOffset, s.stream),
-     "sampling launch", s.stream);
-  ck(cudaMemcpyAsync(s.sample_host.p, d, sizeof(SampleOut), cudaMemcpyDeviceToHost, s.stream),
-     "copying the sampled candidates");
-  ck(cudaStreamSynchronize(s.stream), "decode_sample");
-  const SampleOut& h = *static_cast<const SampleOut*>(s.sample_host.p);
-  if (!topk) {
-    const int32_t id = h.token;
-    return sampler_run_candidates(r.sampler, plan.route, nullptr, &id, id < 0 ? 0 : 1, r.width, r.token_out);
-  }
-  const size_t m = std::min<size_t>(h.count, plan.k);
-  return sampler_run_candidates(r.sampler, plan.route, h.vals, h.ids, m, r.width, r.token_out);
+  Item it;  // a batched step of one item, sampled on the device (batch_step.cpp)
+  it.s = &static_cast<CudaSeq&>(ss);
+  it.tokens = &token;
+  it.n = 1;
+  it.pos0 = pos0;
+  it.sampler = r.sampler;
+  it.width = r.width;
+  it.token_out = r.token_out;
+  run_items(&it, 1);
+  return it.sample_status;
 }
 
 void CudaBackend::forward(SeqState& ss, const int32_t* tokens, size_t n, size_t pos0, bool all_positions,
                           float* logits) const {
-  ensure_healthy();
-  use_device();
-  CudaSeq& s = static_cast<CudaSeq&>(ss);
-  if (s.paged()) {  // the batched path with one item: it reads the cache through the block table
-    Item it;
-    it.s = &s;
-    it.tokens = tokens;
-    it.n = n;
-    it.pos0 = pos0;
-    it.logits = logits;
-    it.all_positions = all_positions;
-    return run_items(&it, 1);
-  }
-  if (n == 1 && !all_positions) return decode_graph(s, tokens[0], pos0, logits);
-  for (size_t c = 0; c < n; c += kChunk) {
-    const size_t nc = std::min(kChunk, n - c);
-    const bool last = c + nc == n;
-    if (all_positions) {
-      run_chunk(s, tokens + c, nc, pos0 + c, 0, nc, logits + c * g_.vocab);
-    } else {
-      run_chunk(s, tokens + c, nc, pos0 + c, nc - 1, last ? 1 : 0, logits);
-    }
-  }
+  Item it;  // a batched step of one item (batch_step.cpp), contiguous or paged
+  it.s = &static_cast<CudaSeq&>(ss);
+  it.tokens = tokens;
+  it.n = n;
+  it.pos0 = pos0;
+  it.logits = logits;
+  it.all_positions = all_positions;
+  run_items(&it, 1);
 }
 
 void CudaBackend::kv_read(const SeqState& ss, uint32_t layer, uint32_t start, uint32_t count, uint32_t dtype,

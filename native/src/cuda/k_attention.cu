@@ -15,15 +15,7 @@ namespace {
 using dm::kAttnKeyTile;
 using dm::kAttnWarps;
 
-// Where a block's keys live: one contiguous (capacity, HD) plane per kv head (the one-sequence
-// kernel) or a sequence's cache view (contiguous or paged; the batched kernel).
-template <int HD, class T>
-struct PlaneKeys {
-  const T* k;
-  const T* v;
-  __device__ __forceinline__ const T* key(uint32_t p) const { return k + static_cast<size_t>(p) * HD; }
-  __device__ __forceinline__ const T* value(uint32_t p) const { return v + static_cast<size_t>(p) * HD; }
-};
+// Where a block's keys live: a sequence's cache view (contiguous or paged).
 template <int HD, class T>
 struct ViewKeys {
   bp::KvView view;
@@ -177,21 +169,6 @@ __device__ __forceinline__ void attn_block(const float* q, uint32_t ldq, float* 
   }
 }
 
-// One sequence: block (row block blockIdx.x, kv head blockIdx.y, split blockIdx.z).
-template <int HD, int RPW, class Kv>
-__global__ void __launch_bounds__(kAttnWarps * 32, 1) attn_kernel(AttnArgs a, uint32_t splits) {
-  using T = typename Kv::T;
-  const uint32_t g = blockIdx.y, split = blockIdx.z;
-  const uint32_t group = a.heads / a.kv_heads;
-  const uint32_t pos0 = a.d_pos[0];
-  uint32_t kb, ke;
-  dm::attn_split_range(pos0 + a.n, splits, split, &kb, &ke);
-  const PlaneKeys<HD, T> keys{static_cast<const T*>(a.k_cache) + static_cast<size_t>(g) * a.capacity * HD,
-                              static_cast<const T*>(a.v_cache) + static_cast<size_t>(g) * a.capacity * HD};
-  attn_block<HD, RPW, Kv>(a.q, a.ldq, a.out, a.ldo, a.n, pos0, group, g, blockIdx.x * kAttnWarps * RPW, kb, ke, keys,
-                          splits, split, a.partial, a.kv_heads, a.n * group, 0);
-}
-
 // A batched step's pieces: block (blockIdx.x → piece and row block, kv head blockIdx.y, split
 // blockIdx.z); each piece reads its own sequence's cache.
 template <int HD, int RPW, class Kv>
@@ -229,15 +206,6 @@ __device__ __forceinline__ float merge_splits(const float* partial, uint32_t spl
   return acc / run.l;
 }
 
-// One block per (row, kv head): threads over head_dim merge the splits.
-__global__ void attn_merge_kernel(AttnArgs a, uint32_t splits) {
-  const uint32_t r = blockIdx.x, g = blockIdx.y, d = threadIdx.x;
-  const uint32_t group = a.heads / a.kv_heads, rows = a.n * group, hd = a.head_dim;
-  const float o = merge_splits(a.partial, splits, a.kv_heads, rows, hd, r, g, d);
-  const uint32_t t = r / group, h = g * group + r % group;
-  a.out[static_cast<size_t>(t) * a.ldo + static_cast<size_t>(h) * hd + d] = o;
-}
-
 // The batched launch's merge: one block per (launch row, kv head).
 __global__ void attn_batch_merge_kernel(BatchAttnArgs a, uint32_t splits) {
   const uint32_t r = blockIdx.x, g = blockIdx.y, d = threadIdx.x;
@@ -272,36 +240,11 @@ cudaError_t launch_batch_kv(const BatchAttnArgs& a, uint32_t blocks, uint32_t rp
   }
 }
 
-template <int HD, int RPW, class Kv>
-cudaError_t launch_one(const AttnArgs& a, const dm::AttnPlan& p, cudaStream_t stream) {
-  attn_kernel<HD, RPW, Kv><<<dim3(p.row_blocks, p.kv_heads, p.splits), kAttnWarps * 32, p.smem_bytes, stream>>>(
-      a, p.splits);
-  return cudaGetLastError();
-}
-
-template <int HD, class Kv>
-cudaError_t launch_hd(const AttnArgs& a, const dm::AttnPlan& p, cudaStream_t stream) {
-  return p.rows_per_warp == 4 ? launch_one<HD, 4, Kv>(a, p, stream) : launch_one<HD, 1, Kv>(a, p, stream);
-}
-
-template <class Kv>
-cudaError_t launch_kv(const AttnArgs& a, const dm::AttnPlan& p, cudaStream_t stream) {
-  switch (a.head_dim) {
-    case 32: return launch_hd<32, Kv>(a, p, stream);
-    case 64: return launch_hd<64, Kv>(a, p, stream);
-    case 128: return launch_hd<128, Kv>(a, p, stream);
-    case 256: return launch_hd<256, Kv>(a, p, stream);
-    default: return cudaErrorInvalidValue;
-  }
-}
-
 template <int HD, class Kv>
 cudaError_t raise_smem_limit() {
   const int four = static_cast<int>(dm::attn_smem_bytes(HD, 4)), one = static_cast<int>(dm::attn_smem_bytes(HD, 1));
   const cudaFuncAttribute attr = cudaFuncAttributeMaxDynamicSharedMemorySize;
   cudaError_t e;
-  if ((e = cudaFuncSetAttribute(attn_kernel<HD, 4, Kv>, attr, four)) != cudaSuccess) return e;
-  if ((e = cudaFuncSetAttribute(attn_kernel<HD, 1, Kv>, attr, one)) != cudaSuccess) return e;
   if ((e = cudaFuncSetAttribute(attn_batch_kernel<HD, 4, Kv>, attr, four)) != cudaSuccess) return e;
   return cudaFuncSetAttribute(attn_batch_kernel<HD, 1, Kv>, attr, one);
 }
@@ -326,33 +269,6 @@ cudaError_t attention_init() {
   if ((e = raise_all<KvF32>()) != cudaSuccess) return e;
   if ((e = raise_all<KvBF16>()) != cudaSuccess) return e;
   return raise_all<KvF16>();
-}
-
-AttnPlanOut attention_plan(uint32_t n, uint32_t heads, uint32_t kv_heads, uint32_t head_dim, uint32_t ctx_end,
-                           uint32_t sm_count, uint32_t fixed_splits) {
-  const dm::AttnPlan p = dm::plan_attention(n, heads / kv_heads, kv_heads, head_dim, ctx_end, sm_count, fixed_splits);
-  AttnPlanOut o;
-  o.splits = p.splits;
-  o.partial_floats = p.partial_floats;
-  return o;
-}
-
-cudaError_t launch_attention(const AttnArgs& a, uint32_t ctx_end_hint, uint32_t sm_count, uint32_t fixed_splits,
-                             cudaStream_t stream) {
-  if (a.n == 0) return cudaSuccess;
-  const dm::AttnPlan p =
-      dm::plan_attention(a.n, a.heads / a.kv_heads, a.kv_heads, a.head_dim, ctx_end_hint, sm_count, fixed_splits);
-  if (p.splits > 1 && a.partial == nullptr) return cudaErrorInvalidValue;
-  cudaError_t e;
-  switch (a.kv_dtype) {
-    case KVR_DTYPE_F32: e = launch_kv<KvF32>(a, p, stream); break;
-    case KVR_DTYPE_BF16: e = launch_kv<KvBF16>(a, p, stream); break;
-    case KVR_DTYPE_F16: e = launch_kv<KvF16>(a, p, stream); break;
-    default: return cudaErrorInvalidValue;
-  }
-  if (e != cudaSuccess || p.splits == 1) return e;
-  attn_merge_kernel<<<dim3(p.rows, a.kv_heads), a.head_dim, 0, stream>>>(a, p.splits);
-  return cudaGetLastError();
 }
 
 cudaError_t launch_batch_attention(const BatchAttnArgs& a, uint32_t blocks, uint32_t rows_per_warp, uint32_t splits,

@@ -42,15 +42,15 @@ __global__ void __launch_bounds__(256) rmsnorm_kernel(const float* x, size_t ldx
 constexpr int kQkvWarps = 4;
 constexpr uint32_t kMaxHeadDim = 256;
 
-// One block per token; each warp takes whole heads: q heads, then k heads, then v heads.
-// kBatched: the token's position and cache come from its piece (QkvPostArgs.seqs).
-template <class Kv, bool kBatched>
+// One block per token; each warp takes whole heads: q heads, then k heads, then v heads. The
+// token's position and cache come from its piece (QkvPostArgs.seqs).
+template <class Kv>
 __global__ void __launch_bounds__(kQkvWarps * 32, 1) qkv_post_kernel(QkvPostArgs a) {
   __shared__ float buf[kQkvWarps][kMaxHeadDim];
   const uint32_t t = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const uint32_t hd = a.head_dim, half = hd / 2;
-  const bp::SeqDesc* piece = kBatched ? a.seqs + a.row_seq[t] : nullptr;
-  const uint32_t pos = kBatched ? piece->pos0 + (t - piece->row0) : a.d_pos[0] + t;
+  const bp::SeqDesc* piece = a.seqs + a.row_seq[t];
+  const uint32_t pos = piece->pos0 + (t - piece->row0);
   float* row = a.qkv + static_cast<size_t>(t) * a.ldqkv;
   float* sb = buf[warp];
   const uint32_t total = a.heads + 2 * a.kv_heads;
@@ -87,15 +87,9 @@ __global__ void __launch_bounds__(kQkvWarps * 32, 1) qkv_post_kernel(QkvPostArgs
       for (uint32_t d = lane; d < hd; d += 32) x[d] = sb[d];
     } else {
       const uint32_t g = is_k ? hh - a.heads : hh - a.heads - a.kv_heads;
-      typename Kv::T* cache;
-      if constexpr (kBatched) {
-        const bp::KvView v = piece->kv;
-        cache = static_cast<typename Kv::T*>(v.base) +
-                bp::kv_elem_index(v, bp::kv_plane(a.layer, is_k ? 0 : 1, a.kv_heads, g), pos, hd);
-      } else {
-        cache = static_cast<typename Kv::T*>(is_k ? a.k_cache : a.v_cache) +
-                (static_cast<size_t>(g) * a.capacity + pos) * hd;
-      }
+      const bp::KvView v = piece->kv;
+      typename Kv::T* cache = static_cast<typename Kv::T*>(v.base) +
+                              bp::kv_elem_index(v, bp::kv_plane(a.layer, is_k ? 0 : 1, a.kv_heads, g), pos, hd);
       for (uint32_t d = lane; d < hd; d += 32) cache[d] = Kv::store(sb[d]);
     }
     __syncwarp();
@@ -153,20 +147,11 @@ cudaError_t launch_rmsnorm_rows(const float* x, size_t ldx, const uint32_t* idx,
 cudaError_t launch_qkv_post(const QkvPostArgs& a, cudaStream_t stream) {
   if (a.n == 0) return cudaSuccess;
   if (a.head_dim > kMaxHeadDim || a.head_dim % 2 != 0) return cudaErrorInvalidValue;
-  if (a.seqs != nullptr && a.row_seq == nullptr) return cudaErrorInvalidValue;
-  if (a.seqs != nullptr) {
-    switch (a.kv_dtype) {
-      case KVR_DTYPE_F32: qkv_post_kernel<KvF32, true><<<a.n, kQkvWarps * 32, 0, stream>>>(a); break;
-      case KVR_DTYPE_BF16: qkv_post_kernel<KvBF16, true><<<a.n, kQkvWarps * 32, 0, stream>>>(a); break;
-      case KVR_DTYPE_F16: qkv_post_kernel<KvF16, true><<<a.n, kQkvWarps * 32, 0, stream>>>(a); break;
-      default: return cudaErrorInvalidValue;
-    }
-    return cudaGetLastError();
-  }
+  if (a.seqs == nullptr || a.row_seq == nullptr) return cudaErrorInvalidValue;
   switch (a.kv_dtype) {
-    case KVR_DTYPE_F32: qkv_post_kernel<KvF32, false><<<a.n, kQkvWarps * 32, 0, stream>>>(a); break;
-    case KVR_DTYPE_BF16: qkv_post_kernel<KvBF16, false><<<a.n, kQkvWarps * 32, 0, stream>>>(a); break;
-    case KVR_DTYPE_F16: qkv_post_kernel<KvF16, false><<<a.n, kQkvWarps * 32, 0, stream>>>(a); break;
+    case KVR_DTYPE_F32: qkv_post_kernel<KvF32><<<a.n, kQkvWarps * 32, 0, stream>>>(a); break;
+    case KVR_DTYPE_BF16: qkv_post_kernel<KvBF16><<<a.n, kQkvWarps * 32, 0, stream>>>(a); break;
+    case KVR_DTYPE_F16: qkv_post_kernel<KvF16><<<a.n, kQkvWarps * 32, 0, stream>>>(a); break;
     default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();

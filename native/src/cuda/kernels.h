@@ -1,8 +1,8 @@
 // Host-side launchers of the CUDA backend's kernels (one .cu file per concept: k_rowwise,
 // k_attention, k_gemv, k_gemm). Every pointer is device memory; every launcher enqueues on
 // `stream` and returns cudaGetLastError() (launch errors only: execution errors surface at the
-// next synchronisation). Positions are read from device memory (`d_pos`: the sequence length
-// before the call) so that one captured CUDA graph serves every decode step.
+// next synchronisation). Positions, caches and block tables are read from the step's device
+// metadata (bp::SeqDesc) so that one captured CUDA graph serves every decode step of a shape.
 // Activations are f32 row-major; weights are bf16 (as in the checkpoint) or f32.
 #pragma once
 
@@ -38,27 +38,22 @@ cudaError_t launch_rmsnorm(const float* x, size_t ldx, float* y, size_t ldy, con
 cudaError_t launch_rmsnorm_rows(const float* x, size_t ldx, const uint32_t* idx, float* y, size_t ldy, const float* w,
                                 uint32_t rows, uint32_t d, float eps, cudaStream_t stream);
 
-// Fused q/k/v post-processing for n tokens: + bias, Qwen3 per-head RMSNorm of q and k, rotate-half
-// RoPE at position d_pos[0] + i (cos/sin from common/device_math.h, the CPU's bits), q written
-// back in place, k and v rounded to the cache dtype and appended at their positions.
+// Fused q/k/v post-processing for n rows: + bias, Qwen3 per-head RMSNorm of q and k, rotate-half
+// RoPE at the row's position (cos/sin from common/device_math.h, the CPU's bits), q written back
+// in place, k and v rounded to the cache dtype and written at their positions. Row t belongs to
+// seqs[row_seq[t]] (device arrays), at position pos0 + t - row0 of that piece, and its K/V go to
+// that sequence's cache (contiguous or paged) at layer `layer`.
 struct QkvPostArgs {
   float* qkv = nullptr;           // (n, ldqkv): [q (heads·hd) | k (kv_heads·hd) | v (kv_heads·hd)]
   uint32_t ldqkv = 0;
   uint32_t n = 0;
-  const uint32_t* d_pos = nullptr;
   const float* bias = nullptr;    // (ldqkv) or null
   const float* q_norm = nullptr;  // (hd) or null (not Qwen3)
   const float* k_norm = nullptr;  // (hd) or null
   const double* inv_freq = nullptr;  // (hd/2), rad/token
   uint32_t heads = 0, kv_heads = 0, head_dim = 0;
   float eps = 0;
-  void* k_cache = nullptr;        // this layer's K: (kv_heads, capacity, hd) in kv_dtype
-  void* v_cache = nullptr;
-  uint32_t capacity = 0;
   uint32_t kv_dtype = 0;          // kvr_dtype
-  // Batched step (non-null seqs): row t belongs to seqs[row_seq[t]] (device arrays), at position
-  // pos0 + t - row0 of that piece, and its K/V go to that sequence's cache (contiguous or paged)
-  // at layer `layer`; d_pos, k_cache, v_cache and capacity are then unused.
   const bp::SeqDesc* seqs = nullptr;
   const uint32_t* row_seq = nullptr;
   uint32_t layer = 0;
@@ -75,35 +70,10 @@ cudaError_t launch_bias_add(float* y, size_t ld, const float* bias, uint32_t n, 
 cudaError_t launch_split_bf16(const float* x, size_t ld, uint16_t* hi, uint16_t* lo, uint32_t rows, uint32_t cols,
                               cudaStream_t stream);
 
-// Causal GQA flash attention of n new tokens (queries in qkv, post-RoPE) against this layer's
-// cache [0, d_pos[0] + n), f32 online softmax, no (T×T) matrix. `splits` > 1 splits the keys
-// (flash-decoding): partial results go to `partial` and a merge kernel writes `out`.
-struct AttnArgs {
-  const float* q = nullptr;  // (n, ldq), head h at column h·hd
-  uint32_t ldq = 0;
-  const void* k_cache = nullptr;  // (kv_heads, capacity, hd)
-  const void* v_cache = nullptr;
-  uint32_t capacity = 0;
-  uint32_t kv_dtype = 0;
-  const uint32_t* d_pos = nullptr;
-  uint32_t n = 0, heads = 0, kv_heads = 0, head_dim = 0;
-  float* out = nullptr;  // (n, ldo), head h at column h·hd
-  uint32_t ldo = 0;
-  float* partial = nullptr;  // plan.partial_floats floats when plan.splits > 1
-};
-// Chooses the plan (common/device_math.h plan_attention) for the given context; fixed_splits > 0
-// pins the split count (graphs). Returns the plan through *plan when non-null.
-struct AttnPlanOut {
-  uint32_t splits = 1;
-  size_t partial_floats = 0;
-};
-AttnPlanOut attention_plan(uint32_t n, uint32_t heads, uint32_t kv_heads, uint32_t head_dim, uint32_t ctx_end,
-                           uint32_t sm_count, uint32_t fixed_splits);
-cudaError_t launch_attention(const AttnArgs& a, uint32_t ctx_end_hint, uint32_t sm_count, uint32_t fixed_splits,
-                             cudaStream_t stream);
 // Attention of a batched step: the pieces of one launch (bp::plan_batch_attention), each against
-// its own sequence's cache (contiguous or paged) at `layer`. Same kernel body and arithmetic as
-// launch_attention; block b takes rows [blk_row0[b], +rows_per_warp·kAttnWarps) of piece
+// its own sequence's cache (contiguous or paged) at `layer`: causal GQA flash attention, f32
+// online softmax, no (T×T) matrix; `splits` > 1 splits the keys (flash-decoding) into `partial`
+// and a merge kernel writes `out`. Block b takes rows [blk_row0[b], +rows_per_warp·kAttnWarps) of piece
 // blk_piece[b]. Every array is device memory.
 struct BatchAttnArgs {
   const float* q = nullptr;  // the group's rows (ldq), piece rows from seqs[..].row0

@@ -3,8 +3,12 @@
 // answering as it does alone); `queue_depth` bounds the requests waiting to start (the next one
 // gets 429 rate_limit_error with Retry-After, counted in kvrelay_queue_rejected_total); a waiting
 // request whose client disconnects or whose deadline passes leaves the line (kvrelay_queue_depth).
-// A reservation of every pool block makes requests wait deterministically.
+// A migrate into a batching tier counts its KV against the pool until its stream ends. A
+// reservation of every pool block makes requests wait deterministically.
 import assert from "node:assert/strict";
+import { decodeHeader } from "../../lib/snapshot/mod.ts";
+import { createMigrateApp } from "../migrate/app.ts";
+import { createPrefillApp } from "../prefill/app.ts";
 import { createGenerateApp } from "./app.ts";
 import { metricValue, post, testRuntime } from "../shared/test_helpers.ts";
 
@@ -113,6 +117,38 @@ Deno.test("a request waiting for KV blocks past its deadline gets 503 timeout_er
     );
     assert.equal(ok.status, 200);
     await ok.body?.cancel();
+  } finally {
+    await rt.close();
+  }
+});
+
+Deno.test("a migrate into a batching tier holds back its KV's blocks until its stream ends, waiting for them when none are free", async () => {
+  const rt = await testRuntime({ tiers: { fast: "tiny-fast", fast2: "tiny-fast" } });
+  const batch = rt.tiers.get("fast2")!.batch!;
+  try {
+    const stored = await (await createPrefillApp(rt).request(
+      "/v1/prefill",
+      post({ tier: "fast", prompt: PROMPTS[0].repeat(4), store: true }),
+    )).json();
+    const hold = await batch.scheduler.reserveBlocks(batch.pool.blocksTotal);
+    const pending = createMigrateApp(rt).request(
+      "/v1/migrate",
+      post({ snapshot_id: stored.snapshot_id, target: "fast2" }),
+    );
+    await until(() => batch.gate.waiting === 1, "the migrate waits for KV blocks");
+    hold.release();
+    const res = await pending;
+    assert.equal(res.status, 200);
+    const kvTokens = Number(res.headers.get("x-kvrelay-migrated-tokens"));
+    assert.ok(kvTokens > 16, `migrated ${kvTokens} tokens`);
+    assert.equal(batch.gate.waiting, 0);
+    assert.equal(batch.scheduler.reservedBlocks, Math.ceil(kvTokens / batch.pool.blockTokens));
+    const bytes = new Uint8Array(await res.arrayBuffer());
+    assert.equal(decodeHeader(bytes).header.tokenIds.length, kvTokens);
+    await until(
+      () => batch.scheduler.reservedBlocks === 0,
+      "blocks given back at the stream's end",
+    );
   } finally {
     await rt.close();
   }

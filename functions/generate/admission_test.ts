@@ -153,3 +153,52 @@ Deno.test("a migrate into a batching tier holds back its KV's blocks until its s
     await rt.close();
   }
 });
+
+Deno.test("a tier without batching keeps its slot queue: `concurrency` run, `queue_depth` wait, the next gets 429", async () => {
+  const rt = await testRuntime({ tier: { batching: false, concurrency: 1, queue_depth: 1 } });
+  const tier = rt.tiers.get("fast")!;
+  assert.equal(tier.batch, null);
+  try {
+    const app = createGenerateApp(rt);
+    const body = { model: "fast", prompt: PROMPTS[2], max_tokens: 6 };
+    const alone = await (await app.request("/v1/completions", post(body))).json();
+    const slot = await tier.queue!.acquire(); // the one slot, held
+    const waiting = app.request("/v1/completions", post(body));
+    await until(() => tier.queue!.waiting === 1, "a request waits for the slot");
+    const refused = await app.request("/v1/completions", post(body));
+    assert.equal(refused.status, 429);
+    assert.ok(Number(refused.headers.get("retry-after")) >= 1);
+    assert.equal((await refused.json()).error.type, "rate_limit_error");
+    slot();
+    const res = await waiting;
+    assert.equal(res.status, 200);
+    assert.equal((await res.json()).choices[0].text, alone.choices[0].text);
+  } finally {
+    await rt.close();
+  }
+});
+
+Deno.test("a request that started no longer waits: with queue_depth 1, a second request is admitted while the first streams", async () => {
+  const rt = await testRuntime({ tier: { queue_depth: 1, max_new_tokens: 128 } });
+  const batch = rt.tiers.get("fast")!.batch!;
+  try {
+    const app = createGenerateApp(rt);
+    const first = await app.request(
+      "/v1/completions",
+      post({ model: "fast", prompt: PROMPTS[3], max_tokens: 128, ignore_eos: true, stream: true }),
+    );
+    assert.equal(first.status, 200);
+    const reader = first.body!.getReader();
+    await reader.read(); // the stream is open: its prompt has been stepped
+    assert.equal(batch.gate.waiting, 0);
+    const second = await app.request(
+      "/v1/completions",
+      post({ model: "fast", prompt: PROMPTS[0], max_tokens: 4 }),
+    );
+    assert.equal(second.status, 200);
+    await second.body?.cancel();
+    await reader.cancel();
+  } finally {
+    await rt.close();
+  }
+});

@@ -1,6 +1,7 @@
-// End-to-end serving behaviour of a real process: more concurrent requests than the queue allows
-// → some 429s with Retry-After, no 5xx, every other request completes; a client that disconnects
-// mid-stream stops its generation and frees its sequence (asserted on /metrics).
+// End-to-end serving behaviour of a real process: more concurrent requests than may wait to start
+// → some 429s with Retry-After, no 5xx, every other request completes as it does alone (at least
+// `queue_depth` of them: a batching tier bounds the requests waiting, not those running); a client
+// that disconnects mid-stream stops its generation and frees its sequence (asserted on /metrics).
 import assert from "node:assert/strict";
 import { startServer, writeConfig } from "./e2e_support.ts";
 
@@ -40,8 +41,10 @@ Deno.test("overload gives 429s and no 5xx; a disconnected stream frees its seque
     const limited = results.filter((r) => r.status === 429);
     assert.ok(limited.length >= 1, `statuses ${statuses}`);
     assert.equal(ok.length + limited.length, 12, `statuses ${statuses}`);
-    assert.ok(ok.length >= 3, `statuses ${statuses}`);
-    for (const r of ok) assert.ok(r.body.usage.completion_tokens >= 1);
+    assert.ok(ok.length >= 2, `statuses ${statuses}`);
+    const alone = await send();
+    assert.equal(alone.status, 200);
+    for (const r of ok) assert.equal(r.body.choices[0].text, alone.body.choices[0].text);
     for (const r of limited) {
       assert.ok(Number(r.retry) >= 1);
       assert.equal(r.body.error.type, "rate_limit_error");

@@ -44,11 +44,14 @@ export const tierSchema = z.strictObject({
   sampling: samplingSchema.default({}),
   /** Encoding of snapshots this tier exports (`native` = the cache's own dtype, lossless). */
   snapshot_encoding: z.enum(["native", "f32", "f16", "bf16", "q8", "q4"]).default("native"),
-  /** Generations running at once on this tier's model. */
+  /** Without batching: generations running at once on this tier's model (slots). With batching:
+   *  only sizes the default KV pool (kv_pool_mb absent → room for this many max_context
+   *  sequences); running requests are then bounded by the pool's blocks and max_batch. */
   concurrency: positiveInt.max(256).default(2),
-  /** Requests allowed to wait for a slot; one more is answered 429. */
+  /** Requests allowed to wait (for a slot without batching; with batching, admitted requests not
+   *  yet started: first row planned or blocks granted — at least one); one more is answered 429. */
   queue_depth: z.number().int().min(0).max(100000).default(16),
-  /** Whole-request deadline in milliseconds (queue wait included). */
+  /** Whole-request deadline in milliseconds (queue wait and wait for KV blocks included). */
   request_timeout_ms: positiveInt.default(60000),
   /** Continuous batching (docs/batching.md): generations share batched steps over a paged KV
    *  pool; false runs each generation alone with its own worst-case cache. */

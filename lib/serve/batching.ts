@@ -1,7 +1,8 @@
 // A tier's continuous batching at run time: its paged KV pool sized from the tier's memory
 // budget (kv_pool_mb, else derived from the model) and its Scheduler, with the scheduler's step statistics wired to the
-// metrics (batch size histogram, KV blocks used/free, preemptions), and the prefix cache inside
-// the pool (block_cache.ts). Not the scheduler itself.
+// metrics (batch size histogram, KV blocks used/free, preemptions), the gate bounding how many
+// admitted requests wait for it (wait_gate.ts), and the prefix cache inside the pool
+// (block_cache.ts). Not the scheduler itself.
 
 import type { TierConfig } from "../config/mod.ts";
 import type { NativeModel, NativeSequence } from "../native/mod.ts";
@@ -11,6 +12,7 @@ import { nativeStepEngine } from "./native_engine.ts";
 import { derivedKvPoolMb, kvBlockBytes, minKvPoolMb } from "./preflight.ts";
 import { Scheduler } from "./scheduler.ts";
 import type { Tier } from "./tier.ts";
+import { WaitGate } from "./wait_gate.ts";
 
 /**
  * Blocks a pool of `mb` MiB holds for a model (each block: every layer's K and V for
@@ -91,5 +93,8 @@ export function createBatching(
     metrics.prefixCachedBlocks.set(labels, cache.blocks);
     scheduler.blocksReleased();
   }
-  return { pool, scheduler, refresh, cache, sharedTail };
+  const gate = new WaitGate(name, tc.queue_depth, (waiting) => {
+    metrics.queueDepth.set(labels, waiting);
+  });
+  return { pool, scheduler, refresh, gate, cache, sharedTail };
 }

@@ -21,7 +21,7 @@ import {
 import type { RequestContext } from "./request.ts";
 import { requireReady, requireTier, type Runtime } from "./runtime.ts";
 import { Lane } from "./lane.ts";
-import { SchedulerClosedError } from "./scheduler.ts";
+import { type BlockReservation, SchedulerClosedError } from "./scheduler.ts";
 import { admitSlot, stoppedError } from "./slot.ts";
 import type { Tier } from "./tier.ts";
 
@@ -52,7 +52,7 @@ export async function prefillSnapshot(
       "context_length_exceeded",
     );
   }
-  const { release, timeout, signal } = await admitSlot(rt, tier, ctx);
+  const { release, timeout, signal, started } = await admitSlot(rt, tier, ctx);
   rt.metrics.activeSequences.add({ tier: tier.name }, 1);
   let done = releaser(rt, tier, null, release);
   const kv = ids.slice(0, -1);
@@ -60,12 +60,13 @@ export async function prefillSnapshot(
   try {
     // A paged sequence of the tier's pool whose prefill runs in the scheduler's batched steps
     // (a sequence of its own on a tier without batching); attached but idle while it is exported.
-    const lane = Lane.create(tier, Math.max(1, kv.length), signal);
+    const lane = Lane.create(tier, Math.max(1, kv.length), signal, started);
     done = releaser(rt, tier, lane, release);
     if (kv.length > 0) {
       if (prefix) await cachedPrefill(rt, tier, prefix, lane, kv);
       else await lane.prefill([], kv);
     }
+    started(); // a one-token prompt steps nothing here: its export is what it came for
     return streamThenFree(
       exportSnapshotStream(tier.model, lane.seq, {
         tokens: kv,
@@ -168,12 +169,36 @@ export async function migrateSnapshot(
   if (!gate.ok) {
     throw new MigrationRefusedError(gate.code, `${source.name} → ${target.name}: ${gate.reason}`);
   }
-  const { release, timeout } = await admitSlot(rt, target, ctx);
+  const slot = await admitSlot(rt, target, ctx);
+  const { timeout } = slot;
   rt.metrics.activeSequences.add({ tier: target.name }, 1);
   let src: NativeSequence | null = null;
   let tgt: NativeSequence | null = null;
+  let held: BlockReservation | null = null;
+  const release = () => {
+    held?.release();
+    held = null;
+    slot.release();
+  };
   let done = releaser(rt, target, null, release);
   try {
+    // On a tier that batches, the copy is a sequence of its own outside the pool: blocks for its
+    // KV are held back from the pool until the stream ends, so migrations count against the
+    // tier's KV budget as prompts do and wait (under the deadline) when it is spent.
+    const batch = target.batch;
+    if (batch) {
+      const blocks = Math.ceil(Math.max(1, header.tokenIds.length) / batch.pool.blockTokens);
+      held = await batch.scheduler.reserveBlocks(
+        Math.min(blocks, batch.pool.blocksTotal),
+        slot.signal,
+      )
+        .catch((e) => {
+          throw e instanceof SchedulerClosedError && slot.signal.aborted
+            ? stoppedError(rt, target, ctx.client, `waiting for KV blocks on tier "${target.name}"`)
+            : e;
+        });
+    }
+    slot.started();
     const imported = await importSnapshot(
       source.model,
       input instanceof Uint8Array ? input : input.replay(),

@@ -119,6 +119,7 @@ export async function startFromSnapshot(
       migrating ? Math.max(0, kvTokens - repairTokens) : kvTokens,
       slot.signal,
     );
+    if (held) slot.started();
     const imported = await importSnapshot(source.model, input, {
       verify: rt.verify,
       maxBytes: rt.config.server.max_snapshot_bytes,
@@ -145,7 +146,7 @@ export async function startFromSnapshot(
     } else seq = imported.sequence;
     held?.release();
     held = null;
-    lane = Lane.adopt(tier, seq, slot.signal);
+    lane = Lane.adopt(tier, seq, slot.signal, slot.started);
     seq = null;
     checkSnapshotContext(tier, imported.tokenIds.length, req.continuationIds.length, maxTokens);
     let tail = ids.slice(keep);

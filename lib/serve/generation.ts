@@ -341,7 +341,7 @@ export async function startGeneration(rt: Runtime, req: GenerationRequest): Prom
   rt.metrics.activeSequences.add({ tier: tier.name }, 1);
   let lane: Lane | null = null;
   try {
-    lane = Lane.create(tier, promptIds.length + maxTokens, slot.signal);
+    lane = Lane.create(tier, promptIds.length + maxTokens, slot.signal, slot.started);
     const { logits, cache } = await prefill(
       rt,
       tier,

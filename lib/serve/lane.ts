@@ -21,6 +21,8 @@ export class Lane {
   readonly seq: NativeSequence;
   readonly #tier: Tier | null;
   readonly #signal: AbortSignal | undefined;
+  /** the request got capacity: its first row stepped or its blocks granted (once) */
+  readonly #onStart: (() => void) | undefined;
   #handle: ScheduledSequence<NativeSequence, NativeSampler, NativeSamplingOptions> | null = null;
   #freed = false;
   /** prefix-cache blocks the sequence holds through the tier's block cache (released on free) */
@@ -32,11 +34,19 @@ export class Lane {
    * @param signal aborting it during a prefill leaves the scheduler (the waiting work rejects
    *   with SchedulerClosedError), so a request's deadline also bounds its wait for KV blocks;
    *   decodes are stopped by the decode loop between tokens instead
+   * @param onStart called when the request gets capacity on a batching tier: its first row is
+   *   stepped, or blocks it reserved are granted (the admission ticket's start)
    */
-  private constructor(seq: NativeSequence, tier: Tier | null, signal?: AbortSignal) {
+  private constructor(
+    seq: NativeSequence,
+    tier: Tier | null,
+    signal?: AbortSignal,
+    onStart?: () => void,
+  ) {
     this.seq = seq;
     this.#tier = tier?.batch ? tier : null;
     this.#signal = signal;
+    this.#onStart = onStart;
   }
 
   /**
@@ -45,14 +55,20 @@ export class Lane {
    * @param tier the tier
    * @param capacity most tokens the sequence may hold
    * @param signal the request's signal (deadline, disconnect, shutdown)
+   * @param onStart see the constructor (the request's Slot.started)
    * @returns the lane
    * @throws RangeError/EngineError from sequence creation
    */
-  static create(tier: Tier, capacity: number, signal?: AbortSignal): Lane {
+  static create(
+    tier: Tier,
+    capacity: number,
+    signal?: AbortSignal,
+    onStart?: () => void,
+  ): Lane {
     const seq = tier.batch
       ? tier.batch.pool.createSequence(capacity)
       : tier.model.native.createSequence(capacity);
-    return new Lane(seq, tier, signal);
+    return new Lane(seq, tier, signal, onStart);
   }
 
   /**
@@ -64,10 +80,16 @@ export class Lane {
    * @param tier the tier that decodes it
    * @param seq the sequence (owned by the lane from now on)
    * @param signal the request's signal (see the constructor)
+   * @param onStart see the constructor (the request's Slot.started)
    * @returns the lane
    */
-  static adopt(tier: Tier, seq: NativeSequence, signal?: AbortSignal): Lane {
-    return new Lane(seq, tier, signal);
+  static adopt(
+    tier: Tier,
+    seq: NativeSequence,
+    signal?: AbortSignal,
+    onStart?: () => void,
+  ): Lane {
+    return new Lane(seq, tier, signal, onStart);
   }
 
   /**
@@ -130,7 +152,7 @@ export class Lane {
     if (!this.#tier) return await this.seq.prefill(rest);
     const signal = this.#signal;
     if (signal?.aborted) throw new SchedulerClosedError("the request was stopped");
-    const h = this.#handle ??= this.#tier.batch!.scheduler.attach(this.seq, known);
+    const h = this.#handle ??= this.#tier.batch!.scheduler.attach(this.seq, known, this.#onStart);
     const stop = () => h.detach();
     signal?.addEventListener("abort", stop, { once: true });
     try {
@@ -147,9 +169,11 @@ export class Lane {
    * @returns the reservation to release once written (or on failure); null without batching
    * @throws SchedulerClosedError when stopped or on shutdown
    */
-  reserveBlocks(tokens: number): Promise<BlockReservation | null> {
-    if (!this.#tier) return Promise.resolve(null);
-    return reservePoolBlocks(this.#tier, tokens, this.#signal);
+  async reserveBlocks(tokens: number): Promise<BlockReservation | null> {
+    if (!this.#tier) return null;
+    const held = await reservePoolBlocks(this.#tier, tokens, this.#signal);
+    if (held) this.#onStart?.();
+    return held;
   }
 
   /**

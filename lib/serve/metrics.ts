@@ -116,8 +116,10 @@ export class Metrics {
   );
   /** Error responses by error type. */
   readonly errors = this.#add(new Counter("kvrelay_errors_total", "Error responses by error type"));
-  /** Requests waiting for a generation slot, per tier. */
-  readonly queueDepth = this.#add(new Gauge("kvrelay_queue_depth", "Requests waiting for a slot"));
+  /** Admitted requests waiting, per tier: for a slot (no batching), or to start in the scheduler. */
+  readonly queueDepth = this.#add(
+    new Gauge("kvrelay_queue_depth", "Admitted requests waiting for a slot or to start"),
+  );
   /** Native sequences alive (prefilling, decoding or exporting), per tier. */
   readonly activeSequences = this.#add(
     new Gauge("kvrelay_active_sequences", "Native sequences alive per tier"),

@@ -17,6 +17,7 @@ export {
 } from "./errors.ts";
 export { Counter, Gauge, Histogram, Metrics } from "./metrics.ts";
 export { ModelQueue, QueueFullError } from "./queue.ts";
+export { type Ticket, WaitGate } from "./wait_gate.ts";
 export { findTier, type Tier, type TierSampling, tierSampling } from "./tier.ts";
 export { type RequestContext, tenantId } from "./request.ts";
 export { BodyBudget, type BodyHold } from "./uploads.ts";

@@ -216,9 +216,11 @@ export async function createRuntime(
             backend: model.native.backend,
             device: String(model.native.device),
           }, 1);
-          const queue = new ModelQueue(name, tc.concurrency, tc.queue_depth, (_r, waiting) => {
-            metrics.queueDepth.set({ tier: name }, waiting);
-          });
+          const queue = tc.batching
+            ? null
+            : new ModelQueue(name, tc.concurrency, tc.queue_depth, (_r, waiting) => {
+              metrics.queueDepth.set({ tier: name }, waiting);
+            });
           metrics.queueDepth.set({ tier: name }, 0);
           metrics.activeSequences.set({ tier: name }, 0);
           const encoding = tc.snapshot_encoding === "native" ? undefined : tc.snapshot_encoding;

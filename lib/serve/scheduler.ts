@@ -188,6 +188,8 @@ interface Entry<S, P> {
   work: Work<P> | null;
   /** what the last plan saw of it (rewritten in place each plan: no allocation per step) */
   view: PlanSeq;
+  /** called once, when its first row is stepped (see {@link Scheduler.attach}) */
+  onStart?: () => void;
 }
 
 /** A sequence attached to a scheduler: prefill/decode go through batched steps. */
@@ -337,6 +339,8 @@ export interface SchedulerCounters {
   preemptions: number;
   decodeTokens: number;
   prefillTokens: number;
+  /** most rows (sequences) one engine step carried */
+  peakRows: number;
 }
 
 /** The step loop of one model (see the file comment). */
@@ -370,6 +374,7 @@ export class Scheduler<S, P = unknown, O = unknown> {
     preemptions: 0,
     decodeTokens: 0,
     prefillTokens: 0,
+    peakRows: 0,
   };
 
   /**
@@ -405,10 +410,16 @@ export class Scheduler<S, P = unknown, O = unknown> {
    * prefix cache), which a preemption would recompute.
    * @param seq the engine sequence (the caller keeps ownership and frees it after detach)
    * @param history token ids already in the cache
+   * @param onStart called once, when the sequence's first row is stepped (its request got
+   *   capacity: admission stops counting it as waiting)
    * @returns the handle whose prefill/decode run in batched steps
    * @throws SchedulerClosedError after close()
    */
-  attach(seq: S, history: ArrayLike<number> = []): ScheduledSequence<S, P, O> {
+  attach(
+    seq: S,
+    history: ArrayLike<number> = [],
+    onStart?: () => void,
+  ): ScheduledSequence<S, P, O> {
     if (this.#closed) throw new SchedulerClosedError("scheduler is closed");
     const id = this.#nextId++;
     const entry: Entry<S, P> = {
@@ -418,6 +429,7 @@ export class Scheduler<S, P = unknown, O = unknown> {
       history: Array.from(history),
       work: null,
       view: { id, state: "idle", left: 0, length: 0, held: 0, history: 0, samples: false },
+      onStart,
     };
     this.#entries.set(entry.id, entry);
     return new ScheduledSequence(this, entry, this.#engine);
@@ -776,6 +788,11 @@ export class Scheduler<S, P = unknown, O = unknown> {
     const burst = steps > 1;
     const items: StepItem<S, P>[] = rows.map(({ seq, n }) => {
       const entry = entries[seq];
+      if (entry.onStart) {
+        const started = entry.onStart;
+        entry.onStart = undefined;
+        started();
+      }
       const w = entry.work!;
       const last = w.fed + n === w.tokens.length;
       const item: StepItem<S, P> = {
@@ -824,6 +841,7 @@ export class Scheduler<S, P = unknown, O = unknown> {
     ms: number,
   ): void {
     let steps = 1, decodes = 0, prefill = 0;
+    if (rows.length > this.counters.peakRows) this.counters.peakRows = rows.length;
     if (burst) {
       for (const r of out) {
         if (r.kind === "tokens" && r.tokens.length > steps) steps = r.tokens.length;

@@ -297,3 +297,23 @@ Deno.test("ScheduledSequence.state follows its request: waiting, prefilling over
   sched.close();
   assert.equal(y.state, "finished");
 });
+
+Deno.test("attach(onStart) is called once, when the sequence's first row is stepped, not while it waits for blocks", async () => {
+  const eng = new FakeEngine(8, 4);
+  const sched = new Scheduler(eng, { gatherMs: 0, watermarkBlocks: 0 });
+  const hold = await sched.reserveBlocks(8);
+  let starts = 0;
+  const h = sched.attach(eng.create(), [], () => starts++);
+  const logits = h.prefill(ids(6, 1));
+  await new Promise((r) => setTimeout(r, 20));
+  assert.equal(starts, 0, "no row while every block is held back");
+  assert.equal(h.state, "waiting");
+  hold.release();
+  await logits;
+  assert.equal(starts, 1);
+  await h.decode(5);
+  assert.equal(starts, 1, "called once");
+  assert.equal(sched.counters.peakRows, 1);
+  h.detach();
+  sched.close();
+});

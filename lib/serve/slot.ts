@@ -1,7 +1,8 @@
-// Admission: the one place a request acquires engine capacity on a tier (its bounded queue)
-// under the tier's request deadline, and the errors a request gets when that deadline, its
-// client or a shutdown stops it. A scheduler that batches requests replaces the queue behind
-// admitSlot; callers keep the same Slot.
+// Admission: the one place a request is let onto a tier, under the tier's request deadline, and
+// the errors a request gets when that deadline, its client or a shutdown stops it. A tier that
+// batches admits by KV blocks (its scheduler's plan and reservations): the slot is a ticket of its
+// WaitGate, waiting until the request starts, so `queue_depth` bounds the line. A tier without
+// batching keeps a bounded queue of `concurrency` slots (ModelQueue).
 import { UnavailableError } from "./errors.ts";
 import { QueueFullError } from "./queue.ts";
 import type { RequestContext } from "./request.ts";
@@ -49,25 +50,30 @@ export function stoppedError(
   );
 }
 
-/** A held queue slot with the request's deadline; `release` frees the slot and the timer. */
+/** An admitted request with its deadline; `release` frees its place and the timer. */
 export interface Slot {
   /** Fires on timeout, shutdown or client abort. */
   signal: AbortSignal;
   /** Fires on timeout only. */
   timeout: AbortSignal;
-  /** Releases the slot and clears the deadline timer (idempotent). */
+  /** The request got capacity (its first row planned, its blocks granted): on a batching tier
+   *  it stops counting as waiting. Idempotent; a no-op without batching. */
+  started: () => void;
+  /** Releases the slot (or ticket) and clears the deadline timer (idempotent). */
   release: () => void;
 }
 
 /**
- * Waits for a generation slot on `tier` under the tier's request deadline, which counts from the
- * request's arrival (time spent receiving its body included).
+ * Admits a request on `tier` under the tier's request deadline, which counts from the request's
+ * arrival (time spent receiving its body included): a ticket of the tier's WaitGate when it
+ * batches (the request then waits for KV blocks in the scheduler, under the slot's signal), else
+ * a slot of its queue, waited for.
  * @param rt the runtime
  * @param tier the tier
  * @param ctx the request (client signal, arrival)
  * @returns the slot
- * @throws {QueueFullError} when the queue is full; {@link UnavailableError} on timeout,
- *   shutdown, or a client gone while queued
+ * @throws {QueueFullError} when `queue_depth` requests already wait; {@link UnavailableError}
+ *   on timeout, shutdown, or a client gone while queued
  */
 export async function admitSlot(rt: Runtime, tier: Tier, ctx: RequestContext): Promise<Slot> {
   const client = ctx.client;
@@ -80,11 +86,19 @@ export async function admitSlot(rt: Runtime, tier: Tier, ctx: RequestContext): P
   if (client) parts.push(client);
   const signal = AbortSignal.any(parts);
   try {
-    const release = await tier.queue.acquire(signal);
+    let started = () => {};
+    let release: () => void;
+    if (tier.batch) {
+      if (signal.aborted) throw signal.reason;
+      const ticket = tier.batch.gate.admit();
+      started = ticket.start;
+      release = ticket.release;
+    } else release = await tier.queue!.acquire(signal);
     let done = false;
     return {
       signal,
       timeout: tc.signal,
+      started,
       release: () => {
         if (done) return;
         done = true;

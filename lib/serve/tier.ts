@@ -1,4 +1,4 @@
-// One served tier at run time: its config, loaded model, admission queue, prefix cache and
+// One served tier at run time: its config, loaded model, admission, prefix cache and
 // snapshot encoding. A type plus the lookup by name; loading tiers is runtime.ts's job.
 import type { TierConfig } from "../config/mod.ts";
 import type { LoadedModel } from "../engine/mod.ts";
@@ -9,6 +9,7 @@ import type { SnapshotEncoding } from "../snapshot/mod.ts";
 import type { PrefixCache } from "../store/mod.ts";
 import { NotFoundError } from "./errors.ts";
 import type { ModelQueue } from "./queue.ts";
+import type { WaitGate } from "./wait_gate.ts";
 
 /** One served tier. */
 export interface Tier {
@@ -17,7 +18,9 @@ export interface Tier {
   rank: number;
   config: TierConfig;
   model: LoadedModel;
-  queue: ModelQueue;
+  /** The slot queue of a tier without batching (`concurrency` running, `queue_depth` waiting);
+   *  null when the tier batches (admission by KV blocks, its line bounded by `batch.gate`). */
+  queue: ModelQueue | null;
   /** Null when the prefix cache is disabled. */
   prefix: PrefixCache | null;
   /** Snapshot encoding this tier exports with (undefined = the cache's own dtype). */
@@ -30,6 +33,8 @@ export interface Tier {
     /** Sets the KV block gauges from the pool and lets a waiting block reservation go ahead
      *  (after a sequence gave its blocks back). */
     refresh(): void;
+    /** How many admitted requests may wait for the scheduler (`queue_depth`). */
+    gate: WaitGate;
     /** The prefix cache inside the pool (used when the tier's prefix cache is enabled). */
     cache: BlockCache;
     /** Sequences whose partial last block another sequence shares (forks before their first

@@ -18,6 +18,12 @@ Deno.test("overload gives 429s and no 5xx; a disconnected stream frees its seque
     max_context: 2048,
     max_new_tokens: 2000,
   });
+  // The fast tier's pool holds one of these requests at a time (32 blocks; one takes 26), so the
+  // others wait for blocks while it runs, and past queue_depth waiting the rest are refused — not
+  // a race between arrivals and steps.
+  const file = JSON.parse(await Deno.readTextFile(config));
+  Object.assign(file.tiers.fast, { kv_pool_mb: 1, max_context: 480, max_new_tokens: 400 });
+  await Deno.writeTextFile(config, JSON.stringify(file));
   const server = await startServer("functions/main.ts", { KVRELAY_CONFIG: config });
   try {
     const send = () =>
@@ -27,7 +33,8 @@ Deno.test("overload gives 429s and no 5xx; a disconnected stream frees its seque
         body: JSON.stringify({
           model: "fast",
           prompt: "The ship sailed on the sea",
-          max_tokens: 32,
+          max_tokens: 400,
+          ignore_eos: true,
         }),
       }).then(async (r) => ({
         status: r.status,

@@ -28,7 +28,7 @@ app = modal.App("kvrelay-balanced")
     scaledown_window=300,
     timeout=60,
 )
-@modal.concurrent(max_inputs=18, target_inputs=2)
+@modal.concurrent(max_inputs=80, target_inputs=64)
 @modal.web_server(8080, startup_timeout=240)
 def kvrelay_balanced() -> None:
     subprocess.Popen(

@@ -28,7 +28,7 @@ app = modal.App("kvrelay-fast-cuda")
     scaledown_window=300,
     timeout=60,
 )
-@modal.concurrent(max_inputs=36, target_inputs=4)
+@modal.concurrent(max_inputs=96, target_inputs=64)
 @modal.web_server(8080, startup_timeout=240)
 def kvrelay_fast_cuda() -> None:
     subprocess.Popen(

@@ -50,8 +50,9 @@ export function container(
 }
 
 /**
- * Renders the Knative Service: concurrency autoscaling with the tier's `concurrency` as target and
- * `concurrency + queue_depth` as the hard limit, min/max scale (0 = scale to zero), readiness on
+ * Renders the Knative Service: concurrency autoscaling with the requests the tier runs at once
+ * (`max_batch` when it batches, else `concurrency`) as target and that plus `queue_depth` as the
+ * hard limit, min/max scale (0 = scale to zero), readiness on
  * /readyz, liveness on /healthz, request timeout = the tier's deadline. Knative sets the pod's
  * terminationGracePeriodSeconds to `timeoutSeconds` (the field itself is not allowed in a
  * Service), so the drain period must fit inside it.

@@ -22,6 +22,13 @@ const readJson = async (p: string): Promise<Json> =>
   JSON.parse(await Deno.readTextFile(`${root}${p}`));
 const readYaml = async (p: string): Promise<Json> => parse(await Deno.readTextFile(`${root}${p}`));
 
+/** Requests a tier runs at once, from its config file as written (the schema's defaults: batching
+ *  on, max_batch 64): a batching tier steps max_batch rows together; without batching, its
+ *  concurrency slots. */
+function running(tier: { batching?: boolean; max_batch?: number; concurrency: number }): number {
+  return (tier.batching ?? true) ? (tier.max_batch ?? 64) : tier.concurrency;
+}
+
 Deno.test("renderDeployments() output equals the committed deploy/ files (else: deno task deploy render)", async () => {
   const files = await renderDeployments(root);
   for (const [path, text] of files) {
@@ -54,13 +61,13 @@ for (const platform of ["knative", "cloudrun"] as const) {
         assert.equal(ann[minKey], String(src.deploy.min_scale ?? 0), file);
         if (platform === "knative") {
           assert.equal(ann["autoscaling.knative.dev/metric"], "concurrency");
-          assert.equal(ann["autoscaling.knative.dev/target"], String(tier.concurrency), file);
-          assert.equal(spec.containerConcurrency, tier.concurrency + tier.queue_depth, file);
+          assert.equal(ann["autoscaling.knative.dev/target"], String(running(tier)), file);
+          assert.equal(spec.containerConcurrency, running(tier) + tier.queue_depth, file);
           assert.equal(c.readinessProbe.httpGet.path, "/readyz");
           // Knative's pod termination grace is timeoutSeconds: the drain must fit in it.
           assert.ok(src.server.shutdown_grace_ms / 1000 < spec.timeoutSeconds, file);
         } else {
-          assert.equal(spec.containerConcurrency, tier.concurrency, file);
+          assert.equal(spec.containerConcurrency, running(tier), file);
           assert.equal(c.startupProbe.httpGet.path, "/readyz");
           assert.ok(src.server.shutdown_grace_ms <= 8000, "Cloud Run kills 10 s after SIGTERM");
         }
@@ -112,7 +119,7 @@ Deno.test("runpod bodies match the transcribed RunPod REST API, GPU endpoints on
       );
       assert.equal(body.endpoint.computeType, gpu ? "GPU" : "CPU");
       assert.equal(body.endpoint.workersMin, src.deploy.min_scale);
-      assert.equal(body.endpoint.scalerValue, src.tiers[src.deploy.tier].concurrency);
+      assert.equal(body.endpoint.scalerValue, running(src.tiers[src.deploy.tier]));
       assert.match(
         body.template.env.KVRELAY_SNAPSHOT_KEY,
         /^\{\{ RUNPOD_SECRET_KVRELAY_SNAPSHOT_KEY \}\}$/,
@@ -161,8 +168,8 @@ print(json.dumps(kw))`,
         assert.ok(out.success, new TextDecoder().decode(out.stderr));
         const kw = JSON.parse(new TextDecoder().decode(out.stdout));
         assert.equal(kw.gpu, gpu ? "L4" : null, file);
-        assert.equal(kw.target_inputs, tier.concurrency, file);
-        assert.equal(kw.max_inputs, tier.concurrency + tier.queue_depth, file);
+        assert.equal(kw.target_inputs, running(tier), file);
+        assert.equal(kw.max_inputs, running(tier) + tier.queue_depth, file);
         assert.equal(kw.min_containers, src.deploy.min_scale, file);
       }
     }

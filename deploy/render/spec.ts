@@ -37,9 +37,10 @@ export interface DeploymentSpec {
   entry: string;
   /** Container port (server.port; platforms pass PORT too). */
   port: number;
-  /** Requests one instance runs at once: the served tier's `concurrency` (autoscaling target). */
+  /** Requests one instance runs at once (autoscaling target): the served tier's `max_batch` when it
+   *  batches, else its `concurrency`. */
   targetConcurrency: number;
-  /** Requests one instance accepts: running + queued (`concurrency + queue_depth`). */
+  /** Requests one instance accepts: running + waiting (that + `queue_depth`). */
   maxConcurrency: number;
   /** Platform request timeout, seconds: the served tier's `request_timeout_ms`, rounded up. */
   requestTimeoutS: number;
@@ -117,6 +118,8 @@ export function deploymentSpec(
     ? "functions/main.ts"
     : `functions/${deploy.function}/main.ts`;
   const gpu = variant === "cuda";
+  // Requests one instance runs at once: the rows a batching tier steps together, else its slots.
+  const running = tier.batching ? tier.max_batch : tier.concurrency;
   return {
     configPath,
     variant,
@@ -125,8 +128,8 @@ export function deploymentSpec(
     image: `${deploy.image}:${variant}`,
     entry,
     port: cfg.server.port === 0 ? 8080 : cfg.server.port,
-    targetConcurrency: tier.concurrency,
-    maxConcurrency: tier.concurrency + tier.queue_depth,
+    targetConcurrency: running,
+    maxConcurrency: running + tier.queue_depth,
     requestTimeoutS: Math.ceil(tier.request_timeout_ms / 1000),
     drainS: Math.ceil(cfg.server.shutdown_grace_ms / 1000),
     secretEnv: secretEnvNames(cfg),

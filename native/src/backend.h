@@ -24,6 +24,7 @@
 namespace kvr {
 
 struct KvPool;  // kv_pool.h: the block list and reference counts every pool keeps
+struct KvCache;  // kv_cache.h: a sequence's KV planes in host memory
 
 // A status with its message, thrown by backends (see the file comment).
 class BackendError : public std::exception {
@@ -160,7 +161,7 @@ class Backend;
 
 // kvr_ridge_accumulate_seq handed to the target sequence's backend (ridge_seq.cpp): fit rows of
 // positions [0, n_tokens) of two sequences — x = the source's features, y = the target's (keys
-// de-rotated by each model's RoPE, values as they are; cpu/projector.h cache_to_features layout
+// de-rotated by each model's RoPE, values as they are; host/projection_kernels.h cache_to_features layout
 // (tokens, layers·kv_heads·head_dim)) — for keys and for values, delivered through one of the
 // sinks exactly once. The sinks check finiteness of everything before adding anything.
 struct FitRequest {
@@ -224,8 +225,8 @@ class Backend {
                         const void* k_in, const void* v_in) const = 0;
   // Encodes chunk c (positions [start, start+tokens) < length, every layer) into the host buffer
   // frame (frame_len bytes, the unsigned frame incl. its CRC32C). Throws BackendError
-  // KVR_ERR_INVALID_ARGUMENT for non-finite KV under q8/q4. The default (chunk_codec.cpp) goes
-  // through kv_read and the CPU quantizers; a device backend overrides it to encode in place.
+  // KVR_ERR_INVALID_ARGUMENT for non-finite KV under q8/q4. The default (backend.cpp,
+  // chunk_codec.h) goes through kv_read and the host quantizers; a device backend overrides it to encode in place.
   virtual void export_chunk(const SeqState& s, const ChunkSpec& c, uint8_t* frame, size_t frame_len) const;
   // Checks (CRC32C: KVR_ERR_CHECKSUM; stored index/tokens, scales, mins, then every decoded value
   // finite in its stored type and in the cache type: KVR_ERR_CORRUPT) and then writes chunk c
@@ -257,7 +258,7 @@ class Backend {
   virtual uint32_t blocks_held(const SeqState& /*s*/) const { return 0; }
   // One forward step over `count` distinct sequences (validated, storage reserved): projections
   // batched over all rows, attention per sequence. Each entry's logits equal forward() of its
-  // tokens up to summation order. The default (batch.cpp) calls forward() per entry.
+  // tokens up to summation order. The default (backend.cpp) calls forward() per entry.
   virtual void forward_batch(BatchEntry* entries, size_t count) const;
 
   // One decode step that samples: appends `token` at pos0 (like forward with n = 1; storage
@@ -265,13 +266,13 @@ class Backend {
   // r.sampler, exactly as kvr_sampler_sample on that row would (same token, same PRNG advance,
   // same logprobs). Returns the sampling status (KVR_OK, or the sampler's error with the token
   // appended); backend failures throw. `spare`: host (vocab) floats the backend may overwrite.
-  // The default (sample_step.cpp) runs forward() into spare and the CPU sampler; the CUDA backend
+  // The default (backend.cpp) runs forward() into spare and the CPU sampler; the CUDA backend
   // keeps the row on the device for greedy and top-k steps (common/sample_math.h plan_route).
   virtual int32_t forward_sample(SeqState& s, int32_t token, size_t pos0, const SampleRequest& r,
                                  float* spare) const;
 
   // Fit statistics straight from two sequences (kvr_ridge_accumulate_seq); `dst` is this
-  // backend's. The default (ridge_seq.cpp, what the CPU backend runs): kv_read of every layer of
+  // backend's. The default (backend.cpp, what the CPU backend runs): kv_read of every layer of
   // both → cache_to_features → r.add_rows (the CPU float64 Gram update). The CUDA backend, with
   // both sequences on its device, gathers the features and accumulates G/C/yy in f64 there
   // (fit.cu) and calls r.add_stats.
@@ -292,6 +293,13 @@ class Backend {
                               const LinearProjection& p, uint32_t n_tokens) const {
     (void)src, (void)src_backend, (void)dst, (void)p, (void)n_tokens;
     return false;
+  }
+  // The sequence's KV cache when it lies in host memory in kv_cache.h's layout (the CPU backend's
+  // sequences), else nullptr (the default). Neutral fast paths work on it in place (projector.cpp
+  // projects between two such caches without copies).
+  virtual KvCache* host_cache(SeqState& s) const {
+    (void)s;
+    return nullptr;
   }
 };
 

@@ -1,8 +1,7 @@
 // The paged KV pool handle (kvr_kv_pool_*), paged sequences (kvr_seq_create_paged,
 // kvr_seq_blocks) and the batched step (kvr_batch_step), backend-neutral: argument checks, block
-// reservation all or none through the backend, then Backend::forward_batch. Also the defaults of
-// the paged/batched Backend methods for backends without them. Not the pool's free list
-// (kv_pool.h), the block table (kv_cache.h) nor the forward math (cpu/batch_forward.cpp).
+// reservation all or none through the backend, then Backend::forward_batch. Not the pool's free
+// list (kv_pool.h), the block table (kv_cache.h) nor the forward math (cpu/batch_forward.cpp).
 #include <algorithm>
 #include <memory>
 #include <new>
@@ -19,22 +18,6 @@
 #include "sequence.h"
 
 namespace kvr {
-
-std::shared_ptr<PoolState> Backend::create_pool(uint32_t, uint32_t) const {
-  throw BackendError(KVR_ERR_UNSUPPORTED, "this backend has no paged KV pool");
-}
-
-std::unique_ptr<SeqState> Backend::create_paged_seq(const std::shared_ptr<PoolState>&, uint32_t) const {
-  throw BackendError(KVR_ERR_UNSUPPORTED, "this backend has no paged KV pool");
-}
-
-void Backend::forward_batch(BatchEntry* entries, size_t count) const {
-  for (size_t i = 0; i < count; ++i) {
-    const BatchEntry& e = entries[i];
-    forward(*e.s, e.tokens, e.n, e.pos0, false, e.logits ? e.logits : e.spare);
-  }
-}
-
 namespace {
 
 constexpr uint32_t kMaxBatchSeqs = 4096;

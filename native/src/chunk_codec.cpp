@@ -1,7 +1,7 @@
-// The host ("copy path") snapshot chunk codec: Backend::export_chunk / import_chunk's default,
-// built on the backend's kv_read / kv_write and the CPU quantizers and CRC32C, producing exactly
-// the bytes tests/reference/chunk.ts encodeChunk writes. The CPU backend uses it as is; a device
-// backend overrides both (native/src/cuda/codec.cu) and falls back here for what it lacks.
+// The host ("copy path") snapshot chunk codec behind Backend::export_chunk / import_chunk's
+// default (backend.cpp), built on the backend's kv_read / kv_write and the host quantizers and
+// CRC32C, producing exactly the bytes tests/reference/chunk.ts encodeChunk writes. The CPU backend
+// uses it as is; a device backend overrides both (native/src/cuda/codec.cu).
 // Not the argument validation (snapshot_chunk.cpp) nor the container format (lib/snapshot).
 #include <algorithm>
 #include <cfloat>
@@ -11,8 +11,9 @@
 #include <vector>
 
 #include "backend.h"
+#include "chunk_codec.h"
 #include "common/chunk_layout.h"
-#include "cpu/kv_quant.h"
+#include "host/kv_quant.h"
 #include "dtype.h"
 #include "errors.h"
 #include "kv_values.h"
@@ -128,7 +129,7 @@ void widen_block(const uint8_t* p, size_t n, uint32_t encoding, std::vector<floa
 
 }  // namespace
 
-void Backend::export_chunk(const SeqState& s, const ChunkSpec& c, uint8_t* frame, size_t frame_len) const {
+void host_export_chunk(const Backend& b, const SeqState& s, const ChunkSpec& c, uint8_t* frame, size_t frame_len) {
   const Layout& L = c.layout;
   const uint32_t T = static_cast<uint32_t>(L.tokens);
   store_u32(frame, c.index);
@@ -142,11 +143,11 @@ void Backend::export_chunk(const SeqState& s, const ChunkSpec& c, uint8_t* frame
       uint8_t* k = frame + L.k_offset(l);
       uint8_t* v = frame + L.v_offset(l);
       if (aligned4(k) && aligned4(v)) {
-        kv_read(s, static_cast<uint32_t>(l), c.start, T, L.encoding, k, v);
+        b.kv_read(s, static_cast<uint32_t>(l), c.start, T, L.encoding, k, v);
       } else {
         kb.resize(bytes);
         vb.resize(bytes);
-        kv_read(s, static_cast<uint32_t>(l), c.start, T, L.encoding, kb.data(), vb.data());
+        b.kv_read(s, static_cast<uint32_t>(l), c.start, T, L.encoding, kb.data(), vb.data());
         std::memcpy(k, kb.data(), bytes);
         std::memcpy(v, vb.data(), bytes);
       }
@@ -154,7 +155,7 @@ void Backend::export_chunk(const SeqState& s, const ChunkSpec& c, uint8_t* frame
   } else {
     std::vector<float> kf(L.n()), vf(L.n()), sc, mn;
     for (size_t l = 0; l < L.layers; ++l) {
-      kv_read(s, static_cast<uint32_t>(l), c.start, T, KVR_DTYPE_F32, kf.data(), vf.data());
+      b.kv_read(s, static_cast<uint32_t>(l), c.start, T, KVR_DTYPE_F32, kf.data(), vf.data());
       encode_block(L, true, kf.data(), frame + L.k_offset(l), c.index, l, sc, mn);
       encode_block(L, false, vf.data(), frame + L.v_offset(l), c.index, l, sc, mn);
     }
@@ -163,7 +164,7 @@ void Backend::export_chunk(const SeqState& s, const ChunkSpec& c, uint8_t* frame
   store_u32(frame + body, cpu::crc32c(frame, body, 0));
 }
 
-void Backend::import_chunk(SeqState& s, const ChunkSpec& c, const uint8_t* frame, size_t frame_len) const {
+void host_import_chunk(const Backend& b, SeqState& s, const ChunkSpec& c, const uint8_t* frame, size_t frame_len) {
   const Layout& L = c.layout;
   const uint32_t T = static_cast<uint32_t>(L.tokens);
   const size_t body = frame_len - chunk::kFrameCrcBytes;
@@ -201,7 +202,7 @@ void Backend::import_chunk(SeqState& s, const ChunkSpec& c, const uint8_t* frame
         k = kb.data();
         v = vb.data();
       }
-      kv_write(s, static_cast<uint32_t>(l), c.start, T, L.encoding, k, v);
+      b.kv_write(s, static_cast<uint32_t>(l), c.start, T, L.encoding, k, v);
     }
     return;
   }
@@ -236,7 +237,7 @@ void Backend::import_chunk(SeqState& s, const ChunkSpec& c, const uint8_t* frame
   for (size_t l = 0; l < L.layers; ++l) {
     decode_block(L, true, frame + L.k_offset(l), kf.data(), sc, mn);
     decode_block(L, false, frame + L.v_offset(l), vf.data(), sc, mn);
-    kv_write(s, static_cast<uint32_t>(l), c.start, T, KVR_DTYPE_F32, kf.data(), vf.data());
+    b.kv_write(s, static_cast<uint32_t>(l), c.start, T, KVR_DTYPE_F32, kf.data(), vf.data());
   }
 }
 

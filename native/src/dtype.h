@@ -1,6 +1,6 @@
 // Element types (kvr_dtype): byte sizes and scalar f32 <-> bf16/f16 conversions, round-to-
 // nearest-even, NaN kept quiet (defined in common/device_math.h, shared with CUDA). Exact;
-// vectorised bulk versions live in cpu/convert.h. Not a general half-float library (no arithmetic on halves).
+// vectorised bulk versions live in host/convert.h. Not a general half-float library (no arithmetic on halves).
 #pragma once
 
 #include <cstdint>

@@ -1,12 +1,12 @@
 // C ABI of the KV snapshot codec: q8/q4 quantize/dequantize of one (heads, tokens, head_dim)
 // block, and CRC32C. Checks every pointer, shape and length, then calls the kernels in
-// cpu/kv_quant.cpp and cpu/crc32c.cpp.
+// host/kv_quant.cpp and host/crc32c.cpp.
 // Not the snapshot container format (lib/snapshot) nor the KV cache read/write (sequence.cpp).
 #include <cmath>
 #include <cfloat>
 #include <cstdint>
 
-#include "cpu/kv_quant.h"
+#include "host/kv_quant.h"
 #include "errors.h"
 #include "kvrelay.h"
 

@@ -1,13 +1,13 @@
 // C ABI of the cache ↔ feature block transforms (kvrelay.h kvr_kv_to_features /
 // kvr_kv_from_features): checks the geometry and buffers, then strips or re-applies RoPE on the
-// keys and transposes (cpu/projector.h). Not the ridge fit (ridge.cpp) nor the projector.
+// keys and transposes (host/projection_kernels.h). Not the ridge fit (ridge.cpp) nor the projector.
 #include <omp.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <vector>
 
-#include "cpu/projector.h"
+#include "host/projection_kernels.h"
 #include "kvrelay.h"
 #include "projection_checks.h"
 #include "rope.h"

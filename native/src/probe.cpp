@@ -7,7 +7,7 @@
 #include <string>
 
 #include "backend.h"
-#include "cpu/cpu_features.h"
+#include "host/cpu_features.h"
 #include "errors.h"
 #include "kvrelay.h"
 

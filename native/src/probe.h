@@ -1,6 +1,6 @@
 // Backend selection checks shared by kvr_model_load and kvr_backend_probe: which kvr_backend /
 // device pairs are well-formed, and copying a description into a caller's char buffer. Not the
-// probes themselves (cpu/cpu_features.cpp, cuda/ or stub/cuda_stub.cpp).
+// probes themselves (host/cpu_features.cpp, cuda/ or stub/cuda_stub.cpp).
 #pragma once
 
 #include <cstddef>

@@ -12,7 +12,7 @@
 #include <string>
 
 #include "backend.h"
-#include "cpu/projector.h"
+#include "host/projection_kernels.h"
 #include "errors.h"
 #include "kvrelay.h"
 #include "rope.h"

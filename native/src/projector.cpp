@@ -1,7 +1,7 @@
 // C ABI of the linear KV projector (kvrelay.h kvr_projector_*): packed f32 weights, apply to
 // cache blocks, and sequence → sequence through the backend seam (an in-place fast path when both
 // caches are CPU caches, else kv_read → project → kv_write per chunk). Checks every argument; the
-// kernels are cpu/projector.h. Not the transforms (kv_features.cpp) nor the ridge fit (ridge.cpp).
+// kernels are host/projection_kernels.h. Not the transforms (kv_features.cpp) nor the ridge fit (ridge.cpp).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -12,9 +12,8 @@
 #include <vector>
 
 #include "backend.h"
-#include "cpu/cpu_backend.h"
-#include "cpu/gemm.h"
-#include "cpu/projector.h"
+#include "host/gemm.h"
+#include "host/projection_kernels.h"
 #include "kvrelay.h"
 #include "projection_checks.h"
 #include "rope.h"
@@ -282,8 +281,8 @@ KVR_API int32_t kvr_projector_apply_seq(const kvr_projector* cprojector, const k
                   format("%s: n_tokens %u exceeds the target sequence's capacity %u", fn,
                          n_tokens, dst->capacity));
     dst->model->backend->reserve(*dst->state, 0, n_tokens);  // paged target: blocks all or none
-    const kvr::KvCache* src_cpu = kvr::cpu::cpu_cache(src->state.get());
-    kvr::KvCache* dst_cpu = kvr::cpu::cpu_cache(dst->state.get());
+    const kvr::KvCache* src_cpu = src->model->backend->host_cache(*src->state);
+    kvr::KvCache* dst_cpu = dst->model->backend->host_cache(*dst->state);
     if (src_cpu != nullptr && dst_cpu != nullptr && !force_copy_path()) {
       // both caches in CPU memory: project in place, chunks in parallel
       if (!kvr::cpu::project_cache(*src_cpu, p->src_freq, *dst_cpu, p->dst_freq, p->wk,

@@ -1,5 +1,5 @@
 // C ABI of the streaming float64 ridge accumulator (kvrelay.h kvr_ridge_*): create, accumulate
-// (Gram update kernel in cpu/projector.h), statistics, Cholesky solve with an unpenalised
+// (Gram update kernel in host/projection_kernels.h), statistics, Cholesky solve with an unpenalised
 // intercept and held-out SSE from the statistics alone. Not the fitting loop (lib/migrate).
 #include <algorithm>
 #include <cmath>
@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "cpu/ridge.h"
+#include "host/ridge_kernels.h"
 #include "kvrelay.h"
 #include "projection_checks.h"
 #include "ridge.h"

@@ -1,5 +1,5 @@
 // The kvr_ridge handle's layout, internal to the library: float64 ridge-fit statistics in the
-// layout of the CPU Gram kernel (cpu/ridge.h). Shared by ridge.cpp (kvr_ridge_*) and
+// layout of the CPU Gram kernel (host/ridge_kernels.h). Shared by ridge.cpp (kvr_ridge_*) and
 // ridge_seq.cpp (kvr_ridge_accumulate_seq, which adds rows or a backend's statistics). Not public ABI.
 #pragma once
 

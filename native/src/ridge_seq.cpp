@@ -1,45 +1,18 @@
 // Fit statistics straight from two sequences (kvrelay.h kvr_ridge_accumulate_seq): checks the
 // accumulators and sequences, asks the target sequence's backend to produce the fit rows
-// (Backend::accumulate_fit) and adds them to the float64 statistics, all or nothing. Also the
-// seam's default host path (kv_read → cache_to_features, as the TypeScript fit did through
-// kvr_kv_to_features). Not the Gram kernel (cpu/ridge.h) nor the solve (ridge.cpp).
+// (Backend::accumulate_fit; its default is in backend.cpp) and adds them to the float64
+// statistics, all or nothing. Not the Gram kernel (host/ridge_kernels.h) nor the solve (ridge.cpp).
 #include <cmath>
 #include <cstdint>
 #include <vector>
 
 #include "backend.h"
-#include "cpu/projector.h"
-#include "cpu/ridge.h"
+#include "host/ridge_kernels.h"
 #include "kvrelay.h"
 #include "model.h"
 #include "projection_checks.h"
 #include "ridge.h"
 #include "sequence.h"
-
-namespace kvr {
-
-void Backend::accumulate_fit(const SeqState& dst, const FitRequest& r) const {
-  const ModelGeometry &sg = *r.src_geom, &dg = *r.dst_geom;
-  const cpu::KvGeometry s{sg.layers, sg.kv_heads, sg.head_dim}, d{dg.layers, dg.kv_heads, dg.head_dim};
-  const size_t n = r.n_tokens, s_layer = s.heads * n * s.dim, d_layer = d.heads * n * d.dim;
-  // cache blocks (layers, kv_heads, n, head_dim) f32, then feature rows (n, width)
-  std::vector<float> sk(s.layers * s_layer), sv(sk.size()), dk(d.layers * d_layer), dv(dk.size());
-  for (size_t l = 0; l < s.layers; ++l)
-    r.src_backend->kv_read(*r.src, static_cast<uint32_t>(l), 0, r.n_tokens, KVR_DTYPE_F32, sk.data() + l * s_layer,
-                           sv.data() + l * s_layer);
-  for (size_t l = 0; l < d.layers; ++l)
-    kv_read(dst, static_cast<uint32_t>(l), 0, r.n_tokens, KVR_DTYPE_F32, dk.data() + l * d_layer,
-            dv.data() + l * d_layer);
-  const std::vector<double> none;
-  std::vector<float> xk(sk.size()), xv(sk.size()), yk(dk.size()), yv(dk.size());
-  cpu::cache_to_features(s, sg.inv_freq, 0, n, sk.data(), xk.data(), r.n_threads);
-  cpu::cache_to_features(s, none, 0, n, sv.data(), xv.data(), r.n_threads);
-  cpu::cache_to_features(d, dg.inv_freq, 0, n, dk.data(), yk.data(), r.n_threads);
-  cpu::cache_to_features(d, none, 0, n, dv.data(), yv.data(), r.n_threads);
-  r.add_rows(xk.data(), yk.data(), xv.data(), yv.data(), n);
-}
-
-}  // namespace kvr
 
 namespace {
 

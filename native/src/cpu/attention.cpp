@@ -9,8 +9,8 @@
 #include <limits>
 
 
-#include "cpu/convert.h"
-#include "cpu/simd.h"
+#include "host/convert.h"
+#include "host/simd.h"
 #include "cpu/vec_math.h"
 #include "kvrelay.h"
 

@@ -14,7 +14,7 @@
 
 #include "backend.h"
 #include "cpu/forward.h"
-#include "cpu/gemm_prepared.h"
+#include "host/gemm_prepared.h"
 #include "cpu/weights.h"
 #include "kv_cache.h"
 

@@ -18,13 +18,13 @@
 #endif
 
 #include "backend.h"
-#include "cpu/convert.h"
+#include "host/convert.h"
 #include "cpu/cpu_backend.h"
-#include "cpu/cpu_features.h"
+#include "host/cpu_features.h"
 #include "cpu/batch_forward.h"
 #include "cpu/forward.h"
-#include "cpu/gemm.h"
-#include "cpu/huge_pages.h"
+#include "host/gemm.h"
+#include "host/huge_pages.h"
 #include "cpu/weights.h"
 #include "dtype.h"
 #include "errors.h"
@@ -155,6 +155,7 @@ class CpuBackend final : public Backend {
   }
 
   uint32_t kind() const override { return KVR_BACKEND_CPU; }
+  KvCache* host_cache(SeqState& s) const override { return cpu_cache(&s); }
   std::string device_description() const override {
     return cpu_description() + format(", %d threads", g_.n_threads);
   }

@@ -11,8 +11,8 @@
 #include <cstring>
 #include <limits>
 
-#include "cpu/convert.h"
-#include "cpu/simd.h"
+#include "host/convert.h"
+#include "host/simd.h"
 #include "cpu/vec_math.h"
 #include "dtype.h"
 #include "kvrelay.h"

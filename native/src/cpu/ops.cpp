@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "common/device_math.h"
-#include "cpu/simd.h"
+#include "host/simd.h"
 #include "cpu/vec_math.h"
 
 namespace kvr::cpu {

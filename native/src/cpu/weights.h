@@ -8,8 +8,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "cpu/convert.h"
-#include "cpu/gemm.h"
+#include "host/convert.h"
+#include "host/gemm.h"
 #include "dtype.h"
 
 namespace kvr::cpu {

@@ -6,7 +6,7 @@
 // re-laid into a 1 KiB stack buffer as it is used (one 64-byte load and one permute per pair of k
 // rows), amortised over the rows and the three planes. Compiled per function with target
 // attributes; called only when cpu_features.h says use_amx_bf16().
-#include "cpu/gemm_amx.h"
+#include "host/gemm_amx.h"
 
 #include <algorithm>
 #include <cstring>

@@ -4,7 +4,7 @@
 // The micro-kernels themselves live in gemm_avx2.cpp / gemm_generic.cpp; this file has no
 // ISA-specific code.
 // Layout, blocking and measured numbers: docs/gemm.md.
-#include "cpu/gemm.h"
+#include "host/gemm.h"
 
 #include <algorithm>
 #include <atomic>
@@ -15,13 +15,13 @@
 #include <new>
 #include <vector>
 
-#include "cpu/cpu_features.h"
-#include "cpu/gemm_amx.h"
-#include "cpu/gemm_int8.h"
-#include "cpu/gemm_kernels.h"
-#include "cpu/gemm_q4.h"
-#include "cpu/gemm_q8.h"
-#include "cpu/parallel_for.h"
+#include "host/cpu_features.h"
+#include "host/gemm_amx.h"
+#include "host/gemm_int8.h"
+#include "host/gemm_kernels.h"
+#include "host/gemm_q4.h"
+#include "host/gemm_q8.h"
+#include "host/parallel_for.h"
 
 namespace kvr::cpu {
 

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "cpu/gemm_kernels.h"
+#include "host/gemm_kernels.h"
 
 namespace kvr::cpu::detail {
 namespace {

@@ -4,7 +4,7 @@
 // (cpu_features.h).
 #pragma once
 
-#include "cpu/cpu_features.h"
+#include "host/cpu_features.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #define KVR_X86 1

@@ -1,7 +1,7 @@
 // CPU kernels of cross-model KV projection (see projector.h): RoPE strip/re-apply between cache
 // and feature layouts and the fused sequence-cache → sequence-cache projection. No argument
-// checks (native/src/kv_features.cpp, projector.cpp); the ridge kernels are cpu/ridge.cpp.
-#include "cpu/projector.h"
+// checks (native/src/kv_features.cpp, projector.cpp); the ridge kernels are host/ridge_kernels.cpp.
+#include "host/projection_kernels.h"
 
 #include <omp.h>
 
@@ -9,8 +9,8 @@
 #include <cmath>
 #include <vector>
 
-#include "cpu/convert.h"
-#include "cpu/simd.h"
+#include "host/convert.h"
+#include "host/simd.h"
 #include "rope.h"
 
 namespace kvr::cpu {

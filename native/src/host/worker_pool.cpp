@@ -2,12 +2,12 @@
 // the number of workers and bumps gen_; every worker, in the team or not, acknowledges every
 // generation by decrementing pending_ (so no worker can read the fields of a region that has not
 // been published yet); the caller runs its share and returns once pending_ is 0.
-#include "cpu/worker_pool.h"
+#include "host/worker_pool.h"
 
 #include <chrono>
 #include <system_error>
 
-#include "cpu/futex.h"
+#include "host/futex.h"
 
 #if defined(__linux__)
 #include <sched.h>

@@ -4,16 +4,16 @@
 // pool (parallel_for.h). Without VNNI the rows go one by
 // one through the q8/q4 GEMV kernels (gemm_q8.cpp / gemm_q4.cpp), which give the same bits.
 // Measured speed and quality: docs/int8_gemm.md.
-#include "cpu/gemm_int8.h"
+#include "host/gemm_int8.h"
 
 #include <algorithm>
 #include <cstring>
 
-#include "cpu/cpu_features.h"
-#include "cpu/gemm_int8_kernels.h"
-#include "cpu/gemm_q4.h"
-#include "cpu/gemm_q8.h"
-#include "cpu/parallel_for.h"
+#include "host/cpu_features.h"
+#include "host/gemm_int8_kernels.h"
+#include "host/gemm_q4.h"
+#include "host/gemm_q8.h"
+#include "host/parallel_for.h"
 
 namespace kvr::cpu::int8 {
 namespace {

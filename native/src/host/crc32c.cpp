@@ -1,11 +1,11 @@
 // CRC32C for snapshot chunks: SSE4.2 crc32 (8 bytes per instruction) chosen at run time, with a
 // slice-by-1 table fallback. Not the C ABI wrapper (kv_codec.cpp) nor the TypeScript twin
 // (lib/snapshot/crc32c.ts), which tests compare this against.
-#include "cpu/kv_quant.h"
+#include "host/kv_quant.h"
 
 #include <cstring>
 
-#include "cpu/cpu_features.h"
+#include "host/cpu_features.h"
 
 #if defined(__x86_64__)
 #include <nmmintrin.h>

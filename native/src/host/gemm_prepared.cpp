@@ -1,6 +1,6 @@
 // PreparedRows (see gemm_prepared.h): the f32 packing of gemm.h, the AMX planes of gemm_amx.h or
 // the int8 quantization of gemm_int8.h, chosen by the weight's format, the rows and the CPU.
-#include "cpu/gemm_prepared.h"
+#include "host/gemm_prepared.h"
 
 namespace kvr::cpu {
 

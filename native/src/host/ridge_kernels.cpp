@@ -1,7 +1,7 @@
 // CPU kernels of the ridge fit (see ridge.h): the float64 Gram accumulation (4-row register
 // blocks, AVX2 clone chosen at run time by the one feature dispatch) and a plain Cholesky
 // factor/solve. No argument checks (native/src/ridge.cpp).
-#include "cpu/ridge.h"
+#include "host/ridge_kernels.h"
 
 #include <omp.h>
 
@@ -9,7 +9,7 @@
 #include <cmath>
 #include <vector>
 
-#include "cpu/simd.h"
+#include "host/simd.h"
 
 namespace kvr::cpu {
 

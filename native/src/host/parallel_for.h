@@ -12,7 +12,7 @@
 #include <atomic>
 #include <cstddef>
 
-#include "cpu/worker_pool.h"
+#include "host/worker_pool.h"
 
 namespace kvr::cpu {
 

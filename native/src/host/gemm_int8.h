@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "cpu/gemm.h"
+#include "host/gemm.h"
 
 namespace kvr::cpu::int8 {
 

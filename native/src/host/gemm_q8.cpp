@@ -2,14 +2,14 @@
 // AVX-512 VNNI, AVX-VNNI and AVX2 twins (compiled per function with target attributes; chosen once
 // from cpu_features.h; all give the same exact int32 block dots, so the same bits), and the slice
 // dequantizer (dequantize(), tied-embedding rows).
-#include "cpu/gemm_q8.h"
+#include "host/gemm_q8.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
-#include "cpu/cpu_features.h"
-#include "cpu/gemm.h"
+#include "host/cpu_features.h"
+#include "host/gemm.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>

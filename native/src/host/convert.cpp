@@ -1,10 +1,10 @@
 // Bulk f32 <-> bf16/f16 conversions with an F16C/AVX2 path chosen at run time; bit-identical to
 // the scalar conversions in dtype.h. Used by the KV cache write, attention tiles and KV read/write.
-#include "cpu/convert.h"
+#include "host/convert.h"
 
 #include <cstring>
 
-#include "cpu/simd.h"
+#include "host/simd.h"
 #include "dtype.h"
 
 #if KVR_X86

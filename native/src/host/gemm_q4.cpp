@@ -2,14 +2,14 @@
 // integer GEMV and its AVX-512 VNNI, AVX-VNNI and AVX2 twins (compiled per function with target
 // attributes, chosen once from cpu_features.h; all compute the same exact int32 block dots, so
 // the same bits), and the slice dequantizer used by the f32 tile GEMM for prefill.
-#include "cpu/gemm_q4.h"
+#include "host/gemm_q4.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
-#include "cpu/cpu_features.h"
-#include "cpu/gemm.h"
+#include "host/cpu_features.h"
+#include "host/gemm.h"
 #include "dtype.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)

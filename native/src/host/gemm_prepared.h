@@ -10,9 +10,9 @@
 #include <cstddef>
 #include <vector>
 
-#include "cpu/gemm.h"
-#include "cpu/gemm_amx.h"
-#include "cpu/gemm_int8.h"
+#include "host/gemm.h"
+#include "host/gemm_amx.h"
+#include "host/gemm_int8.h"
 
 namespace kvr::cpu {
 

@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <utility>
 
-#include "cpu/gemm_kernels.h"
+#include "host/gemm_kernels.h"
 
 #if defined(__GNUC__) && defined(__x86_64__)
 #define KVR_AVX512_TARGET __attribute__((target("avx512f,avx2,fma")))

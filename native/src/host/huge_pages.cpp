@@ -4,7 +4,7 @@
 // pages, and advising such memory changes nothing until khugepaged's slow background pass —
 // measured: only 280 of 576 advised MiB were on huge pages after loading Qwen3-0.6B q8 through
 // aligned_alloc. A fresh mapping faults in on huge pages as the packer first writes it.
-#include "cpu/huge_pages.h"
+#include "host/huge_pages.h"
 
 #include <cstdint>
 #include <cstdlib>

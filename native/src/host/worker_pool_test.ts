@@ -1,4 +1,4 @@
-// Runs the g++ unit test of leave_cpu (native/src/cpu/worker_pool.h: a decode worker found on its
+// Runs the g++ unit test of leave_cpu (native/src/host/worker_pool.h: a decode worker found on its
 // caller's CPU moves off it), built by CMake as build/native/kvr_worker_pool_test. Needs 2 CPUs:
 // on one CPU the binary reports a skip and the test is ignored.
 

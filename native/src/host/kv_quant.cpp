@@ -1,6 +1,6 @@
 // Portable kernels for q8/q4 KV quantization (see kv_quant.h for the exact rules). Plain loops
 // the compiler vectorises at -O3; no allocation, no exceptions. Not the ABI checks (kv_codec.cpp).
-#include "cpu/kv_quant.h"
+#include "host/kv_quant.h"
 
 #include <algorithm>
 #include <cfloat>

@@ -1,14 +1,14 @@
 // CPU kernels of cross-model KV projection (kvrelay.h "Cross-model KV projection"): RoPE
 // removal/re-application between cache blocks and feature blocks and the fused cache → cache
 // linear projection. Shapes are trusted here; native/src/kv_features.cpp and projector.cpp check
-// every argument. Not the C ABI, not the ridge kernels (cpu/ridge.h), not the model's own RoPE.
+// every argument. Not the C ABI, not the ridge kernels (host/ridge_kernels.h), not the model's own RoPE.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <vector>
 
-#include "cpu/gemm.h"
+#include "host/gemm.h"
 #include "kv_cache.h"
 #include "kvrelay.h"
 

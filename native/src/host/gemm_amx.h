@@ -5,7 +5,7 @@
 // products are exact in f32, the sums f32 with the tile unit's rounding: a different summation
 // order from the AVX-512 tiles (≈1e-7 relative apart), not other arithmetic. 3–4× the AVX-512
 // tiles' speed at 32 rows (docs/gemm.md "AMX"). Used for bf16 weights and ≥ kMinRows rows when
-// use_amx_bf16() says so: by PreparedRows (cpu/gemm_prepared.h: a decode batch and its lm_head)
+// use_amx_bf16() says so: by PreparedRows (host/gemm_prepared.h: a decode batch and its lm_head)
 // and by matmul_xwt / gemm_range (prefill). Not for f32/q8/q4 weights or one row (GEMV).
 #pragma once
 
@@ -13,8 +13,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "cpu/cpu_features.h"
-#include "cpu/gemm.h"
+#include "host/cpu_features.h"
+#include "host/gemm.h"
 
 namespace kvr::cpu::amx {
 

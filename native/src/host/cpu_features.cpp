@@ -1,6 +1,6 @@
 // CPU feature detection (see cpu_features.h): __builtin_cpu_supports once per process, the
 // KVRELAY_CPU_KERNEL override, and the description string.
-#include "cpu/cpu_features.h"
+#include "host/cpu_features.h"
 
 #include <omp.h>
 
@@ -18,7 +18,7 @@
 #include <cstring>
 #include <string>
 
-#include "cpu/gemm.h"
+#include "host/gemm.h"
 
 namespace kvr::cpu {
 namespace {

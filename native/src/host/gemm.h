@@ -10,13 +10,13 @@
 #include <utility>
 #include <vector>
 
-#include "cpu/huge_pages.h"
-#include "cpu/parallel_for.h"
+#include "host/huge_pages.h"
+#include "host/parallel_for.h"
 
 namespace kvr::cpu {
 
 // Minimal allocator giving 64-byte (cache line) aligned storage for packed panels (2 MiB aligned
-// and on huge pages when large, cpu/huge_pages.h).
+// and on huge pages when large, host/huge_pages.h).
 template <typename T>
 struct AlignedAllocator {
   using value_type = T;
@@ -27,7 +27,7 @@ struct AlignedAllocator {
   T* allocate(size_t count) {
     if (count > static_cast<size_t>(-1) / sizeof(T) - kAlign) throw std::bad_alloc();
     const size_t bytes = count * sizeof(T);
-    // Large buffers (packed weights) on transparent huge pages: cpu/huge_pages.h.
+    // Large buffers (packed weights) on transparent huge pages: host/huge_pages.h.
     void* p = alloc_maybe_huge(bytes == 0 ? kAlign : bytes, kAlign);
     if (p == nullptr) throw std::bad_alloc();
     return static_cast<T*>(p);
@@ -179,7 +179,7 @@ void gemm_range(const float* x, size_t m, size_t ldx, const PackedWeight& w, flo
 size_t gemm_row_group();
 
 // The same for f32/bf16 weights with A packed once by the caller (gemm_pack_a), for threads
-// that each take several panel ranges of one GEMM (cpu/gemm_prepared.h). apack holds
+// that each take several panel ranges of one GEMM (host/gemm_prepared.h). apack holds
 // gemm_packed_a_floats(m, k) floats; gemm_packed_range reads it (m >= 1 rows) and does not
 // allocate or throw.
 size_t gemm_packed_a_floats(size_t m, size_t k);

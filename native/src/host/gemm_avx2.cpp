@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "cpu/gemm_kernels.h"
+#include "host/gemm_kernels.h"
 
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
 #define KVR_AVX2_TARGET __attribute__((target("avx2,fma")))

@@ -5,7 +5,7 @@
 // gemv_avxvnni), so the same bits. Compiled per function with target attributes.
 #include <cstring>
 
-#include "cpu/gemm_int8_kernels.h"
+#include "host/gemm_int8_kernels.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>

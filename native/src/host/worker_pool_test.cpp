@@ -1,9 +1,9 @@
-// g++ unit test of leave_cpu (cpu/worker_pool.h): a thread placed on CPU c (affinity {c}, then
+// g++ unit test of leave_cpu (host/worker_pool.h): a thread placed on CPU c (affinity {c}, then
 // its full mask back) calls leave_cpu(c) and must then run on another CPU with its mask unchanged;
 // called with a CPU it is not on, it must not move. Skipped (0 checks reported as such) on a
 // machine or cpuset with one CPU. Prints "worker_pool: N checks, M failed"; exit status 1 on any
 // failure. Built by CMake; run by worker_pool_test.ts.
-#include "cpu/worker_pool.h"
+#include "host/worker_pool.h"
 
 #include <sched.h>
 

@@ -31,7 +31,7 @@
 #include "cpu/ops.h"
 #include "cpu/stage_units.h"
 #include "host/worker_pool.h"
-#include "sampler.h"
+#include "core/sampler.h"
 
 namespace kvr::cpu {
 namespace {

@@ -12,11 +12,11 @@
 #include <memory>
 #include <vector>
 
-#include "backend.h"
+#include "core/backend.h"
 #include "cpu/forward.h"
 #include "host/gemm_prepared.h"
 #include "cpu/weights.h"
-#include "kv_cache.h"
+#include "core/kv_cache.h"
 
 namespace kvr::cpu {
 

@@ -17,7 +17,7 @@
 #include <malloc.h>  // malloc_trim
 #endif
 
-#include "backend.h"
+#include "core/backend.h"
 #include "host/convert.h"
 #include "cpu/cpu_backend.h"
 #include "host/cpu_features.h"
@@ -26,11 +26,11 @@
 #include "host/gemm.h"
 #include "host/huge_pages.h"
 #include "cpu/weights.h"
-#include "dtype.h"
-#include "errors.h"
-#include "kv_pool.h"
-#include "kv_recycle.h"
-#include "test_switches.h"
+#include "host/dtype.h"
+#include "core/errors.h"
+#include "core/kv_pool.h"
+#include "core/kv_recycle.h"
+#include "core/test_switches.h"
 
 namespace kvr::cpu {
 namespace {

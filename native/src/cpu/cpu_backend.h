@@ -3,9 +3,9 @@
 // itself is private to cpu_backend.cpp (make_cpu_backend).
 #pragma once
 
-#include "backend.h"
+#include "core/backend.h"
 #include "cpu/forward.h"
-#include "kv_cache.h"
+#include "core/kv_cache.h"
 
 namespace kvr::cpu {
 

@@ -14,7 +14,7 @@
 #include "host/convert.h"
 #include "host/simd.h"
 #include "cpu/vec_math.h"
-#include "dtype.h"
+#include "host/dtype.h"
 #include "kvrelay.h"
 
 #if KVR_X86

@@ -8,8 +8,8 @@
 #include <cstdint>
 
 #include "cpu/forward.h"
-#include "kv_cache.h"
-#include "backend.h"
+#include "core/kv_cache.h"
+#include "core/backend.h"
 #include "cpu/weights.h"
 
 namespace kvr::cpu {

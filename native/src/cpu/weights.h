@@ -10,7 +10,7 @@
 
 #include "host/convert.h"
 #include "host/gemm.h"
-#include "dtype.h"
+#include "host/dtype.h"
 
 namespace kvr::cpu {
 

@@ -16,9 +16,9 @@
 #include "common/sample_math.h"
 #include "cuda/backend_impl.h"
 #include "cuda/handoff.h"
-#include "dtype.h"
-#include "errors.h"
-#include "sampler.h"
+#include "host/dtype.h"
+#include "core/errors.h"
+#include "core/sampler.h"
 
 namespace kvr::cuda {
 namespace {

@@ -11,7 +11,7 @@
 #include "common/device_math.h"
 #include "cuda/common.cuh"
 #include "cuda/handoff.h"
-#include "kv_values.h"
+#include "host/kv_values.h"
 
 namespace kvr::cuda {
 namespace {

@@ -8,8 +8,8 @@
 #include <memory>
 
 #include "cuda/backend_impl.h"
-#include "dtype.h"
-#include "errors.h"
+#include "host/dtype.h"
+#include "core/errors.h"
 
 namespace kvr::cuda {
 

@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "host/simd.h"
-#include "dtype.h"
+#include "host/dtype.h"
 
 #if KVR_X86
 #include <immintrin.h>

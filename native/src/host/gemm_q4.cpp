@@ -10,7 +10,7 @@
 
 #include "host/cpu_features.h"
 #include "host/gemm.h"
-#include "dtype.h"
+#include "host/dtype.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>

@@ -1,6 +1,6 @@
 // CPU kernels of cross-model KV projection (see projector.h): RoPE strip/re-apply between cache
 // and feature layouts and the fused sequence-cache → sequence-cache projection. No argument
-// checks (native/src/kv_features.cpp, projector.cpp); the ridge kernels are host/ridge_kernels.cpp.
+// checks (native/src/abi/kv_features.cpp, projector.cpp); the ridge kernels are host/ridge_kernels.cpp.
 #include "host/projection_kernels.h"
 
 #include <omp.h>
@@ -11,7 +11,7 @@
 
 #include "host/convert.h"
 #include "host/simd.h"
-#include "rope.h"
+#include "host/rope.h"
 
 namespace kvr::cpu {
 

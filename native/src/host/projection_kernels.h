@@ -1,6 +1,6 @@
 // CPU kernels of cross-model KV projection (kvrelay.h "Cross-model KV projection"): RoPE
 // removal/re-application between cache blocks and feature blocks and the fused cache → cache
-// linear projection. Shapes are trusted here; native/src/kv_features.cpp and projector.cpp check
+// linear projection. Shapes are trusted here; native/src/abi/kv_features.cpp and projector.cpp check
 // every argument. Not the C ABI, not the ridge kernels (host/ridge_kernels.h), not the model's own RoPE.
 #pragma once
 
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "host/gemm.h"
-#include "kv_cache.h"
+#include "core/kv_cache.h"
 #include "kvrelay.h"
 
 namespace kvr::cpu {

@@ -1,6 +1,6 @@
 // CPU kernels of the ridge fit (see ridge.h): the float64 Gram accumulation (4-row register
 // blocks, AVX2 clone chosen at run time by the one feature dispatch) and a plain Cholesky
-// factor/solve. No argument checks (native/src/ridge.cpp).
+// factor/solve. No argument checks (native/src/abi/ridge.cpp).
 #include "host/ridge_kernels.h"
 
 #include <omp.h>

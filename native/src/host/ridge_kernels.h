@@ -1,5 +1,5 @@
 // CPU kernels of the ridge fit (kvrelay.h kvr_ridge_*): the float64 Gram update and a Cholesky
-// factor/solve. Shapes are trusted here; native/src/ridge.cpp checks every argument.
+// factor/solve. Shapes are trusted here; native/src/abi/ridge.cpp checks every argument.
 #pragma once
 
 #include <cstddef>

@@ -14,7 +14,7 @@
 
 #include "host/gemm.h"
 #include "host/gemm_prepared.h"
-#include "errors.h"
+#include "core/errors.h"
 #include "kvrelay_test.h"
 
 namespace {

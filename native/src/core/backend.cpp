@@ -1,10 +1,11 @@
-// Every default of the backend seam (backend.h): what a backend without its own paged pool,
-// batched step, sampling step, chunk codec or fit path runs. The CPU backend runs these as they
-// are; the CUDA backend overrides most of them. Host work only: kv_read / kv_write, the host chunk
+// Every default of the backend seam (backend.h): what a backend runs for each method it does not
+// override (paged pool, batched step, sampling step, chunk codec, fit rows, projection, failure and
+// debug state). The CPU backend runs most of these as they are; the CUDA backend overrides most. Host work only: kv_read / kv_write, the host chunk
 // codec (chunk_codec.h), the CPU sampler (sampler.h) and the host projection kernels.
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/backend.h"
@@ -14,6 +15,23 @@
 #include "core/sampler.h"
 
 namespace kvr {
+
+// Contiguous caches only: nothing to reserve, no block table, nothing to give back.
+void Backend::reserve(SeqState&, size_t, size_t) const {}
+PagedView Backend::paged(SeqState&) const { return {}; }
+void Backend::shrink(SeqState&, size_t) const {}
+uint32_t Backend::blocks_held(const SeqState&) const { return 0; }
+
+std::string Backend::failure() const { return {}; }
+void Backend::set_debug(uint32_t) const {}
+
+// No native projection: projector.cpp takes the copy path.
+bool Backend::project_linear(const SeqState&, const Backend&, SeqState&, const LinearProjection&, uint32_t) const {
+  return false;
+}
+
+// No cache in host memory: the neutral layer's in-place fast paths do not apply.
+KvCache* Backend::host_cache(SeqState&) const { return nullptr; }
 
 std::shared_ptr<PoolState> Backend::create_pool(uint32_t, uint32_t) const {
   throw BackendError(KVR_ERR_UNSUPPORTED, "this backend has no paged KV pool");

@@ -248,14 +248,14 @@ class Backend {
   // prepare_write), all or none, else throws BackendError KVR_ERR_POOL_EXHAUSTED (nothing changes
   // then). Contiguous states: no-op. Called by the neutral layer before every write, with `from`
   // the first position the write touches.
-  virtual void reserve(SeqState& /*s*/, size_t /*from*/, size_t /*tokens*/) const {}
+  virtual void reserve(SeqState& s, size_t from, size_t tokens) const;
   // The pool and block table of a paged state (kvr_seq_block_table, kvr_seq_adopt); {} when
   // contiguous.
-  virtual PagedView paged(SeqState& /*s*/) const { return {}; }
+  virtual PagedView paged(SeqState& s) const;
   // Gives back the blocks holding no position < tokens (truncate, set_length). Contiguous: no-op.
-  virtual void shrink(SeqState& /*s*/, size_t /*tokens*/) const {}
+  virtual void shrink(SeqState& s, size_t tokens) const;
   // Blocks a paged state holds (0 for a contiguous one).
-  virtual uint32_t blocks_held(const SeqState& /*s*/) const { return 0; }
+  virtual uint32_t blocks_held(const SeqState& s) const;
   // One forward step over `count` distinct sequences (validated, storage reserved): projections
   // batched over all rows, attention per sequence. Each entry's logits equal forward() of its
   // tokens up to summation order. The default (backend.cpp) calls forward() per entry.
@@ -281,26 +281,20 @@ class Backend {
   // Empty while the backend is usable, else why not: a device fault (a CUDA kernel error leaves the
   // context unusable) fails every later call, and the model must be reloaded. Any thread
   // (kvr_model_health; /readyz answers 503 then).
-  virtual std::string failure() const { return {}; }
+  virtual std::string failure() const;
   // Debug switches (kvrelay_test.h kvr_model_set_debug: KVR_DEBUG_* flags, already checked); a backend
   // without the paths they select ignores them. Any thread; read by the calls that follow.
-  virtual void set_debug(uint32_t flags) const { (void)flags; }
+  virtual void set_debug(uint32_t flags) const;
   // Projects positions [0, n_tokens) of `src` (a sequence of `src_backend`'s model) into `dst`
   // (this backend's) and returns true, or returns false without touching anything when this
   // backend cannot do it natively (then projector.cpp takes the copy path). The CUDA backend does
   // it when both sequences live on its device (docs/gpu-handoff.md).
   virtual bool project_linear(const SeqState& src, const Backend& src_backend, SeqState& dst,
-                              const LinearProjection& p, uint32_t n_tokens) const {
-    (void)src, (void)src_backend, (void)dst, (void)p, (void)n_tokens;
-    return false;
-  }
+                              const LinearProjection& p, uint32_t n_tokens) const;
   // The sequence's KV cache when it lies in host memory in kv_cache.h's layout (the CPU backend's
   // sequences), else nullptr (the default). Neutral fast paths work on it in place (projector.cpp
   // projects between two such caches without copies).
-  virtual KvCache* host_cache(SeqState& s) const {
-    (void)s;
-    return nullptr;
-  }
+  virtual KvCache* host_cache(SeqState& s) const;
 };
 
 // The CPU backend (native/src/cpu/cpu_backend.cpp): packs the weights from the table.

@@ -15,9 +15,9 @@
 #include <random>
 #include <vector>
 
-#include "kvrelay.h"
 #include "core/sampler.h"
 #include "host/sampling.h"
+#include "kvrelay.h"
 
 namespace {
 

@@ -6,8 +6,8 @@
 #include <cfloat>
 #include <cstdint>
 
-#include "host/kv_quant.h"
 #include "core/errors.h"
+#include "host/kv_quant.h"
 #include "kvrelay.h"
 
 namespace {

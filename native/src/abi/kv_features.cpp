@@ -7,10 +7,10 @@
 #include <cstdint>
 #include <vector>
 
-#include "host/projection_kernels.h"
-#include "kvrelay.h"
 #include "abi/projection_checks.h"
+#include "host/projection_kernels.h"
 #include "host/rope.h"
+#include "kvrelay.h"
 
 namespace {
 

@@ -7,8 +7,8 @@
 #include <string>
 
 #include "core/backend.h"
-#include "host/cpu_features.h"
 #include "core/errors.h"
+#include "host/cpu_features.h"
 #include "kvrelay.h"
 
 namespace kvr {

@@ -12,10 +12,10 @@
 #include <string>
 
 #include "core/backend.h"
-#include "host/projection_kernels.h"
 #include "core/errors.h"
-#include "kvrelay.h"
+#include "host/projection_kernels.h"
 #include "host/rope.h"
+#include "kvrelay.h"
 
 namespace kvr::proj {
 

@@ -11,14 +11,14 @@
 #include <tuple>
 #include <vector>
 
-#include "core/backend.h"
-#include "host/gemm.h"
-#include "host/projection_kernels.h"
-#include "kvrelay.h"
 #include "abi/projection_checks.h"
-#include "host/rope.h"
+#include "core/backend.h"
 #include "core/sequence.h"
 #include "core/test_switches.h"
+#include "host/gemm.h"
+#include "host/projection_kernels.h"
+#include "host/rope.h"
+#include "kvrelay.h"
 
 struct kvr_projector {
   kvr::cpu::KvGeometry src, dst;

@@ -8,10 +8,10 @@
 #include <utility>
 #include <vector>
 
-#include "host/ridge_kernels.h"
-#include "kvrelay.h"
 #include "abi/projection_checks.h"
 #include "abi/ridge.h"
+#include "host/ridge_kernels.h"
+#include "kvrelay.h"
 
 namespace {
 

@@ -6,13 +6,13 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/backend.h"
-#include "host/ridge_kernels.h"
-#include "kvrelay.h"
-#include "core/model.h"
 #include "abi/projection_checks.h"
 #include "abi/ridge.h"
+#include "core/backend.h"
+#include "core/model.h"
 #include "core/sequence.h"
+#include "host/ridge_kernels.h"
+#include "kvrelay.h"
 
 namespace {
 

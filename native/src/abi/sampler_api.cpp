@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "core/errors.h"
-#include "kvrelay.h"
 #include "core/sampler.h"
+#include "kvrelay.h"
 
 using kvr::fail;
 using kvr::format;

@@ -10,9 +10,9 @@
 
 #include "core/backend.h"
 #include "core/chunk_codec.h"
+#include "core/sampler.h"
 #include "host/projection_kernels.h"
 #include "kvrelay.h"
-#include "core/sampler.h"
 
 namespace kvr {
 

@@ -10,12 +10,12 @@
 #include <vector>
 
 #include "core/backend.h"
-#include "host/dtype.h"
 #include "core/errors.h"
 #include "core/kv_pool_handle.h"
 #include "core/model.h"
 #include "core/sampler.h"
 #include "core/sequence.h"
+#include "host/dtype.h"
 
 namespace kvr {
 namespace {

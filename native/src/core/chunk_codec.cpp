@@ -10,12 +10,12 @@
 #include <cstring>
 #include <vector>
 
+#include "common/chunk_layout.h"
 #include "core/backend.h"
 #include "core/chunk_codec.h"
-#include "common/chunk_layout.h"
-#include "host/kv_quant.h"
-#include "host/dtype.h"
 #include "core/errors.h"
+#include "host/dtype.h"
+#include "host/kv_quant.h"
 #include "host/kv_values.h"
 
 namespace kvr {

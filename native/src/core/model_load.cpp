@@ -19,11 +19,11 @@
 #include <vector>
 
 #include "core/backend.h"
-#include "host/dtype.h"
-#include "core/probe.h"
 #include "core/errors.h"
-#include "host/rope.h"
 #include "core/model.h"
+#include "core/probe.h"
+#include "host/dtype.h"
+#include "host/rope.h"
 
 namespace kvr {
 namespace {

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "kvrelay.h"
 #include "host/sampling.h"
+#include "kvrelay.h"
 
 struct kvr_sampler {
   explicit kvr_sampler(int64_t seed) : rng(seed) {}

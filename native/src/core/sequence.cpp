@@ -7,11 +7,11 @@
 #include <string>
 
 #include "core/backend.h"
-#include "host/dtype.h"
 #include "core/errors.h"
 #include "core/model.h"
 #include "core/sampler.h"
 #include "core/sequence.h"  // struct kvr_seq
+#include "host/dtype.h"
 
 namespace kvr {
 

@@ -6,8 +6,8 @@
 #include <new>
 #include <string>
 
-#include "core/backend.h"
 #include "common/chunk_layout.h"
+#include "core/backend.h"
 #include "core/errors.h"
 #include "core/model.h"
 #include "core/sequence.h"  // struct kvr_seq

@@ -22,16 +22,16 @@
 #include <new>
 
 #include "common/device_math.h"
+#include "core/sampler.h"
 #include "cpu/attention.h"
-#include "host/convert.h"
 #include "cpu/decode_attention.h"
 #include "cpu/decode_step.h"
-#include "host/gemm.h"
-#include "host/gemm_amx.h"
 #include "cpu/ops.h"
 #include "cpu/stage_units.h"
+#include "host/convert.h"
+#include "host/gemm.h"
+#include "host/gemm_amx.h"
 #include "host/worker_pool.h"
-#include "core/sampler.h"
 
 namespace kvr::cpu {
 namespace {

@@ -13,10 +13,10 @@
 #include <vector>
 
 #include "core/backend.h"
-#include "cpu/forward.h"
-#include "host/gemm_prepared.h"
-#include "cpu/weights.h"
 #include "core/kv_cache.h"
+#include "cpu/forward.h"
+#include "cpu/weights.h"
+#include "host/gemm_prepared.h"
 
 namespace kvr::cpu {
 

@@ -18,19 +18,19 @@
 #endif
 
 #include "core/backend.h"
-#include "host/convert.h"
-#include "cpu/cpu_backend.h"
-#include "host/cpu_features.h"
-#include "cpu/batch_forward.h"
-#include "cpu/forward.h"
-#include "host/gemm.h"
-#include "host/huge_pages.h"
-#include "cpu/weights.h"
-#include "host/dtype.h"
 #include "core/errors.h"
 #include "core/kv_pool.h"
 #include "core/kv_recycle.h"
 #include "core/test_switches.h"
+#include "cpu/batch_forward.h"
+#include "cpu/cpu_backend.h"
+#include "cpu/forward.h"
+#include "cpu/weights.h"
+#include "host/convert.h"
+#include "host/cpu_features.h"
+#include "host/dtype.h"
+#include "host/gemm.h"
+#include "host/huge_pages.h"
 
 namespace kvr::cpu {
 namespace {

@@ -4,8 +4,8 @@
 #pragma once
 
 #include "core/backend.h"
-#include "cpu/forward.h"
 #include "core/kv_cache.h"
+#include "cpu/forward.h"
 
 namespace kvr::cpu {
 

@@ -17,10 +17,10 @@
 #include "common/device_math.h"
 #include "cpu/attention.h"
 #include "cpu/decode_attention.h"
-#include "host/convert.h"
-#include "host/gemm.h"
 #include "cpu/ops.h"
 #include "cpu/stage_units.h"
+#include "host/convert.h"
+#include "host/gemm.h"
 #include "host/worker_pool.h"
 
 namespace kvr::cpu {

@@ -7,9 +7,9 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "cpu/forward.h"
-#include "core/kv_cache.h"
 #include "core/backend.h"
+#include "core/kv_cache.h"
+#include "cpu/forward.h"
 #include "cpu/weights.h"
 
 namespace kvr::cpu {

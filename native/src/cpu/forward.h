@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "core/backend.h"
-#include "cpu/weights.h"
 #include "core/kv_cache.h"
+#include "cpu/weights.h"
 
 namespace kvr::cpu {
 

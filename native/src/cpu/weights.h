@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "host/convert.h"
-#include "host/gemm.h"
 #include "host/dtype.h"
+#include "host/gemm.h"
 
 namespace kvr::cpu {
 

@@ -16,10 +16,10 @@
 #include <vector>
 #include <algorithm>
 
-#include "host/dtype.h"
 #include "core/errors.h"
-#include "kvrelay.h"
+#include "host/dtype.h"
 #include "host/kv_values.h"
+#include "kvrelay.h"
 
 namespace kvr::cuda {
 namespace {

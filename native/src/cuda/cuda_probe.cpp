@@ -6,9 +6,9 @@
 #include <string>
 
 #include "core/backend.h"
+#include "core/errors.h"
 #include "cuda/cublaslt.h"
 #include "cuda/kernels.h"
-#include "core/errors.h"
 
 namespace kvr {
 

@@ -7,9 +7,9 @@
 #include <algorithm>
 #include <memory>
 
+#include "core/errors.h"
 #include "cuda/backend_impl.h"
 #include "host/dtype.h"
-#include "core/errors.h"
 
 namespace kvr::cuda {
 

@@ -4,8 +4,8 @@
 
 #include <cstring>
 
-#include "host/simd.h"
 #include "host/dtype.h"
+#include "host/simd.h"
 
 #if KVR_X86
 #include <immintrin.h>

@@ -9,8 +9,8 @@
 #include <cstring>
 
 #include "host/cpu_features.h"
-#include "host/gemm.h"
 #include "host/dtype.h"
+#include "host/gemm.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>

@@ -6,8 +6,8 @@
 #include <cmath>
 #include <cstring>
 
-#include "host/dtype.h"
 #include "core/errors.h"
+#include "host/dtype.h"
 
 namespace kvr {
 

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "host/convert.h"
-#include "host/simd.h"
 #include "host/rope.h"
+#include "host/simd.h"
 
 namespace kvr::cpu {
 

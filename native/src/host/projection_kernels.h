@@ -8,8 +8,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "host/gemm.h"
 #include "core/kv_cache.h"
+#include "host/gemm.h"
 #include "kvrelay.h"
 
 namespace kvr::cpu {

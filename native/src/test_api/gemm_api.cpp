@@ -12,9 +12,9 @@
 #include <new>
 #include <vector>
 
+#include "core/errors.h"
 #include "host/gemm.h"
 #include "host/gemm_prepared.h"
-#include "core/errors.h"
 #include "kvrelay_test.h"
 
 namespace {

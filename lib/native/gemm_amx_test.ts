@@ -1,5 +1,5 @@
 // The batched step's few-row GEMM with bf16 weights (kvr_gemm_few_rows_bf16: PreparedRows, the
-// AMX tiles of native/src/cpu/gemm_amx.cpp where the CPU has AMX and m ≥ 8): exact where the
+// AMX tiles of native/src/host/gemm_amx.cpp where the CPU has AMX and m ≥ 8): exact where the
 // arithmetic is exact (power-of-two weights: the three bf16 planes must rebuild every f32 input
 // bit), within f32 rounding of a float64 reference elsewhere (tails of m, n, k; accumulate), the
 // AMX path chosen exactly when /proc/cpuinfo lists AMX-BF16 + AMX-TILE, and off when

@@ -1,4 +1,4 @@
-// The AVX-512 GEMM kernels (native/src/cpu/gemm_avx512.cpp) keep every output's summation order,
+// The AVX-512 GEMM kernels (native/src/host/gemm_avx512.cpp) keep every output's summation order,
 // so the engine's logits must be bit-identical to the AVX2 kernels': compared against a child
 // process forced to AVX2 with KVRELAY_CPU_KERNEL=avx2 (prefill tiles, few-row and GEMV paths over
 // bf16 model weights, and kvr_gemm_f32 over f32 panels). Where the CPU also has AMX (bf16 GEMMs of

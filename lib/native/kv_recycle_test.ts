@@ -1,8 +1,8 @@
-// End-to-end check of the CPU backend's KV buffer recycling (native/src/kv_recycle.h) through
+// End-to-end check of the CPU backend's KV buffer recycling (native/src/core/kv_recycle.h) through
 // the library: a sequence created after others were freed — on one of their buffers — reads
 // zeros wherever nothing was written (what a fresh calloc gives; the oracle), and computes the
 // same logits as a sequence on a never-used buffer. The recycler's budget and eviction rule are
-// covered by the g++ test (native/src/kv_recycle_test.ts).
+// covered by the g++ test (native/tests/kv_recycle_test.ts).
 
 import assert from "node:assert/strict";
 import { NativeModel } from "./model.ts";

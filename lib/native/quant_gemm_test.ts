@@ -1,5 +1,5 @@
 // Oracle tests of the int8 GEMM that q8/q4 weights use for more than one activation row
-// (kvr_gemm_quantized → native/src/cpu/gemm_int8.cpp): every output against a float64 sum of
+// (kvr_gemm_quantized → native/src/host/gemm_int8.cpp): every output against a float64 sum of
 // the dequantized weights times the activation quantized here in TypeScript; within a stated
 // bound of the unquantized product (what the earlier dequantize-to-f32 path computed); each row
 // bit-identical to the one-row GEMV of that row; the same bits at 1 and 2 threads and when

@@ -1,4 +1,4 @@
-// Tests for NativeSampler (native/src/sampling.cpp) against the TypeScript Sampler of lib/engine,
+// Tests for NativeSampler (native/src/host/sampling.cpp) against the TypeScript Sampler of lib/engine,
 // the oracle: the same tokens for the same logits and seed over many seeds, settings and rows
 // (ties, -inf, NaN, flat and peaked rows), plus logprobs against a plain float64 log-softmax.
 

@@ -1,4 +1,4 @@
-// Tests for q4 weights (`weights: "q4"`, native/src/cpu/gemm_q4.cpp, gemm_int8.cpp): resident
+// Tests for q4 weights (`weights: "q4"`, native/src/host/gemm_q4.cpp, gemm_int8.cpp): resident
 // bytes; prefill and decode logits within measured bounds of a model built from the dequantized
 // weights (a dequantize-then-f32 reference: the difference is the int8 activations) and of bf16;
 // the same bits at 1 and 2 threads and on every q4 kernel this machine can run (children forced by

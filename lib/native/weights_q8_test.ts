@@ -1,4 +1,4 @@
-// Tests for q8 weights (`weights: "q8"`, native/src/cpu/gemm_q8.cpp): resident bytes, logits close
+// Tests for q8 weights (`weights: "q8"`, native/src/host/gemm_q8.cpp): resident bytes, logits close
 // to the bf16 model's (quantization error only), the same bits at 1 and 2 threads, and the same
 // bits, prefill (int8 GEMM) and decode (GEMV), on every q8 kernel this machine can run (AVX-512
 // VNNI in-process; the portable integer, AVX2 and AVX-VNNI kernels in children forced by

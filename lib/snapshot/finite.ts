@@ -2,7 +2,7 @@
 // still finite once converted to the importing cache's dtype (f32 1e5 becomes +Inf in an f16
 // cache). A NaN or Inf in a cache — or a value so large that attention or the next layer's norm
 // overflows — poisons every later logit, so decoding refuses it as a malformed snapshot before
-// import. The TypeScript twin of native/src/kv_values.cpp (same rule, same messages).
+// import. The TypeScript twin of native/src/host/kv_values.cpp (same rule, same messages).
 import { SnapshotError } from "./errors.ts";
 import type { CacheDtype } from "./format.ts";
 

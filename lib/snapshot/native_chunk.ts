@@ -2,7 +2,7 @@
 // backend encodes from and decodes into its own cache) to the KvSource / KvSink of the stream
 // codec, turning native CHECKSUM / CORRUPT failures (CRC; index, scales, non-finite or
 // overflowing values) into SnapshotError checksum / format.
-// Not the codec (native/src/chunk_codec.cpp) nor the format (format.ts, chunk_frame.ts).
+// Not the codec (native/src/core/chunk_codec.cpp) nor the format (format.ts, chunk_frame.ts).
 
 import { EngineError, type NativeSequence } from "../native/mod.ts";
 import type { KvSink, KvSource } from "./chunk_frame.ts";

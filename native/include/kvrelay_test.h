@@ -73,7 +73,7 @@ KVR_API int32_t kvr_model_set_debug(kvr_model* model, uint32_t flags);
 
 /*
  * The CPU kernel choice is narrowed by the environment variable KVRELAY_CPU_KERNEL, read once per
- * process by both libraries (native/src/cpu/cpu_features.h): generic (portable GEMM), avx2
+ * process by both libraries (native/src/host/cpu_features.h): generic (portable GEMM), avx2
  * (AVX-512 and AVX-VNNI off), avxvnni (AVX-512 off), avx512 (AMX off).
  *
  * Code-path switches, process-wide, for in-process comparisons of two paths (the production

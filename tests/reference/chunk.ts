@@ -1,4 +1,4 @@
-// The TypeScript chunk payload codec: the oracle of the native one (native/src/chunk_codec.cpp,
+// The TypeScript chunk payload codec: the oracle of the native one (native/src/core/chunk_codec.cpp,
 // kvr_seq_export_chunk / kvr_seq_import_chunk), byte for byte. Encodes a chunk frame from KV read
 // per layer (kvr_seq_kv_read or the tests' in-memory cache), quantizing through a KvQuantCodec,
 // and decodes one into KV written per layer; referenceSource / referenceSink give the snapshot

@@ -1,4 +1,4 @@
-// The TypeScript sampler: the oracle the native sampler chain (native/src/sampling.cpp,
+// The TypeScript sampler: the oracle the native sampler chain (native/src/host/sampling.cpp,
 // lib/native/sampler.ts) is tested against, seeded draw for seeded draw. Greedy, or temperature →
 // top_k → top_p → min_p (the order of transformers' warpers and vLLM) followed by a seeded draw
 // from lib/engine/prng.ts's stream. One logits row at a time; no production code imports it.

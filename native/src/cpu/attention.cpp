@@ -9,9 +9,9 @@
 #include <limits>
 
 
-#include "cpu/convert.h"
-#include "cpu/simd.h"
 #include "cpu/vec_math.h"
+#include "host/convert.h"
+#include "host/simd.h"
 #include "kvrelay.h"
 
 #if KVR_X86

@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kv_cache.h"
+#include "core/kv_cache.h"
 
 namespace kvr::cpu {
 

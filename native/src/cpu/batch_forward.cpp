@@ -3,7 +3,7 @@
 // differs from running it alone (a step of one sequence, or the decode step) only by GEMM row
 // blocking and attention split points (float summation order).
 //
-// Threads: the whole step is ONE region on the persistent WorkerPool (cpu/worker_pool.h), every
+// Threads: the whole step is ONE region on the persistent WorkerPool (host/worker_pool.h), every
 // thread running the layer loop through the same stages (cpu/stage_units.h: units of work
 // claimed owner-first, a stage ends when its units are finished). Not OpenMP: Deno calls the step
 // from whichever thread of its blocking pool is free and libgomp keeps one team per calling
@@ -22,16 +22,16 @@
 #include <new>
 
 #include "common/device_math.h"
+#include "core/sampler.h"
 #include "cpu/attention.h"
-#include "cpu/convert.h"
 #include "cpu/decode_attention.h"
 #include "cpu/decode_step.h"
-#include "cpu/gemm.h"
-#include "cpu/gemm_amx.h"
 #include "cpu/ops.h"
 #include "cpu/stage_units.h"
-#include "cpu/worker_pool.h"
-#include "sampler.h"
+#include "host/convert.h"
+#include "host/gemm.h"
+#include "host/gemm_amx.h"
+#include "host/worker_pool.h"
 
 namespace kvr::cpu {
 namespace {

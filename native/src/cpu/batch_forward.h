@@ -12,11 +12,11 @@
 #include <memory>
 #include <vector>
 
-#include "backend.h"
+#include "core/backend.h"
+#include "core/kv_cache.h"
 #include "cpu/forward.h"
-#include "cpu/gemm_prepared.h"
 #include "cpu/weights.h"
-#include "kv_cache.h"
+#include "host/gemm_prepared.h"
 
 namespace kvr::cpu {
 

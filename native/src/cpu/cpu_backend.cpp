@@ -17,20 +17,20 @@
 #include <malloc.h>  // malloc_trim
 #endif
 
-#include "backend.h"
-#include "cpu/convert.h"
-#include "cpu/cpu_backend.h"
-#include "cpu/cpu_features.h"
+#include "core/backend.h"
+#include "core/errors.h"
+#include "core/kv_pool.h"
+#include "core/kv_recycle.h"
+#include "core/test_switches.h"
 #include "cpu/batch_forward.h"
+#include "cpu/cpu_backend.h"
 #include "cpu/forward.h"
-#include "cpu/gemm.h"
-#include "cpu/huge_pages.h"
 #include "cpu/weights.h"
-#include "dtype.h"
-#include "errors.h"
-#include "kv_pool.h"
-#include "kv_recycle.h"
-#include "test_switches.h"
+#include "host/convert.h"
+#include "host/cpu_features.h"
+#include "host/dtype.h"
+#include "host/gemm.h"
+#include "host/huge_pages.h"
 
 namespace kvr::cpu {
 namespace {
@@ -155,6 +155,7 @@ class CpuBackend final : public Backend {
   }
 
   uint32_t kind() const override { return KVR_BACKEND_CPU; }
+  KvCache* host_cache(SeqState& s) const override { return cpu_cache(&s); }
   std::string device_description() const override {
     return cpu_description() + format(", %d threads", g_.n_threads);
   }

@@ -1,11 +1,11 @@
-// The CPU backend's per-sequence state (KV cache + forward scratch) and the accessor other CPU
-// code uses for fast paths that work on a cache in place (the projector's sequence → sequence
-// projection). The backend class itself is private to cpu_backend.cpp (make_cpu_backend).
+// The CPU backend's per-sequence state (KV cache + forward scratch) and its cache accessor (what
+// CpuBackend::host_cache answers for the neutral layer's in-place fast paths). The backend class
+// itself is private to cpu_backend.cpp (make_cpu_backend).
 #pragma once
 
-#include "backend.h"
+#include "core/backend.h"
+#include "core/kv_cache.h"
 #include "cpu/forward.h"
-#include "kv_cache.h"
 
 namespace kvr::cpu {
 

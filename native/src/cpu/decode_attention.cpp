@@ -11,10 +11,10 @@
 #include <cstring>
 #include <limits>
 
-#include "cpu/convert.h"
-#include "cpu/simd.h"
 #include "cpu/vec_math.h"
-#include "dtype.h"
+#include "host/convert.h"
+#include "host/dtype.h"
+#include "host/simd.h"
 #include "kvrelay.h"
 
 #if KVR_X86

@@ -17,11 +17,11 @@
 #include "common/device_math.h"
 #include "cpu/attention.h"
 #include "cpu/decode_attention.h"
-#include "cpu/convert.h"
-#include "cpu/gemm.h"
 #include "cpu/ops.h"
 #include "cpu/stage_units.h"
-#include "cpu/worker_pool.h"
+#include "host/convert.h"
+#include "host/gemm.h"
+#include "host/worker_pool.h"
 
 namespace kvr::cpu {
 namespace {

@@ -1,5 +1,5 @@
 // One decode step (a single new token) of the CPU forward pass, run as ONE parallel region (on a
-// persistent worker pool, cpu/worker_pool.h) with stage barriers instead of a fork/join per GEMV:
+// persistent worker pool, host/worker_pool.h) with stage barriers instead of a fork/join per GEMV:
 // the per-token overhead path of docs/native.md "Decode step": the layer loop's dispatch for one
 // row alone (cpu/batch_forward.h runs every other step).
 #pragma once
@@ -7,9 +7,9 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/backend.h"
+#include "core/kv_cache.h"
 #include "cpu/forward.h"
-#include "kv_cache.h"
-#include "backend.h"
 #include "cpu/weights.h"
 
 namespace kvr::cpu {

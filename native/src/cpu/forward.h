@@ -9,9 +9,9 @@
 #include <memory>
 #include <vector>
 
-#include "backend.h"
+#include "core/backend.h"
+#include "core/kv_cache.h"
 #include "cpu/weights.h"
-#include "kv_cache.h"
 
 namespace kvr::cpu {
 

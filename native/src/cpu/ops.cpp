@@ -5,8 +5,8 @@
 #include <cmath>
 
 #include "common/device_math.h"
-#include "cpu/simd.h"
 #include "cpu/vec_math.h"
+#include "host/simd.h"
 
 namespace kvr::cpu {
 namespace {

@@ -13,7 +13,7 @@
 #include <cstdint>
 
 #include "cpu/forward.h"
-#include "cpu/futex.h"
+#include "host/futex.h"
 
 namespace kvr::cpu {
 

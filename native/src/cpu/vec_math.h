@@ -2,7 +2,7 @@
 // Cephes-style exp (about 1 ulp on [-87, 88]). Only for functions compiled with KVR_TARGET_AVX2.
 #pragma once
 
-#include "cpu/simd.h"
+#include "host/simd.h"
 
 #if KVR_X86
 #include <immintrin.h>

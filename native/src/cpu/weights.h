@@ -8,9 +8,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "cpu/convert.h"
-#include "cpu/gemm.h"
-#include "dtype.h"
+#include "host/convert.h"
+#include "host/dtype.h"
+#include "host/gemm.h"
 
 namespace kvr::cpu {
 

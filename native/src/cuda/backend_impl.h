@@ -15,13 +15,13 @@
 #include <string>
 #include <vector>
 
-#include "backend.h"
 #include "common/batch_plan.h"
 #include "common/sample_math.h"
+#include "core/backend.h"
+#include "core/kv_pool.h"
 #include "cuda/codec_host.h"
 #include "cuda/cublaslt.h"
 #include "cuda/kernels.h"
-#include "kv_pool.h"
 #include "kvrelay_test.h"  // KVR_DEBUG_* flags of kvr_model_set_debug
 
 namespace kvr::cuda {

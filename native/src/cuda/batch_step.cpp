@@ -14,11 +14,11 @@
 
 #include "common/batch_plan.h"
 #include "common/sample_math.h"
+#include "core/errors.h"
+#include "core/sampler.h"
 #include "cuda/backend_impl.h"
 #include "cuda/handoff.h"
-#include "dtype.h"
-#include "errors.h"
-#include "sampler.h"
+#include "host/dtype.h"
 
 namespace kvr::cuda {
 namespace {

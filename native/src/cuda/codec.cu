@@ -1,7 +1,7 @@
 // The snapshot chunk codec on the device (docs/gpu-handoff.md): encode a token range of the KV
 // cache into the frame layout of docs/snapshot-format.md (f32/f16/bf16 lossless, q8, q4), the
 // frame's CRC32C as per-piece raw registers combined (common/chunk_layout.h), scale checks and
-// decoding back into the cache. Bytes equal the CPU codec's (cpu/kv_quant.cpp): the same f32
+// decoding back into the cache. Bytes equal the CPU codec's (host/kv_quant.cpp): the same f32
 // operations in the same order, uncontracted (dm::fmul/fadd/...), the same min/max tie rules.
 // Not the host orchestration (codec_host.cpp).
 #include <cfloat>
@@ -11,7 +11,7 @@
 #include "common/device_math.h"
 #include "cuda/common.cuh"
 #include "cuda/handoff.h"
-#include "kv_values.h"
+#include "host/kv_values.h"
 
 namespace kvr::cuda {
 namespace {
@@ -51,7 +51,7 @@ __device__ __forceinline__ float smax(float a, float b) { return a < b ? b : a; 
 __device__ __forceinline__ float smin(float a, float b) { return b < a ? b : a; }
 __device__ __forceinline__ float scale_or_zero(float s) { return s >= FLT_MIN ? s : 0.0f; }
 __device__ __forceinline__ float inverse(float s) { return s > 0.0f ? __fdiv_rn(1.0f, s) : 0.0f; }
-// cpu/kv_quant.cpp round_even: (v + 1.5·2^23) − 1.5·2^23 in f32, never contracted.
+// host/kv_quant.cpp round_even: (v + 1.5·2^23) − 1.5·2^23 in f32, never contracted.
 __device__ __forceinline__ float round_even(float v) {
   constexpr float kMagic = 12582912.0f;
   return dm::fsub(dm::fadd(v, kMagic), kMagic);

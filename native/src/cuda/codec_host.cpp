@@ -16,10 +16,10 @@
 #include <vector>
 #include <algorithm>
 
-#include "dtype.h"
-#include "errors.h"
+#include "core/errors.h"
+#include "host/dtype.h"
+#include "host/kv_values.h"
 #include "kvrelay.h"
-#include "kv_values.h"
 
 namespace kvr::cuda {
 namespace {

@@ -10,9 +10,9 @@
 #include <functional>
 #include <vector>
 
-#include "backend.h"
+#include "core/backend.h"
 #include "cuda/handoff.h"
-#include "host_copy.h"
+#include "host/host_copy.h"
 
 namespace kvr::cuda {
 

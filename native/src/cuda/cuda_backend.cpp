@@ -17,15 +17,15 @@
 #include <string>
 #include <vector>
 
-#include "backend.h"
 #include "common/device_math.h"
+#include "common/sample_math.h"
+#include "core/backend.h"
+#include "core/errors.h"
+#include "core/sampler.h"
 #include "cuda/backend_impl.h"
 #include "cuda/handoff.h"
 #include "cuda/status.h"
-#include "common/sample_math.h"
-#include "dtype.h"
-#include "errors.h"
-#include "sampler.h"
+#include "host/dtype.h"
 
 namespace kvr::cuda {
 

@@ -5,10 +5,10 @@
 
 #include <string>
 
-#include "backend.h"
+#include "core/backend.h"
+#include "core/errors.h"
 #include "cuda/cublaslt.h"
 #include "cuda/kernels.h"
-#include "errors.h"
 
 namespace kvr {
 

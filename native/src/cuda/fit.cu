@@ -2,7 +2,7 @@
 // triangle) and C += Σ [x,1]ᵀ y over a block of rows, yy += Σ y². Accuracy is the CPU's kind:
 // rows arrive as f32 slabs (32 rows in shared memory) but every product x_i·y_j of two f32 is
 // exact in f64 and is fma'd into an f64 accumulator, so G/C are f64 sums of exact products —
-// the CPU's (cpu/ridge.h) up to summation order (~1e-16 relative per add, growing like f64
+// the CPU's (host/ridge_kernels.h) up to summation order (~1e-16 relative per add, growing like f64
 // summation with the row count). FP64 throughput (A100 9.7, H100/H200 ~34 TFLOP/s) makes this
 // cheap next to the forward passes that produce the rows.
 // Compiled, not run. Called by CudaBackend::accumulate_fit (kvr_ridge_accumulate_seq).

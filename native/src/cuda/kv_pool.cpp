@@ -7,9 +7,9 @@
 #include <algorithm>
 #include <memory>
 
+#include "core/errors.h"
 #include "cuda/backend_impl.h"
-#include "dtype.h"
-#include "errors.h"
+#include "host/dtype.h"
 
 namespace kvr::cuda {
 

@@ -2,7 +2,7 @@
 // token range into feature rows with the keys de-rotated by the source RoPE, and scatter target
 // feature rows into the target cache with the keys rotated by the target RoPE (nearest-even to
 // the cache dtype). The GEMM between them is the backend's (launch_gemm). Arithmetic follows
-// cpu/projector.cpp: de-rotation in double (a·c + b·s, b·c − a·s), rotation in f32; cos/sin are
+// host/projection_kernels.cpp: de-rotation in double (a·c + b·s, b·c − a·s), rotation in f32; cos/sin are
 // the engine's (dm::rope_cos_sin, f32). Not the orchestration (projector_host.cpp).
 #include <cstdint>
 

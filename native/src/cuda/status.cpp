@@ -1,8 +1,8 @@
 // CUDA error mapping (status.h).
 #include "cuda/status.h"
 
-#include "backend.h"
-#include "errors.h"
+#include "core/backend.h"
+#include "core/errors.h"
 #include "kvrelay.h"
 
 namespace kvr::cuda {

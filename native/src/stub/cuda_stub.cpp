@@ -4,7 +4,7 @@
 #include <memory>
 #include <string>
 
-#include "backend.h"
+#include "core/backend.h"
 
 namespace kvr {
 namespace {

@@ -3,7 +3,7 @@
 // weight's dequantized values and quantized GEMV, for tests), kvr_gemm_quantized (the model's
 // GEMM with such a weight, for tests), kvr_gemm_few_rows_bf16 (the batched step's few-row GEMM
 // with bf16 weights, for tests) and kvr_cpu_kernel_name.
-// Argument checking lives here; the kernels (native/src/cpu/gemm*.cpp) trust their shapes.
+// Argument checking lives here; the kernels (native/src/host/gemm*.cpp) trust their shapes.
 #include <omp.h>
 
 #include <algorithm>
@@ -12,9 +12,9 @@
 #include <new>
 #include <vector>
 
-#include "cpu/gemm.h"
-#include "cpu/gemm_prepared.h"
-#include "errors.h"
+#include "core/errors.h"
+#include "host/gemm.h"
+#include "host/gemm_prepared.h"
 #include "kvrelay_test.h"
 
 namespace {

@@ -1,8 +1,8 @@
 // Test exports of a model's backend debug switches (kvrelay_test.h kvr_model_set_debug), for the
 // GPU check.
-#include "errors.h"
+#include "core/errors.h"
+#include "core/model.h"
 #include "kvrelay_test.h"
-#include "model.h"
 
 extern "C" {
 

@@ -1,7 +1,7 @@
 // Test exports of the code-path switches (kvrelay_test.h kvr_test_set_*, test_switches.h).
-#include "errors.h"
+#include "core/errors.h"
+#include "core/test_switches.h"
 #include "kvrelay_test.h"
-#include "test_switches.h"
 
 namespace {
 

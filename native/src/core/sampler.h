@@ -1,0 +1,68 @@
+// The kvr_sampler handle's layout, internal to the library: sampling settings, the PRNG stream
+// and reusable buffers of one generation. Shared by sampler_api.cpp (kvr_sampler_*) and
+// sequence.cpp (kvr_seq_decode_sample). Not public ABI.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "host/sampling.h"
+#include "kvrelay.h"
+
+struct kvr_sampler {
+  explicit kvr_sampler(int64_t seed) : rng(seed) {}
+  kvr::SamplingConfig cfg;
+  kvr::Xoshiro128 rng;
+  kvr::SamplingScratch scratch;
+  kvr::RepetitionPenalty penalty;
+  kvr::LogitAdjust adjust;    // min_tokens ban, logit_bias, presence/frequency penalties
+  std::vector<float> processed;  // the row after adjust and penalty (sampler_run)
+  std::string last_error;
+  // The allowed-token mask (kvr_sampler_set_mask): bit t of mask[t / 32] set = token t may be
+  // drawn; ids >= mask_tokens never. mask_tokens == 0: no mask.
+  std::vector<uint32_t> mask;
+  uint32_t mask_tokens = 0;
+  std::vector<float> masked;  // the row with disallowed tokens at -inf (sampler_run)
+};
+
+namespace kvr {
+
+// Records msg on the sampler and as this thread's last error; returns status.
+int32_t sampler_fail(kvr_sampler* s, int32_t status, const std::string& msg);
+// Checks that the sampler's mask fits a row of `row_len` logits (the vocabulary): a mask longer
+// than the row names tokens that do not exist.
+int32_t sampler_check_mask(kvr_sampler* s, size_t row_len);
+// Checks the output buffers of a sample call (token_out, top arrays, top_len bound).
+int32_t sampler_check_out(kvr_sampler* s, const int32_t* token_out, const int32_t* top_ids,
+                          const double* top_logprobs, uint32_t top_len);
+// Picks a token from logits[0..width) (validated) and fills the optional logprob outputs.
+int32_t sampler_run(kvr_sampler* s, const float* logits, size_t width, int32_t* token_out,
+                    double* logprob_out, int32_t* top_ids, double* top_logprobs, uint32_t top_len,
+                    uint32_t* top_count_out);
+
+// A batched step's draw (kvr_batch_step_sample): sampler_run's token without logprobs, or -1 in
+// *token_out when the row has no finite logit (the message is then on the sampler).
+inline void sample_step_token(kvr_sampler* s, const float* logits, size_t width, int32_t* token_out) {
+  if (sampler_run(s, logits, width, token_out, nullptr, nullptr, nullptr, 0, nullptr) != KVR_OK) *token_out = -1;
+}
+
+// The step's token from a device's reduced row (common/sample_math.h plan_route): kGreedy takes
+// ids[0]; kTopK draws from the m candidates (sample_candidates). m == 0: no finite logit among
+// the `width` values (same message as sampler_run).
+int32_t sampler_run_candidates(kvr_sampler* s, sm::Route route, const float* vals, const int32_t* ids, size_t m,
+                               size_t width, int32_t* token_out);
+
+// Where a device runs this sampler's draw (sm::plan_route). A masked sampler always takes the
+// row (kRow): a device's top-k candidates may all be disallowed, and the draw must be the one
+// over the masked row, so the CPU sampler applies the mask to the copied row. A repetition
+// penalty, a ban, a bias or presence/frequency penalties change the row before any selection, so
+// they need the whole row too.
+inline sm::RoutePlan sampler_route(const kvr_sampler& s, uint32_t width, bool want_logprobs) {
+  if (s.mask_tokens != 0) return sm::RoutePlan{};
+  return sm::plan_route(s.cfg.temperature, s.cfg.top_k, width,
+                        want_logprobs || s.penalty.active() || s.adjust.active());
+}
+
+}  // namespace kvr

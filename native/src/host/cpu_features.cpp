@@ -1,0 +1,101 @@
+// CPU feature detection (see cpu_features.h): __builtin_cpu_supports once per process, the
+// KVRELAY_CPU_KERNEL override, and the description string.
+#include "host/cpu_features.h"
+
+#include <omp.h>
+
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+#include <cpuid.h>
+#endif
+
+#if defined(__linux__) && defined(__x86_64__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "host/gemm.h"
+
+namespace kvr::cpu {
+namespace {
+
+// Whether this process may use the AMX tile registers: Linux enables the 8 KiB tile state per
+// process on request (ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA); refused (old kernel, a VM
+// without it, a sigaltstack too small for the larger signal frame) means no AMX path.
+[[maybe_unused]] bool amx_permitted() {
+#if defined(__linux__) && defined(__x86_64__)
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
+}
+
+CpuFeatures detect() {
+  CpuFeatures f;
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+  __builtin_cpu_init();
+  f.sse42 = __builtin_cpu_supports("sse4.2");
+  f.avx512f = __builtin_cpu_supports("avx512f");
+#if !defined(KVR_FORCE_GENERIC)
+  f.avx2 = __builtin_cpu_supports("avx2");
+  f.fma = __builtin_cpu_supports("fma");
+  f.f16c = __builtin_cpu_supports("f16c");
+  f.avx512bw = __builtin_cpu_supports("avx512bw");
+  f.avx512vl = __builtin_cpu_supports("avx512vl");
+  f.avx512vnni = __builtin_cpu_supports("avx512vnni");
+  // GCC 12's __builtin_cpu_supports("avxvnni") answers 0 on CPUs that have it: read CPUID leaf
+  // 7 subleaf 1 (EAX bit 4) directly; the OS's YMM state is implied by avx2 above.
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (f.avx2 && __get_cpuid_count(7, 1, &a, &b, &c, &d)) f.avxvnni = (a >> 4) & 1u;
+  // CPUID 7.0 EDX: bit 22 AMX-BF16, bit 24 AMX-TILE.
+  if (f.avx512f && __get_cpuid_count(7, 0, &a, &b, &c, &d) && ((d >> 22) & 1u) && ((d >> 24) & 1u))
+    f.amx_bf16 = amx_permitted();
+#endif
+#endif
+  const char* forced = std::getenv("KVRELAY_CPU_KERNEL");
+  f.gemm_forced_generic = forced != nullptr && std::strcmp(forced, "generic") == 0;
+  f.gemm_forced_avx2 = forced != nullptr && std::strcmp(forced, "avx2") == 0;
+  f.gemm_forced_avxvnni = forced != nullptr && std::strcmp(forced, "avxvnni") == 0;
+  f.gemm_forced_avx512 = forced != nullptr && std::strcmp(forced, "avx512") == 0;
+  return f;
+}
+
+// "model name" of the first processor in /proc/cpuinfo, or "unknown CPU".
+std::string model_name() {
+  std::string name = "unknown CPU";
+  FILE* f = std::fopen("/proc/cpuinfo", "r");
+  if (f == nullptr) return name;
+  char line[512];
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    if (std::strncmp(line, "model name", 10) != 0) continue;
+    const char* colon = std::strchr(line, ':');
+    if (colon == nullptr) continue;
+    std::string v(colon + 1);
+    const size_t b = v.find_first_not_of(" \t"), e = v.find_last_not_of(" \t\r\n");
+    if (b != std::string::npos && e != std::string::npos) name = v.substr(b, e - b + 1);
+    break;
+  }
+  std::fclose(f);
+  return name;
+}
+
+}  // namespace
+
+const CpuFeatures& cpu_features() {
+  static const CpuFeatures f = detect();
+  return f;
+}
+
+std::string cpu_description() {
+  const std::string simd = use_avx2_fma_f16c() ? "avx2-fma-f16c" : "generic";
+  return "cpu: " + model_name() + ", " + std::to_string(omp_get_num_procs()) + " cores, " + simd +
+         " kernels (gemm " + kernel_name() + (use_amx_bf16() ? ", few-row bf16 amx" : "") + ", int8 " + int8_kernel_name() + ", q8 " + q8_kernel_name() + ", q4 " + q4_kernel_name() +
+         ")";
+}
+
+}  // namespace kvr::cpu

@@ -1,0 +1,477 @@
+// Sampling math (see sampling.h): a line-by-line port of tests/reference/sampler.ts and prng.ts. Kept
+// literal on purpose — the candidate widening, the summation orders and the draw — so that the
+// TypeScript sampler stays the oracle and the tokens agree exactly (sampler_test.ts, native).
+#include "host/sampling.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include <quadmath.h>
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
+
+namespace kvr {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// Ids sort by logit descending, ties by lower id (sampler.ts: logits[b] - logits[a] || a - b).
+struct ByLogit {
+  const float* l;
+  bool operator()(int32_t a, int32_t b) const {
+    return sm::before(l[a], a, l[b], b);  // float order = the double order of sampler.ts
+  }
+};
+
+}  // namespace
+
+namespace {
+
+// Error-free transformations (double-double arithmetic).
+inline void two_sum(double a, double b, double* s, double* e) {
+  *s = a + b;
+  const double bb = *s - a;
+  *e = (a - (*s - bb)) + (b - bb);
+}
+inline void fast_two_sum(double a, double b, double* s, double* e) {  // |a| >= |b|
+  *s = a + b;
+  *e = b - (*s - a);
+}
+inline void two_prod(double a, double b, double* p, double* e) {
+  *p = a * b;
+  *e = std::fma(a, b, -*p);
+}
+
+constexpr int kTableBits = 8;
+constexpr int kTable = 1 << kTableBits;  // 2^(j/256), j = 0..255
+
+// 2^(j/256) as double-double (hi + lo, |lo| <= ulp(hi)/2), computed once in quad precision.
+struct Exp2Table {
+  double hi[kTable], lo[kTable];
+  Exp2Table() {
+    for (int j = 0; j < kTable; ++j) {
+      const __float128 v = exp2q(static_cast<__float128>(j) / kTable);
+      hi[j] = static_cast<double>(v);
+      lo[j] = static_cast<double>(v - static_cast<__float128>(hi[j]));
+    }
+  }
+};
+
+const Exp2Table& exp2_table() {
+  static const Exp2Table t;
+  return t;
+}
+
+// ln2/256 in three parts: C1 has 32 significant bits (k·C1 exact for |k| < 2^21), C2 and C3 the
+// rest; together they carry ~ 2^-120 relative precision.
+const double kInvLn2N = 369.3299304675746;  // 256/ln2
+const double kC1 = 0x1.62e42fefp-9;
+const double kC2 = static_cast<double>(
+    logq(static_cast<__float128>(2)) / 256 - static_cast<__float128>(0x1.62e42fefp-9));
+const double kC3 = static_cast<double>(logq(static_cast<__float128>(2)) / 256 -
+                                       static_cast<__float128>(0x1.62e42fefp-9) -
+                                       static_cast<__float128>(kC2));
+
+}  // namespace
+
+// exp(x) rounded correctly to nearest: a double-double evaluation (table of 2^(j/256), degree-6
+// polynomial; ~2^-90 relative error) rounded once, with the quad-precision libquadmath exp for
+// results too close to a rounding midpoint to decide and for the overflow/subnormal ranges.
+// V8's Math.exp is correctly rounded (0 differences in 200k random arguments), so this matches it
+// bit for bit; glibc's exp differs in ~0.1% of arguments and is not used.
+// log(x) rounded correctly to nearest: the quad-precision libquadmath log rounded once (wrong only
+// within ~2^-110 of a rounding midpoint). V8's Math.log is correctly rounded (0 differences from
+// this in 1M random arguments over [1e-300, 1e300]; glibc's log differs in ~0.01%). Called once
+// per row, so its ~1 µs does not matter.
+double js_log(double x) { return static_cast<double>(logq(static_cast<__float128>(x))); }
+
+double js_exp(double x) {
+  if (std::isnan(x)) return x;
+  if (x > 709.0 || x < -708.0) {
+    if (x == kInf) return kInf;
+    if (x == -kInf) return 0.0;
+    return static_cast<double>(expq(static_cast<__float128>(x)));
+  }
+  if (std::fabs(x) < 0x1p-60) return 1.0 + x;
+  const Exp2Table& tb = exp2_table();
+  const double kd = std::nearbyint(x * kInvLn2N);
+  const long k = static_cast<long>(kd);
+  // r = x - k·ln2/256 as rh + rl.
+  const double t1 = x - kd * kC1;  // exact: kd·kC1 is exact and t1 is close to x (Sterbenz-like)
+  double p2, e2;
+  two_prod(kd, kC2, &p2, &e2);
+  double rh, rl;
+  two_sum(t1, -p2, &rh, &rl);
+  rl -= e2 + kd * kC3;
+  double r2, r2e;  // rh² exactly
+  two_prod(rh, rh, &r2, &r2e);
+  // exp(r) − 1 − r − r²/2 beyond the exact leading terms (|r| < 2^-9.4: next term ~2^-82).
+  const double tail = rh * r2 * (1.0 / 6 + rh * (1.0 / 24 + rh * (1.0 / 120 + rh * (1.0 / 720))));
+  // e = 1 + rh + r²/2 + (rl + rh·rl + r2e/2 + tail)
+  double eh, el;
+  fast_two_sum(1.0, rh, &eh, &el);
+  double s, se;
+  two_sum(eh, 0.5 * r2, &s, &se);
+  el += se + (rl + rh * rl + 0.5 * r2e + tail);
+  fast_two_sum(s, el, &eh, &el);
+  // × 2^(j/256)
+  const long j = ((k % kTable) + kTable) % kTable;
+  const long m = (k - j) / kTable;
+  double ph, pl;
+  two_prod(tb.hi[j], eh, &ph, &pl);
+  pl += tb.hi[j] * el + tb.lo[j] * eh;
+  double h, l;
+  fast_two_sum(ph, pl, &h, &l);
+  // h = round(h + l) already; undecidable when l is within the evaluation error of ±ulp(h)/2.
+  const double ulp = std::nextafter(std::fabs(h), kInf) - std::fabs(h);
+  const double dist = std::fabs(std::fabs(l) - 0.5 * ulp);
+  if (dist < ulp * 0x1p-20) return static_cast<double>(expq(static_cast<__float128>(x)));
+  return std::ldexp(h, static_cast<int>(m));
+}
+
+void RepetitionPenalty::add(int32_t id) {
+  if (id < 0) return;
+  const size_t i = static_cast<size_t>(id);
+  if (i >= seen.size()) seen.resize(i + 1, 0);
+  if (seen[i] != 0) return;
+  seen[i] = 1;
+  ids.push_back(id);
+}
+
+void RepetitionPenalty::apply(float* row, size_t n) const {
+  for (const int32_t id : ids) {
+    const size_t i = static_cast<size_t>(id);
+    if (i >= n) continue;
+    const double v = row[i];
+    // vLLM: where(logit > 0, logit / p, logit * p); NaN stays NaN, -inf stays -inf for p > 0.
+    row[i] = static_cast<float>(v > 0 ? v / penalty : v * penalty);
+  }
+}
+
+void LogitAdjust::add(int32_t id) {
+  ++drawn;
+  if (id < 0 || !penalising()) return;
+  const size_t i = static_cast<size_t>(id);
+  if (i >= counts.size()) counts.resize(i + 1, 0);
+  if (counts[i]++ == 0) drawn_ids.push_back(id);
+}
+
+void LogitAdjust::apply_before(float* row, size_t n) const {
+  if (banning())
+    for (const int32_t id : ban_ids)
+      if (static_cast<size_t>(id) < n) row[id] = -std::numeric_limits<float>::infinity();
+  for (size_t j = 0; j < bias_ids.size(); ++j) {
+    const size_t i = static_cast<size_t>(bias_ids[j]);
+    if (i < n) row[i] = static_cast<float>(static_cast<double>(row[i]) + bias[j]);
+  }
+}
+
+void LogitAdjust::apply_after(float* row, size_t n) const {
+  if (!penalising()) return;
+  for (const int32_t id : drawn_ids) {
+    const size_t i = static_cast<size_t>(id);
+    if (i >= n) continue;
+    const double by = static_cast<double>(counts[i]) * frequency + presence;
+    row[i] = static_cast<float>(static_cast<double>(row[i]) - by);
+  }
+}
+
+int64_t argmax_row(const float* logits, size_t n) {
+  // Two passes over 16-wide blocks instead of one scalar pass with a compare-and-branch per
+  // logit (~5 µs per 4096-logit row, 0.15 ms of a 32-row batched step): the largest value (NaN
+  // never compares greater, so NaN and -inf are never chosen, as before; SSE max keeps its
+  // second operand for NaN and for ties, the same as `x > m ? x : m`), then the first index
+  // holding it — the id of the single pass (lowest id on ties; -0 and +0 tie).
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  size_t i = 0;
+  float mx = neg_inf;
+#if defined(__SSE2__)
+  __m128 acc[4];
+  for (__m128& a : acc) a = _mm_set1_ps(neg_inf);
+  for (; i + 16 <= n; i += 16)
+    for (int j = 0; j < 4; ++j) acc[j] = _mm_max_ps(_mm_loadu_ps(logits + i + 4 * j), acc[j]);
+  alignas(16) float lane[16];
+  for (int j = 0; j < 4; ++j) _mm_store_ps(lane + 4 * j, acc[j]);
+  for (float v : lane) mx = v > mx ? v : mx;
+#endif
+  for (; i < n; ++i) mx = logits[i] > mx ? logits[i] : mx;
+  if (!(mx > neg_inf)) return -1;
+  size_t b = 0;
+#if defined(__SSE2__)
+  const __m128 m4 = _mm_set1_ps(mx);
+  for (; b + 16 <= n; b += 16) {
+    int hit = 0;
+    for (int j = 0; j < 4; ++j) hit |= _mm_movemask_ps(_mm_cmpeq_ps(_mm_loadu_ps(logits + b + 4 * j), m4)) << (4 * j);
+    if (hit != 0) return static_cast<int64_t>(b) + __builtin_ctz(static_cast<unsigned>(hit));
+  }
+#endif
+  for (; b < n; ++b)
+    if (logits[b] == mx) return static_cast<int64_t>(b);
+  return -1;  // not reached: mx is one of the logits
+}
+
+namespace {
+
+// limitRow of sampler.ts: the row sampling runs on when l holds +inf (such tokens outweigh every
+// finite one, so in the limit they share all the probability equally): 0 where l is +inf, -inf
+// elsewhere. Keeps inf − inf (NaN) out of the sums and the candidate widening, which a NaN floor
+// made spin forever.
+const float* limit_row(const float* l, size_t n, std::vector<float>& out) {
+  out.assign(n, -std::numeric_limits<float>::infinity());
+  for (size_t i = 0; i < n; ++i)
+    if (static_cast<double>(l[i]) == kInf) out[i] = 0.0f;
+  return out.data();
+}
+
+// softmaxMass of sampler.ts: max finite logit, Σ exp((l − max)/T) over finite logits in id order
+// (skipped when want_total is false: the caller does not read it), and how many are finite.
+// When terms is given, terms[i] = exp((l[i] − max)/T) for finite logits (for the caller to reuse).
+void softmax_mass(const float* l, size_t n, double temperature, bool want_total, double* max,
+                  double* total, size_t* finite, double* terms = nullptr) {
+  double mx = -kInf;
+  size_t f = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double v = l[i];
+    if (v > -kInf) {
+      ++f;
+      if (v > mx) mx = v;
+    }
+  }
+  double tot = 0;
+  if (f > 0 && want_total) {
+    for (size_t i = 0; i < n; ++i) {
+      const double v = l[i];
+      if (v > -kInf) {
+        const double e = js_exp((v - mx) / temperature);
+        if (terms) terms[i] = e;
+        tot += e;
+      }
+    }
+  }
+  *max = mx;
+  *total = tot;
+  *finite = f;
+}
+
+// samplingDistribution of sampler.ts: fills scratch.ids / scratch.probs (first `*kept` entries)
+// with the kept ids, most likely first, and their renormalised probabilities.
+void sampling_distribution(const float* l, size_t n, const SamplingConfig& cfg,
+                           SamplingScratch& sc, size_t* kept) {
+  const double temperature = cfg.temperature, top_p = cfg.top_p, min_p = cfg.min_p;
+  const size_t top_k = cfg.top_k;
+  double max, total;
+  size_t finite;
+  // total and the candidates' mass matter only without top_k (sampler.ts reads them there only).
+  const bool need_mass = top_k == 0;
+  softmax_mass(l, n, temperature, need_mass, &max, &total, &finite);
+  if (max == kInf) {
+    l = limit_row(l, n, sc.limit);
+    softmax_mass(l, n, temperature, need_mass, &max, &total, &finite);
+  }
+  const bool no_filter = top_k == 0 && top_p >= 1 && min_p == 0;
+  double delta = no_filter ? kInf : 1;
+  auto widen = [&] { delta = delta > 1e4 ? kInf : delta * 2; };
+  while (true) {
+    const double floor = max - delta * temperature;
+    if (delta != kInf) {
+      size_t count = 0;
+      double mass = 0;
+      for (size_t i = 0; i < n; ++i) {
+        const double v = l[i];
+        if (v >= floor) {
+          ++count;
+          if (need_mass && top_p < 1) mass += js_exp((v - max) / temperature);
+        }
+      }
+      const bool enough =
+          count == finite || (top_k > 0    ? count >= top_k
+                              : top_p < 1 ? mass >= top_p * total
+                                          : min_p >= js_exp(-delta));
+      if (!enough) {
+        widen();
+        continue;
+      }
+    }
+    sc.ids.clear();
+    for (size_t i = 0; i < n; ++i) {
+      const double v = l[i];
+      if (v > -kInf && v >= floor) sc.ids.push_back(static_cast<int32_t>(i));
+    }
+    const bool all = sc.ids.size() == finite;
+    if (top_k > 0 && sc.ids.size() < top_k && !all) {
+      widen();
+      continue;
+    }
+    size_t m = top_k > 0 ? std::min(top_k, sc.ids.size()) : sc.ids.size();
+    // Only the first m ids in sorted order are ever read: a partial sort gives the same prefix.
+    if (m < sc.ids.size()) {
+      std::partial_sort(sc.ids.begin(), sc.ids.begin() + static_cast<long>(m), sc.ids.end(),
+                        ByLogit{l});
+    } else {
+      std::sort(sc.ids.begin(), sc.ids.end(), ByLogit{l});
+    }
+    sc.probs.resize(m);
+    double sum_kept = 0;
+    for (size_t j = 0; j < m; ++j) {
+      sc.probs[j] = js_exp((static_cast<double>(l[sc.ids[j]]) - max) / temperature);
+      sum_kept += sc.probs[j];
+    }
+    const double norm = top_k > 0 ? sum_kept : total;
+    for (size_t j = 0; j < m; ++j) sc.probs[j] /= norm;
+    bool cut_inside = top_k > 0 || all;
+    if (top_p < 1) {
+      double cumulative = 0;
+      long keep = -1;
+      for (size_t j = 0; j < m; ++j) {
+        cumulative += sc.probs[j];
+        if (cumulative >= top_p) {
+          keep = static_cast<long>(j) + 1;
+          break;
+        }
+      }
+      if (keep < 0 && !cut_inside) {
+        widen();
+        continue;
+      }
+      if (keep > 0) {
+        m = static_cast<size_t>(keep);
+        cut_inside = true;
+      }
+    }
+    if (min_p > 0) {
+      if (!cut_inside && min_p < js_exp(-delta)) {
+        widen();
+        continue;
+      }
+      const double threshold = min_p * sc.probs[0];
+      size_t keep = 1;
+      while (keep < m && sc.probs[keep] >= threshold) ++keep;
+      m = keep;
+    } else if (!cut_inside) {
+      widen();
+      continue;
+    }
+    double sum = 0;
+    for (size_t j = 0; j < m; ++j) sum += sc.probs[j];
+    for (size_t j = 0; j < m; ++j) sc.probs[j] /= sum;
+    *kept = m;
+    return;
+  }
+}
+
+}  // namespace
+
+int64_t sample_row(const float* l, size_t n, const SamplingConfig& cfg, Xoshiro128& rng,
+                   SamplingScratch& sc) {
+  if (cfg.top_k == 0 && cfg.top_p >= 1 && cfg.min_p == 0) {
+    // Plain softmax sampling: one pass in id order, no sort.
+    double max, total;
+    size_t finite;
+    sc.probs.resize(n);  // the exp terms, computed once and summed twice in the same order
+    softmax_mass(l, n, cfg.temperature, true, &max, &total, &finite, sc.probs.data());
+    if (max == kInf) {
+      l = limit_row(l, n, sc.limit);
+      softmax_mass(l, n, cfg.temperature, true, &max, &total, &finite, sc.probs.data());
+    }
+    if (finite == 0) return -1;
+    const double target = rng.next_double() * total;
+    double cumulative = 0;
+    int64_t last = -1;
+    for (size_t i = 0; i < n; ++i) {
+      const double v = l[i];
+      if (!(v > -kInf)) continue;
+      cumulative += sc.probs[i];
+      last = static_cast<int64_t>(i);
+      if (target < cumulative) return last;
+    }
+    return last;  // target within rounding of total
+  }
+  size_t finite = 0;
+  for (size_t i = 0; i < n; ++i) finite += static_cast<double>(l[i]) > -kInf ? 1 : 0;
+  if (finite == 0) return -1;
+  size_t m = 0;
+  sampling_distribution(l, n, cfg, sc, &m);
+  const double u = rng.next_double();
+  double cumulative = 0;
+  for (size_t j = 0; j < m; ++j) {
+    cumulative += sc.probs[j];
+    if (u < cumulative) return sc.ids[j];
+  }
+  return sc.ids[m - 1];  // u within rounding of 1
+}
+
+int64_t sample_candidates(const float* vals, const int32_t* ids, size_t m, const SamplingConfig& cfg,
+                          Xoshiro128& rng, SamplingScratch& sc) {
+  if (m == 0) return -1;
+  const int64_t j = sample_row(vals, m, cfg, rng, sc);  // compact index: ties keep the id order
+  return j < 0 ? -1 : ids[j];
+}
+
+size_t select_candidates(const float* l, size_t n, size_t k, float* vals, int32_t* ids) {
+  size_t count = 0;
+  for (size_t i = 0; i < n && k > 0; ++i) {
+    if (!sm::selectable(l[i])) continue;
+    const int32_t c = static_cast<int32_t>(i);
+    if (count == k && !sm::before(l[i], c, vals[k - 1], ids[k - 1])) continue;
+    size_t pos = count < k ? count++ : k - 1;
+    while (pos > 0 && sm::before(l[i], c, vals[pos - 1], ids[pos - 1])) {
+      vals[pos] = vals[pos - 1];
+      ids[pos] = ids[pos - 1];
+      --pos;
+    }
+    vals[pos] = l[i];
+    ids[pos] = c;
+  }
+  return count;
+}
+
+size_t logprobs_row(const float* l, size_t n, int64_t id, double* id_logprob, size_t top,
+                    int32_t* top_ids, double* top_logprobs) {
+  if (id_logprob == nullptr && top == 0) return 0;  // nothing asked: no exp pass
+  double max = -kInf;
+  for (size_t i = 0; i < n; ++i) {
+    const double v = l[i];
+    if (v > max) max = v;
+  }
+  std::vector<float> limited;  // +inf tokens share the probability: -log(count) each (logits.ts)
+  if (max == kInf) {
+    l = limit_row(l, n, limited);
+    max = 0;
+  }
+  double total = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double v = l[i];
+    if (v > -kInf) total += js_exp(v - max);
+  }
+  // The same expression as tests/reference/logits.ts stepLogprobs (max + Math.log(sum), then
+  // logit − lse), so both give the same bits: the HTTP logprobs may come from either.
+  const double lse = max + js_log(total);
+  auto lp = [&](int64_t i) {
+    const double v = l[i];
+    return v > -kInf ? v - lse : -kInf;
+  };
+  if (id_logprob != nullptr) *id_logprob = id >= 0 ? lp(id) : -kInf;
+  if (top == 0) return 0;
+  // Top `top` by a bounded insertion list: O(n · top), top is small (≤ 20 through the ABI).
+  size_t count = 0;
+  const ByLogit better{l};
+  for (size_t i = 0; i < n; ++i) {
+    const double v = l[i];
+    if (!(v > -kInf)) continue;
+    const int32_t c = static_cast<int32_t>(i);
+    if (count == top && !better(c, top_ids[count - 1])) continue;
+    size_t pos = count < top ? count++ : top - 1;
+    while (pos > 0 && better(c, top_ids[pos - 1])) {
+      top_ids[pos] = top_ids[pos - 1];
+      --pos;
+    }
+    top_ids[pos] = c;
+  }
+  for (size_t j = 0; j < count; ++j) top_logprobs[j] = lp(top_ids[j]);
+  return count;
+}
+
+}  // namespace kvr

@@ -1,8 +1,8 @@
-// `deno run -A --config deno.dev.json bench/step_rows.ts [rounds] [steps] [prompt_tokens]`: what
+// `deno run -A --config deno.dev.json bench/step_rows.ts [rounds] [steps] [prompt_tokens] [threads]`: what
 // one native batched decode step of tiny-powerful costs with 4 rows against 1 row (the choices of
 // an n=4 request against n=1): four paged sequences share one prefilled prompt's blocks (as forked
 // choices do), then each round runs `steps` sampled decode steps of sequence 0 alone and `steps`
-// of all four (order alternating between rounds), in process, 2 threads. Prints per step the
+// of all four (order alternating between rounds), in process, on 2 kernel threads unless given. Prints per step the
 // median wall ms and CPU ms (the process's user + system time, all threads: the machine may be
 // shared, CPU time is what the step itself costs) and the 4-row/1-row ratios, with their spread;
 // and the prompt's prefill (chunks of 256, as the scheduler runs it), for the ratio n=4 / n=1
@@ -13,8 +13,9 @@ import { checkpoint, tokens } from "../lib/native/test_helpers.ts";
 const rounds = Number(Deno.args[0] ?? 7);
 const steps = Number(Deno.args[1] ?? 64);
 const promptTokens = Number(Deno.args[2] ?? 512);
+const threads = Number(Deno.args[3] ?? 2);
 const dir = new URL("../models/tiny-powerful", import.meta.url).pathname;
-using model = NativeModel.load(await checkpoint(dir), { threads: 2 });
+using model = NativeModel.load(await checkpoint(dir), { threads });
 const pool = model.createKvPool(256, 16);
 const prompt = tokens(promptTokens, model.config.vocabSize, 1);
 const seqs: NativeSequence[] = [pool.createSequence(1024)];
@@ -99,7 +100,7 @@ for (const [name, xs] of [["prefill", pre], ["1 row", one], ["4 rows", four]] as
 const wallRatios = one.map((o, i) => four[i].wall / o.wall);
 const cpuRatios = one.map((o, i) => four[i].cpu / o.cpu);
 console.log(
-  `4 rows / 1 row per step (${rounds} rounds of ${steps} steps, ${promptTokens}-token context): wall median ${
+  `4 rows / 1 row per step (${rounds} rounds of ${steps} steps, ${promptTokens}-token context, ${threads} threads): wall median ${
     median(wallRatios).toFixed(2)
   }× (${spread(wallRatios)}), CPU median ${median(cpuRatios).toFixed(2)}× (${spread(cpuRatios)})`,
 );

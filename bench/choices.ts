@@ -129,7 +129,9 @@ for (const [name, rs] of [["n=1", ones], ["n=4", fours]] as const) {
       median(rs.map((r) => r.cpuMs)).toFixed(0)
     } ms, steps ${median(rs.map((r) => r.steps))} (bursts ${
       median(rs.map((r) => r.burstSteps))
-    }), in steps ${median(rs.map((r) => r.engineMs)).toFixed(0)} ms`,
+    }), in steps ${median(rs.map((r) => r.engineMs)).toFixed(0)} ms, outside them ${
+      median(rs.map((r) => r.ms - r.engineMs)).toFixed(1)
+    } ms`,
   );
 }
 console.log(`n=4 / n=1 CPU time: ${ratio((r) => r.cpuMs)}`);

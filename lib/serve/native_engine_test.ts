@@ -38,10 +38,12 @@ for (const [sampled, bursts] of [[false, false], [true, false], [false, true], [
       for (const blocks of [512, 24]) { // roomy, then a pool that cannot hold everyone
         const pool = model.native.createKvPool(blocks, 16);
         const engine = nativeStepEngine(model.native, pool);
-        let sampledRows = 0, logitRows = 0;
+        let sampledRows = 0, logitRows = 0, engineSteps = 0, engineRows = 0;
         const sched = new Scheduler({
           ...engine,
           step: (items) => {
+            engineSteps++;
+            engineRows += items.length;
             for (const it of items) {
               if (it.sample) sampledRows++;
               if (it.wantLogits) logitRows++;
@@ -50,6 +52,10 @@ for (const [sampled, bursts] of [[false, false], [true, false], [false, true], [
           },
           decodeSteps: async (items, steps) => {
             const out = await engine.decodeSteps!(items, steps);
+            // Every row of a burst runs each of its steps (no row fails to draw here).
+            const ran = Math.max(...out.map((r) => r instanceof Int32Array ? r.length : 1));
+            engineSteps += ran;
+            engineRows += items.length * ran;
             for (const r of out) sampledRows += r instanceof Int32Array ? r.length : 1;
             return out;
           },
@@ -94,6 +100,10 @@ for (const [sampled, bursts] of [[false, false], [true, false], [false, true], [
           assert.ok(sched.counters.burstSteps >= 9, `${sched.counters.burstSteps} steps in bursts`);
         }
         if (!bursts) assert.equal(sched.counters.burstSteps, 0);
+        // The counters agree with what the engine ran (a burst's rows once per step).
+        assert.equal(sched.counters.steps, engineSteps, "steps counted");
+        assert.equal(sched.counters.rows, engineRows, "rows counted");
+        assert.ok(sched.counters.engineMs > 0, "time inside the engine's calls counted");
         // Decodes sample inside the step: logits rows only end prompts (and recomputes).
         const decodeRows = alone.reduce((a, t) => a + t.length - 1, 0);
         assert.ok(

@@ -341,6 +341,10 @@ export interface SchedulerCounters {
   prefillTokens: number;
   /** most rows (sequences) one engine step carried */
   peakRows: number;
+  /** rows over every step (a burst's rows count once per step): rows / steps is the batch */
+  rows: number;
+  /** wall time inside the engine's step calls, ms */
+  engineMs: number;
 }
 
 /** The step loop of one model (see the file comment). */
@@ -375,6 +379,8 @@ export class Scheduler<S, P = unknown, O = unknown> {
     decodeTokens: 0,
     prefillTokens: 0,
     peakRows: 0,
+    rows: 0,
+    engineMs: 0,
   };
 
   /**
@@ -842,6 +848,7 @@ export class Scheduler<S, P = unknown, O = unknown> {
   ): void {
     let steps = 1, decodes = 0, prefill = 0;
     if (rows.length > this.counters.peakRows) this.counters.peakRows = rows.length;
+    this.counters.engineMs += ms;
     if (burst) {
       for (const r of out) {
         if (r.kind === "tokens" && r.tokens.length > steps) steps = r.tokens.length;
@@ -877,11 +884,13 @@ export class Scheduler<S, P = unknown, O = unknown> {
       this.#lastDecodeMs = ms / steps;
       this.counters.steps += steps;
       this.counters.burstSteps += steps - 1;
+      this.counters.rows += rows.length * steps;
       for (let s = 0; s < steps; s++) this.#reportStep(rows.length, rows.length, 0, ms / steps);
       return;
     }
     if (prefill === 0) this.#lastDecodeMs = ms;
     this.counters.steps++;
+    this.counters.rows += rows.length;
     this.counters.decodeTokens += decodes;
     this.counters.prefillTokens += prefill;
     this.#reportStep(rows.length, decodes, prefill, ms);

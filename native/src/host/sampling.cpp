@@ -265,12 +265,22 @@ void sampling_distribution(const float* l, size_t n, const SamplingConfig& cfg,
   double max, total;
   size_t finite;
   // total and the candidates' mass matter only without top_k (sampler.ts reads them there only).
+  // Then each finite logit's exp term is kept: the candidates' mass at every widening and their
+  // probabilities reuse it (the same js_exp of the same argument: the same bits, computed once).
   const bool need_mass = top_k == 0;
-  softmax_mass(l, n, temperature, need_mass, &max, &total, &finite);
+  double* terms = nullptr;
+  if (need_mass) {
+    sc.terms.resize(n);
+    terms = sc.terms.data();
+  }
+  softmax_mass(l, n, temperature, need_mass, &max, &total, &finite, terms);
   if (max == kInf) {
     l = limit_row(l, n, sc.limit);
-    softmax_mass(l, n, temperature, need_mass, &max, &total, &finite);
+    softmax_mass(l, n, temperature, need_mass, &max, &total, &finite, terms);
   }
+  const auto term = [&](size_t i) {
+    return terms ? terms[i] : js_exp((static_cast<double>(l[i]) - max) / temperature);
+  };
   const bool no_filter = top_k == 0 && top_p >= 1 && min_p == 0;
   double delta = no_filter ? kInf : 1;
   auto widen = [&] { delta = delta > 1e4 ? kInf : delta * 2; };
@@ -283,7 +293,7 @@ void sampling_distribution(const float* l, size_t n, const SamplingConfig& cfg,
         const double v = l[i];
         if (v >= floor) {
           ++count;
-          if (need_mass && top_p < 1) mass += js_exp((v - max) / temperature);
+          if (need_mass && top_p < 1) mass += terms[i];
         }
       }
       const bool enough =
@@ -316,7 +326,7 @@ void sampling_distribution(const float* l, size_t n, const SamplingConfig& cfg,
     sc.probs.resize(m);
     double sum_kept = 0;
     for (size_t j = 0; j < m; ++j) {
-      sc.probs[j] = js_exp((static_cast<double>(l[sc.ids[j]]) - max) / temperature);
+      sc.probs[j] = term(static_cast<size_t>(sc.ids[j]));
       sum_kept += sc.probs[j];
     }
     const double norm = top_k > 0 ? sum_kept : total;

@@ -84,6 +84,7 @@ struct LogitAdjust {
 struct SamplingScratch {
   std::vector<int32_t> ids;
   std::vector<double> probs;
+  std::vector<double> terms;  // exp((l[i] − max)/T) of each finite logit, computed once per draw
   std::vector<float> limit;  // the limit row of a row holding +inf (sampling.cpp limit_row)
 };
 

@@ -91,6 +91,10 @@ export function nativeStepEngine(
     blockTokens: bt,
     blocksTotal: pool.blocksTotal,
     blocksFree: () => pool.blocksFree + (cache?.evictable ?? 0),
+    makeFree: (blocks) => {
+      const short = blocks - pool.blocksFree;
+      if (cache && short > 0) cache.evict(Math.min(short, cache.evictable));
+    },
     blocksHeld: held,
     length: (s) => s.length,
     reset: (s) => {

@@ -24,15 +24,7 @@ export async function reservePoolBlocks(
 ): Promise<BlockReservation | null> {
   const batch = tier.batch;
   if (!batch || tokens <= 0) return null;
-  const held = await batch.scheduler.reserveBlocks(
-    Math.ceil(tokens / batch.pool.blockTokens),
-    signal,
-  );
-  // The grant counted the prefix cache's idle blocks as free; the KV is written outside the
-  // steps (which evict for themselves), so the blocks every reservation holds are freed now.
-  const short = batch.scheduler.reservedBlocks - batch.pool.blocksFree;
-  if (short > 0) batch.cache.evict(short);
-  return held;
+  return await batch.scheduler.reserveBlocks(Math.ceil(tokens / batch.pool.blockTokens), signal);
 }
 
 /**

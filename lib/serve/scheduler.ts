@@ -57,6 +57,10 @@ export interface StepEngine<S, P = unknown, O = unknown> {
   ): SampleResult;
   /** whether an error from step() means "too few free blocks" (retry after replanning) */
   isPoolExhausted?(e: unknown): boolean;
+  /** makes at least `blocks` blocks free in the pool itself (blocksFree may count blocks that
+   *  are only freeable, e.g. a prefix cache's idle ones): the reservations' KV is written
+   *  outside the steps, so the blocks they hold must exist */
+  makeFree?(blocks: number): void;
   /** up to `steps` decode steps of the same items back to back (every item one token and a
    *  sampler; each later step appends what the one before sampled): per item the tokens it
    *  sampled (each but the last now in its cache) or its first draw's error; fewer steps when
@@ -509,6 +513,7 @@ export class Scheduler<S, P = unknown, O = unknown> {
       this.#blockWaiters.shift();
       if (w.onAbort) w.signal!.removeEventListener("abort", w.onAbort);
       this.#reserved += w.blocks;
+      this.#engine.makeFree?.(this.#reserved);
       let held = true;
       w.resolve({
         blocks: w.blocks,

@@ -44,6 +44,11 @@ export class KvPool {
     return this.#ptr;
   }
 
+  /** Whether the pool was freed (its model was freed: the runtime closed). */
+  get freed(): boolean {
+    return this.#ptr === null;
+  }
+
   /** Blocks free now. @throws Error when freed */
   get blocksFree(): number {
     return this.#lib.symbols.kvr_kv_pool_blocks_free(this.#handle("blocksFree"));

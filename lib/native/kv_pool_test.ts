@@ -35,7 +35,10 @@ Deno.test("KvPool: a paged sequence takes a block per 16 tokens and gives them b
   assert.equal(pool.blocksFree, 9);
   seq.free();
   assert.equal(pool.blocksFree, 10);
+  assert.equal(pool.freed, false);
   pool.free();
+  assert.equal(pool.freed, true);
+  assert.throws(() => pool.blocksFree, /has been freed/);
 });
 
 Deno.test("KvPool: exhaustion mid-decode fails the step all-or-none and running sequences stay intact", async () => {

@@ -87,6 +87,8 @@ export function createBatching(
   // The pool's own counts (blocks the prefix cache holds count as used; the scheduler counts its
   // idle ones as free) and the cache's size.
   function refresh() {
+    // A request still unwinding when the runtime closed frees its sequence after the pool.
+    if (pool.freed) return;
     const free = pool.blocksFree;
     metrics.kvBlocksUsed.set(labels, blocks - free);
     metrics.kvBlocksFree.set(labels, free);

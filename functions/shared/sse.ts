@@ -2,6 +2,7 @@
 // ending with `data: [DONE]` (OpenAI's framing). Cancelling the body (client gone) aborts the
 // producer's signal so generation stops and frees its sequence. No event names, ids or retry.
 import type { Context } from "hono";
+import { setImmediate } from "node:timers";
 import { streamSSE } from "hono/streaming";
 
 /**
@@ -26,8 +27,23 @@ export function sseResponse(
     // bytes to the stream's writer at once, in call order, before streamSSE closes it; writeSSE
     // would first await a callback resolution, so an unawaited last frame could land after the
     // close. The framing is OpenAI's: one `data:` line (JSON has no raw newline) and a blank line.
+    // Frames sent in one turn of the event loop (a burst of decode steps hands a request several
+    // tokens at once) go out as one write: each write is a chunk through the body's stream and
+    // the socket, which per token cost more than the frame itself.
+    let pending = "";
+    let scheduled = false;
+    const flush = () => {
+      scheduled = false;
+      if (pending !== "" && !stream.aborted) void stream.write(pending);
+      pending = "";
+    };
     const write = (data: string) => {
-      if (!stream.aborted) void stream.write(`data: ${data}\n\n`);
+      if (stream.aborted) return;
+      pending += `data: ${data}\n\n`;
+      if (!scheduled) {
+        scheduled = true;
+        setImmediate(flush);
+      }
     };
     const send = (obj: unknown) => write(JSON.stringify(obj));
     try {
@@ -36,6 +52,7 @@ export function sseResponse(
       send(errorFrame(e));
     }
     write("[DONE]");
+    flush();
   });
   // streamSSE's hop-by-hop headers are the server's business (Deno chunks by itself; HTTP/2
   // forbids them); proxies must not buffer the stream.

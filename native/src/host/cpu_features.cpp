@@ -1,8 +1,6 @@
-// CPU feature detection (see cpu_features.h): __builtin_cpu_supports once per process, the
-// KVRELAY_CPU_KERNEL override, and the description string.
+// CPU feature detection (see cpu_features.h): __builtin_cpu_supports once per process and the
+// KVRELAY_CPU_KERNEL override. The description string is cpu_description.cpp (it names kernels).
 #include "host/cpu_features.h"
-
-#include <omp.h>
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
 #include <cpuid.h>
@@ -13,12 +11,9 @@
 #include <unistd.h>
 #endif
 
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <string>
 
-#include "host/gemm.h"
 
 namespace kvr::cpu {
 namespace {
@@ -65,37 +60,11 @@ CpuFeatures detect() {
   return f;
 }
 
-// "model name" of the first processor in /proc/cpuinfo, or "unknown CPU".
-std::string model_name() {
-  std::string name = "unknown CPU";
-  FILE* f = std::fopen("/proc/cpuinfo", "r");
-  if (f == nullptr) return name;
-  char line[512];
-  while (std::fgets(line, sizeof line, f) != nullptr) {
-    if (std::strncmp(line, "model name", 10) != 0) continue;
-    const char* colon = std::strchr(line, ':');
-    if (colon == nullptr) continue;
-    std::string v(colon + 1);
-    const size_t b = v.find_first_not_of(" \t"), e = v.find_last_not_of(" \t\r\n");
-    if (b != std::string::npos && e != std::string::npos) name = v.substr(b, e - b + 1);
-    break;
-  }
-  std::fclose(f);
-  return name;
-}
-
 }  // namespace
 
 const CpuFeatures& cpu_features() {
   static const CpuFeatures f = detect();
   return f;
-}
-
-std::string cpu_description() {
-  const std::string simd = use_avx2_fma_f16c() ? "avx2-fma-f16c" : "generic";
-  return "cpu: " + model_name() + ", " + std::to_string(omp_get_num_procs()) + " cores, " + simd +
-         " kernels (gemm " + kernel_name() + (use_amx_bf16() ? ", few-row bf16 amx" : "") + ", int8 " + int8_kernel_name() + ", q8 " + q8_kernel_name() + ", q4 " + q4_kernel_name() +
-         ")";
 }
 
 }  // namespace kvr::cpu

@@ -70,6 +70,12 @@ inline bool use_amx_bf16() {
   const CpuFeatures& f = cpu_features();
   return f.amx_bf16 && use_avx512_vnni() && !f.gemm_forced_avx512;
 }
+// The sampler's exp over a vocabulary on zmm registers (host/sampling.cpp; the same bits as the
+// scalar exp), unless KVRELAY_CPU_KERNEL forces a path without AVX-512.
+inline bool use_avx512_exp() {
+  const CpuFeatures& f = cpu_features();
+  return f.avx512f && !f.gemm_forced_generic && !f.gemm_forced_avx2 && !f.gemm_forced_avxvnni;
+}
 // CRC32C with the SSE4.2 crc32 instruction.
 inline bool use_sse42_crc() { return cpu_features().sse42; }
 

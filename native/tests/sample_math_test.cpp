@@ -191,6 +191,7 @@ void test_sampler_route() {
 // overflow/subnormal bounds, |x| near 2^-60, table boundaries k = 256 m + j), NaN and infinities,
 // and lengths that leave a scalar tail.
 void test_exp_many() {
+  std::printf("exp path: %s\n", js_exp_many_path());
   std::mt19937_64 rng(7);
   std::vector<double> xs;
   std::uniform_real_distribution<double> wide(-760.0, 720.0), sampler(-60.0, 0.0);

@@ -76,6 +76,11 @@ inline bool use_avx512_exp() {
   const CpuFeatures& f = cpu_features();
   return f.avx512f && !f.gemm_forced_generic && !f.gemm_forced_avx2 && !f.gemm_forced_avxvnni;
 }
+// ... on ymm registers with AVX2 + FMA, unless KVRELAY_CPU_KERNEL=generic.
+inline bool use_avx2_exp() {
+  const CpuFeatures& f = cpu_features();
+  return f.avx2 && f.fma && !f.gemm_forced_generic;
+}
 // CRC32C with the SSE4.2 crc32 instruction.
 inline bool use_sse42_crc() { return cpu_features().sse42; }
 

@@ -210,8 +210,85 @@ __attribute__((target("avx512f"))) unsigned exp8_avx512(const double* xp, double
   return static_cast<unsigned>(static_cast<uint8_t>(~good));
 }
 
+// The same over 4 lanes with AVX2 + FMA: rounding by _mm256_round_pd, the table index converted
+// to int32, and the powers of two built from their exponent bits (every value here is normal).
+__attribute__((target("avx2,fma"))) unsigned exp4_avx2(const double* xp, double* out) {
+  const __m256d x = _mm256_loadu_pd(xp);
+  const __m256d ok = _mm256_and_pd(
+      _mm256_and_pd(_mm256_cmp_pd(x, _mm256_set1_pd(709.0), _CMP_LE_OQ),
+                    _mm256_cmp_pd(x, _mm256_set1_pd(-708.0), _CMP_GE_OQ)),
+      _mm256_cmp_pd(_mm256_andnot_pd(_mm256_set1_pd(-0.0), x), _mm256_set1_pd(0x1p-60), _CMP_GE_OQ));
+  const Exp2Table& tb = exp2_table();
+  const __m256d kd = _mm256_round_pd(_mm256_mul_pd(x, _mm256_set1_pd(kInvLn2N)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256d t1 = _mm256_sub_pd(x, _mm256_mul_pd(kd, _mm256_set1_pd(kC1)));
+  const __m256d c2 = _mm256_set1_pd(kC2);
+  const __m256d p2 = _mm256_mul_pd(kd, c2);
+  const __m256d e2 = _mm256_fmsub_pd(kd, c2, p2);
+  const __m256d np2 = _mm256_sub_pd(_mm256_setzero_pd(), p2);
+  const __m256d rh = _mm256_add_pd(t1, np2);
+  const __m256d bb = _mm256_sub_pd(rh, t1);
+  __m256d rl = _mm256_add_pd(_mm256_sub_pd(t1, _mm256_sub_pd(rh, bb)), _mm256_sub_pd(np2, bb));
+  rl = _mm256_sub_pd(rl, _mm256_add_pd(e2, _mm256_mul_pd(kd, _mm256_set1_pd(kC3))));
+  const __m256d r2 = _mm256_mul_pd(rh, rh);
+  const __m256d r2e = _mm256_fmsub_pd(rh, rh, r2);
+  __m256d poly = _mm256_add_pd(_mm256_set1_pd(1.0 / 120), _mm256_mul_pd(rh, _mm256_set1_pd(1.0 / 720)));
+  poly = _mm256_add_pd(_mm256_set1_pd(1.0 / 24), _mm256_mul_pd(rh, poly));
+  poly = _mm256_add_pd(_mm256_set1_pd(1.0 / 6), _mm256_mul_pd(rh, poly));
+  const __m256d tail = _mm256_mul_pd(_mm256_mul_pd(rh, r2), poly);
+  const __m256d one = _mm256_set1_pd(1.0), half = _mm256_set1_pd(0.5);
+  __m256d eh = _mm256_add_pd(one, rh);
+  __m256d el = _mm256_sub_pd(rh, _mm256_sub_pd(eh, one));
+  const __m256d hr2 = _mm256_mul_pd(half, r2);
+  const __m256d s = _mm256_add_pd(eh, hr2);
+  const __m256d sbb = _mm256_sub_pd(s, eh);
+  const __m256d se = _mm256_add_pd(_mm256_sub_pd(eh, _mm256_sub_pd(s, sbb)), _mm256_sub_pd(hr2, sbb));
+  __m256d inner = _mm256_add_pd(rl, _mm256_mul_pd(rh, rl));
+  inner = _mm256_add_pd(inner, _mm256_mul_pd(half, r2e));
+  inner = _mm256_add_pd(inner, tail);
+  el = _mm256_add_pd(el, _mm256_add_pd(se, inner));
+  eh = _mm256_add_pd(s, el);
+  el = _mm256_sub_pd(el, _mm256_sub_pd(eh, s));
+  const __m256d m = _mm256_round_pd(_mm256_mul_pd(kd, _mm256_set1_pd(1.0 / kTable)),
+                                    _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  // lanes not ok may hold anything: their index is forced to 0 (the result is discarded)
+  const __m256d jd = _mm256_and_pd(ok, _mm256_sub_pd(kd, _mm256_mul_pd(m, _mm256_set1_pd(kTable))));
+  const __m128i j = _mm256_cvtpd_epi32(jd);
+  // the masked gather with every lane on: the plain one starts from an undefined register (GCC 12)
+  const __m256d all = _mm256_castsi256_pd(_mm256_set1_epi64x(-1));
+  const __m256d thi = _mm256_mask_i32gather_pd(_mm256_setzero_pd(), tb.hi, j, all, 8);
+  const __m256d tlo = _mm256_mask_i32gather_pd(_mm256_setzero_pd(), tb.lo, j, all, 8);
+  const __m256d ph = _mm256_mul_pd(thi, eh);
+  __m256d pl = _mm256_fmsub_pd(thi, eh, ph);
+  pl = _mm256_add_pd(pl, _mm256_add_pd(_mm256_mul_pd(thi, el), _mm256_mul_pd(tlo, eh)));
+  const __m256d h = _mm256_add_pd(ph, pl);
+  const __m256d l = _mm256_sub_pd(pl, _mm256_sub_pd(h, ph));
+  const __m256d sign = _mm256_set1_pd(-0.0);
+  const __m256d ah = _mm256_andnot_pd(sign, h);
+  // ulp(|h|) = 2^(exponent - 52): the exponent bits of |h| less 52
+  const __m256i exp_bits = _mm256_and_si256(_mm256_castpd_si256(ah), _mm256_set1_epi64x(0x7FF0000000000000LL));
+  const __m256d ulp = _mm256_castsi256_pd(_mm256_sub_epi64(exp_bits, _mm256_set1_epi64x(52LL << 52)));
+  const __m256d dist = _mm256_andnot_pd(sign, _mm256_sub_pd(_mm256_andnot_pd(sign, l), _mm256_mul_pd(half, ulp)));
+  const __m256d near = _mm256_cmp_pd(dist, _mm256_mul_pd(ulp, _mm256_set1_pd(0x1p-20)), _CMP_LT_OQ);
+  // ldexp(h, m) = h * 2^m, 2^m from its exponent bits (m in [-1022, 1022] for ok lanes)
+  const __m256d mm = _mm256_and_pd(ok, m);
+  const __m128i mi = _mm256_cvtpd_epi32(mm);
+  const __m256i pow2 = _mm256_slli_epi64(_mm256_add_epi64(_mm256_cvtepi32_epi64(mi), _mm256_set1_epi64x(1023)), 52);
+  _mm256_storeu_pd(out, _mm256_mul_pd(h, _mm256_castsi256_pd(pow2)));
+  const int good = _mm256_movemask_pd(_mm256_andnot_pd(near, ok));
+  return static_cast<unsigned>(~good) & 0xFu;
+}
+
 }  // namespace
 #endif
+
+const char* js_exp_many_path() {
+#if defined(__x86_64__)
+  if (cpu::use_avx512_exp()) return "avx512";
+  if (cpu::use_avx2_exp()) return "avx2";
+#endif
+  return "scalar";
+}
 
 void js_exp_many(const double* x, double* out, size_t n) {
   size_t i = 0;
@@ -219,6 +296,15 @@ void js_exp_many(const double* x, double* out, size_t n) {
   if (cpu::use_avx512_exp()) {
     for (; i + 8 <= n; i += 8) {
       unsigned slow = exp8_avx512(x + i, out + i);
+      while (slow != 0) {
+        const int b = __builtin_ctz(slow);
+        out[i + b] = js_exp(x[i + b]);
+        slow &= slow - 1;
+      }
+    }
+  } else if (cpu::use_avx2_exp()) {
+    for (; i + 4 <= n; i += 4) {
+      unsigned slow = exp4_avx2(x + i, out + i);
       while (slow != 0) {
         const int b = __builtin_ctz(slow);
         out[i + b] = js_exp(x[i + b]);

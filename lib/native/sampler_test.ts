@@ -51,6 +51,7 @@ const SETTINGS: SamplingOptions[] = [
   { temperature: 0.9, topK: 40, topP: 0.95, minP: 0.02 },
   { temperature: 1, topK: 100000 },
   { temperature: 0.5, topP: 0.999999 },
+  { temperature: 0.7, topP: 0.95 }, // the demo models' generation_config
 ];
 
 Deno.test("NativeSampler draws the TypeScript Sampler's tokens for identical logits, many seeds and settings", () => {

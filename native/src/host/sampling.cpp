@@ -410,6 +410,34 @@ const float* limit_row(const float* l, size_t n, std::vector<float>& out) {
   return out.data();
 }
 
+#if defined(__x86_64__)
+// How many of l[0..n) are >= floor, and the sum of their terms over 8 lanes (not in id order:
+// within (count + 3)·2^-53 of it, relatively, as both sum positive terms).
+__attribute__((target("avx512f"))) size_t mass_above_avx512(const float* l, const double* terms, size_t n,
+                                                            double floor, double* approx) {
+  __m512d acc = _mm512_setzero_pd();
+  const __m512d fl = _mm512_set1_pd(floor);
+  size_t count = 0, i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m512d v = _mm512_maskz_cvtps_pd(0xFF, _mm256_loadu_ps(l + i));  // maskz: see exp8_avx512
+    const __mmask8 k = _mm512_cmp_pd_mask(v, fl, _CMP_GE_OQ);
+    count += static_cast<size_t>(__builtin_popcount(k));
+    acc = _mm512_add_pd(acc, _mm512_maskz_loadu_pd(k, terms + i));
+  }
+  alignas(64) double lane[8];
+  _mm512_store_pd(lane, acc);
+  double a = 0;
+  for (const double x : lane) a += x;
+  for (; i < n; ++i)
+    if (static_cast<double>(l[i]) >= floor) {
+      ++count;
+      a += terms[i];
+    }
+  *approx = a;
+  return count;
+}
+#endif
+
 // Σ exp((l[i] − max)/temperature) over the finite logits, in id order (terms[i] = each term when
 // terms is given). The terms come in blocks from js_exp_many (vectorised where the CPU allows),
 // then are added in id order: the same terms and the same sum as one exp and one add per logit.
@@ -455,7 +483,8 @@ void softmax_mass(const float* l, size_t n, double temperature, bool want_total,
 }
 
 // samplingDistribution of sampler.ts: fills scratch.ids / scratch.probs (first `*kept` entries)
-// with the kept ids, most likely first, and their renormalised probabilities.
+// with the kept ids, most likely first, and their renormalised probabilities; *kept 0 when no
+// logit is finite.
 void sampling_distribution(const float* l, size_t n, const SamplingConfig& cfg,
                            SamplingScratch& sc, size_t* kept) {
   const double temperature = cfg.temperature, top_p = cfg.top_p, min_p = cfg.min_p;
@@ -472,6 +501,10 @@ void sampling_distribution(const float* l, size_t n, const SamplingConfig& cfg,
     terms = sc.terms.data();
   }
   softmax_mass(l, n, temperature, need_mass, &max, &total, &finite, terms);
+  if (finite == 0) {
+    *kept = 0;
+    return;
+  }
   if (max == kInf) {
     l = limit_row(l, n, sc.limit);
     softmax_mass(l, n, temperature, need_mass, &max, &total, &finite, terms);
@@ -487,16 +520,36 @@ void sampling_distribution(const float* l, size_t n, const SamplingConfig& cfg,
     if (delta != kInf) {
       size_t count = 0;
       double mass = 0;
-      for (size_t i = 0; i < n; ++i) {
-        const double v = l[i];
-        if (v >= floor) {
-          ++count;
-          if (need_mass && top_p < 1) mass += terms[i];
+      // top_p's test needs only whether the candidates' mass reaches top_p·total: a lane-wise sum
+      // (another order) decides it unless it lies within its rounding bound of the threshold;
+      // only then is the exact id-order sum taken.
+      bool decided = false, reached = false;
+#if defined(__x86_64__)
+      if (need_mass && top_p < 1 && cpu::use_avx512_exp()) {
+        double approx;
+        count = mass_above_avx512(l, terms, n, floor, &approx);
+        const double threshold = top_p * total;
+        const double margin = approx * (2.0 * static_cast<double>(count) + 16) * 0x1p-52;
+        if (approx - margin > threshold || approx + margin < threshold) {
+          decided = true;
+          reached = approx > threshold;
         }
+      }
+#endif
+      if (!decided) {
+        count = 0;
+        for (size_t i = 0; i < n; ++i) {
+          const double v = l[i];
+          if (v >= floor) {
+            ++count;
+            if (need_mass && top_p < 1) mass += terms[i];
+          }
+        }
+        reached = mass >= top_p * total;
       }
       const bool enough =
           count == finite || (top_k > 0    ? count >= top_k
-                              : top_p < 1 ? mass >= top_p * total
+                              : top_p < 1 ? reached
                                           : min_p >= js_exp(-delta));
       if (!enough) {
         widen();
@@ -514,6 +567,37 @@ void sampling_distribution(const float* l, size_t n, const SamplingConfig& cfg,
       continue;
     }
     size_t m = top_k > 0 ? std::min(top_k, sc.ids.size()) : sc.ids.size();
+    if (top_k == 0 && top_p < 1 && min_p == 0) {
+      // top_p alone reads the sorted ids only until their probabilities reach top_p: take them
+      // in order off a heap (ties by id: a total order, so the same sequence as the full sort)
+      // and stop there, instead of sorting every candidate.
+      const auto after = [l](int32_t a, int32_t b) { return ByLogit{l}(b, a); };
+      std::make_heap(sc.ids.begin(), sc.ids.end(), after);
+      sc.order.clear();
+      sc.probs.clear();
+      double cumulative = 0;
+      bool reached = false;
+      for (size_t end = sc.ids.size(); end > 0 && !reached; --end) {
+        std::pop_heap(sc.ids.begin(), sc.ids.begin() + static_cast<long>(end), after);
+        const int32_t id = sc.ids[end - 1];
+        const double p = term(static_cast<size_t>(id)) / total;
+        sc.order.push_back(id);
+        sc.probs.push_back(p);
+        cumulative += p;
+        reached = cumulative >= top_p;
+      }
+      if (!reached && !all) {
+        widen();
+        continue;
+      }
+      m = sc.order.size();
+      std::copy(sc.order.begin(), sc.order.end(), sc.ids.begin());
+      double sum = 0;
+      for (size_t j = 0; j < m; ++j) sum += sc.probs[j];
+      for (size_t j = 0; j < m; ++j) sc.probs[j] /= sum;
+      *kept = m;
+      return;
+    }
     // Only the first m ids in sorted order are ever read: a partial sort gives the same prefix.
     if (m < sc.ids.size()) {
       std::partial_sort(sc.ids.begin(), sc.ids.begin() + static_cast<long>(m), sc.ids.end(),
@@ -597,11 +681,9 @@ int64_t sample_row(const float* l, size_t n, const SamplingConfig& cfg, Xoshiro1
     }
     return last;  // target within rounding of total
   }
-  size_t finite = 0;
-  for (size_t i = 0; i < n; ++i) finite += static_cast<double>(l[i]) > -kInf ? 1 : 0;
-  if (finite == 0) return -1;
   size_t m = 0;
   sampling_distribution(l, n, cfg, sc, &m);
+  if (m == 0) return -1;  // no finite logit
   const double u = rng.next_double();
   double cumulative = 0;
   for (size_t j = 0; j < m; ++j) {

@@ -12,6 +12,7 @@ import type { KvDtype } from "../lib/native/mod.ts";
 import { benchEngine, formatEngineTable } from "./engine.ts";
 import { benchSnapshots, formatSnapshotTable } from "./snapshot.ts";
 import { benchHttp, formatHttpTable } from "./http.ts";
+import { benchServeLoad, formatServeLoadTable } from "./serve_load.ts";
 import { benchMigration, formatMigrationTable } from "./migration.ts";
 import { benchPeers, type Column, COLUMNS, formatPeersTable } from "./peers.ts";
 import { benchBatch, formatBatchTable } from "./batch.ts";
@@ -46,6 +47,7 @@ const SECTION_HELP: Record<string, string> = {
   snapshot: "KV snapshot encode/decode speed and size per encoding",
   migration: "cross-model KV projection time and quality",
   http: "HTTP latency and throughput of a served tier",
+  serve: "the README server as a client sees it: 256-token completions, 1 vs 32 at once",
   batch: "continuous batching: step times and per-request TPOT at several concurrencies",
   coldstart: "process start until /readyz, and where the time went",
   multihost: "snapshot handoff between namespaced hosts",
@@ -154,6 +156,7 @@ const sections: Record<string, Section> = {
   snapshot: { run: benchSnapshots, format: formatSnapshotTable },
   migration: { run: benchMigration, format: formatMigrationTable },
   http: { run: benchHttp, format: formatHttpTable },
+  serve: { run: benchServeLoad, format: formatServeLoadTable },
   batch: { run: benchBatch, format: formatBatchTable },
   coldstart: { run: benchColdStart, format: formatColdStartTable },
   multihost: { run: benchMultihost, format: formatMultihostTable },

@@ -10,6 +10,7 @@ const ORDER = [
   "engine",
   "batch",
   "http",
+  "serve",
   "snapshot",
   "migration",
   "multihost",

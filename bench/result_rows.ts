@@ -6,6 +6,7 @@ import type { ColdStartResult } from "./coldstart.ts";
 import type { EngineBenchResult } from "./engine.ts";
 import type { GrammarBenchResult } from "./grammar.ts";
 import type { HttpBenchResult } from "./http.ts";
+import type { ServeLoadResult } from "./serve_load.ts";
 import type { MultihostResult } from "./multihost.ts";
 import type { PeersResult } from "./peers.ts";
 import { type ResultRow, row } from "./result_file.ts";
@@ -223,6 +224,17 @@ function peersRows(r: PeersResult): ResultRow[] {
   return rows;
 }
 
+function serveRows(r: ServeLoadResult): ResultRow[] {
+  return r.points.map((p) =>
+    row(
+      { tier: p.tier, mode: p.mode, concurrency: p.concurrency },
+      `aggregate (${r.maxTokens} tokens)`,
+      TPS,
+      p.tokensPerSecond,
+    )
+  );
+}
+
 function grammarRows(r: GrammarBenchResult): ResultRow[] {
   const rows: ResultRow[] = [];
   for (const v of r.vocabs) {
@@ -245,6 +257,7 @@ export const SECTION_ROWS: Record<string, (result: never) => ResultRow[]> = {
   snapshot: snapshotRows,
   migration: migrationRows,
   http: httpRows,
+  serve: serveRows,
   batch: batchRows,
   coldstart: coldstartRows,
   multihost: multihostRows,

@@ -1,5 +1,5 @@
-// CPU feature detection (see cpu_features.h): __builtin_cpu_supports once per process, the
-// KVRELAY_CPU_KERNEL override, and the description string.
+// CPU feature detection (see cpu_features.h): __builtin_cpu_supports once per process, the kernel
+// selection (KVRELAY_CPU_KERNEL, kvr_test_set_cpu_kernel), and the description string.
 #include "host/cpu_features.h"
 
 #include <omp.h>
@@ -13,12 +13,15 @@
 #include <unistd.h>
 #endif
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 
+#include "core/errors.h"
 #include "host/gemm.h"
+#include "kvrelay.h"
 
 namespace kvr::cpu {
 namespace {
@@ -57,12 +60,43 @@ CpuFeatures detect() {
     f.amx_bf16 = amx_permitted();
 #endif
 #endif
-  const char* forced = std::getenv("KVRELAY_CPU_KERNEL");
-  f.gemm_forced_generic = forced != nullptr && std::strcmp(forced, "generic") == 0;
-  f.gemm_forced_avx2 = forced != nullptr && std::strcmp(forced, "avx2") == 0;
-  f.gemm_forced_avxvnni = forced != nullptr && std::strcmp(forced, "avxvnni") == 0;
-  f.gemm_forced_avx512 = forced != nullptr && std::strcmp(forced, "avx512") == 0;
   return f;
+}
+
+struct SelectionName {
+  const char* name;
+  KernelSelection selection;
+};
+constexpr SelectionName kSelections[] = {{"generic", KernelSelection::kGeneric},
+                                         {"avx2", KernelSelection::kAvx2},
+                                         {"avxvnni", KernelSelection::kAvxVnni},
+                                         {"avx512", KernelSelection::kAvx512}};
+
+// The selection named `name`; false for a name that is none of kSelections.
+bool parse_selection(const char* name, KernelSelection& out) {
+  for (const SelectionName& s : kSelections) {
+    if (std::strcmp(name, s.name) == 0) {
+      out = s.selection;
+      return true;
+    }
+  }
+  return false;
+}
+
+// The environment's selection. A name the CPU lacks narrows nothing it has (the operator's knob
+// keeps its lenient meaning: "avx512" on an AVX2 machine is the default); an unknown one is ignored.
+KernelSelection selection_from_env() {
+  const char* forced = std::getenv("KVRELAY_CPU_KERNEL");
+  KernelSelection s = KernelSelection::kBest;
+  if (forced != nullptr && !parse_selection(forced, s)) s = KernelSelection::kBest;
+  return s;
+}
+
+// The current selection, initialised from the environment at first use (a function-local static,
+// so no other translation unit's static initialiser can read it before it is set).
+std::atomic<KernelSelection>& selection_slot() {
+  static std::atomic<KernelSelection> slot{selection_from_env()};
+  return slot;
 }
 
 // "model name" of the first processor in /proc/cpuinfo, or "unknown CPU".
@@ -89,6 +123,27 @@ std::string model_name() {
 const CpuFeatures& cpu_features() {
   static const CpuFeatures f = detect();
   return f;
+}
+
+KernelSelection kernel_selection() { return selection_slot().load(std::memory_order_relaxed); }
+
+int32_t set_kernel_selection(const char* name) {
+  KernelSelection s = KernelSelection::kBest;
+  if (name != nullptr && name[0] != '\0' && !parse_selection(name, s)) {
+    return fail(KVR_ERR_INVALID_ARGUMENT,
+                format("unknown CPU kernel \"%s\" (expected generic, avx2, avxvnni, avx512, or empty for the CPU's best)",
+                       name));
+  }
+  const CpuFeatures& f = cpu_features();
+  const bool avx2 = f.avx2 && f.fma;
+  const char* missing = nullptr;
+  if (s == KernelSelection::kAvx2 && !avx2) missing = "AVX2 and FMA";
+  if (s == KernelSelection::kAvxVnni && !(avx2 && f.f16c && f.avxvnni)) missing = "AVX2, FMA, F16C and AVX-VNNI";
+  if (s == KernelSelection::kAvx512 && !(avx2 && f.avx512f)) missing = "AVX2, FMA and AVX-512F";
+  if (missing != nullptr)
+    return fail(KVR_ERR_UNSUPPORTED, format("CPU kernel \"%s\" is not supported on this CPU (it needs %s)", name, missing));
+  selection_slot().store(s, std::memory_order_relaxed);
+  return KVR_OK;
 }
 
 std::string cpu_description() {

@@ -130,9 +130,9 @@ KernelSelection kernel_selection() { return selection_slot().load(std::memory_or
 int32_t set_kernel_selection(const char* name) {
   KernelSelection s = KernelSelection::kBest;
   if (name != nullptr && name[0] != '\0' && !parse_selection(name, s)) {
-    return fail(KVR_ERR_INVALID_ARGUMENT,
-                format("unknown CPU kernel \"%s\" (expected generic, avx2, avxvnni, avx512, or empty for the CPU's best)",
-                       name));
+    return fail(KVR_ERR_INVALID_ARGUMENT, format("unknown CPU kernel \"%s\" (expected generic, avx2, avxvnni, "
+                                                 "avx512, or empty for the CPU's best)",
+                                                 name));
   }
   const CpuFeatures& f = cpu_features();
   const bool avx2 = f.avx2 && f.fma;
@@ -141,7 +141,8 @@ int32_t set_kernel_selection(const char* name) {
   if (s == KernelSelection::kAvxVnni && !(avx2 && f.f16c && f.avxvnni)) missing = "AVX2, FMA, F16C and AVX-VNNI";
   if (s == KernelSelection::kAvx512 && !(avx2 && f.avx512f)) missing = "AVX2, FMA and AVX-512F";
   if (missing != nullptr)
-    return fail(KVR_ERR_UNSUPPORTED, format("CPU kernel \"%s\" is not supported on this CPU (it needs %s)", name, missing));
+    return fail(KVR_ERR_UNSUPPORTED,
+                format("CPU kernel \"%s\" is not supported on this CPU (it needs %s)", name, missing));
   selection_slot().store(s, std::memory_order_relaxed);
   return KVR_OK;
 }

@@ -1,5 +1,6 @@
 // Test-only helpers for lib/native tests: deterministic token streams, logits comparison, a
-// cached demo-model loader and the CPU kernel selection of the test library. Not imported by production code.
+// cached demo-model loader and the test library's CPU kernel selection (withCpuKernel). Not
+// imported by production code.
 
 import { type Checkpoint, loadCheckpoint } from "../model/mod.ts";
 import { type CpuKernel, setCpuKernel } from "./gemm.ts";

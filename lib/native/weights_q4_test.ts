@@ -2,8 +2,9 @@
 // bytes; prefill and decode logits within measured bounds of a model built from the dequantized
 // weights (a dequantize-then-f32 reference: the difference is the int8 activations) and of bf16;
 // the same bits at 1 and 2 threads and on every q4 kernel this machine can run (selected in the
-// same process with withCpuKernel). The GEMV / int8 GEMM arithmetic itself is checked against float64 in
-// quant_gemv_test.ts / quant_gemm_test.ts; quality on real text: docs/int8_gemm.md (score).
+// same process with withCpuKernel). The GEMV / int8 GEMM arithmetic itself is checked against
+// float64 in quant_gemv_test.ts / quant_gemm_test.ts; quality on real text: docs/int8_gemm.md
+// (score).
 
 import assert from "node:assert/strict";
 import { loadCheckpoint } from "../model/mod.ts";

@@ -43,9 +43,9 @@ KernelSelection kernel_selection();
 // Changes the selection (the test library's kvr_test_set_cpu_kernel): nullptr or "" = kBest, else
 // one of the names above. KVR_ERR_INVALID_ARGUMENT for an unknown name, KVR_ERR_UNSUPPORTED for a
 // path this CPU cannot run (avx2 needs AVX2+FMA, avxvnni AVX-VNNI as well, avx512 AVX-512F), the
-// reason recorded as kvr_last_error; the selection is then unchanged. Every choice made after it follows it; not
-// to be called while any other call of the library runs (a GEMM packs and computes its input with
-// the kernel table chosen at its start).
+// reason recorded as kvr_last_error; the selection is then unchanged. Every choice made after it
+// follows it. Not to be called while any other call of the library runs: one GEMM asks for its
+// kernels more than once (its input packing and its tiles must agree).
 int32_t set_kernel_selection(const char* name);
 
 // Engine kernels (attention, norms, conversions): AVX2 + FMA + F16C together.

@@ -92,11 +92,30 @@ KernelSelection selection_from_env() {
   return s;
 }
 
-// The current selection, initialised from the environment at first use (a function-local static,
-// so no other translation unit's static initialiser can read it before it is set).
-std::atomic<KernelSelection>& selection_slot() {
-  static std::atomic<KernelSelection> slot{selection_from_env()};
-  return slot;
+KernelChoices choices_for(const CpuFeatures& f, KernelSelection s) {
+  using S = KernelSelection;
+  KernelChoices c;
+  c.avx2_gemm = f.avx2 && f.fma && s != S::kGeneric;
+  c.avx512_gemm = f.avx512f && c.avx2_gemm && s != S::kAvx2 && s != S::kAvxVnni;
+  c.avx512_vnni = f.avx512f && f.avx512bw && f.avx512vl && f.avx512vnni && s != S::kGeneric && s != S::kAvx2 &&
+                  s != S::kAvxVnni;
+  c.avx2_quant = f.avx2 && f.fma && f.f16c && s != S::kGeneric;
+  c.avx_vnni = f.avxvnni && c.avx2_quant && s != S::kAvx2;
+  c.amx_bf16 = f.amx_bf16 && c.avx512_vnni && s != S::kAvx512;
+  return c;
+}
+
+constexpr size_t kSelectionCount = 5;
+
+// The choices of every selection on this CPU, indexed by KernelSelection (immutable once built).
+const KernelChoices* choices_table() {
+  static const struct Table {
+    KernelChoices c[kSelectionCount];
+    Table() {
+      for (size_t i = 0; i < kSelectionCount; ++i) c[i] = choices_for(cpu_features(), static_cast<KernelSelection>(i));
+    }
+  } table;
+  return table.c;
 }
 
 // "model name" of the first processor in /proc/cpuinfo, or "unknown CPU".
@@ -125,7 +144,23 @@ const CpuFeatures& cpu_features() {
   return f;
 }
 
-KernelSelection kernel_selection() { return selection_slot().load(std::memory_order_relaxed); }
+namespace detail {
+
+std::atomic<const KernelChoices*> current_choices{nullptr};
+
+const KernelChoices& init_choices() {
+  const KernelChoices* c = &choices_table()[static_cast<size_t>(selection_from_env())];
+  // Threads racing here store the same pointer; a selection set meanwhile wins.
+  const KernelChoices* expected = nullptr;
+  if (!current_choices.compare_exchange_strong(expected, c, std::memory_order_relaxed)) return *expected;
+  return *c;
+}
+
+}  // namespace detail
+
+KernelSelection kernel_selection() {
+  return static_cast<KernelSelection>(&kernel_choices() - choices_table());
+}
 
 int32_t set_kernel_selection(const char* name) {
   KernelSelection s = KernelSelection::kBest;
@@ -143,7 +178,7 @@ int32_t set_kernel_selection(const char* name) {
   if (missing != nullptr)
     return fail(KVR_ERR_UNSUPPORTED,
                 format("CPU kernel \"%s\" is not supported on this CPU (it needs %s)", name, missing));
-  selection_slot().store(s, std::memory_order_relaxed);
+  detail::current_choices.store(&choices_table()[static_cast<size_t>(s)], std::memory_order_relaxed);
   return KVR_OK;
 }
 

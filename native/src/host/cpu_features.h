@@ -6,6 +6,7 @@
 // Not the kernels themselves.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -35,9 +36,8 @@ const CpuFeatures& cpu_features();
 // bit for bit, with the same engine kernels underneath.
 enum class KernelSelection : uint8_t { kBest, kAvx512, kAvxVnni, kAvx2, kGeneric };
 
-// The current selection (a relaxed atomic load). Initially from the environment variable
-// KVRELAY_CPU_KERNEL (generic|avx2|avxvnni|avx512; unset, empty or anything else: kBest), read at
-// the first call.
+// The current selection. Initially from the environment variable KVRELAY_CPU_KERNEL
+// (generic|avx2|avxvnni|avx512; unset, empty or anything else: kBest), read at the first use.
 KernelSelection kernel_selection();
 
 // Changes the selection (the test library's kvr_test_set_cpu_kernel): nullptr or "" = kBest, else
@@ -48,44 +48,39 @@ KernelSelection kernel_selection();
 // kernels more than once (its input packing and its tiles must agree).
 int32_t set_kernel_selection(const char* name);
 
+// What the CPU's features and the current selection allow, worked out once per selection: the
+// kernel choices are asked for at every GEMM (and per work unit of a step), so each answer is one
+// relaxed atomic load and a field, not a re-derivation.
+struct KernelChoices {
+  bool avx2_gemm = false;    // GEMM micro-kernels: AVX2 + FMA, unless generic
+  bool avx512_gemm = false;  // ... on AVX-512F zmm (same bits as AVX2), unless generic/avx2/avxvnni
+  bool avx512_vnni = false;  // q8/q4 kernels with AVX-512 F/BW/VL + VNNI, unless generic/avx2/avxvnni
+  bool avx2_quant = false;   // q8/q4 kernels on ymm (AVX2 + FMA + F16C), unless generic
+  bool avx_vnni = false;     // ... with AVX-VNNI's ymm vpdpbusd, unless avx2
+  bool amx_bf16 = false;     // the AMX bf16 few-row GEMM (gemm_amx.h), unless any narrowing
+};
+
+namespace detail {
+extern std::atomic<const KernelChoices*> current_choices;  // null until the first use
+const KernelChoices& init_choices();                        // sets it from the environment
+}  // namespace detail
+
+inline const KernelChoices& kernel_choices() {
+  const KernelChoices* c = detail::current_choices.load(std::memory_order_relaxed);
+  return c != nullptr ? *c : detail::init_choices();
+}
+
 // Engine kernels (attention, norms, conversions): AVX2 + FMA + F16C together.
 inline bool use_avx2_fma_f16c() {
   const CpuFeatures& f = cpu_features();
   return f.avx2 && f.fma && f.f16c;
 }
-// GEMM micro-kernels: AVX2 + FMA, unless the selection is generic.
-inline bool use_avx2_gemm() {
-  const CpuFeatures& f = cpu_features();
-  return f.avx2 && f.fma && kernel_selection() != KernelSelection::kGeneric;
-}
-// GEMM micro-kernels with AVX-512F zmm registers (same bits as AVX2), unless the selection is
-// generic, avx2 or avxvnni.
-inline bool use_avx512_gemm() {
-  const KernelSelection s = kernel_selection();
-  return cpu_features().avx512f && use_avx2_gemm() && s != KernelSelection::kAvx2 && s != KernelSelection::kAvxVnni;
-}
-// q8/q4 weight kernels with AVX-512 VNNI (F/BW/VL + vpdpbusd), unless the selection is generic,
-// avx2 or avxvnni.
-inline bool use_avx512_vnni() {
-  const CpuFeatures& f = cpu_features();
-  const KernelSelection s = kernel_selection();
-  return f.avx512f && f.avx512bw && f.avx512vl && f.avx512vnni && s != KernelSelection::kGeneric &&
-         s != KernelSelection::kAvx2 && s != KernelSelection::kAvxVnni;
-}
-// q8/q4 weight kernels on ymm (AVX2 + FMA + F16C for the f16 scales of q4), unless the selection
-// is generic.
-inline bool use_avx2_quant() {
-  const CpuFeatures& f = cpu_features();
-  return f.avx2 && f.fma && f.f16c && kernel_selection() != KernelSelection::kGeneric;
-}
-// ... with AVX-VNNI's ymm vpdpbusd instead of vpmaddubsw/vpmaddwd, unless the selection is avx2.
-inline bool use_avx_vnni() {
-  return cpu_features().avxvnni && use_avx2_quant() && kernel_selection() != KernelSelection::kAvx2;
-}
-// The AMX bf16 few-row GEMM (gemm_amx.h), unless the selection narrows anything.
-inline bool use_amx_bf16() {
-  return cpu_features().amx_bf16 && use_avx512_vnni() && kernel_selection() != KernelSelection::kAvx512;
-}
+inline bool use_avx2_gemm() { return kernel_choices().avx2_gemm; }
+inline bool use_avx512_gemm() { return kernel_choices().avx512_gemm; }
+inline bool use_avx512_vnni() { return kernel_choices().avx512_vnni; }
+inline bool use_avx2_quant() { return kernel_choices().avx2_quant; }
+inline bool use_avx_vnni() { return kernel_choices().avx_vnni; }
+inline bool use_amx_bf16() { return kernel_choices().amx_bf16; }
 // CRC32C with the SSE4.2 crc32 instruction.
 inline bool use_sse42_crc() { return cpu_features().sse42; }
 

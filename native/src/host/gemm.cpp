@@ -53,7 +53,7 @@ constexpr size_t kMinParallelMacs = size_t{1} << 17;
 constexpr size_t kMaxWholeA = size_t{1} << 22;
 
 // The table of the current kernel selection and the CPU's features (cpu_features.h, the one
-// dispatch), chosen at each call — a few loads and branches — so the test library's
+// dispatch), chosen at each call — one atomic load and two branches — so the test library's
 // kvr_test_set_cpu_kernel re-selects it between calls (one GEMM may ask more than once).
 const KernelTable& kernels() {
   if (use_avx512_gemm()) return detail::avx512_kernels();

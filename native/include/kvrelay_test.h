@@ -72,10 +72,10 @@ KVR_API const char* kvr_cpu_kernel_name(void);
 KVR_API int32_t kvr_model_set_debug(kvr_model* model, uint32_t flags);
 
 /*
- * Selects the CPU kernel paths (GEMM, q8/q4 GEMV, int8 GEMM, AMX) of this library, process-wide,
- * so one process runs and compares every path its CPU has: "generic" (portable GEMM and q8/q4
- * kernels), "avx2" (AVX-512 and AVX-VNNI off), "avxvnni" (AVX-512 off), "avx512" (AMX off); NULL
- * or "" = the CPU's best. Every kernel choice made after it follows it (none is cached; weight
+ * Selects the CPU kernel paths (GEMM, q8/q4 GEMV, int8 GEMM, AMX, the sampler's exp over the
+ * vocabulary) of this library, process-wide, so one process runs and compares every path its CPU
+ * has: "generic" (portable GEMM and q8/q4 kernels), "avx2" (AVX-512 and AVX-VNNI off), "avxvnni"
+ * (AVX-512 off), "avx512" (AMX off); NULL or "" = the CPU's best. Every kernel choice made after it follows it (none is cached; weight
  * packing does not depend on it, so models loaded before the call run the new paths too). The
  * initial choice is the environment's KVRELAY_CPU_KERNEL (same names; native/src/host/
  * cpu_features.h). The engine kernels (attention, norms, conversions) are not narrowed.

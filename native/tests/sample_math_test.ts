@@ -2,8 +2,39 @@
 // the CUDA sampling step and the host half of that step), built by CMake as
 // build/native/kvr_sample_math_test next to the library (scripts/build_native.ts).
 
+import assert from "node:assert/strict";
 import { runCheckBinary } from "./check_binary.ts";
 
 Deno.test("`kvr_sample_math_test` passes every selection, route and PRNG-agreement check", async () => {
   await runCheckBinary("kvr_sample_math_test", "sample_math", 10000);
 });
+
+// The sampler's exp over a vocabulary has a path per instruction set (host/sampling.cpp
+// js_exp_many), each checked bit for bit against the scalar exp by the binary: run it with each
+// path this CPU has forced by KVRELAY_CPU_KERNEL, and check that the path it names is the one
+// the CPU's flags call for (so a vector path cannot silently fall back to scalar).
+const flags = new Set(
+  (Deno.readTextFileSync("/proc/cpuinfo").match(/^flags\s*:(.*)$/m)?.[1] ?? "").trim().split(/\s+/),
+);
+const best = flags.has("avx512f")
+  ? "avx512"
+  : flags.has("avx2") && flags.has("fma")
+  ? "avx2"
+  : "scalar";
+for (
+  const [kernel, path] of [
+    ["", best],
+    ["avx2", best === "scalar" ? "scalar" : "avx2"],
+    ["generic", "scalar"],
+  ] as const
+) {
+  Deno.test(`\`kvr_sample_math_test\`: the ${path} exp path equals the scalar exp (KVRELAY_CPU_KERNEL=${kernel || "unset"})`, async () => {
+    const out = await runCheckBinary(
+      "kvr_sample_math_test",
+      "sample_math",
+      10000,
+      { KVRELAY_CPU_KERNEL: kernel }, // "" = no path forced, whatever this process has
+    );
+    assert.equal(out.match(/exp path: (\w+)/)?.[1], path, out);
+  });
+}

@@ -1,8 +1,7 @@
-// CPU feature detection (see cpu_features.h): __builtin_cpu_supports once per process, the kernel
-// selection (KVRELAY_CPU_KERNEL, kvr_test_set_cpu_kernel), and the description string.
+// CPU feature detection (see cpu_features.h): __builtin_cpu_supports once per process and the
+// kernel selection (KVRELAY_CPU_KERNEL, kvr_test_set_cpu_kernel). The description string is
+// cpu_description.cpp (it names kernels).
 #include "host/cpu_features.h"
-
-#include <omp.h>
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
 #include <cpuid.h>
@@ -14,13 +13,10 @@
 #endif
 
 #include <atomic>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <string>
 
 #include "core/errors.h"
-#include "host/gemm.h"
 #include "kvrelay.h"
 
 namespace kvr::cpu {
@@ -102,6 +98,8 @@ KernelChoices choices_for(const CpuFeatures& f, KernelSelection s) {
   c.avx2_quant = f.avx2 && f.fma && f.f16c && s != S::kGeneric;
   c.avx_vnni = f.avxvnni && c.avx2_quant && s != S::kAvx2;
   c.amx_bf16 = f.amx_bf16 && c.avx512_vnni && s != S::kAvx512;
+  c.avx512_exp = f.avx512f && s != S::kGeneric && s != S::kAvx2 && s != S::kAvxVnni;
+  c.avx2_exp = f.avx2 && f.fma && s != S::kGeneric;
   return c;
 }
 
@@ -116,25 +114,6 @@ const KernelChoices* choices_table() {
     }
   } table;
   return table.c;
-}
-
-// "model name" of the first processor in /proc/cpuinfo, or "unknown CPU".
-std::string model_name() {
-  std::string name = "unknown CPU";
-  FILE* f = std::fopen("/proc/cpuinfo", "r");
-  if (f == nullptr) return name;
-  char line[512];
-  while (std::fgets(line, sizeof line, f) != nullptr) {
-    if (std::strncmp(line, "model name", 10) != 0) continue;
-    const char* colon = std::strchr(line, ':');
-    if (colon == nullptr) continue;
-    std::string v(colon + 1);
-    const size_t b = v.find_first_not_of(" \t"), e = v.find_last_not_of(" \t\r\n");
-    if (b != std::string::npos && e != std::string::npos) name = v.substr(b, e - b + 1);
-    break;
-  }
-  std::fclose(f);
-  return name;
 }
 
 }  // namespace
@@ -180,13 +159,6 @@ int32_t set_kernel_selection(const char* name) {
                 format("CPU kernel \"%s\" is not supported on this CPU (it needs %s)", name, missing));
   detail::current_choices.store(&choices_table()[static_cast<size_t>(s)], std::memory_order_relaxed);
   return KVR_OK;
-}
-
-std::string cpu_description() {
-  const std::string simd = use_avx2_fma_f16c() ? "avx2-fma-f16c" : "generic";
-  return "cpu: " + model_name() + ", " + std::to_string(omp_get_num_procs()) + " cores, " + simd +
-         " kernels (gemm " + kernel_name() + (use_amx_bf16() ? ", few-row bf16 amx" : "") + ", int8 " + int8_kernel_name() + ", q8 " + q8_kernel_name() + ", q4 " + q4_kernel_name() +
-         ")";
 }
 
 }  // namespace kvr::cpu

@@ -1,9 +1,9 @@
 // The one CPU-feature dispatch of the library: which instruction sets this process may use
 // (detected once, thread-safe static), the kernel selection that narrows them, and the one-line CPU
-// description kvr_backend_probe and the CPU backend report. Every kernel choice (GEMM table,
-// q8/q4 and int8 kernels, AMX, attention/norm/convert AVX2 paths, CRC32C) reads these predicates
-// at each call — none caches its answer — so changing the selection re-selects all of them.
-// Not the kernels themselves.
+// description kvr_backend_probe and the CPU backend report (cpu_description.cpp). Every kernel
+// choice (GEMM table, q8/q4 and int8 kernels, AMX, the sampler's exp, attention/norm/convert AVX2
+// paths, CRC32C) reads these predicates at each call — none caches its answer — so changing the
+// selection re-selects all of them. Not the kernels themselves.
 #pragma once
 
 #include <atomic>
@@ -27,8 +27,8 @@ struct CpuFeatures {
 // the portable paths of the vectorised engine kernels).
 const CpuFeatures& cpu_features();
 
-// The kernel selection: how far the GEMM and q8/q4/int8 kernel choices are narrowed below what the
-// CPU has, so one machine runs every path it has. kBest: no narrowing; kAvx512 ("avx512"): AMX
+// The kernel selection: how far the GEMM, q8/q4/int8 and sampler-exp choices are narrowed below
+// what the CPU has, so one machine runs every path it has. kBest: no narrowing; kAvx512 ("avx512"): AMX
 // off (an AVX-512 machine without AMX, e.g. AMD Zen 4); kAvxVnni ("avxvnni"): AVX-512 off (AVX2 +
 // AVX-VNNI, Alder Lake-like); kAvx2 ("avx2"): AVX-512 and AVX-VNNI off (an AVX2-only machine);
 // kGeneric ("generic"): the portable kernels. The engine kernels (attention, norms, conversions)
@@ -58,6 +58,9 @@ struct KernelChoices {
   bool avx2_quant = false;   // q8/q4 kernels on ymm (AVX2 + FMA + F16C), unless generic
   bool avx_vnni = false;     // ... with AVX-VNNI's ymm vpdpbusd, unless avx2
   bool amx_bf16 = false;     // the AMX bf16 few-row GEMM (gemm_amx.h), unless any narrowing
+  // The sampler's exp over a vocabulary (host/sampling.cpp; the same bits as the scalar exp) on
+  // zmm registers, unless generic/avx2/avxvnni; on ymm with AVX2 + FMA, unless generic.
+  bool avx512_exp = false, avx2_exp = false;
 };
 
 namespace detail {
@@ -81,6 +84,8 @@ inline bool use_avx512_vnni() { return kernel_choices().avx512_vnni; }
 inline bool use_avx2_quant() { return kernel_choices().avx2_quant; }
 inline bool use_avx_vnni() { return kernel_choices().avx_vnni; }
 inline bool use_amx_bf16() { return kernel_choices().amx_bf16; }
+inline bool use_avx512_exp() { return kernel_choices().avx512_exp; }
+inline bool use_avx2_exp() { return kernel_choices().avx2_exp; }
 // CRC32C with the SSE4.2 crc32 instruction.
 inline bool use_sse42_crc() { return cpu_features().sse42; }
 

@@ -3,6 +3,8 @@
 // TypeScript sampler stays the oracle and the tokens agree exactly (sampler_test.ts, native).
 #include "host/sampling.h"
 
+#include "host/cpu_features.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -132,6 +134,188 @@ double js_exp(double x) {
   return std::ldexp(h, static_cast<int>(m));
 }
 
+#if defined(__x86_64__)
+namespace {
+
+// js_exp over 8 lanes with AVX-512F: the scalar evaluation's operations in the same order (each
+// IEEE operation rounds the same in a lane as in a scalar register, fma included), so a lane's
+// result has the same bits as js_exp. Lanes the fast path does not decide — NaN, the overflow and
+// subnormal ranges, |x| < 2^-60, and results too close to a rounding midpoint — are flagged for
+// the scalar js_exp. Returns the flagged lanes' bit mask.
+__attribute__((target("avx512f"))) unsigned exp8_avx512(const double* xp, double* out) {
+  // Masked forms with every lane on: the plain ones start from _mm512_undefined_pd, which GCC 12
+  // reports as uninitialized.
+  constexpr __mmask8 kAll = 0xFF;
+  const __m512d x = _mm512_loadu_pd(xp);
+  const __mmask8 ok = _mm512_cmp_pd_mask(x, _mm512_set1_pd(709.0), _CMP_LE_OQ) &
+                      _mm512_cmp_pd_mask(x, _mm512_set1_pd(-708.0), _CMP_GE_OQ) &
+                      _mm512_cmp_pd_mask(_mm512_abs_pd(x), _mm512_set1_pd(0x1p-60), _CMP_GE_OQ);
+  const Exp2Table& tb = exp2_table();
+  const __m512d kd = _mm512_maskz_roundscale_pd(kAll, _mm512_mul_pd(x, _mm512_set1_pd(kInvLn2N)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512d t1 = _mm512_sub_pd(x, _mm512_mul_pd(kd, _mm512_set1_pd(kC1)));
+  const __m512d c2 = _mm512_set1_pd(kC2);
+  const __m512d p2 = _mm512_mul_pd(kd, c2);
+  const __m512d e2 = _mm512_fmsub_pd(kd, c2, p2);
+  // two_sum(t1, -p2)
+  const __m512d np2 = _mm512_sub_pd(_mm512_setzero_pd(), p2);
+  const __m512d rh = _mm512_add_pd(t1, np2);
+  const __m512d bb = _mm512_sub_pd(rh, t1);
+  __m512d rl = _mm512_add_pd(_mm512_sub_pd(t1, _mm512_sub_pd(rh, bb)), _mm512_sub_pd(np2, bb));
+  rl = _mm512_sub_pd(rl, _mm512_add_pd(e2, _mm512_mul_pd(kd, _mm512_set1_pd(kC3))));
+  const __m512d r2 = _mm512_mul_pd(rh, rh);
+  const __m512d r2e = _mm512_fmsub_pd(rh, rh, r2);
+  __m512d poly = _mm512_add_pd(_mm512_set1_pd(1.0 / 120), _mm512_mul_pd(rh, _mm512_set1_pd(1.0 / 720)));
+  poly = _mm512_add_pd(_mm512_set1_pd(1.0 / 24), _mm512_mul_pd(rh, poly));
+  poly = _mm512_add_pd(_mm512_set1_pd(1.0 / 6), _mm512_mul_pd(rh, poly));
+  const __m512d tail = _mm512_mul_pd(_mm512_mul_pd(rh, r2), poly);
+  const __m512d one = _mm512_set1_pd(1.0), half = _mm512_set1_pd(0.5);
+  // fast_two_sum(1, rh)
+  __m512d eh = _mm512_add_pd(one, rh);
+  __m512d el = _mm512_sub_pd(rh, _mm512_sub_pd(eh, one));
+  // two_sum(eh, 0.5 r2)
+  const __m512d hr2 = _mm512_mul_pd(half, r2);
+  const __m512d s = _mm512_add_pd(eh, hr2);
+  const __m512d sbb = _mm512_sub_pd(s, eh);
+  const __m512d se = _mm512_add_pd(_mm512_sub_pd(eh, _mm512_sub_pd(s, sbb)), _mm512_sub_pd(hr2, sbb));
+  __m512d inner = _mm512_add_pd(rl, _mm512_mul_pd(rh, rl));
+  inner = _mm512_add_pd(inner, _mm512_mul_pd(half, r2e));
+  inner = _mm512_add_pd(inner, tail);
+  el = _mm512_add_pd(el, _mm512_add_pd(se, inner));
+  // fast_two_sum(s, el)
+  eh = _mm512_add_pd(s, el);
+  el = _mm512_sub_pd(el, _mm512_sub_pd(eh, s));
+  // k = 256 m + j, 0 <= j < 256 (kd is an integer well inside the exact range)
+  const __m512d m = _mm512_maskz_roundscale_pd(kAll, _mm512_mul_pd(kd, _mm512_set1_pd(1.0 / kTable)),
+                                         _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  const __m512d jd = _mm512_sub_pd(kd, _mm512_mul_pd(m, _mm512_set1_pd(kTable)));
+  const __m256i j = _mm512_mask_cvtpd_epi32(_mm256_setzero_si256(), ok, jd);
+  const __m512d thi = _mm512_mask_i32gather_pd(_mm512_setzero_pd(), kAll, j, tb.hi, 8);
+  const __m512d tlo = _mm512_mask_i32gather_pd(_mm512_setzero_pd(), kAll, j, tb.lo, 8);
+  // two_prod(hi, eh)
+  const __m512d ph = _mm512_mul_pd(thi, eh);
+  __m512d pl = _mm512_fmsub_pd(thi, eh, ph);
+  pl = _mm512_add_pd(pl, _mm512_add_pd(_mm512_mul_pd(thi, el), _mm512_mul_pd(tlo, eh)));
+  // fast_two_sum(ph, pl)
+  const __m512d h = _mm512_add_pd(ph, pl);
+  const __m512d l = _mm512_sub_pd(pl, _mm512_sub_pd(h, ph));
+  // ulp(|h|) = 2^(exponent - 52) for a normal h; undecided when |l| is within 2^-20 ulp of ulp/2
+  const __m512d ah = _mm512_abs_pd(h);
+  const __m512d ulp = _mm512_maskz_scalef_pd(kAll, one, _mm512_sub_pd(_mm512_maskz_getexp_pd(kAll, ah), _mm512_set1_pd(52.0)));
+  const __m512d dist = _mm512_abs_pd(_mm512_sub_pd(_mm512_abs_pd(l), _mm512_mul_pd(half, ulp)));
+  const __mmask8 near = _mm512_cmp_pd_mask(dist, _mm512_mul_pd(ulp, _mm512_set1_pd(0x1p-20)), _CMP_LT_OQ);
+  const __mmask8 good = ok & static_cast<__mmask8>(~near);
+  // ldexp(h, m): exact, the result is normal in this range
+  _mm512_storeu_pd(out, _mm512_maskz_scalef_pd(kAll, h, m));
+  return static_cast<unsigned>(static_cast<uint8_t>(~good));
+}
+
+// The same over 4 lanes with AVX2 + FMA: rounding by _mm256_round_pd, the table index converted
+// to int32, and the powers of two built from their exponent bits (every value here is normal).
+__attribute__((target("avx2,fma"))) unsigned exp4_avx2(const double* xp, double* out) {
+  const __m256d x = _mm256_loadu_pd(xp);
+  const __m256d ok = _mm256_and_pd(
+      _mm256_and_pd(_mm256_cmp_pd(x, _mm256_set1_pd(709.0), _CMP_LE_OQ),
+                    _mm256_cmp_pd(x, _mm256_set1_pd(-708.0), _CMP_GE_OQ)),
+      _mm256_cmp_pd(_mm256_andnot_pd(_mm256_set1_pd(-0.0), x), _mm256_set1_pd(0x1p-60), _CMP_GE_OQ));
+  const Exp2Table& tb = exp2_table();
+  const __m256d kd = _mm256_round_pd(_mm256_mul_pd(x, _mm256_set1_pd(kInvLn2N)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256d t1 = _mm256_sub_pd(x, _mm256_mul_pd(kd, _mm256_set1_pd(kC1)));
+  const __m256d c2 = _mm256_set1_pd(kC2);
+  const __m256d p2 = _mm256_mul_pd(kd, c2);
+  const __m256d e2 = _mm256_fmsub_pd(kd, c2, p2);
+  const __m256d np2 = _mm256_sub_pd(_mm256_setzero_pd(), p2);
+  const __m256d rh = _mm256_add_pd(t1, np2);
+  const __m256d bb = _mm256_sub_pd(rh, t1);
+  __m256d rl = _mm256_add_pd(_mm256_sub_pd(t1, _mm256_sub_pd(rh, bb)), _mm256_sub_pd(np2, bb));
+  rl = _mm256_sub_pd(rl, _mm256_add_pd(e2, _mm256_mul_pd(kd, _mm256_set1_pd(kC3))));
+  const __m256d r2 = _mm256_mul_pd(rh, rh);
+  const __m256d r2e = _mm256_fmsub_pd(rh, rh, r2);
+  __m256d poly = _mm256_add_pd(_mm256_set1_pd(1.0 / 120), _mm256_mul_pd(rh, _mm256_set1_pd(1.0 / 720)));
+  poly = _mm256_add_pd(_mm256_set1_pd(1.0 / 24), _mm256_mul_pd(rh, poly));
+  poly = _mm256_add_pd(_mm256_set1_pd(1.0 / 6), _mm256_mul_pd(rh, poly));
+  const __m256d tail = _mm256_mul_pd(_mm256_mul_pd(rh, r2), poly);
+  const __m256d one = _mm256_set1_pd(1.0), half = _mm256_set1_pd(0.5);
+  __m256d eh = _mm256_add_pd(one, rh);
+  __m256d el = _mm256_sub_pd(rh, _mm256_sub_pd(eh, one));
+  const __m256d hr2 = _mm256_mul_pd(half, r2);
+  const __m256d s = _mm256_add_pd(eh, hr2);
+  const __m256d sbb = _mm256_sub_pd(s, eh);
+  const __m256d se = _mm256_add_pd(_mm256_sub_pd(eh, _mm256_sub_pd(s, sbb)), _mm256_sub_pd(hr2, sbb));
+  __m256d inner = _mm256_add_pd(rl, _mm256_mul_pd(rh, rl));
+  inner = _mm256_add_pd(inner, _mm256_mul_pd(half, r2e));
+  inner = _mm256_add_pd(inner, tail);
+  el = _mm256_add_pd(el, _mm256_add_pd(se, inner));
+  eh = _mm256_add_pd(s, el);
+  el = _mm256_sub_pd(el, _mm256_sub_pd(eh, s));
+  const __m256d m = _mm256_round_pd(_mm256_mul_pd(kd, _mm256_set1_pd(1.0 / kTable)),
+                                    _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  // lanes not ok may hold anything: their index is forced to 0 (the result is discarded)
+  const __m256d jd = _mm256_and_pd(ok, _mm256_sub_pd(kd, _mm256_mul_pd(m, _mm256_set1_pd(kTable))));
+  const __m128i j = _mm256_cvtpd_epi32(jd);
+  // the masked gather with every lane on: the plain one starts from an undefined register (GCC 12)
+  const __m256d all = _mm256_castsi256_pd(_mm256_set1_epi64x(-1));
+  const __m256d thi = _mm256_mask_i32gather_pd(_mm256_setzero_pd(), tb.hi, j, all, 8);
+  const __m256d tlo = _mm256_mask_i32gather_pd(_mm256_setzero_pd(), tb.lo, j, all, 8);
+  const __m256d ph = _mm256_mul_pd(thi, eh);
+  __m256d pl = _mm256_fmsub_pd(thi, eh, ph);
+  pl = _mm256_add_pd(pl, _mm256_add_pd(_mm256_mul_pd(thi, el), _mm256_mul_pd(tlo, eh)));
+  const __m256d h = _mm256_add_pd(ph, pl);
+  const __m256d l = _mm256_sub_pd(pl, _mm256_sub_pd(h, ph));
+  const __m256d sign = _mm256_set1_pd(-0.0);
+  const __m256d ah = _mm256_andnot_pd(sign, h);
+  // ulp(|h|) = 2^(exponent - 52): the exponent bits of |h| less 52
+  const __m256i exp_bits = _mm256_and_si256(_mm256_castpd_si256(ah), _mm256_set1_epi64x(0x7FF0000000000000LL));
+  const __m256d ulp = _mm256_castsi256_pd(_mm256_sub_epi64(exp_bits, _mm256_set1_epi64x(52LL << 52)));
+  const __m256d dist = _mm256_andnot_pd(sign, _mm256_sub_pd(_mm256_andnot_pd(sign, l), _mm256_mul_pd(half, ulp)));
+  const __m256d near = _mm256_cmp_pd(dist, _mm256_mul_pd(ulp, _mm256_set1_pd(0x1p-20)), _CMP_LT_OQ);
+  // ldexp(h, m) = h * 2^m, 2^m from its exponent bits (m in [-1022, 1022] for ok lanes)
+  const __m256d mm = _mm256_and_pd(ok, m);
+  const __m128i mi = _mm256_cvtpd_epi32(mm);
+  const __m256i pow2 = _mm256_slli_epi64(_mm256_add_epi64(_mm256_cvtepi32_epi64(mi), _mm256_set1_epi64x(1023)), 52);
+  _mm256_storeu_pd(out, _mm256_mul_pd(h, _mm256_castsi256_pd(pow2)));
+  const int good = _mm256_movemask_pd(_mm256_andnot_pd(near, ok));
+  return static_cast<unsigned>(~good) & 0xFu;
+}
+
+}  // namespace
+#endif
+
+const char* js_exp_many_path() {
+#if defined(__x86_64__)
+  if (cpu::use_avx512_exp()) return "avx512";
+  if (cpu::use_avx2_exp()) return "avx2";
+#endif
+  return "scalar";
+}
+
+void js_exp_many(const double* x, double* out, size_t n) {
+  size_t i = 0;
+#if defined(__x86_64__)
+  if (cpu::use_avx512_exp()) {
+    for (; i + 8 <= n; i += 8) {
+      unsigned slow = exp8_avx512(x + i, out + i);
+      while (slow != 0) {
+        const int b = __builtin_ctz(slow);
+        out[i + b] = js_exp(x[i + b]);
+        slow &= slow - 1;
+      }
+    }
+  } else if (cpu::use_avx2_exp()) {
+    for (; i + 4 <= n; i += 4) {
+      unsigned slow = exp4_avx2(x + i, out + i);
+      while (slow != 0) {
+        const int b = __builtin_ctz(slow);
+        out[i + b] = js_exp(x[i + b]);
+        slow &= slow - 1;
+      }
+    }
+  }
+#endif
+  for (; i < n; ++i) out[i] = js_exp(x[i]);
+}
+
 void RepetitionPenalty::add(int32_t id) {
   if (id < 0) return;
   const size_t i = static_cast<size_t>(id);
@@ -226,6 +410,29 @@ const float* limit_row(const float* l, size_t n, std::vector<float>& out) {
   return out.data();
 }
 
+// Σ exp((l[i] − max)/temperature) over the finite logits, in id order (terms[i] = each term when
+// terms is given). The terms come in blocks from js_exp_many (vectorised where the CPU allows),
+// then are added in id order: the same terms and the same sum as one exp and one add per logit.
+void exp_sum(const float* l, size_t n, double max, double temperature, double* terms, double* total) {
+  constexpr size_t kBlock = 256;
+  double xs[kBlock], es[kBlock];
+  double tot = 0;
+  for (size_t b = 0; b < n; b += kBlock) {
+    const size_t e = std::min(n, b + kBlock);
+    for (size_t i = b; i < e; ++i) {
+      const double v = l[i];
+      xs[i - b] = v > -kInf ? (v - max) / temperature : 0.0;
+    }
+    js_exp_many(xs, es, e - b);
+    for (size_t i = b; i < e; ++i) {
+      if (!(static_cast<double>(l[i]) > -kInf)) continue;
+      if (terms) terms[i] = es[i - b];
+      tot += es[i - b];
+    }
+  }
+  *total = tot;
+}
+
 // softmaxMass of sampler.ts: max finite logit, Σ exp((l − max)/T) over finite logits in id order
 // (skipped when want_total is false: the caller does not read it), and how many are finite.
 // When terms is given, terms[i] = exp((l[i] − max)/T) for finite logits (for the caller to reuse).
@@ -241,16 +448,7 @@ void softmax_mass(const float* l, size_t n, double temperature, bool want_total,
     }
   }
   double tot = 0;
-  if (f > 0 && want_total) {
-    for (size_t i = 0; i < n; ++i) {
-      const double v = l[i];
-      if (v > -kInf) {
-        const double e = js_exp((v - mx) / temperature);
-        if (terms) terms[i] = e;
-        tot += e;
-      }
-    }
-  }
+  if (f > 0 && want_total) exp_sum(l, n, mx, temperature, terms, &tot);
   *max = mx;
   *total = tot;
   *finite = f;
@@ -452,10 +650,7 @@ size_t logprobs_row(const float* l, size_t n, int64_t id, double* id_logprob, si
     max = 0;
   }
   double total = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const double v = l[i];
-    if (v > -kInf) total += js_exp(v - max);
-  }
+  exp_sum(l, n, max, 1.0, nullptr, &total);
   // The same expression as tests/reference/logits.ts stepLogprobs (max + Math.log(sum), then
   // logit − lse), so both give the same bits: the HTTP logprobs may come from either.
   const double lse = max + js_log(total);

@@ -28,6 +28,11 @@ class Xoshiro128 {
 
 // fdlibm's __ieee754_exp as ported in V8 (src/base/ieee754.cc), i.e. JavaScript's Math.exp.
 double js_exp(double x);
+// js_exp of x[0..n) into out[0..n): the same bits, several lanes at a time where the CPU has
+// AVX-512 (the sampler's exp pass over a whole vocabulary).
+void js_exp_many(const double* x, double* out, size_t n);
+// Which path js_exp_many takes in this process: "avx512", "avx2" or "scalar".
+const char* js_exp_many_path();
 // JavaScript's Math.log (correctly rounded), for logprobs equal to lib/engine's bit for bit.
 double js_log(double x);
 

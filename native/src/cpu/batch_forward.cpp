@@ -180,7 +180,7 @@ unsigned forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq
   const size_t qd = m.q_dim, kvd = m.kv_dim, ldqkv = qd + 2 * kvd;
   const size_t group = m.heads / m.kv_heads;
   const float eps = m.params.rms_norm_eps;
-  const bool qwen3 = m.params.arch == KVR_ARCH_QWEN3;
+  const LayerPlan& lp = m.layer_plan;  // the layers' recipe (core/layer_plan.h)
   const size_t pw = kPanelWidth;
   // gate and up panels line up when I is a multiple of the panel width: a thread's gate panels
   // [a, b) and up panels [I/16 + a, I/16 + b) give it whole SwiGLU columns (no extra stage).
@@ -398,7 +398,7 @@ unsigned forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq
   auto key_value = [&](size_t l, const LayerWeights& L, size_t r, size_t g) {
     float* kr = qkv + r * ldqkv + qd + g * hd;
     const float* c = cs + r * hd;
-    if (qwen3) rmsnorm(kr, kr, L.k_norm.data(), hd, eps);
+    if (lp.qk_norm) rmsnorm(kr, kr, L.k_norm.data(), hd, eps);
     rope(kr, c, c + half, half);
     KvCache& kv = *seqs[seq_of[r]].kv;
     from_f32(kr, kv.dtype, kv.at(l, 0, g, pos_of[r]), hd);
@@ -406,7 +406,7 @@ unsigned forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq
   };
   auto query = [&](const LayerWeights& L, size_t r, float* qr) {
     const float* c = cs + r * hd;
-    if (qwen3) rmsnorm(qr, qr, L.q_norm.data(), hd, eps);
+    if (lp.qk_norm) rmsnorm(qr, qr, L.q_norm.data(), hd, eps);
     rope(qr, c, c + half, half);
   };
 
@@ -427,8 +427,8 @@ unsigned forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq
     // prepared: a's rows as this thread prepared them (kPanels). A failure (only std::bad_alloc of a
     // thread's first packing scratch) is carried out by hand: the unit still counts as done so
     // the others finish, and the step throws after the region.
-    auto gemm = [&](const float* a, size_t m, size_t lda, bool prepared, const PackedWeight& W,
-                    const std::vector<float>& bias, float* y, size_t ldy, bool acc, size_t p0, size_t p1) {
+    auto gemm = [&](const float* a, size_t m, size_t lda, bool prepared, const PackedWeight& W, const float* bias,
+                    float* y, size_t ldy, bool acc, size_t p0, size_t p1) {
       try {
         if (prepared) {
           prep->gemm_range(W, y, ldy, acc, p0, p1);
@@ -439,9 +439,9 @@ unsigned forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq
         failed.store(true, std::memory_order_relaxed);
         return;
       }
-      if (bias.empty() || p0 >= p1) return;
+      if (!bias || p0 >= p1) return;
       const size_t c0 = p0 * pw, c1 = std::min(p1 * pw, W.rows());
-      for (size_t r = 0; r < m; ++r) add_inplace(y + r * ldy + c0, bias.data() + c0, c1 - c0);
+      for (size_t r = 0; r < m; ++r) add_inplace(y + r * ldy + c0, bias + c0, c1 - c0);
     };
     // Prepares a (rows, W.cols()) for this thread's chunks of a GEMM on W; false on failure (the
     // thread's chunks of that GEMM are then skipped and the step throws after the region).
@@ -466,8 +466,8 @@ unsigned forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq
     };
     // A GEMM stage y (+)= input() · Wᵀ (+ bias) over every row and panel; `after(r0, r1, c0, c1)`
     // runs on the block just computed (rows [r0, r1), columns [c0, c1)), by the same thread.
-    auto gemm_stage = [&](auto&& input, size_t lda, const PackedWeight& W, const std::vector<float>& bias, float* y,
-                          size_t ldy, bool acc, auto&& after) {
+    auto gemm_stage = [&](auto&& input, size_t lda, const PackedWeight& W, const float* bias, float* y, size_t ldy,
+                          bool acc, auto&& after) {
       const float* a = nullptr;
       if (split == Split::kRows) {
         stage(gemm_row_units, [&](uint32_t u) {
@@ -509,6 +509,11 @@ unsigned forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq
 
     for (size_t l = 0; l < m.layers; ++l) {
       const LayerWeights& L = w.layer[l];
+      // The plan's biases (nullptr: none).
+      const float* qkv_bias = lp.qkv_bias ? L.qkv_bias.data() : nullptr;
+      const float* o_bias = lp.o_bias ? L.o_bias.data() : nullptr;
+      const float* gate_up_bias = lp.mlp_bias ? L.gate_up_bias.data() : nullptr;
+      const float* down_bias = lp.mlp_bias ? L.down_bias.data() : nullptr;
       AttnArgs la = one_args;  // one row: per thread, the shared template stays read-only
       la.layer = l;
       if (l == 0 && !one) {  // the embeddings (and RoPE angles) of a row chunk, then its first norm
@@ -532,13 +537,13 @@ unsigned forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq
           const size_t spans[3][2] = {{g * group * hd, (g + 1) * group * hd},
                                       {qd + g * hd, qd + (g + 1) * hd},
                                       {qd + kvd + g * hd, qd + kvd + (g + 1) * hd}};
-          for (const auto& c : spans) gemm(a, 1, H, false, L.qkv, L.qkv_bias, qkv, ldqkv, false, c[0] / pw, c[1] / pw);
+          for (const auto& c : spans) gemm(a, 1, H, false, L.qkv, qkv_bias, qkv, ldqkv, false, c[0] / pw, c[1] / pw);
           key_value(l, L, 0, g);
           for (size_t hh = g * group; hh < (g + 1) * group; ++hh) query(L, 0, qkv + hh * hd);
           decode_attention_group(la, g, scratch);
         });
       } else {
-        gemm_stage(normed(L.attn_norm), H, L.qkv, L.qkv_bias, qkv, ldqkv, false, nothing);
+        gemm_stage(normed(L.attn_norm), H, L.qkv, qkv_bias, qkv, ldqkv, false, nothing);
       }
 
       if (block_units) {  // one row: scores, then values, per (group, block of positions)
@@ -579,7 +584,7 @@ unsigned forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq
             for (size_t g = 0; g < m.kv_heads; ++g) decode_combine(la, g, parts(g), attl + g * group * hd);
             return attl;
           },
-          qd, L.o, L.o_bias, x, H, true, nothing);
+          qd, L.o, o_bias, x, H, true, nothing);
       norm_stage(L.mlp_norm);
 
       if (fused_swiglu && split != Split::kRows) {
@@ -593,27 +598,27 @@ unsigned forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq
           if (split == Split::kPanels && !ready && !(ready = prepare(a, H, L.gate_up))) return;
           const size_t p0 = u * chunk, p1 = std::min(gp, (u + 1) * chunk);
           const bool pk = split == Split::kPanels;
-          gemm(a, rows, H, pk, L.gate_up, L.gate_up_bias, gu, 2 * I, false, p0, p1);
-          gemm(a, rows, H, pk, L.gate_up, L.gate_up_bias, gu, 2 * I, false, gp + p0, gp + p1);
+          gemm(a, rows, H, pk, L.gate_up, gate_up_bias, gu, 2 * I, false, p0, p1);
+          gemm(a, rows, H, pk, L.gate_up, gate_up_bias, gu, 2 * I, false, gp + p0, gp + p1);
           for (size_t r = 0; r < rows; ++r) {
             float* row = gu + r * 2 * I;
             swiglu(row + p0 * pw, row + I + p0 * pw, row + p0 * pw, (p1 - p0) * pw);
           }
         });
       } else if (split == Split::kRows) {  // a row block's gate/up, then its SwiGLU
-        gemm_stage(normed(L.mlp_norm), H, L.gate_up, L.gate_up_bias, gu, 2 * I, false,
+        gemm_stage(normed(L.mlp_norm), H, L.gate_up, gate_up_bias, gu, 2 * I, false,
                    [&](size_t r0, size_t r1, size_t, size_t) {
                      for (size_t r = r0; r < r1; ++r) swiglu(gu + r * 2 * I, gu + r * 2 * I + I, gu + r * 2 * I, I);
                    });
       } else {
-        gemm_stage(normed(L.mlp_norm), H, L.gate_up, L.gate_up_bias, gu, 2 * I, false, nothing);
+        gemm_stage(normed(L.mlp_norm), H, L.gate_up, gate_up_bias, gu, 2 * I, false, nothing);
         stage(row_units, [&](uint32_t u) {
           size_t r0, r1;
           row_range(u, &r0, &r1);
           for (size_t r = r0; r < r1; ++r) swiglu(gu + r * 2 * I, gu + r * 2 * I + I, gu + r * 2 * I, I);
         });
       }
-      gemm_stage([&] { return static_cast<const float*>(gu); }, 2 * I, L.down, L.down_bias, x, H, true, nothing);
+      gemm_stage([&] { return static_cast<const float*>(gu); }, 2 * I, L.down, down_bias, x, H, true, nothing);
     }
 
     const size_t wn = want_rows.size(), wchunk = chunk_of(wn);

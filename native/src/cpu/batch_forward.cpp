@@ -263,9 +263,9 @@ unsigned forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq
   units.clear();
   decodes.clear();
   size_t attn_floats = 0;
-  for (size_t e = 0; e < count; ++e)
+  for (size_t e = 0; e < count && !one; ++e)  // one row: its own units (below)
     if (seqs[e].n == 1) decodes.push_back({e, 0, 1, kAllHeads});
-  for (unsigned t = 0; t < nt; ++t) {
+  for (unsigned t = 0; t < nt && !one; ++t) {
     for (size_t g = t * m.kv_heads / nt; g < (t + 1) * m.kv_heads / nt; ++g)
       for (size_t e = 0; e < count; ++e) {
         const size_t n = seqs[e].n;
@@ -285,6 +285,7 @@ unsigned forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq
   const AttnArgs one_args = unit_args({0, 0, 1, kAllHeads});
   const size_t nb = block_units ? decode_blocks(one_args) : 0;
   const size_t parts_each = block_units ? r16(decode_parts_floats(one_args)) : 0;
+  if (group_units) attn_floats = decode_attention_scratch_floats(one_args);
   if (block_units) attn_floats = decode_block_scratch_floats(one_args) + r16(group * hd) + r16(qd);
   attn_floats = r16(attn_floats);
   if (sc.attn.size() < attn_floats * nt + m.kv_heads * parts_each) sc.attn.resize(attn_floats * nt + m.kv_heads * parts_each);
@@ -367,8 +368,8 @@ unsigned forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq
   // instead of spread leave the last thread short (272 rows as 80, 80, 80, 32). While the last
   // block has fewer than kBlockRows rows it joins the one before: a 1-row block would take the
   // GEMV, other bits than the tiles, and AMX needs amx::kMinRows.
-  const bool amx_layers = !w.layer.empty() && amx::applies(w.layer[0].qkv, kBlockRows);
-  const size_t granule = amx_layers ? 32 : gemm_row_group();  // AMX: SplitRows's 2 tiles of 16 rows
+  const bool amx_layers = split == Split::kRows && !w.layer.empty() && amx::applies(w.layer[0].qkv, kBlockRows);
+  const size_t granule = amx_layers ? 32 : split == Split::kRows ? gemm_row_group() : 1;  // AMX: SplitRows's 2 tiles of 16 rows
   const size_t tiles = (rows + granule - 1) / granule;
   const size_t blocks_wanted = nt == 1 ? 1 : kGemmBlocksPerThread * nt;
   size_t gemm_blocks = std::min({blocks_wanted, tiles, std::max<size_t>(1, rows / kBlockRows)});
@@ -432,6 +433,8 @@ unsigned forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq
       try {
         if (prepared) {
           prep->gemm_range(W, y, ldy, acc, p0, p1);
+        } else if (m == 1) {  // gemm_range's own dispatch for one row, without its wrapper per unit
+          gemv_range(a, W, y, acc, p0, std::min(p1, W.panels()));
         } else {
           gemm_range(a, m, lda, W, y, ldy, acc, p0, p1);
         }

@@ -208,7 +208,8 @@ unsigned forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq
   //   QKV by panel chunks, then the group's scores and values by blocks of kDecodeBlock
   //   positions (`block_units`), each thread adding the blocks' partials itself before its first
   //   O unit; decode_attention_group runs the same phases in the same order, so the bits do not
-  //   depend on which (tiny-balanced: one kv head on 2 threads, 3 query heads run 2:1 per head);
+  //   depend on which. Groups, not query heads, are the unit: per head, tiny-balanced's 3 heads
+  //   on 2 threads ran 2:1 and each head re-read its group's K/V;
   // - GEMV chunks of about 2 units per thread (each claim and completion is an atomic on a line
   //   both cores write, ~0.1–0.2 µs), and the embedding before the region.
   const bool one = rows == 1;

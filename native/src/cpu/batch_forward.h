@@ -63,8 +63,11 @@ struct StepPlan {
 // Buffers of a step, reused from step to step by the caller's thread.
 struct BatchScratch {
   StepPlan plan;
-  std::vector<float> main;    // activations of every row
-  std::vector<float> attn;    // attention scratch (per thread)
+  // Cache-line aligned: the threads write neighbouring column chunks of these rows and their own
+  // slices (one row: each thread's normed copy, its attention scratch), which would otherwise
+  // share lines at every boundary.
+  std::vector<float, AlignedAllocator<float>> main;  // activations of every row
+  std::vector<float, AlignedAllocator<float>> attn;  // attention scratch (per thread)
   std::vector<PreparedRows> prepared;  // each thread's prepared GEMM input (few-row steps)
   std::unique_ptr<StageCounter[]> stages;  // work counters of the step's stages (stage_units.h)
   size_t stage_count = 0;

@@ -1,6 +1,7 @@
-// Tests for the native decode step (native/src/cpu/decode_step.cpp): one parallel region per
-// token whose result must not depend on the thread count or on which count the per-sequence tuner
-// picks, and which must agree with the batched prefill path. Needs the built library.
+// Tests for the native decode step (a one-row step of native/src/cpu/batch_forward.cpp): one
+// parallel region per token whose result must not depend on the thread count or on which count the
+// per-sequence tuner picks, and which must agree with the batched prefill path. Needs the built
+// library.
 
 import assert from "node:assert/strict";
 import { NativeModel } from "./model.ts";

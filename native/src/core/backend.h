@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "common/chunk_layout.h"
+#include "core/layer_plan.h"
 #include "kvrelay.h"
 
 namespace kvr {
@@ -44,6 +45,7 @@ struct ModelGeometry {
   // RoPE inverse frequencies after rope_scaling (head_dim/2 of them), radians per position;
   // angle of pair d at position p = p * inv_freq[d] computed in double (rope.h).
   std::vector<double> inv_freq;
+  LayerPlan layer_plan;  // the layers' recipe (layer_plan.h), read by both backends
   uint32_t kv_dtype() const { return params.kv_dtype; }
 };
 

@@ -303,6 +303,13 @@ int32_t load_impl(const kvr_model_params* params, const char* paths, size_t path
     table.add(v);
   }
   m.inv_freq = rope_inv_freq(p);
+  // The recipe from the params, and the one choice the table makes: an o_proj bias is optional
+  // under attention_bias, all layers or none (checked above).
+  m.layer_plan.qk_norm = p.arch == KVR_ARCH_QWEN3;
+  m.layer_plan.qkv_bias = p.attention_bias != 0;
+  m.layer_plan.o_bias = p.attention_bias != 0 && table.find(KVR_T_O_BIAS, 0) != nullptr;
+  m.layer_plan.mlp_bias = p.mlp_bias != 0;
+  m.layer_plan.tied_embeddings = p.tie_word_embeddings != 0;
   if (p.backend == KVR_BACKEND_CUDA) m.backend = make_cuda_backend(m, table, static_cast<int32_t>(p.device));
   else m.backend = make_cpu_backend(m, table);
   files.clear();  // unmap before returning

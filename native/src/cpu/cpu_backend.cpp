@@ -312,7 +312,8 @@ class CpuBackend final : public Backend {
     omp_set_num_threads(g_.n_threads);
     Loader ld{t};
     const TensorView& embed = ld.row(KVR_T_EMBED, 0);
-    if (p.tie_word_embeddings) {
+    const LayerPlan& lp = g_.layer_plan;
+    if (lp.tied_embeddings) {
       // Tied: the packed lm_head is the only copy; lookups gather rows from its panels
       // (weights.h embed_row). Qwen3-0.6B: 297 MiB bf16 held once instead of twice. With q8/q4
       // weights the lookups read the quantized rows (as llama.cpp's quantized token_embd): no
@@ -325,26 +326,28 @@ class CpuBackend final : public Backend {
       w_.embed = Loader::vec(&embed);
     }
     w_.final_norm = Loader::vec(t.find(KVR_T_FINAL_NORM));
-    if (!p.tie_word_embeddings) w_.lm_head = Loader::packed({t.find(KVR_T_LM_HEAD)}, g_.hidden, keep_bf16, quant);
+    if (!lp.tied_embeddings) w_.lm_head = Loader::packed({t.find(KVR_T_LM_HEAD)}, g_.hidden, keep_bf16, quant);
     w_.layer.resize(g_.layers);
     for (size_t l = 0; l < g_.layers; ++l) {
       LayerWeights& L = w_.layer[l];
       L.attn_norm = Loader::vec(t.find(KVR_T_ATTN_NORM, l));
       L.mlp_norm = Loader::vec(t.find(KVR_T_MLP_NORM, l));
-      L.q_norm = Loader::vec(t.find(KVR_T_Q_NORM, l));  // present for Qwen3 only
-      L.k_norm = Loader::vec(t.find(KVR_T_K_NORM, l));
+      if (lp.qk_norm) {
+        L.q_norm = Loader::vec(t.find(KVR_T_Q_NORM, l));
+        L.k_norm = Loader::vec(t.find(KVR_T_K_NORM, l));
+      }
       const size_t qkv_rows = g_.q_dim + 2 * g_.kv_dim;
       L.qkv = Loader::packed({t.find(KVR_T_Q, l), t.find(KVR_T_K, l), t.find(KVR_T_V, l)}, g_.hidden, keep_bf16, quant);
-      if (p.attention_bias) {
+      if (lp.qkv_bias) {
         L.qkv_bias.resize(qkv_rows);
         Loader::read(ld.row(KVR_T_Q_BIAS, l), L.qkv_bias.data());
         Loader::read(ld.row(KVR_T_K_BIAS, l), L.qkv_bias.data() + g_.q_dim);
         Loader::read(ld.row(KVR_T_V_BIAS, l), L.qkv_bias.data() + g_.q_dim + g_.kv_dim);
-        L.o_bias = Loader::vec(t.find(KVR_T_O_BIAS, l));
       }
+      if (lp.o_bias) L.o_bias = Loader::vec(t.find(KVR_T_O_BIAS, l));
       L.o = Loader::packed({t.find(KVR_T_O, l)}, g_.q_dim, keep_bf16, quant);
       L.gate_up = Loader::packed({t.find(KVR_T_GATE, l), t.find(KVR_T_UP, l)}, g_.hidden, keep_bf16, quant);
-      if (p.mlp_bias) {
+      if (lp.mlp_bias) {
         L.gate_up_bias.resize(2 * g_.inter);
         Loader::read(ld.row(KVR_T_GATE_BIAS, l), L.gate_up_bias.data());
         Loader::read(ld.row(KVR_T_UP_BIAS, l), L.gate_up_bias.data() + g_.inter);

@@ -14,7 +14,7 @@ namespace kvr::cpu {
 
 // Positions per block: the attention of a decode is computed in fixed blocks of positions (scores
 // and partial results per block, added in block order), so a caller may spread one GQA group's
-// blocks over threads (cpu/decode_step.cpp) and still get the bits of one thread.
+// blocks over threads (cpu/batch_forward.cpp, one row) and still get the bits of one thread.
 constexpr size_t kDecodeBlock = 64;
 
 // Floats of scratch decode_attention() needs for these arguments (a.n == 1).

@@ -1,6 +1,6 @@
-// The CPU forward pass of one sequence over a block of new tokens: a decode is the one-row decode
-// step (cpu/decode_step.cpp), a prefill runs chunks through the layer loop
-// (cpu/batch_forward.cpp). Inputs are validated by the caller.
+// The CPU forward pass of one sequence over a block of new tokens, through the layer loop
+// (cpu/batch_forward.cpp): a decode is a step of one row, a prefill runs in chunks, each a step of
+// one sequence. Inputs are validated by the caller.
 #pragma once
 
 #include <atomic>
@@ -32,7 +32,7 @@ struct DecodeTuner {
   double probe_time[2][kProbe / 2] = {};  // [1 thread, n threads] seconds of the probe steps
 };
 
-// Work counters of one stage of a decode step (cpu/decode_step.cpp): the units are cut into
+// Work counters of one stage of a step (cpu/stage_units.h): the units are cut into
 // kShares contiguous shares; thread t claims from share t % kShares first (`next[r]` counts claims
 // in share r), then from the others; `done` counts finished units (the futex word waiters sleep
 // on). Each counter on its own cache line, so owners claiming their own share do not contend.
@@ -51,12 +51,7 @@ struct BatchScratch;  // cpu/batch_forward.h
 struct Scratch {
   Scratch();
   ~Scratch();
-  std::vector<float> main;  // decode step activations
-  std::vector<float> attn;  // decode attention partials and per-thread tiles
-  DecodeTuner tuner;        // decode thread count (cpu/decode_step.cpp)
-  std::unique_ptr<StageCounter[]> stages;  // decode step work counters
-  size_t stage_count = 0;
-  std::unique_ptr<BatchScratch> prefill;  // a prefill chunk's step buffers (made on first use)
+  std::unique_ptr<BatchScratch> step;  // its steps' buffers and decode tuner (made on first use)
 };
 
 // Appends tokens[0..n) at positions pos0..pos0+n-1 to kv (which must have room) and writes

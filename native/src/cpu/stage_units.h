@@ -1,6 +1,6 @@
 // Stages of units of work for the threads of one WorkerPool region (the layer loop,
-// cpu/batch_forward.cpp, and the one-row decode step, cpu/decode_step.cpp): every thread calls
-// run_stage for every stage in the same order; each claims units — its own share first (the same
+// cpu/batch_forward.cpp): every thread calls run_stage for every stage in the same order; each
+// claims units — its own share first (the same
 // units every step, so their weights stay in its core's cache), then what is left of the others' —
 // and then waits until every unit of the stage is FINISHED (not until every thread arrives), so a
 // thread the OS takes off its core holds up at most the unit it is in: the partner takes the rest.

@@ -160,6 +160,7 @@ void CudaBackend::run_group(BatchCtx& c, Item* items, const std::vector<bp::Piec
   const uint32_t hd = static_cast<uint32_t>(g_.head_dim), kvh = static_cast<uint32_t>(g_.kv_heads);
   const uint32_t heads = static_cast<uint32_t>(g_.heads), group = heads / kvh;
   const float eps = g_.params.rms_norm_eps;
+  const LayerPlan& lp = g_.layer_plan;  // the layers' recipe (core/layer_plan.h)
   const size_t P = pieces.size();
   cudaStream_t st = c.stream;
   // A step of decodes only (the steady state of continuous batching, or one sequence's decode)
@@ -282,6 +283,7 @@ void CudaBackend::run_group(BatchCtx& c, Item* items, const std::vector<bp::Piec
        "embed launch", st);
     for (size_t l = 0; l < g_.layers; ++l) {
       const DevLayer& L = layers_[l];
+      const float* gate_up_bias = lp.mlp_bias ? L.gate_up_bias : nullptr;
       // One row (a lone decode): the RMSNorm rides in the GEMV's prologue (one launch, no pass over h).
       if (R == 1) {
         launched(launch_norm_gemv(L.qkv, x, L.attn_norm, eps, nullptr, qkv, false, st), "gemv launch", st);
@@ -293,9 +295,9 @@ void CudaBackend::run_group(BatchCtx& c, Item* items, const std::vector<bp::Piec
       q.qkv = qkv;
       q.ldqkv = static_cast<uint32_t>(ldqkv);
       q.n = R;
-      q.bias = L.qkv_bias;
-      q.q_norm = L.q_norm;
-      q.k_norm = L.k_norm;
+      q.bias = lp.qkv_bias ? L.qkv_bias : nullptr;
+      q.q_norm = lp.qk_norm ? L.q_norm : nullptr;
+      q.k_norm = lp.qk_norm ? L.k_norm : nullptr;
       q.inv_freq = inv_freq_;
       q.heads = heads;
       q.kv_heads = kvh;
@@ -330,15 +332,15 @@ void CudaBackend::run_group(BatchCtx& c, Item* items, const std::vector<bp::Piec
         launched(launch_batch_attention(a, La.plan.blocks, La.plan.rows_per_warp, La.plan.splits, st),
            "attention launch", st);
       }
-      project(st, ws, sc, att, qd, R, L.o, L.o_bias, x, H, true);
+      project(st, ws, sc, att, qd, R, L.o, lp.o_bias ? L.o_bias : nullptr, x, H, true);
       if (R == 1) {
-        launched(launch_norm_gemv(L.gate_up, x, L.mlp_norm, eps, L.gate_up_bias, gu, false, st), "gemv launch", st);
+        launched(launch_norm_gemv(L.gate_up, x, L.mlp_norm, eps, gate_up_bias, gu, false, st), "gemv launch", st);
       } else {
         launched(launch_rmsnorm(x, H, h, H, L.mlp_norm, R, static_cast<uint32_t>(H), eps, st), "rmsnorm launch", st);
-        project(st, ws, sc, h, H, R, L.gate_up, L.gate_up_bias, gu, 2 * I, false);
+        project(st, ws, sc, h, H, R, L.gate_up, gate_up_bias, gu, 2 * I, false);
       }
       launched(launch_swiglu(gu, R, static_cast<uint32_t>(I), st), "swiglu launch", st);
-      project(st, ws, sc, gu, 2 * I, R, L.down, L.down_bias, x, H, true);
+      project(st, ws, sc, gu, 2 * I, R, L.down, lp.mlp_bias ? L.down_bias : nullptr, x, H, true);
     }
   };
 

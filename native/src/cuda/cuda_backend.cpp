@@ -176,24 +176,28 @@ CudaBackend::CudaBackend(const ModelGeometry& g, const TensorTable& t, int32_t d
   embed_ = e.data;
   embed_bf16_ = e.bf16;
   final_norm_ = upload_f32(t.find(KVR_T_FINAL_NORM), "uploading norm");
-  const TensorView* head = t.find(KVR_T_LM_HEAD);
-  lm_head_ = head ? upload_matrix({head}, "uploading lm_head") : e;
+  lm_head_ = g.layer_plan.tied_embeddings ? e : upload_matrix({t.find(KVR_T_LM_HEAD)}, "uploading lm_head");
   layers_.resize(g.layers);
   for (size_t l = 0; l < g.layers; ++l) {
     DevLayer& L = layers_[l];
     auto f = [&](uint32_t role) { return t.find(role, l); };
     L.attn_norm = upload_f32(f(KVR_T_ATTN_NORM), "uploading input_layernorm");
     L.mlp_norm = upload_f32(f(KVR_T_MLP_NORM), "uploading post_attention_layernorm");
-    L.q_norm = upload_f32(f(KVR_T_Q_NORM), "uploading q_norm");
-    L.k_norm = upload_f32(f(KVR_T_K_NORM), "uploading k_norm");
+    if (g.layer_plan.qk_norm) {
+      L.q_norm = upload_f32(f(KVR_T_Q_NORM), "uploading q_norm");
+      L.k_norm = upload_f32(f(KVR_T_K_NORM), "uploading k_norm");
+    }
     L.qkv = upload_matrix({f(KVR_T_Q), f(KVR_T_K), f(KVR_T_V)}, "uploading q/k/v_proj");
-    L.qkv_bias = upload_bias({f(KVR_T_Q_BIAS), f(KVR_T_K_BIAS), f(KVR_T_V_BIAS)}, "uploading q/k/v bias");
+    if (g.layer_plan.qkv_bias)
+      L.qkv_bias = upload_bias({f(KVR_T_Q_BIAS), f(KVR_T_K_BIAS), f(KVR_T_V_BIAS)}, "uploading q/k/v bias");
     L.o = upload_matrix({f(KVR_T_O)}, "uploading o_proj");
-    L.o_bias = upload_f32(f(KVR_T_O_BIAS), "uploading o_proj bias");
+    if (g.layer_plan.o_bias) L.o_bias = upload_f32(f(KVR_T_O_BIAS), "uploading o_proj bias");
     L.gate_up = upload_matrix({f(KVR_T_GATE), f(KVR_T_UP)}, "uploading gate/up_proj");
-    L.gate_up_bias = upload_bias({f(KVR_T_GATE_BIAS), f(KVR_T_UP_BIAS)}, "uploading gate/up bias");
+    if (g.layer_plan.mlp_bias) {
+      L.gate_up_bias = upload_bias({f(KVR_T_GATE_BIAS), f(KVR_T_UP_BIAS)}, "uploading gate/up bias");
+      L.down_bias = upload_f32(f(KVR_T_DOWN_BIAS), "uploading down_proj bias");
+    }
     L.down = upload_matrix({f(KVR_T_DOWN)}, "uploading down_proj");
-    L.down_bias = upload_f32(f(KVR_T_DOWN_BIAS), "uploading down_proj bias");
   }
   inv_freq_ = static_cast<const double*>(upload(g.inv_freq.data(), g.inv_freq.size() * sizeof(double), "uploading RoPE"));
   // cudaMemcpy from pageable memory returns once the bytes are staged, not when they have landed,

@@ -1,5 +1,5 @@
 // futex wait/wake on a 32-bit atomic and the spin-loop pause: the sleeping half of the spin-then-
-// sleep waits of the decode step (decode_step.cpp) and its worker pool (worker_pool.cpp).
+// sleep waits of the layer loop's stages (cpu/stage_units.h) and its worker pool (worker_pool.cpp).
 // Elsewhere than Linux the wait degrades to a yield (callers re-check in a loop).
 #pragma once
 

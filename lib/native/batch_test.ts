@@ -367,9 +367,10 @@ Deno.test("batchStep() refuses bad batches before any work and leaves every leng
   assert.ok(relDiff(l!, want) <= REL_TOL);
 });
 
-// n = 6: the stage split; n = 36 (two groups of whole sequences, one per thread, each sampling
+// n = 4 and 6: the stage split, the step's draws then spread over the worker pool's threads
+// (core/batch.cpp draw_rows); n = 36 (two groups of whole sequences, one per thread, each sampling
 // its own rows: cpu/batch_forward.cpp) — every decode step here has at least 35 rows.
-for (const n of [6, 36]) {
+for (const n of [4, 6, 36]) {
   Deno.test(`batchStep() samples natively inside the step: the token the same sampler draws from the alone logits (${n} sequences)`, async () => {
     await nativeSamplingCase(n);
   });
@@ -391,11 +392,24 @@ async function nativeSamplingCase(n: number): Promise<void> {
   });
   const batched = seqs.map((_, i) => model.createSampler(opts(i)));
   const twins = seqs.map((_, i) => NativeSampler.create(opts(i)));
+  // Each row's own logit chain too, so that rows drawn at once on different threads each work on
+  // their own copy of the row, history and PRNG: a buffer or stream shared between two rows'
+  // draws gives one of them another token.
+  const chain = (i: number, s: NativeSampler, prompt: number[]) => {
+    if (i % 4 === 1) s.setRepetitionPenalty(1.3, prompt);
+    if (i % 4 === 2) s.setPresenceFrequency(0.4, 0.2);
+    if (i % 4 === 3) {
+      s.setLogitBias(new Map([[7, 2], [11, -3]]));
+      s.setMinTokens(4, [1, 2, 3, 5, 8]);
+    }
+  };
   try {
     const width = vocab - 3; // ids past the width are never drawn
     let next: number[] = [];
     for (let i = 0; i < n; i++) {
       const prompt = tokens(3 + i, vocab, 70 + i);
+      chain(i, batched[i], prompt);
+      chain(i, twins[i], prompt);
       const [first] = await logitsStep(model, [{ seq: seqs[i], tokens: prompt, wantLogits: true }]);
       const ref = await alone[i].prefill(prompt);
       assert.ok(relDiff(first!, ref) <= REL_TOL);

@@ -15,6 +15,7 @@
 #include "core/model.h"
 #include "core/sampler.h"
 #include "core/sequence.h"
+#include "core/test_switches.h"
 #include "host/dtype.h"
 #include "host/parallel_for.h"
 
@@ -56,7 +57,7 @@ void draw_rows(BatchEntry* batch, uint32_t n, int threads) {
   uint32_t drawn = 0;  // rows whose draw is more than an argmax
   for (uint32_t i = 0; i < n; ++i)
     if (batch[i].sampler && !batch[i].sampled && batch[i].sampler->cfg.temperature != 0) ++drawn;
-  if (drawn < 2 || threads < 2) {
+  if (drawn < 2 || threads < 2 || test_switches::serial_draws.load(std::memory_order_relaxed)) {
     for (uint32_t i = 0; i < n; ++i) draw(i, 0);
     return;
   }

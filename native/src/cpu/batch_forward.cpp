@@ -23,6 +23,7 @@
 
 #include "common/device_math.h"
 #include "core/sampler.h"
+#include "core/test_switches.h"
 #include "cpu/attention.h"
 #include "cpu/decode_attention.h"
 #include "cpu/decode_step.h"
@@ -142,7 +143,12 @@ void forward_batch(const ModelGeometry& m, const Weights& w, BatchSeq* seqs, siz
   const bool quantized = int8_weights(w);
   std::vector<size_t> bounds;
   if (nt < 2 || quantized || !plan_groups(m, seqs, count, nt, &bounds)) {
-    forward_stages(m, w, seqs, count, sc, nt);
+    // The draws as the step's last stage, claimed row by row by the threads already in the region
+    // (after the step, on the calling thread alone, 4 tiny-powerful rows took ~0.4-0.6 ms: an
+    // exact exp per logit, the top-p sort); the test library's switch leaves them to the caller.
+    const bool draw = !test_switches::serial_draws.load(std::memory_order_relaxed);
+    if (forward_stages(m, w, seqs, count, sc, nt, draw))
+      for (size_t e = 0; e < count; ++e) seqs[e].sampled = seqs[e].sampler && seqs[e].logits;
     return;
   }
   if (sc.groups.size() < nt) sc.groups.resize(nt);
@@ -184,8 +190,8 @@ void forward_batch(const ModelGeometry& m, const Weights& w, BatchSeq* seqs, siz
   if (ctx.failed.load(std::memory_order_relaxed)) throw std::bad_alloc();
 }
 
-void forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq* seqs, size_t count, BatchScratch& sc,
-                    unsigned nt) {
+bool forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq* seqs, size_t count, BatchScratch& sc,
+                    unsigned nt, bool draw) {
   const size_t H = m.hidden, I = m.inter, hd = m.head_dim, half = hd / 2;
   const size_t qd = m.q_dim, kvd = m.kv_dim, ldqkv = qd + 2 * kvd;
   const float eps = m.params.rms_norm_eps;
@@ -204,7 +210,7 @@ void forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq* se
   const bool quantized = int8_weights(w);
   if (count == 1 && seqs[0].n == 1 && seqs[0].logits != nullptr && !quantized) {
     decode_tuned(m, w, *seqs[0].kv, seqs[0].tokens[0], seqs[0].pos0, seqs[0].logits, sc.single, sc.single.tuner);
-    return;
+    return false;
   }
 
   size_t rows = 0;
@@ -213,7 +219,7 @@ void forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq* se
     row0[e] = rows;
     rows += seqs[e].n;
   }
-  if (rows == 0) return;
+  if (rows == 0) return false;
 
   const size_t need = rows * (2 * H + ldqkv + qd + 2 * I + hd);
   if (sc.main.size() < need) sc.main.resize(need);
@@ -293,6 +299,13 @@ void forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq* se
     }
   }
 
+  // Rows to draw (the last stage): one unit each, in any thread (each reads its own row and
+  // writes its own sampler and token, so the bits are those of drawing them one by one).
+  std::vector<size_t> draws;
+  if (draw)
+    for (size_t e = 0; e < count; ++e)
+      if (seqs[e].sampler && seqs[e].logits) draws.push_back(e);
+
   // Units per stage (the same for every thread; stage_units.h): rows in chunks, GEMM weight
   // panels in chunks, about 4 units per thread each so a preempted thread's share is taken over.
   auto chunk_of = [&](size_t count) { return std::max<size_t>(1, (count + 4 * nt - 1) / (4 * nt)); };
@@ -300,7 +313,7 @@ void forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq* se
   const size_t row_chunk = chunk_of(rows);
   const uint32_t row_units = units_of(rows, row_chunk);
   const size_t per_layer = fused_swiglu ? 8 : 9;
-  const size_t n_stages = m.layers * per_layer + 2;
+  const size_t n_stages = m.layers * per_layer + 3;
   if (sc.stage_count < n_stages) {
     sc.stages.reset(new StageCounter[n_stages]);
     sc.stage_count = n_stages;
@@ -560,11 +573,19 @@ void forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq* se
         }
       }
     });
+    // Every lm_head unit is finished here (stage_units.h). No draw after a failure: the step
+    // throws, and a sampler must not advance for a step that did not happen.
+    stage(static_cast<uint32_t>(draws.size()), [&](uint32_t u) {
+      if (failed.load(std::memory_order_relaxed)) return;
+      const BatchSeq& s = seqs[draws[u]];
+      sample_step_token(s.sampler, s.logits, s.width, s.token_out);
+    });
   };
   using Body = decltype(body);
   WorkerPool::shared().run(nt, [](void* ctx, unsigned t, unsigned team) { (*static_cast<Body*>(ctx))(t, team); },
                            &body);
   if (failed.load(std::memory_order_relaxed)) throw std::bad_alloc();
+  return draw;
 }
 
 }  // namespace kvr::cpu

@@ -52,9 +52,11 @@ struct BatchScratch {
 // grow (caches may then hold partial writes at positions >= pos0; lengths are the caller's).
 void forward_batch(const ModelGeometry& m, const Weights& w, BatchSeq* seqs, size_t count, BatchScratch& sc);
 
-// The step on `nt` threads in one WorkerPool region of stages (no split in groups, no sampling):
-// the layer loop behind forward_batch and the single-sequence prefill (forward.h).
-void forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq* seqs, size_t count, BatchScratch& sc,
-                    unsigned nt);
+// The step on `nt` threads in one WorkerPool region of stages (no split in groups): the layer loop
+// behind forward_batch and the single-sequence prefill (forward.h). draw: the sequences with a
+// sampler are drawn in a last stage of the region (each row one unit); returns whether they were
+// (not for a lone decode, which takes the one-row decode step), so the caller marks them sampled.
+bool forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq* seqs, size_t count, BatchScratch& sc,
+                    unsigned nt, bool draw = false);
 
 }  // namespace kvr::cpu

@@ -22,6 +22,7 @@ import {
 } from "../../tests/fixtures/random_checkpoint.ts";
 import { loadReferenceModel, referenceForward } from "../../tests/reference/forward.ts";
 import { syncStep } from "./sync_step.ts";
+import { openTestLibrary } from "./test_library.ts";
 
 /** Batched vs alone on CPU: the contract's bound (same kernels, different summation splits). */
 const REL_TOL = 1e-5;
@@ -367,9 +368,10 @@ Deno.test("batchStep() refuses bad batches before any work and leaves every leng
   assert.ok(relDiff(l!, want) <= REL_TOL);
 });
 
-// n = 6: the stage split; n = 36 (two groups of whole sequences, one per thread, each sampling
+// n = 4 and 6: the stage split, the step's draws then spread over the worker pool's threads
+// (core/batch.cpp draw_rows); n = 36 (two groups of whole sequences, one per thread, each sampling
 // its own rows: cpu/batch_forward.cpp) — every decode step here has at least 35 rows.
-for (const n of [6, 36]) {
+for (const n of [4, 6, 36]) {
   Deno.test(`batchStep() samples natively inside the step: the token the same sampler draws from the alone logits (${n} sequences)`, async () => {
     await nativeSamplingCase(n);
   });
@@ -391,11 +393,24 @@ async function nativeSamplingCase(n: number): Promise<void> {
   });
   const batched = seqs.map((_, i) => model.createSampler(opts(i)));
   const twins = seqs.map((_, i) => NativeSampler.create(opts(i)));
+  // Each row's own logit chain too, so that rows drawn at once on different threads each work on
+  // their own copy of the row, history and PRNG: a buffer or stream shared between two rows'
+  // draws gives one of them another token.
+  const chain = (i: number, s: NativeSampler, prompt: number[]) => {
+    if (i % 4 === 1) s.setRepetitionPenalty(1.3, prompt);
+    if (i % 4 === 2) s.setPresenceFrequency(0.4, 0.2);
+    if (i % 4 === 3) {
+      s.setLogitBias(new Map([[7, 2], [11, -3]]));
+      s.setMinTokens(4, [1, 2, 3, 5, 8]);
+    }
+  };
   try {
     const width = vocab - 3; // ids past the width are never drawn
     let next: number[] = [];
     for (let i = 0; i < n; i++) {
       const prompt = tokens(3 + i, vocab, 70 + i);
+      chain(i, batched[i], prompt);
+      chain(i, twins[i], prompt);
       const [first] = await logitsStep(model, [{ seq: seqs[i], tokens: prompt, wantLogits: true }]);
       const ref = await alone[i].prefill(prompt);
       assert.ok(relDiff(first!, ref) <= REL_TOL);
@@ -443,6 +458,69 @@ async function nativeSamplingCase(n: number): Promise<void> {
     pool.free();
   }
 }
+
+Deno.test("batchStep() draws over the worker pool give the tokens of the serial draws (4 rows, tiny-powerful)", async () => {
+  // The test library's kvr_test_set_serial_draws(1) makes a step draw its rows one after another
+  // on the calling thread. Twin sequences fed the same tokens get the same logits, so each step's
+  // tokens must match exactly, row by row, with each row's own sampler and logit chain.
+  const lib = openTestLibrary();
+  using model = NativeModel.load(await checkpoint(DEMO_DIRS[2]), { threads: 2, lib });
+  const vocab = model.config.vocabSize;
+  const pool = model.createKvPool(256, 16);
+  const n = 4;
+  const opts = (i: number): NativeSamplingOptions => ({
+    temperature: 0.7 + 0.2 * i,
+    topK: 0,
+    topP: i === 1 ? 0.9 : 1,
+    minP: i === 2 ? 0.05 : 0,
+    seed: 7 + i,
+  });
+  const prompts = Array.from({ length: n }, (_, i) => tokens(20 + i, vocab, 90 + i));
+  const make = () =>
+    prompts.map((prompt, i) => {
+      const s = model.createSampler(opts(i));
+      if (i !== 0) s.setRepetitionPenalty(1.3, prompt);
+      if (i === 3) s.setPresenceFrequency(0.3, 0.1);
+      return s;
+    });
+  const pooled = make(), serial = make();
+  const a = prompts.map(() => pool.createSequence(96)),
+    b = prompts.map(() => pool.createSequence(96));
+  const setSerial = (on: number) =>
+    lib.check(lib.hooks.kvr_test_set_serial_draws(on), "kvr_test_set_serial_draws");
+  try {
+    for (let i = 0; i < n; i++) {
+      await model.batchStep([{ seq: a[i], tokens: prompts[i], wantLogits: false }]);
+      await model.batchStep([{ seq: b[i], tokens: prompts[i], wantLogits: false }]);
+    }
+    let next = prompts.map((p) => p[0]);
+    const seen = new Set<number>();
+    for (let step = 0; step < 24; step++) {
+      const items = (seqs: NativeSequence[], samplers: NativeSampler[]): BatchItem[] =>
+        seqs.map((seq, i) => ({
+          seq,
+          tokens: [next[i]],
+          wantLogits: false,
+          sample: { sampler: samplers[i] },
+        }));
+      const got = await model.batchStep(items(a, pooled));
+      setSerial(1);
+      let want;
+      try {
+        want = await model.batchStep(items(b, serial));
+      } finally {
+        setSerial(0);
+      }
+      assert.deepEqual(got, want, `step ${step}`);
+      next = got.map((t) => t as number);
+      next.forEach((t) => seen.add(t));
+    }
+    assert.ok(seen.size > n, "the rows draw varied tokens"); // a constant draw would prove nothing
+  } finally {
+    for (const x of [...pooled, ...serial, ...a, ...b]) x.free();
+    pool.free();
+  }
+});
 
 Deno.test("batchStep() refuses bad sampling items before any work", async () => {
   using model = NativeModel.load(await checkpoint(DEMO_DIRS[0]), { threads: 1 });

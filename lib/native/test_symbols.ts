@@ -85,4 +85,5 @@ export const testSymbols = {
   // (on 0/1)
   kvr_test_set_project_via_copies: { parameters: ["u32"], result: "i32" },
   kvr_test_set_weights_f32: { parameters: ["u32"], result: "i32" },
+  kvr_test_set_serial_draws: { parameters: ["u32"], result: "i32" },
 } as const satisfies Deno.ForeignLibraryInterface;

@@ -93,10 +93,15 @@ KVR_API int32_t kvr_test_set_cpu_kernel(const char* name);
  *     for two CPU sequences (compared with the fast path). 0 (default): the fast path.
  *   set_weights_f32(1): BF16 checkpoint weights are widened to f32 at load (read per load).
  *     0 (default): they stay bf16.
+ *   set_serial_draws(1): a batched step's host draws (kvr_batch_step_sample) run one after another
+ *     on the calling thread after the step (compared with the draws on the worker pool's threads).
+ *     0 (default): the CPU step draws its rows in the last stage of its region, and rows a backend
+ *     leaves are drawn over the pool when two or more draw.
  * Values other than 0 and 1: KVR_ERR_INVALID_ARGUMENT.
  */
 KVR_API int32_t kvr_test_set_project_via_copies(uint32_t on);
 KVR_API int32_t kvr_test_set_weights_f32(uint32_t on);
+KVR_API int32_t kvr_test_set_serial_draws(uint32_t on);
 
 #ifdef __cplusplus
 }

@@ -15,7 +15,9 @@
 #include "core/model.h"
 #include "core/sampler.h"
 #include "core/sequence.h"
+#include "core/test_switches.h"
 #include "host/dtype.h"
+#include "host/parallel_for.h"
 
 namespace kvr {
 namespace {
@@ -36,6 +38,32 @@ int32_t batch_fail(kvr_seq* const* seqs, uint32_t n, int32_t status, const std::
       }
     }
   return status;
+}
+
+// The draws the backend left to the host (on CUDA the rows of the row route; the CPU step draws
+// its rows in its own region, except under the test library's serial switch or in the default
+// forward_batch), over the worker pool's threads when two or more
+// of them are more than an argmax: a draw over the vocabulary (an exact exp per candidate, a
+// top-p sort) costs ~0.1 ms on a 4096-token vocabulary, and a step's rows ran one after another
+// on the calling thread. Each draw reads only its own row and writes only its own
+// sampler (PRNG, buffers, history) and token (batch_impl refuses a sampler twice in a step), so
+// which thread draws a row, and in what order, changes no bit. Allocates nothing: the step's
+// lengths have already moved on, so only a row may fail now (sample_step_token).
+void draw_rows(BatchEntry* batch, uint32_t n, int threads) {
+  auto draw = [batch](size_t i, unsigned) {
+    const BatchEntry& e = batch[i];
+    if (!e.sampler || e.sampled) return;  // sampled: the backend did it on its device
+    sample_step_token(e.sampler, e.logits, e.width, e.token_out);
+  };
+  uint32_t drawn = 0;  // rows whose draw is more than an argmax
+  for (uint32_t i = 0; i < n; ++i)
+    if (batch[i].sampler && !batch[i].sampled && batch[i].sampler->cfg.temperature != 0) ++drawn;
+  if (drawn < 2 || threads < 2 || test_switches::serial_draws.load(std::memory_order_relaxed)) {
+    for (uint32_t i = 0; i < n; ++i) draw(i, 0);
+    return;
+  }
+  const int team = std::min<int>(threads, static_cast<int>(drawn));
+  cpu::parallel_dynamic(cpu::Workers::kPool, team, n, [&](size_t i, unsigned t) { draw(i, t); });
 }
 
 // samplers (may be NULL = none): samplers[i] non-NULL samples sequence i's next token from its
@@ -135,10 +163,7 @@ int32_t batch_impl(kvr_seq* const* seqs, uint32_t n_seqs, const uint32_t* n_toke
   for (uint32_t i = 0; i < n_seqs; ++i) seqs[i]->length += n_tokens[i];
   if (sampled == 0) return KVR_OK;
   // Sampling failures stay with their row (its sampler's message); the step itself succeeded.
-  for (uint32_t i = 0; i < n_seqs; ++i) {
-    if (!samplers[i] || batch[i].sampled) continue;  // sampled: the backend did it on its device
-    sample_step_token(samplers[i], batch[i].logits, widths[i], &tokens_out[i]);
-  }
+  draw_rows(batch.data(), n_seqs, model->n_threads);
   return KVR_OK;
 }
 

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -42,10 +43,28 @@ int32_t sampler_run(kvr_sampler* s, const float* logits, size_t width, int32_t* 
                     double* logprob_out, int32_t* top_ids, double* top_logprobs, uint32_t top_len,
                     uint32_t* top_count_out);
 
+// sampler_fail that never throws (the message is dropped when even that allocation fails).
+inline void sample_step_failed(kvr_sampler* s, int32_t status, const char* msg) noexcept {
+  try {
+    sampler_fail(s, status, msg);
+  } catch (...) {
+    s->last_error.clear();
+  }
+}
+
 // A batched step's draw (kvr_batch_step_sample): sampler_run's token without logprobs, or -1 in
-// *token_out when the row has no finite logit (the message is then on the sampler).
-inline void sample_step_token(kvr_sampler* s, const float* logits, size_t width, int32_t* token_out) {
-  if (sampler_run(s, logits, width, token_out, nullptr, nullptr, nullptr, 0, nullptr) != KVR_OK) *token_out = -1;
+// *token_out when the row has no finite logit (the message is then on the sampler). Never
+// throws: it runs on the worker pool's threads (batch.cpp, cpu/batch_forward.cpp), whose bodies
+// must not, so running out of memory fails the row (as kvr_sampler_sample does), not the step.
+inline void sample_step_token(kvr_sampler* s, const float* logits, size_t width, int32_t* token_out) noexcept {
+  try {
+    if (sampler_run(s, logits, width, token_out, nullptr, nullptr, nullptr, 0, nullptr) == KVR_OK) return;
+  } catch (const std::bad_alloc&) {
+    sample_step_failed(s, KVR_ERR_OUT_OF_MEMORY, "out of memory in sampling");
+  } catch (...) {
+    sample_step_failed(s, KVR_ERR_INTERNAL, "internal error in sampling");
+  }
+  *token_out = -1;
 }
 
 // The step's token from a device's reduced row (common/sample_math.h plan_route): kGreedy takes

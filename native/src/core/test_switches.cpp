@@ -4,6 +4,7 @@
 namespace kvr::test_switches {
 
 std::atomic<bool> project_via_copies{false};
+std::atomic<bool> serial_draws{false};
 std::atomic<bool> weights_f32{false};
 
 }  // namespace kvr::test_switches

@@ -11,5 +11,8 @@ namespace kvr::test_switches {
 extern std::atomic<bool> project_via_copies;
 // BF16 checkpoint weights are widened to f32 at load (the kernels' other input path).
 extern std::atomic<bool> weights_f32;
+// A batched step's host draws run one after another on the calling thread after the step (not in
+// the CPU step's last stage, cpu/batch_forward.cpp; not over the pool, batch.cpp draw_rows).
+extern std::atomic<bool> serial_draws;
 
 }  // namespace kvr::test_switches

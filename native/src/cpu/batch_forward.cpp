@@ -23,6 +23,7 @@
 
 #include "common/device_math.h"
 #include "core/sampler.h"
+#include "core/test_switches.h"
 #include "cpu/attention.h"
 #include "cpu/decode_attention.h"
 #include "cpu/ops.h"
@@ -132,7 +133,13 @@ void forward_batch(const ModelGeometry& m, const Weights& w, BatchSeq* seqs, siz
   const bool quantized = int8_weights(w);
   std::vector<size_t> bounds;
   if (nt < 2 || quantized || !plan_groups(m, seqs, count, nt, &bounds)) {
-    forward_stages(m, w, seqs, count, sc, nt);
+    // The draws as the step's last stage, claimed row by row by the threads already in the region
+    // (after the step, on the calling thread alone, 4 tiny-powerful rows took ~0.4-0.6 ms: an
+    // exact exp per logit, the top-p sort); the test library's switch leaves them to the caller.
+    const bool draw = !test_switches::serial_draws.load(std::memory_order_relaxed);
+    forward_stages(m, w, seqs, count, sc, nt, draw);
+    if (draw)
+      for (size_t e = 0; e < count; ++e) seqs[e].sampled = seqs[e].sampler && seqs[e].logits;
     return;
   }
   if (sc.groups.size() < nt) sc.groups.resize(nt);
@@ -175,7 +182,7 @@ void forward_batch(const ModelGeometry& m, const Weights& w, BatchSeq* seqs, siz
 }
 
 unsigned forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq* seqs, size_t count, BatchScratch& sc,
-                        unsigned nt) {
+                        unsigned nt, bool draw) {
   const size_t H = m.hidden, I = m.inter, hd = m.head_dim, half = hd / 2;
   const size_t qd = m.q_dim, kvd = m.kv_dim, ldqkv = qd + 2 * kvd;
   const size_t group = m.heads / m.kv_heads;
@@ -315,6 +322,14 @@ unsigned forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq
     }
   }
 
+  // Rows to draw (the last stage): one unit each, in any thread (each reads its own row and
+  // writes its own sampler and token, so the bits are those of drawing them one by one).
+  std::vector<size_t>& draws = plan.draws;
+  draws.clear();
+  if (draw)
+    for (size_t e = 0; e < count; ++e)
+      if (seqs[e].sampler && seqs[e].logits) draws.push_back(e);
+
   // Units per stage (the same for every thread; stage_units.h): rows in chunks, GEMM weight
   // panels in chunks, about 4 units per thread each so a preempted thread's share is taken over
   // (one row: about 2, at least 2 panels; the lm_head at least 8 panels, about 4 per thread).
@@ -326,7 +341,7 @@ unsigned forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq
   const uint32_t row_units = units_of(rows, row_chunk);
   const size_t per_layer =
       (one ? (group_units ? 4 : 6) : 8) + (fused_swiglu ? 0 : 1);  // stages, as the loop below runs them
-  const size_t n_stages = m.layers * per_layer + (one ? 1 : 2);
+  const size_t n_stages = m.layers * per_layer + (one ? 1 : 2) + 1;  // + the draws
   if (sc.stage_count < n_stages) {
     sc.stages.reset(new StageCounter[n_stages]);
     sc.stage_count = n_stages;
@@ -664,6 +679,13 @@ unsigned forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq
           failed.store(true, std::memory_order_relaxed);
         }
       }
+    });
+    // Every lm_head unit is finished here (stage_units.h). No draw after a failure: the step
+    // throws, and a sampler must not advance for a step that did not happen.
+    stage(static_cast<uint32_t>(draws.size()), [&](uint32_t u) {
+      if (failed.load(std::memory_order_relaxed)) return;
+      const BatchSeq& s = seqs[draws[u]];
+      sample_step_token(s.sampler, s.logits, s.width, s.token_out);
     });
   };
   using Body = decltype(body);

@@ -58,6 +58,7 @@ struct StepPlan {
   std::vector<AttnUnit> units, decodes;   // attention units; the decode rows among them
   std::vector<size_t> want_rows;          // rows whose logits are wanted, in logits order
   std::vector<HeadRun> runs;              // lm_head runs over them
+  std::vector<size_t> draws;              // sequences drawn in the step's last stage
 };
 
 // Buffers of a step, reused from step to step by the caller's thread.
@@ -79,12 +80,14 @@ struct BatchScratch {
 // grow (caches may then hold partial writes at positions >= pos0; lengths are the caller's).
 void forward_batch(const ModelGeometry& m, const Weights& w, BatchSeq* seqs, size_t count, BatchScratch& sc);
 
-// The step on `nt` threads in one WorkerPool region of stages (no split in groups, no sampling):
-// the layer loop behind forward_batch and the single-sequence forward (forward.h). A step of one
-// row (a decode) takes its one-row units inside the same stages (batch_forward.cpp); its result is
-// bit-identical for every nt. Returns the thread count used (1 when another step holds the pool).
+// The step on `nt` threads in one WorkerPool region of stages (no split in groups): the layer loop
+// behind forward_batch and the single-sequence forward (forward.h). A step of one row (a decode)
+// takes its one-row units inside the same stages (batch_forward.cpp); its result is bit-identical
+// for every nt. draw: the sequences with a sampler and a logits row are drawn in a last stage of
+// the region (each row one unit), so the caller marks them sampled. Returns the thread count used
+// (1 when another step holds the pool).
 unsigned forward_stages(const ModelGeometry& m, const Weights& w, const BatchSeq* seqs, size_t count, BatchScratch& sc,
-                        unsigned nt);
+                        unsigned nt, bool draw = false);
 
 // A step of one decode row (s.n == 1) through forward_stages on the thread count sc.tuner
 // chooses (DecodeTuner, forward.h): 1 or the model's n_threads, by measured step time.

@@ -27,4 +27,8 @@ KVR_API int32_t kvr_test_set_weights_f32(uint32_t on) {
   return set_switch(kvr::test_switches::weights_f32, on, "kvr_test_set_weights_f32");
 }
 
+KVR_API int32_t kvr_test_set_serial_draws(uint32_t on) {
+  return set_switch(kvr::test_switches::serial_draws, on, "kvr_test_set_serial_draws");
+}
+
 }  // extern "C"

@@ -120,17 +120,33 @@ Deno.test("the server refuses to start on an invalid config, listing every probl
 
 Deno.test("SIGTERM drains: an in-flight request completes and the process exits 0", async () => {
   const server = await startServer("functions/generate/main.ts", {});
-  const inflight = fetch(`${server.base}/v1/completions`, {
+  const res = await fetch(`${server.base}/v1/completions`, {
     method: "POST",
     headers: { "content-type": "application/json" },
-    body: JSON.stringify({ model: "powerful", prompt: "The ship", max_tokens: 200 }),
+    body: JSON.stringify({
+      model: "powerful",
+      prompt: "The ship",
+      max_tokens: 200,
+      ignore_eos: true,
+      stream: true,
+    }),
   });
-  await new Promise((r) => setTimeout(r, 150));
-  const stopped = server.stop();
-  const res = await inflight;
   assert.equal(res.status, 200);
-  const body = await res.json();
-  assert.ok(body.usage.completion_tokens >= 1);
+  // The first frame proves the request is in flight (a fixed wait raced the connect on a busy
+  // machine); the signal comes while it generates.
+  const reader = res.body!.getReader();
+  const dec = new TextDecoder();
+  let text = dec.decode((await reader.read()).value, { stream: true });
+  const stopped = server.stop();
+  for (let r = await reader.read(); !r.done; r = await reader.read()) {
+    text += dec.decode(r.value, { stream: true });
+  }
+  assert.doesNotMatch(text, /"error"/);
+  assert.match(text, /data: \[DONE\]/);
+  // It ran to max_tokens: 200 token frames and the closing one.
+  assert.match(text, /"finish_reason":"length"/);
+  const frames = text.split("\n").filter((l) => l.startsWith("data: {")).length;
+  assert.equal(frames, 201, "every token of the in-flight request was sent");
   const { status, stderr } = await stopped;
   assert.equal(status.code, 0, stderr);
   assert.match(stderr, /draining/);

@@ -39,7 +39,7 @@ async function checkSnapshotIsolation(rt: Runtime): Promise<void> {
     "/v1/prefill",
     post({ tier: "fast", prompt, store: true }, A),
   );
-  assert.equal(stored.status, 200);
+  assert.equal(stored.status, 200, await stored.clone().text());
   const id: string = (await stored.json()).snapshot_id;
   const unknown = crypto.randomUUID();
   const routes: [string, Record<string, unknown>][] = [

@@ -47,16 +47,28 @@ export function concatBytes(parts: readonly Uint8Array[]): Uint8Array<ArrayBuffe
   return out;
 }
 
+/** Inputs up to this many bytes are hashed on the calling thread (see sha256). */
+const SYNC_HASH_BYTES = 64 * 1024;
+
 /**
  * SHA-256 of the concatenation of `parts`.
  * @param parts one or more byte arrays
  * @returns the 32-byte digest
  */
 export function sha256(...parts: Uint8Array[]): Promise<Uint8Array> {
+  let n = 0;
+  for (const p of parts) n += p.length;
+  if (n > SYNC_HASH_BYTES) {
+    // Large inputs (model weights, snapshots) through Web Crypto's digest, which runs off this
+    // thread: hashing megabytes synchronously would hold the event loop (I/O, timers) meanwhile.
+    const data = parts.length === 1 ? parts[0] : concatBytes(parts);
+    return crypto.subtle.digest("SHA-256", data as Uint8Array<ArrayBuffer>).then((d) =>
+      new Uint8Array(d)
+    );
+  }
   // node:crypto hashes on this thread: a short input (a prefix-cache block key, one per 16 prompt
   // tokens) costs ~4 µs where Web Crypto's digest, an async op, cost ~30 µs on our machines.
   const h = createHash("sha256");
   for (const p of parts) h.update(p);
-  const d = h.digest();
-  return Promise.resolve(Uint8Array.from(d)); // a copy: the Buffer may view a shared pool
+  return Promise.resolve(Uint8Array.from(h.digest())); // a copy: the Buffer may view a shared pool
 }

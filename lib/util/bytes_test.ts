@@ -21,3 +21,11 @@ Deno.test("sha256() of several parts is the digest of their concatenation (FIPS 
   assert.equal(hex(await sha256(enc.encode("a"), enc.encode(""), enc.encode("bc"))), want);
   assert.deepEqual([...fromHex("00ff10")], [0, 255, 16]);
 });
+
+Deno.test("sha256() of an input past the on-thread size (off-thread digest) is the FIPS 180-2 one-million-'a' digest", async () => {
+  const a = new Uint8Array(1_000_000).fill(0x61);
+  const want = "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0";
+  assert.equal(hex(await sha256(a)), want);
+  // split in parts, one of them past the size alone and together
+  assert.equal(hex(await sha256(a.subarray(0, 100), a.subarray(100))), want);
+});

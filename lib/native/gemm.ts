@@ -274,19 +274,3 @@ export function gemmFewRowsBf16(
 export function cpuKernelName(lib: TestLibrary = openTestLibrary()): string {
   return cString(lib.hooks.kvr_cpu_kernel_name());
 }
-
-/** A CPU kernel selection of kvr_test_set_cpu_kernel; "" is the CPU's best. */
-export type CpuKernel = "" | "generic" | "avx2" | "avxvnni" | "avx512";
-
-/**
- * Selects the CPU kernel paths (GEMM, q8/q4, int8, AMX) of the test library, process-wide, for
- * the calls made after it (kvrelay_test.h kvr_test_set_cpu_kernel). A test hook: no other call of
- * the library may run meanwhile. Tests use withCpuKernel (test_helpers.ts), which restores.
- * @param name the selection ("" = the CPU's best)
- * @param lib test library (default openTestLibrary())
- * @throws EngineError INVALID_ARGUMENT for an unknown name, UNSUPPORTED for a path this CPU lacks
- */
-export function setCpuKernel(name: CpuKernel, lib: TestLibrary = openTestLibrary()): void {
-  const cName = new TextEncoder().encode(`${name}\0`);
-  lib.check(lib.hooks.kvr_test_set_cpu_kernel(cName), "kvr_test_set_cpu_kernel");
-}

@@ -2,19 +2,29 @@
 // AMX tiles of native/src/host/gemm_amx.cpp where the CPU has AMX and m ≥ 8): exact where the
 // arithmetic is exact (power-of-two weights: the three bf16 planes must rebuild every f32 input
 // bit), within f32 rounding of a float64 reference elsewhere (tails of m, n, k; accumulate), the
-// AMX path chosen exactly when /proc/cpuinfo lists AMX-BF16 + AMX-TILE, and off on the kernel
-// selection avx512 (withCpuKernel, in this process).
+// AMX path chosen exactly when /proc/cpuinfo lists AMX-BF16 + AMX-TILE, and off when
+// KVRELAY_CPU_KERNEL=avx512 (checked in a child process: the choice is made once per process).
 
 import assert from "node:assert/strict";
 import { gemmFewRowsBf16 } from "./gemm.ts";
 import { mulberry32 } from "../../tests/fixtures/random_checkpoint.ts";
-import { cpuFlags, cpuKernels, initialCpuKernel, withCpuKernel } from "./test_helpers.ts";
+import { childTest } from "./test_helpers.ts";
 
-/** Whether the AMX path is expected for m rows on this machine; amxOff: a selection that narrows
- *  the kernels (any but the CPU's best) is in force. */
-function expectAmx(m: number, amxOff = initialCpuKernel() !== ""): boolean {
+const FORCED = Deno.env.get("KVRELAY_CPU_KERNEL");
+
+function cpuFlags(): Set<string> {
+  try {
+    const line = Deno.readTextFileSync("/proc/cpuinfo").match(/^flags\s*:(.*)$/m)?.[1] ?? "";
+    return new Set(line.split(/\s+/));
+  } catch {
+    return new Set();
+  }
+}
+
+/** Whether the AMX path is expected for m rows on this machine and forced kernel. */
+function expectAmx(m: number): boolean {
   const f = cpuFlags();
-  return !amxOff && m >= 8 && f.has("amx_bf16") && f.has("amx_tile") &&
+  return FORCED === undefined && m >= 8 && f.has("amx_bf16") && f.has("amx_tile") &&
     f.has("avx512f") && f.has("avx512bw") && f.has("avx512_vnni");
 }
 
@@ -53,7 +63,7 @@ const SHAPES: [number, number][] = [
   [47, 45],
 ];
 
-function checkExact(amxOff?: boolean): void {
+Deno.test("few-row bf16 GEMM is exact for power-of-two weights: the bf16 planes rebuild every input bit", () => {
   for (const [m, n] of SHAPES) {
     for (const k of [1, 40, 129]) {
       const x = fullPrecision(m * k, m * 1000 + k);
@@ -63,7 +73,7 @@ function checkExact(amxOff?: boolean): void {
       const scale = (c: number) => (c % 2 ? -1 : 1) * 2 ** ((c % 5) - 2);
       for (let c = 0; c < n; c++) w[c * k + pick(c)] = bf16Bits(scale(c));
       const { y, amx } = gemmFewRowsBf16(m, n, k, w, x);
-      assert.equal(amx, expectAmx(m, amxOff), `AMX chosen for m=${m}`);
+      assert.equal(amx, expectAmx(m), `AMX chosen for m=${m}`);
       for (let r = 0; r < m; r++) {
         for (let c = 0; c < n; c++) {
           const want = Math.fround(x[r * k + pick(c)] * scale(c));
@@ -75,13 +85,9 @@ function checkExact(amxOff?: boolean): void {
       }
     }
   }
-}
-Deno.test(
-  "few-row bf16 GEMM is exact for power-of-two weights: the bf16 planes rebuild every input bit",
-  () => checkExact(),
-);
+});
 
-function checkReference(): void {
+Deno.test("few-row bf16 GEMM matches a float64 reference with tails of m, n, k and when accumulating", () => {
   for (const [m, n] of SHAPES) {
     for (const k of [1, 31, 32, 33, 130, 300, 520]) {
       const rnd = mulberry32(m * 7919 + n * 31 + k);
@@ -111,11 +117,7 @@ function checkReference(): void {
       }
     }
   }
-}
-Deno.test(
-  "few-row bf16 GEMM matches a float64 reference with tails of m, n, k and when accumulating",
-  checkReference,
-);
+});
 
 Deno.test("few-row bf16 GEMM gives a row the same bits whatever rows share its call (AMX)", () => {
   // The batched step runs a thread's group of ≤ 16 rows by itself, where one call of all rows
@@ -155,12 +157,14 @@ Deno.test("few-row bf16 GEMM gives a row the same bits whatever rows share its c
 });
 
 Deno.test({
-  name: "few-row bf16 GEMM keeps AMX off and stays exact on the avx512 kernel selection",
-  ignore: !cpuKernels().includes("avx512"),
+  name: "few-row bf16 GEMM keeps AMX off and stays exact when KVRELAY_CPU_KERNEL=avx512",
+  ignore: FORCED !== undefined || !cpuFlags().has("avx512f"),
   async fn() {
-    await withCpuKernel("avx512", () => {
-      checkExact(true);
-      checkReference();
+    const file = new URL(import.meta.url).pathname;
+    const { code, text } = await childTest(file, "/^few-row bf16 GEMM (is exact|matches)/", {
+      KVRELAY_CPU_KERNEL: "avx512",
     });
+    assert.equal(code, 0, `child deno test failed:\n${text}`);
+    assert.match(text, /ok \| 2 passed/, text);
   },
 });

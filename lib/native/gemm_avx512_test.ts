@@ -1,16 +1,15 @@
 // The AVX-512 GEMM kernels (native/src/host/gemm_avx512.cpp) keep every output's summation order,
-// so the engine's logits must be bit-identical to the AVX2 kernels': the test library's selection
-// "avx2" against "avx512" in one process (prefill tiles, few-row and GEMV paths over bf16 model
-// weights, and kvr_gemm_f32 over f32 panels). "avx512" keeps AMX off where the CPU has it (bf16
-// GEMMs of 8+ rows on the tile unit, another summation order). Skipped where the CPU has no
-// AVX-512 (the kernel is then not chosen).
+// so the engine's logits must be bit-identical to the AVX2 kernels': compared against a child
+// process forced to AVX2 with KVRELAY_CPU_KERNEL=avx2 (prefill tiles, few-row and GEMV paths over
+// bf16 model weights, and kvr_gemm_f32 over f32 panels). Where the CPU also has AMX (bf16 GEMMs of
+// 8+ rows on the tile unit, another summation order), the AVX-512 side is a child forced to
+// KVRELAY_CPU_KERNEL=avx512. Skipped where the CPU has no AVX-512 (the kernel is then not chosen).
 
 import assert from "node:assert/strict";
 import { NativeModel } from "./model.ts";
 import { cpuKernelName, gemmF32 } from "./gemm.ts";
-import { checkpoint, cpuKernels, DEMO_DIRS, tokens, withCpuKernel } from "./test_helpers.ts";
+import { checkpoint, childTest, DEMO_DIRS, tokens } from "./test_helpers.ts";
 import { probeBackend } from "./backend.ts";
-import { openTestLibrary } from "./test_library.ts";
 
 /** FNV-1a over float arrays. */
 function fnv(arrays: Float32Array[]): string {
@@ -25,7 +24,7 @@ function fnv(arrays: Float32Array[]): string {
 
 /** Logits (bf16 weights) of a 64-token allPositions prefill, a 5-token one and 8 decode steps. */
 async function logitsDigest(dir: string): Promise<string> {
-  using model = NativeModel.load(await checkpoint(dir), { threads: 2, lib: openTestLibrary() });
+  using model = NativeModel.load(await checkpoint(dir), { threads: 2 });
   const V = model.config.vocabSize;
   using s = model.createSequence(96);
   const out = [await s.prefill(tokens(64, V, 21), { allPositions: true })];
@@ -51,24 +50,39 @@ async function digests(): Promise<string[]> {
   return d;
 }
 
-/** The GEMM table's name, whether AMX is on, and the digests, on the given kernel selection. */
-function onKernel(kernel: "avx2" | "avx512") {
-  return withCpuKernel(kernel, async () => ({
-    kernel: cpuKernelName(),
-    amx: probeBackend("cpu", 0, openTestLibrary()).info.includes(", few-row bf16 amx,"),
-    digests: await digests(),
-  }));
+const DIGEST_TEST = "engine logits digest per GEMM kernel (child process helper)";
+Deno.test(DIGEST_TEST, async () => {
+  const d = await digests();
+  const out = Deno.env.get("KVR_GEMM_DIGEST_OUT");
+  if (out) await Deno.writeTextFile(out, JSON.stringify({ kernel: cpuKernelName(), digests: d }));
+});
+
+/** The digests of a child `deno test` of this file with KVRELAY_CPU_KERNEL = kernel. */
+async function childDigests(kernel: string): Promise<{ kernel: string; digests: string[] }> {
+  const file = await Deno.makeTempFile({ prefix: "kvr-avx512-" });
+  try {
+    const { code, text } = await childTest(import.meta.filename!, DIGEST_TEST, {
+      KVRELAY_CPU_KERNEL: kernel,
+      KVR_GEMM_DIGEST_OUT: file,
+    });
+    assert.equal(code, 0, `${kernel} child failed:\n${text}`);
+    return JSON.parse(await Deno.readTextFile(file));
+  } finally {
+    await Deno.remove(file);
+  }
 }
 
 Deno.test({
   name: "the AVX-512 GEMM kernels give the AVX2 kernels' logits bit for bit",
-  ignore: !cpuKernels().includes("avx512"),
+  ignore: cpuKernelName() !== "avx512",
   async fn() {
-    const mine = await onKernel("avx512");
+    const amx = probeBackend("cpu").info.includes(", few-row bf16 amx,");
+    const mine = amx
+      ? await childDigests("avx512")
+      : { kernel: cpuKernelName(), digests: await digests() };
     assert.equal(mine.kernel, "avx512");
-    assert.equal(mine.amx, false, "the avx512 selection keeps AMX off");
-    const avx2 = await onKernel("avx2");
-    assert.equal(avx2.kernel, "avx2-fma", "the avx2 selection did not run the AVX2 kernels");
-    assert.deepEqual(avx2.digests, mine.digests);
+    const child = await childDigests("avx2");
+    assert.equal(child.kernel, "avx2-fma", "the child did not run the AVX2 kernels");
+    assert.deepEqual(child.digests, mine.digests);
   },
 });

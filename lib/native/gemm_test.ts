@@ -1,15 +1,24 @@
-// Tests of the native packed GEMM through its TS binding (gemmF32, gemmBench, cpuKernelName,
-// setCpuKernel): results against a plain float64 reference over shapes with row, column and k
-// tails, on the runtime-chosen kernel and, in the same process, on every kernel this CPU can run
-// (kvr_test_set_cpu_kernel); the selection's errors and the environment's initial choice;
-// argument errors. Not a benchmark: bench/ measures speed.
+// Tests of the native packed GEMM through its TS binding (gemmF32, gemmBench, cpuKernelName):
+// results against a plain float64 reference over shapes with row, column and k tails, on the
+// runtime-chosen kernel and (in a child process) on the forced generic kernel; argument errors.
+// Not a benchmark: bench/ measures speed.
 
 import assert from "node:assert/strict";
 import { EngineError } from "./mod.ts";
-import { type CpuKernel, cpuKernelName, gemmBench, gemmF32, setCpuKernel } from "./gemm.ts";
+import { cpuKernelName, gemmBench, gemmF32 } from "./gemm.ts";
 import { openTestLibrary } from "./test_library.ts";
-import { cpuFlags, cpuKernels, initialCpuKernel, withCpuKernel } from "./test_helpers.ts";
+import { childTest } from "./test_helpers.ts";
 
+const FORCED = Deno.env.get("KVRELAY_CPU_KERNEL");
+
+/** /proc/cpuinfo ("" where it does not exist). */
+function cpuInfo(): string {
+  try {
+    return Deno.readTextFileSync("/proc/cpuinfo");
+  } catch {
+    return "";
+  }
+}
 const F32_EPS = 2 ** -23;
 
 /** Deterministic values in [-1, 1) (mulberry32). */
@@ -58,7 +67,7 @@ function assertMatchesReference(
   }
 }
 
-function checkTails(): void {
+Deno.test("`gemmF32()` matches a float64 reference when m, n, k have tails", () => {
   let seed = 1;
   for (const m of [1, 2, 5, 7, 64, 100]) {
     for (const n of [1, 15, 16, 17, 33, 250]) {
@@ -70,10 +79,9 @@ function checkTails(): void {
       }
     }
   }
-}
-Deno.test("`gemmF32()` matches a float64 reference when m, n, k have tails", checkTails);
+});
 
-function checkThreads(): void {
+Deno.test("`gemmF32()` matches a float64 reference when split over threads and cache blocks", () => {
   // Shapes past the single-thread cut-off: k > 256 crosses cache blocks, m > 96 row blocks,
   // m = 1 takes the GEMV path split over weight panels.
   const shapes: [number, number, number][] = [[200, 250, 700], [97, 33, 257], [1, 1000, 513]];
@@ -86,13 +94,9 @@ function checkThreads(): void {
       assertMatchesReference(m, n, k, a, b, c, `m=${m} n=${n} k=${k} threads=${threads}`);
     }
   }
-}
-Deno.test(
-  "`gemmF32()` matches a float64 reference when split over threads and cache blocks",
-  checkThreads,
-);
+});
 
-function checkRowsBitIdentical(): void {
+Deno.test("`gemmF32()` gives bit-identical rows whatever m and the thread count", () => {
   // The decode path (m = 1) and every split sum each output in the same order as the batched
   // path, so prefill and decode agree exactly. Shapes cross the k block (300 > 256).
   const [m, n, k] = [37, 250, 300];
@@ -107,89 +111,61 @@ function checkRowsBitIdentical(): void {
   }
   const firstFive = gemmF32(5, n, k, a.slice(0, 5 * k), b, 2);
   assert.deepEqual(firstFive, full.slice(0, 5 * n), "first 5 rows (m = 5)");
-}
-Deno.test(
-  "`gemmF32()` gives bit-identical rows whatever m and the thread count",
-  checkRowsBitIdentical,
-);
-
-/** The GEMM table each selection must choose, from the CPU flags (the independent oracle). */
-function expectedKernelName(kernel: CpuKernel): string {
-  const flags = cpuFlags();
-  const avx2 = flags.has("avx2") && flags.has("fma");
-  if (kernel === "generic" || !avx2) return "generic";
-  if (kernel === "avx2" || kernel === "avxvnni") return "avx2-fma";
-  return flags.has("avx512f") ? "avx512" : "avx2-fma";
-}
+});
 
 Deno.test({
   name: "`cpuKernelName()` names avx512 with AVX-512F, else avx2-fma with AVX2 and FMA",
-  ignore: Deno.build.os !== "linux" || Deno.build.arch !== "x86_64",
-  async fn() {
-    // Independent oracle: the kernel's CPU feature flags as /proc/cpuinfo lists them. "" is the
-    // CPU's best whatever KVRELAY_CPU_KERNEL this process started with.
-    await withCpuKernel("", () => assert.equal(cpuKernelName(), expectedKernelName("")));
+  ignore: FORCED !== undefined || Deno.build.os !== "linux" || Deno.build.arch !== "x86_64",
+  fn() {
+    // Independent oracle: the kernel's CPU feature flags as /proc/cpuinfo lists them.
+    const flags = new Set(
+      (Deno.readTextFileSync("/proc/cpuinfo").match(/^flags\s*:(.*)$/m)?.[1] ?? "").split(/\s+/),
+    );
+    const avx2 = flags.has("avx2") && flags.has("fma");
+    const expected = avx2 && flags.has("avx512f") ? "avx512" : avx2 ? "avx2-fma" : "generic";
+    assert.equal(cpuKernelName(), expected);
   },
-});
-
-for (const kernel of ["generic", "avx2", "avxvnni", "avx512"] as const) {
-  Deno.test({
-    name:
-      `\`gemmF32()\` matches the reference and is bit-identical on the ${kernel} kernel selection`,
-    ignore: !cpuKernels().includes(kernel) || Deno.build.os !== "linux",
-    async fn() {
-      await withCpuKernel(kernel, () => {
-        assert.equal(cpuKernelName(), expectedKernelName(kernel));
-        checkTails();
-        checkThreads();
-        checkRowsBitIdentical();
-      });
-      // Restored: the process's initial selection again.
-      assert.equal(cpuKernelName(), expectedKernelName(initialCpuKernel()));
-    },
-  });
-}
-
-Deno.test("`setCpuKernel()` refuses unknown names and paths this CPU lacks, keeping the selection", async () => {
-  const expectError = (name: string, codeName: string, pattern: RegExp) =>
-    assert.throws(() => setCpuKernel(name as CpuKernel), (e: unknown) => {
-      assert.ok(e instanceof EngineError, `expected EngineError, got ${e}`);
-      assert.equal(e.codeName, codeName);
-      assert.match(e.message, pattern);
-      return true;
-    });
-  await withCpuKernel("generic", () => {
-    expectError("avx3", "INVALID_ARGUMENT", /unknown CPU kernel "avx3"/);
-    expectError("AVX2", "INVALID_ARGUMENT", /unknown CPU kernel "AVX2"/);
-    for (const name of ["avx2", "avxvnni", "avx512"] as const) {
-      if (cpuKernels().includes(name)) {
-        setCpuKernel(name);
-        assert.equal(cpuKernelName(), expectedKernelName(name), name);
-        setCpuKernel("generic");
-      } else {
-        expectError(name, "UNSUPPORTED", new RegExp(`"${name}" is not supported on this CPU`));
-      }
-    }
-    assert.equal(cpuKernelName(), "generic", "a refused selection leaves the previous one");
-  });
 });
 
 Deno.test({
-  name: "KVRELAY_CPU_KERNEL sets a process's initial selection",
-  ignore: !cpuKernels().includes("avx2"),
-  async fn() {
-    // The operator's knob is read at library load, so this one check needs a fresh process.
-    const url = new URL("./gemm.ts", import.meta.url).href;
-    const { code, stdout, stderr } = await new Deno.Command(Deno.execPath(), {
-      args: ["eval", `import { cpuKernelName } from "${url}"; console.log(cpuKernelName());`],
-      env: { KVRELAY_CPU_KERNEL: "avx2", NO_COLOR: "1" },
-      stdout: "piped",
-      stderr: "piped",
-    }).output();
-    assert.equal(code, 0, new TextDecoder().decode(stderr));
-    assert.equal(new TextDecoder().decode(stdout).trim(), "avx2-fma");
+  name: "`cpuKernelName()` is generic when KVRELAY_CPU_KERNEL=generic",
+  ignore: FORCED !== "generic",
+  fn() {
+    assert.equal(cpuKernelName(), "generic");
   },
 });
+
+Deno.test({
+  name: "`cpuKernelName()` is avx2-fma when KVRELAY_CPU_KERNEL=avx2",
+  ignore: FORCED !== "avx2",
+  fn() {
+    assert.equal(cpuKernelName(), "avx2-fma");
+  },
+});
+
+for (const forced of ["generic", "avx2"]) {
+  Deno.test({
+    name:
+      `\`gemmF32()\` matches the reference on the ${forced} kernel when KVRELAY_CPU_KERNEL=${forced}`,
+    ignore: FORCED !== undefined ||
+      (forced === "avx2" && !/^flags\s*:.*\bavx2\b/m.test(cpuInfo())),
+    async fn() {
+      // The kernel is chosen once per process, so the forced run is a child `deno test` of this
+      // file with the variable set, filtered to the reference tests and the kernel-name check.
+      const file = new URL(import.meta.url).pathname;
+      const { code, text } = await childTest(
+        file,
+        `/matches a float64 reference|bit-identical|is ${
+          forced === "avx2" ? "avx2-fma" : forced
+        } when/`,
+        { KVRELAY_CPU_KERNEL: forced },
+      );
+      assert.equal(code, 0, `child deno test failed:\n${text}`);
+      // Four tests ran and passed (two reference tests, bit-identity, the kernel-name check).
+      assert.match(text, /ok \| 4 passed/, text);
+    },
+  });
+}
 
 Deno.test("`gemmF32()` throws RangeError before FFI when a or b has the wrong length", () => {
   assert.throws(

@@ -3,14 +3,13 @@
 // the dequantized weights times the activation quantized here in TypeScript; within a stated
 // bound of the unquantized product (what the earlier dequantize-to-f32 path computed); each row
 // bit-identical to the one-row GEMV of that row; the same bits at 1 and 2 threads and when
-// accumulating. Shapes cover row, column, k and panel-chunk tails. The checks rerun, in this
-// process, on each kernel path this CPU has (withCpuKernel).
+// accumulating. Shapes cover row, column, k and panel-chunk tails. The checks rerun in children
+// forced to each kernel path this CPU has (KVRELAY_CPU_KERNEL).
 
 import assert from "node:assert/strict";
 import { gemmQuantized, gemvQuantized } from "./gemm.ts";
 import { probeBackend } from "./backend.ts";
-import { forcedQuantKernels, withCpuKernel } from "./test_helpers.ts";
-import { openTestLibrary } from "./test_library.ts";
+import { childTest, forcedQuantKernels } from "./test_helpers.ts";
 import { quantizeActivation, quantValues } from "./quant_test_helpers.ts";
 
 // (m, n, k): tile-row tails (1..7, 13), a column tail, k tails, k = 8300 (q4's per-row sums go in
@@ -31,12 +30,10 @@ function bits(a: Float32Array): Uint32Array {
 }
 
 const ORACLE_TEST = "int8 GEMM equals a float64 sum of dequantized weights × quantized rows";
-/** The oracle checks on the current kernel selection; `expect` names the int8 kernel it must be
- *  (the test library's backend description, which follows the selection). */
-function checkOracle(expect?: string): void {
+Deno.test(ORACLE_TEST, () => {
+  const expect = Deno.env.get("KVR_EXPECT_INT8");
   if (expect) {
-    const { info } = probeBackend("cpu", 0, openTestLibrary());
-    assert.ok(info.includes(`int8 ${expect},`), info);
+    assert.ok(probeBackend("cpu").info.includes(`int8 ${expect},`), probeBackend("cpu").info);
   }
   for (const format of ["q8", "q4"] as const) {
     for (const [m, n, k] of SHAPES) {
@@ -76,8 +73,7 @@ function checkOracle(expect?: string): void {
       }
     }
   }
-}
-Deno.test(ORACLE_TEST, () => checkOracle());
+});
 
 Deno.test("int8 GEMM gives the same bits at 1 and 2 threads and adds onto y when accumulating", () => {
   for (const format of ["q8", "q4"] as const) {
@@ -109,11 +105,17 @@ Deno.test("gemmQuantized rejects an unknown format and wrong lengths before FFI"
 
 Deno.test({
   name: "int8 GEMM oracle holds on every kernel this CPU can run (rows, avx-vnni)",
+  ignore: Deno.env.get("KVRELAY_CPU_KERNEL") !== undefined,
   async fn() {
-    for (const { force: kernel, name } of forcedQuantKernels()) {
+    for (const { force: kernel, name } of await forcedQuantKernels()) {
       // Without VNNI (generic, avx2) the rows go through the GEMV kernel of that path.
       const int8 = name === "avx-vnni" ? "avx-vnni" : "rows";
-      await withCpuKernel(kernel, () => checkOracle(int8));
+      const { code, text } = await childTest(import.meta.filename!, ORACLE_TEST, {
+        KVRELAY_CPU_KERNEL: kernel,
+        KVR_EXPECT_INT8: int8,
+      });
+      assert.equal(code, 0, `${kernel} child failed:\n${text}`);
+      assert.match(text, /1 passed/, `${kernel} child ran no test:\n${text}`);
     }
   },
 });

@@ -1,10 +1,7 @@
-// Test-only helpers for lib/native tests: deterministic token streams, logits comparison, a
-// cached demo-model loader and the test library's CPU kernel selection (withCpuKernel). Not
-// imported by production code.
+// Test-only helpers for lib/native tests: deterministic token streams, logits comparison and a
+// cached demo-model loader. Not imported by production code.
 
 import { type Checkpoint, loadCheckpoint } from "../model/mod.ts";
-import { type CpuKernel, setCpuKernel } from "./gemm.ts";
-import { openTestLibrary, type TestLibrary } from "./test_library.ts";
 
 /** Demo model directories (absolute). */
 export const DEMO_DIRS = ["tiny-fast", "tiny-balanced", "tiny-powerful"].map((m) =>
@@ -60,37 +57,12 @@ export function f32ToBf16Bits(x: number): number {
   return (rounded >>> 16) & 0xffff;
 }
 
-/** The CPU flags of /proc/cpuinfo (empty where it does not exist): the tests' oracle for which
- *  kernels the library must choose, independent of its own detection. */
-export function cpuFlags(): Set<string> {
-  let text = "";
-  try {
-    text = Deno.readTextFileSync("/proc/cpuinfo");
-  } catch {
-    // no /proc: no flags
-  }
-  return new Set(text.match(/^flags\s*:(.*)$/m)?.[1].split(/\s+/).filter((f) => f) ?? []);
-}
-
-/** The kernel selections (kvr_test_set_cpu_kernel) this CPU can run, per its flags. */
-export function cpuKernels(): Exclude<CpuKernel, "">[] {
-  const f = cpuFlags();
-  const avx2 = f.has("avx2") && f.has("fma");
-  const out: Exclude<CpuKernel, "">[] = ["generic"];
-  if (avx2) out.push("avx2");
-  if (avx2 && f.has("f16c") && f.has("avx_vnni")) out.push("avxvnni");
-  if (avx2 && f.has("avx512f")) out.push("avx512");
-  return out;
-}
-
-/** The q8/q4 kernel each narrowing selection must choose on this CPU (/proc/cpuinfo flags), for
- *  the forced paths the CPU can run: each is compared with the default in the same process. */
-export function forcedQuantKernels(): { force: Exclude<CpuKernel, "">; name: string }[] {
-  const flags = cpuFlags();
-  const out: { force: Exclude<CpuKernel, "">; name: string }[] = [{
-    force: "generic",
-    name: "generic",
-  }];
+/** The q8/q4 kernel each KVRELAY_CPU_KERNEL value must select on this CPU (/proc/cpuinfo flags),
+ *  for the forced paths the CPU can run: children forced to each compare with the default. */
+export async function forcedQuantKernels(): Promise<{ force: string; name: string }[]> {
+  const text = await Deno.readTextFile("/proc/cpuinfo").catch(() => "");
+  const flags = new Set(text.split("\n").find((l) => l.startsWith("flags"))?.split(/\s+/) ?? []);
+  const out = [{ force: "generic", name: "generic" }];
   if (flags.has("avx2") && flags.has("fma") && flags.has("f16c")) {
     out.push({ force: "avx2", name: "avx2" });
     if (flags.has("avx_vnni")) out.push({ force: "avxvnni", name: "avx-vnni" });
@@ -98,37 +70,25 @@ export function forcedQuantKernels(): { force: Exclude<CpuKernel, "">; name: str
   return out;
 }
 
-/** The selection this process started with: the environment's KVRELAY_CPU_KERNEL when it names
- *  a path this CPU runs (the library ignores any other value), else "" (the CPU's best). */
-export function initialCpuKernel(): CpuKernel {
-  let env: string | undefined;
-  try {
-    env = Deno.env.get("KVRELAY_CPU_KERNEL");
-  } catch {
-    env = undefined; // no --allow-env
-  }
-  return (cpuKernels() as string[]).includes(env ?? "") ? env as CpuKernel : "";
-}
-
 /**
- * Runs fn with the test library's CPU kernel selection set to `kernel`, then restores the
- * process's initial selection (try/finally), so the other tests of the file see the default.
- * Models whose results should follow the selection must be loaded from the same test library
- * (each library has its own selection); weight packing does not depend on it.
- * @param kernel the selection ("" = the CPU's best)
- * @param fn the checks to run
- * @param lib test library (default openTestLibrary())
- * @returns fn's result
+ * Runs the tests of `file` whose names match `filter` in a child `deno test` with `env` added: the
+ * CPU kernels are chosen once per process, so a forced path (KVRELAY_CPU_KERNEL) needs its own.
+ * @param file the test file (import.meta.filename)
+ * @param filter a --filter value (a name, or /regex/)
+ * @param env variables for the child
+ * @returns the child's exit code and its stdout + stderr
  */
-export async function withCpuKernel<T>(
-  kernel: CpuKernel,
-  fn: () => T | Promise<T>,
-  lib: TestLibrary = openTestLibrary(),
-): Promise<T> {
-  setCpuKernel(kernel, lib);
-  try {
-    return await fn();
-  } finally {
-    setCpuKernel(initialCpuKernel(), lib);
-  }
+export async function childTest(
+  file: string,
+  filter: string,
+  env: Record<string, string>,
+): Promise<{ code: number; text: string }> {
+  const { code, stdout, stderr } = await new Deno.Command(Deno.execPath(), {
+    args: ["test", "-A", "--no-check", "--config", "deno.dev.json", "--filter", filter, file],
+    cwd: new URL("../../", import.meta.url).pathname,
+    env: { ...env, NO_COLOR: "1" },
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  return { code, text: new TextDecoder().decode(stdout) + new TextDecoder().decode(stderr) };
 }

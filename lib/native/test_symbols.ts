@@ -78,8 +78,6 @@ export const testSymbols = {
     result: "i32",
   },
   kvr_cpu_kernel_name: { parameters: [], result: "pointer" },
-  // (name: NUL-terminated, or null = the CPU's best)
-  kvr_test_set_cpu_kernel: { parameters: ["buffer"], result: "i32" },
   // (model, flags: KVR_DEBUG_*)
   kvr_model_set_debug: { parameters: ["pointer", "u32"], result: "i32" },
   // (on 0/1)

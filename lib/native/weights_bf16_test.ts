@@ -2,22 +2,21 @@
 // widens them exactly in the kernels, so its logits must be bit-identical to a load forced to f32
 // weights (the test library's kvr_test_set_weights_f32, the previous engine). Where the CPU has AMX, bf16 GEMMs of 8+
 // rows run on the tile unit (same products, another summation order: docs/gemm.md "AMX"): there
-// the identity is checked on the kernel selection avx512 (AMX off, withCpuKernel in this process),
-// and the AMX logits within 1e-5 of f32's. The identity also holds on the generic selection. Not a
+// the identity is checked in a child with AMX off, and the AMX logits within 1e-5 of f32's. Not a
 // numerical-accuracy test (that is tests/native_vs_reference_test.ts). Needs the built library
 // (`deno task build:native`, or KVRELAY_LIB).
 
 import assert from "node:assert/strict";
 import { NativeModel } from "./model.ts";
 import { probeBackend } from "./backend.ts";
-import { checkpoint, DEMO_DIRS, tokens, withCpuKernel } from "./test_helpers.ts";
+import { checkpoint, childTest, DEMO_DIRS, tokens } from "./test_helpers.ts";
 import { openTestLibrary } from "./test_library.ts";
 
 const PREFILL = 64;
 const SMALL_PREFILL = 5;
 const DECODE_STEPS = 16;
-/** Whether the test library's bf16 GEMMs of 8+ rows run on AMX tiles (initial selection). */
-const AMX = probeBackend("cpu", 0, openTestLibrary()).info.includes(", few-row bf16 amx,");
+/** Whether this process's bf16 GEMMs of 8+ rows run on AMX tiles. */
+const AMX = probeBackend("cpu").info.includes(", few-row bf16 amx,");
 
 /** Largest |a[i] - b[i]| (NaN-aware: a NaN on either side counts as Infinity unless both are). */
 function maxAbsDiff(a: Float32Array, b: Float32Array): number {
@@ -127,21 +126,30 @@ Deno.test({
   },
 });
 
-for (const kernel of ["avx512", "generic"] as const) {
-  Deno.test({
-    name: `${IDENTITY_TEST} on the ${kernel} kernel selection${
-      kernel === "avx512" ? " (AMX off)" : ""
-    }`,
-    // Without AMX the default run above already is the avx512 (or best) one.
-    ignore: kernel === "avx512" && !AMX,
-    fn: () =>
-      withCpuKernel(kernel, async () => {
-        assert.ok(!probeBackend("cpu", 0, openTestLibrary()).info.includes(" amx"), "AMX off");
-        await identity(1);
-        await identity(2);
-      }),
-  });
-}
+Deno.test({
+  name: `${IDENTITY_TEST} with KVRELAY_CPU_KERNEL=avx512 (AMX off)`,
+  ignore: !AMX,
+  async fn() {
+    const { code, text } = await childTest(import.meta.filename!, IDENTITY_TEST, {
+      KVRELAY_CPU_KERNEL: "avx512",
+    });
+    assert.equal(code, 0, `avx512-kernel child failed:\n${text}`);
+    assert.match(text, /ok \| 2 passed/, `avx512-kernel child ran no identity test:\n${text}`);
+  },
+});
+
+Deno.test({
+  name: `${IDENTITY_TEST} with KVRELAY_CPU_KERNEL=generic`,
+  // The kernel is chosen once per process: rerun the identity tests in a child that forces it.
+  ignore: Deno.env.get("KVRELAY_CPU_KERNEL") !== undefined,
+  async fn() {
+    const { code, text } = await childTest(import.meta.filename!, IDENTITY_TEST, {
+      KVRELAY_CPU_KERNEL: "generic",
+    });
+    assert.equal(code, 0, `generic-kernel child failed:\n${text}`);
+    assert.match(text, /ok \| 2 passed/, `generic-kernel child ran no identity test:\n${text}`);
+  },
+});
 
 Deno.test("`NativeModel.load()` holds a tied embedding once (the lm_head panels), bf16 or f32", async () => {
   for (const dir of DEMO_DIRS) {

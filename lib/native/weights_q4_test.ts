@@ -1,10 +1,9 @@
 // Tests for q4 weights (`weights: "q4"`, native/src/host/gemm_q4.cpp, gemm_int8.cpp): resident
 // bytes; prefill and decode logits within measured bounds of a model built from the dequantized
 // weights (a dequantize-then-f32 reference: the difference is the int8 activations) and of bf16;
-// the same bits at 1 and 2 threads and on every q4 kernel this machine can run (selected in the
-// same process with withCpuKernel). The GEMV / int8 GEMM arithmetic itself is checked against
-// float64 in quant_gemv_test.ts / quant_gemm_test.ts; quality on real text: docs/int8_gemm.md
-// (score).
+// the same bits at 1 and 2 threads and on every q4 kernel this machine can run (children forced by
+// KVRELAY_CPU_KERNEL). The GEMV / int8 GEMM arithmetic itself is checked against float64 in
+// quant_gemv_test.ts / quant_gemm_test.ts; quality on real text: docs/int8_gemm.md (score).
 
 import assert from "node:assert/strict";
 import { loadCheckpoint } from "../model/mod.ts";
@@ -16,13 +15,12 @@ import { NativeModel } from "./model.ts";
 import { probeBackend } from "./backend.ts";
 import {
   checkpoint,
+  childTest,
   DEMO_DIRS,
   forcedQuantKernels,
   relDiff,
   tokens,
-  withCpuKernel,
 } from "./test_helpers.ts";
-import { openTestLibrary } from "./test_library.ts";
 
 /** Logits of a 40-token allPositions prefill (all rows) and 12 decode steps after it. */
 async function run(m: NativeModel): Promise<{ prefill: Float32Array; decode: Float32Array[] }> {
@@ -42,7 +40,7 @@ async function runQuantized(m: NativeModel): Promise<Float32Array[]> {
   return out;
 }
 
-/** FNV-1a over the bytes of every array: equal digests = equal bits. */
+/** FNV-1a over the bytes of every array: equal digests = equal bits (for child processes). */
 function digest(xs: Float32Array[]): string {
   let h = 0x811c9dc5;
   for (const x of xs) {
@@ -167,23 +165,44 @@ Deno.test("q4 decode gives the same bits at 1 and 2 threads", async () => {
   }
 });
 
+const DIGEST_TEST = "q4 logits digest (child process helper)";
+Deno.test(DIGEST_TEST, async () => {
+  const out = Deno.env.get("KVR_Q4_DIGEST_OUT");
+  const expect = Deno.env.get("KVR_EXPECT_KERNEL");
+  if (expect) {
+    assert.ok(probeBackend("cpu").info.includes(`q4 ${expect})`), probeBackend("cpu").info);
+  }
+  const digests: string[] = [];
+  for (const dir of DEMO_DIRS) {
+    using m = NativeModel.load(await checkpoint(dir), { threads: 2, weights: "q4" });
+    const r = await runQuantized(m);
+    assert.ok(r.every((x) => x.every(Number.isFinite)), dir);
+    digests.push(digest(r));
+  }
+  if (out) await Deno.writeTextFile(out, JSON.stringify(digests));
+});
+
 Deno.test({
   name: "q4 logits are bit-identical on every kernel this CPU can run (generic, avx2, avx-vnni)",
+  ignore: Deno.env.get("KVRELAY_CPU_KERNEL") !== undefined,
   async fn() {
-    // One process: the test library's kernel selection is switched around each run (weight
-    // packing does not depend on it, so each model is loaded once).
-    const lib = openTestLibrary();
+    const mine: string[] = [];
     for (const dir of DEMO_DIRS) {
-      using m = NativeModel.load(await checkpoint(dir), { threads: 2, weights: "q4", lib });
-      const mine = digest(await withCpuKernel("", () => runQuantized(m)));
-      for (const { force: kernel, name } of forcedQuantKernels()) {
-        const r = await withCpuKernel(kernel, () => {
-          const { info } = probeBackend("cpu", 0, lib);
-          assert.ok(info.includes(`q4 ${name})`), `${kernel}: ${info}`);
-          return runQuantized(m);
+      using m = NativeModel.load(await checkpoint(dir), { threads: 2, weights: "q4" });
+      mine.push(digest(await runQuantized(m)));
+    }
+    for (const { force: kernel, name } of await forcedQuantKernels()) {
+      const file = await Deno.makeTempFile({ prefix: "kvr-q4-" });
+      try {
+        const { code, text } = await childTest(import.meta.filename!, DIGEST_TEST, {
+          KVRELAY_CPU_KERNEL: kernel,
+          KVR_EXPECT_KERNEL: name,
+          KVR_Q4_DIGEST_OUT: file,
         });
-        assert.ok(r.every((x) => x.every(Number.isFinite)), `${dir} ${kernel}`);
-        assert.equal(digest(r), mine, `${dir} ${kernel} kernel`);
+        assert.equal(code, 0, `${kernel} child failed:\n${text}`);
+        assert.deepEqual(JSON.parse(await Deno.readTextFile(file)), mine, `${kernel} kernel`);
+      } finally {
+        await Deno.remove(file);
       }
     }
   },

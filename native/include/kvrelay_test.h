@@ -52,7 +52,7 @@ KVR_API int32_t kvr_gemm_few_rows_bf16(uint32_t m, uint32_t n, uint32_t k, const
  */
 KVR_API int32_t kvr_gemm_bench(uint32_t m, uint32_t n, uint32_t k, uint32_t n_threads,
                                uint32_t iterations, double* out_seconds);
-/* Name of the GEMM kernel table of the current selection ("avx512", "avx2-fma" or "generic"). */
+/* Name of the CPU kernel chosen at runtime ("avx2-fma" or "generic"). */
 KVR_API const char* kvr_cpu_kernel_name(void);
 /*
  * Debug switches of a model's backend, for the GPU check (scripts/gpu_check): an OR of the flags
@@ -72,21 +72,10 @@ KVR_API const char* kvr_cpu_kernel_name(void);
 KVR_API int32_t kvr_model_set_debug(kvr_model* model, uint32_t flags);
 
 /*
- * Selects the CPU kernel paths (GEMM, q8/q4 GEMV, int8 GEMM, AMX, the sampler's exp over the
- * vocabulary) of this library, process-wide, so one process runs and compares every path its CPU
- * has: "generic" (portable GEMM and q8/q4 kernels), "avx2" (AVX-512 and AVX-VNNI off), "avxvnni"
- * (AVX-512 off), "avx512" (AMX off); NULL or "" = the CPU's best. Every kernel choice made after it follows it (none is cached; weight
- * packing does not depend on it, so models loaded before the call run the new paths too). The
- * initial choice is the environment's KVRELAY_CPU_KERNEL (same names; native/src/host/
- * cpu_features.h). The engine kernels (attention, norms, conversions) are not narrowed.
- * A test hook: not to be called while any other call of this library runs (nonblocking FFI
- * calls included). Errors (the selection unchanged): KVR_ERR_INVALID_ARGUMENT for an unknown
- * name, KVR_ERR_UNSUPPORTED for a path this CPU cannot run (avx2 needs AVX2 + FMA, avxvnni also
- * F16C and AVX-VNNI, avx512 AVX2 + FMA + AVX-512F).
- */
-KVR_API int32_t kvr_test_set_cpu_kernel(const char* name);
-
-/*
+ * The CPU kernel choice is narrowed by the environment variable KVRELAY_CPU_KERNEL, read once per
+ * process by both libraries (native/src/host/cpu_features.h): generic (portable GEMM), avx2
+ * (AVX-512 and AVX-VNNI off), avxvnni (AVX-512 off), avx512 (AMX off).
+ *
  * Code-path switches, process-wide, for in-process comparisons of two paths (the production
  * library keeps every one at its default). Each applies to the calls made after it.
  *   set_project_via_copies(1): kvr_projector_apply_seq takes the backend-neutral copy path even

@@ -1,6 +1,5 @@
 // CPU feature detection (see cpu_features.h): __builtin_cpu_supports once per process and the
-// kernel selection (KVRELAY_CPU_KERNEL, kvr_test_set_cpu_kernel). The description string is
-// cpu_description.cpp (it names kernels).
+// KVRELAY_CPU_KERNEL override. The description string is cpu_description.cpp (it names kernels).
 #include "host/cpu_features.h"
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
@@ -12,12 +11,9 @@
 #include <unistd.h>
 #endif
 
-#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
-#include "core/errors.h"
-#include "kvrelay.h"
 
 namespace kvr::cpu {
 namespace {
@@ -56,64 +52,12 @@ CpuFeatures detect() {
     f.amx_bf16 = amx_permitted();
 #endif
 #endif
-  return f;
-}
-
-struct SelectionName {
-  const char* name;
-  KernelSelection selection;
-};
-constexpr SelectionName kSelections[] = {{"generic", KernelSelection::kGeneric},
-                                         {"avx2", KernelSelection::kAvx2},
-                                         {"avxvnni", KernelSelection::kAvxVnni},
-                                         {"avx512", KernelSelection::kAvx512}};
-
-// The selection named `name`; false for a name that is none of kSelections.
-bool parse_selection(const char* name, KernelSelection& out) {
-  for (const SelectionName& s : kSelections) {
-    if (std::strcmp(name, s.name) == 0) {
-      out = s.selection;
-      return true;
-    }
-  }
-  return false;
-}
-
-// The environment's selection. A name the CPU lacks narrows nothing it has (the operator's knob
-// keeps its lenient meaning: "avx512" on an AVX2 machine is the default); an unknown one is ignored.
-KernelSelection selection_from_env() {
   const char* forced = std::getenv("KVRELAY_CPU_KERNEL");
-  KernelSelection s = KernelSelection::kBest;
-  if (forced != nullptr && !parse_selection(forced, s)) s = KernelSelection::kBest;
-  return s;
-}
-
-KernelChoices choices_for(const CpuFeatures& f, KernelSelection s) {
-  using S = KernelSelection;
-  KernelChoices c;
-  c.avx2_gemm = f.avx2 && f.fma && s != S::kGeneric;
-  c.avx512_gemm = f.avx512f && c.avx2_gemm && s != S::kAvx2 && s != S::kAvxVnni;
-  c.avx512_vnni = f.avx512f && f.avx512bw && f.avx512vl && f.avx512vnni && s != S::kGeneric && s != S::kAvx2 &&
-                  s != S::kAvxVnni;
-  c.avx2_quant = f.avx2 && f.fma && f.f16c && s != S::kGeneric;
-  c.avx_vnni = f.avxvnni && c.avx2_quant && s != S::kAvx2;
-  c.amx_bf16 = f.amx_bf16 && c.avx512_vnni && s != S::kAvx512;
-  c.avx512_exp = f.avx512f && s != S::kGeneric && s != S::kAvx2 && s != S::kAvxVnni;
-  c.avx2_exp = f.avx2 && f.fma && s != S::kGeneric;
-  return c;
-}
-
-constexpr size_t kSelectionCount = 5;
-
-// The choices of every selection on this CPU, indexed by KernelSelection (immutable once built).
-const KernelChoices* choices_table() {
-  static const struct Table {
-    KernelChoices c[kSelectionCount];
-    Table() {
-      for (size_t i = 0; i < kSelectionCount; ++i) c[i] = choices_for(cpu_features(), static_cast<KernelSelection>(i));
-    }
-  } table;
-  return table.c;
+  f.gemm_forced_generic = forced != nullptr && std::strcmp(forced, "generic") == 0;
+  f.gemm_forced_avx2 = forced != nullptr && std::strcmp(forced, "avx2") == 0;
+  f.gemm_forced_avxvnni = forced != nullptr && std::strcmp(forced, "avxvnni") == 0;
+  f.gemm_forced_avx512 = forced != nullptr && std::strcmp(forced, "avx512") == 0;
+  return f;
 }
 
 }  // namespace
@@ -121,44 +65,6 @@ const KernelChoices* choices_table() {
 const CpuFeatures& cpu_features() {
   static const CpuFeatures f = detect();
   return f;
-}
-
-namespace detail {
-
-std::atomic<const KernelChoices*> current_choices{nullptr};
-
-const KernelChoices& init_choices() {
-  const KernelChoices* c = &choices_table()[static_cast<size_t>(selection_from_env())];
-  // Threads racing here store the same pointer; a selection set meanwhile wins.
-  const KernelChoices* expected = nullptr;
-  if (!current_choices.compare_exchange_strong(expected, c, std::memory_order_relaxed)) return *expected;
-  return *c;
-}
-
-}  // namespace detail
-
-KernelSelection kernel_selection() {
-  return static_cast<KernelSelection>(&kernel_choices() - choices_table());
-}
-
-int32_t set_kernel_selection(const char* name) {
-  KernelSelection s = KernelSelection::kBest;
-  if (name != nullptr && name[0] != '\0' && !parse_selection(name, s)) {
-    return fail(KVR_ERR_INVALID_ARGUMENT, format("unknown CPU kernel \"%s\" (expected generic, avx2, avxvnni, "
-                                                 "avx512, or empty for the CPU's best)",
-                                                 name));
-  }
-  const CpuFeatures& f = cpu_features();
-  const bool avx2 = f.avx2 && f.fma;
-  const char* missing = nullptr;
-  if (s == KernelSelection::kAvx2 && !avx2) missing = "AVX2 and FMA";
-  if (s == KernelSelection::kAvxVnni && !(avx2 && f.f16c && f.avxvnni)) missing = "AVX2, FMA, F16C and AVX-VNNI";
-  if (s == KernelSelection::kAvx512 && !(avx2 && f.avx512f)) missing = "AVX2, FMA and AVX-512F";
-  if (missing != nullptr)
-    return fail(KVR_ERR_UNSUPPORTED,
-                format("CPU kernel \"%s\" is not supported on this CPU (it needs %s)", name, missing));
-  detail::current_choices.store(&choices_table()[static_cast<size_t>(s)], std::memory_order_relaxed);
-  return KVR_OK;
 }
 
 }  // namespace kvr::cpu

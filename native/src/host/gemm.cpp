@@ -52,12 +52,16 @@ constexpr size_t kMinParallelMacs = size_t{1} << 17;
 // Largest A (floats) packed whole for the few-rows split (16 MiB); larger goes by row blocks.
 constexpr size_t kMaxWholeA = size_t{1} << 22;
 
-// The table of the current kernel selection and the CPU's features (cpu_features.h, the one
-// dispatch), chosen at each call — one atomic load and two branches — so the test library's
-// kvr_test_set_cpu_kernel re-selects it between calls (one GEMM may ask more than once).
-const KernelTable& kernels() {
+const KernelTable& choose_kernels() {
+  // KVRELAY_CPU_KERNEL=generic and the CPU's features: cpu_features.h (the one dispatch)
   if (use_avx512_gemm()) return detail::avx512_kernels();
   return use_avx2_gemm() ? detail::avx2_kernels() : detail::generic_kernels();
+}
+
+// Chosen once per process (thread-safe function-local static).
+const KernelTable& kernels() {
+  static const KernelTable& table = choose_kernels();
+  return table;
 }
 
 // Per-thread scratch for packed A blocks, reused across calls: (MC/6, KC, 6) floats.
@@ -633,11 +637,10 @@ void gemm_packed_range(const float* apack, size_t m, const PackedWeight& w, floa
 void dequantize(const PackedWeight& w, float* out) {
   const size_t n = w.rows(), k = w.cols();
   alignas(64) float buf[kKC * kPanelWidth];
-  const KernelTable& kt = kernels();
   for (size_t p = 0; p < w.panels(); ++p) {
     for (size_t pc = 0; pc < k; pc += kKC) {
       const size_t kc = std::min(kKC, k - pc);
-      const float* s = panel_slice(kt, w, p, pc, kc, buf);
+      const float* s = panel_slice(kernels(), w, p, pc, kc, buf);
       if (w.is_bf16()) {  // panel_slice widens bf16 only for the generic table: widen here
         for (size_t t = 0; t < kc * kPanelWidth; ++t) {
           buf[t] = bits_to_f32(static_cast<uint32_t>(w.panel_bf16(p)[pc * kPanelWidth + t]) << 16);

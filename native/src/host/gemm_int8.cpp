@@ -30,12 +30,16 @@ constexpr size_t kChunkBytes = size_t{256} << 10;
 // Activation code bytes per row block (a task's rows), re-read once per panel chunk.
 constexpr size_t kRowBlockBytes = size_t{64} << 10;
 
-// nullptr: no VNNI tiles (per-row GEMV). Chosen at each call from the current selection
-// (cpu_features.h), so the test library's kvr_test_set_cpu_kernel re-selects it.
-const TileKernels* tiles() {
+// nullptr: no VNNI tiles (per-row GEMV).
+const TileKernels* choose() {
   if (use_avx512_vnni()) return &detail::avx512_vnni_tiles();
   if (use_avx_vnni()) return &detail::avx_vnni_tiles();
   return nullptr;
+}
+
+const TileKernels* tiles() {
+  static const TileKernels* t = choose();
+  return t;
 }
 
 size_t tile_rows(const TileKernels& t, bool q4) { return std::min(kMaxTileRows, q4 ? t.q4_rows : t.q8_rows); }

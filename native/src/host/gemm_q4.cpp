@@ -240,15 +240,18 @@ struct Kernel {
   Dequant4Fn dequant4;
 };
 
-// The kernels of the current selection (cpu_features.h), chosen at each call so the test
-// library's kvr_test_set_cpu_kernel re-selects them; loops take them once.
-Kernel kernel() {
+Kernel choose() {
 #if KVR_Q4_X86
   if (use_avx512_vnni()) return {"avx512-vnni", &gemv_avx512, &dequant4_avx512};
   if (use_avx_vnni()) return {"avx-vnni", &gemv_avxvnni, &dequant4_avx2};
   if (use_avx2_quant()) return {"avx2", &gemv_avx2, &dequant4_avx2};
 #endif
   return {"generic", &gemv_generic, &dequant4_generic};
+}
+
+const Kernel& kernel() {
+  static const Kernel k = choose();
+  return k;
 }
 
 // Squared error of v ≈ d·c + m with d, m rounded to f16 and the nearest codes in [0, 15];
@@ -320,10 +323,9 @@ void gemv(const PackedWeight& w, const int8_t* xs, const float* dx, const float*
   const size_t n = w.rows(), blocks = w.q8_blocks();
   constexpr size_t kChunk = 16;  // panels per kernel call (acc on the stack)
   alignas(64) float acc[kChunk * 16];
-  const GemvFn gemv_fn = kernel().gemv;
   for (size_t p = p0; p < p1; p += kChunk) {
     const size_t np = std::min(kChunk, p1 - p);
-    gemv_fn(blocks, xs, dx, dxs, w.panel_q4(p), w.panel_q4_scale(p), w.panel_q4_min(p), np, acc);
+    kernel().gemv(blocks, xs, dx, dxs, w.panel_q4(p), w.panel_q4_scale(p), w.panel_q4_min(p), np, acc);
     const size_t c0 = p * kPanelWidth, c1 = std::min(n, (p + np) * kPanelWidth);
     if (accumulate) {
       for (size_t c = c0; c < c1; ++c) y[c] += acc[c - c0];
@@ -337,11 +339,11 @@ void dequant_slice(const PackedWeight& w, size_t p, size_t pc, size_t kc, float*
   const uint8_t* codes = w.panel_q4(p);
   const uint16_t* scale = w.panel_q4_scale(p);
   const uint16_t* mins = w.panel_q4_min(p);
-  const Dequant4Fn dequant4 = kernel().dequant4;
   size_t t = 0;
   for (; t + 4 <= kc; t += 4) {  // whole groups of 4 k (pc is a multiple of 32)
     const size_t k = pc + t, b = k / kB, r = k % kB;
-    dequant4(codes + b * 256 + ((r % 16) / 4) * 64, r < 16 ? 0 : 4, scale + b * 16, mins + b * 16, dst + t * 16);
+    kernel().dequant4(codes + b * 256 + ((r % 16) / 4) * 64, r < 16 ? 0 : 4, scale + b * 16,
+                      mins + b * 16, dst + t * 16);
   }
   size_t cur_b = SIZE_MAX;
   float d[16], m[16];

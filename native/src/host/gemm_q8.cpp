@@ -286,15 +286,18 @@ struct Kernel {
   QBlockFn qblock;
 };
 
-// The kernels of the current selection (cpu_features.h), chosen at each call so the test
-// library's kvr_test_set_cpu_kernel re-selects them; loops take them once.
-Kernel kernel() {
+Kernel choose() {
 #if KVR_Q8_AVX512
   if (use_avx512_vnni()) return {"avx512-vnni", &gemv_avx512, &dequant4_avx512, &qblock_avx2};
   if (use_avx_vnni()) return {"avx-vnni", &gemv_avxvnni, &dequant4_avx2, &qblock_avx2};
   if (use_avx2_quant()) return {"avx2", &gemv_avx2, &dequant4_avx2, &qblock_avx2};
 #endif
   return {"generic", &gemv_generic, &dequant4_generic, nullptr};
+}
+
+const Kernel& kernel() {
+  static const Kernel k = choose();
+  return k;
 }
 
 }  // namespace
@@ -333,10 +336,9 @@ void gemv(const PackedWeight& w, const int8_t* xq, const float* dx, const int32_
   const size_t n = w.rows(), blocks = w.q8_blocks();
   constexpr size_t kChunk = 16;  // panels per kernel call (acc on the stack)
   alignas(64) float acc[kChunk * 16];
-  const GemvFn gemv_fn = kernel().gemv;
   for (size_t p = p0; p < p1; p += kChunk) {
     const size_t np = std::min(kChunk, p1 - p);
-    gemv_fn(blocks, xq, dx, xoff, w.panel_q8(p), w.panel_q8_scale(p), np, acc);
+    kernel().gemv(blocks, xq, dx, xoff, w.panel_q8(p), w.panel_q8_scale(p), np, acc);
     const size_t c0 = p * kPanelWidth, c1 = std::min(n, (p + np) * kPanelWidth);
     if (accumulate) {
       for (size_t c = c0; c < c1; ++c) y[c] += acc[c - c0];
@@ -349,11 +351,10 @@ void gemv(const PackedWeight& w, const int8_t* xq, const float* dx, const int32_
 void dequant_slice(const PackedWeight& w, size_t p, size_t pc, size_t kc, float* dst) {
   const uint8_t* codes = w.panel_q8(p);
   const uint16_t* scale = w.panel_q8_scale(p);
-  const Dequant4Fn dequant4 = kernel().dequant4;
   size_t t = 0;
   for (; t + 4 <= kc; t += 4) {  // whole groups of 4 k (pc is a multiple of 32)
     const size_t k = pc + t, b = k / kB, g = (k % kB) / 4;
-    dequant4(codes + b * 512 + g * 64, scale + b * 16, dst + t * 16);
+    kernel().dequant4(codes + b * 512 + g * 64, scale + b * 16, dst + t * 16);
   }
   for (; t < kc; ++t) {
     const size_t k = pc + t, b = k / kB, g = (k % kB) / 4, e = k % 4;

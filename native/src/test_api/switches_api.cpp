@@ -1,8 +1,6 @@
-// Test exports of the code-path switches (kvrelay_test.h kvr_test_set_*, test_switches.h) and of
-// the CPU kernel selection (host/cpu_features.h).
+// Test exports of the code-path switches (kvrelay_test.h kvr_test_set_*, test_switches.h).
 #include "core/errors.h"
 #include "core/test_switches.h"
-#include "host/cpu_features.h"
 #include "kvrelay_test.h"
 
 namespace {
@@ -16,8 +14,6 @@ int32_t set_switch(std::atomic<bool>& s, uint32_t on, const char* fn) {
 }  // namespace
 
 extern "C" {
-
-KVR_API int32_t kvr_test_set_cpu_kernel(const char* name) { return kvr::cpu::set_kernel_selection(name); }
 
 KVR_API int32_t kvr_test_set_project_via_copies(uint32_t on) {
   return set_switch(kvr::test_switches::project_via_copies, on, "kvr_test_set_project_via_copies");

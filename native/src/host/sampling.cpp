@@ -212,6 +212,8 @@ __attribute__((target("avx512f"))) unsigned exp8_avx512(const double* xp, double
 
 // The same over 4 lanes with AVX2 + FMA: rounding by _mm256_round_pd, the table index converted
 // to int32, and the powers of two built from their exponent bits (every value here is normal).
+// Written out apart from exp8_avx512: a template shared by both would need a target attribute
+// per instantiation, which GCC does not give; sample_math_test checks each against js_exp.
 __attribute__((target("avx2,fma"))) unsigned exp4_avx2(const double* xp, double* out) {
   const __m256d x = _mm256_loadu_pd(xp);
   const __m256d ok = _mm256_and_pd(
@@ -279,6 +281,19 @@ __attribute__((target("avx2,fma"))) unsigned exp4_avx2(const double* xp, double*
   return static_cast<unsigned>(~good) & 0xFu;
 }
 
+// A kernel of W lanes over the whole groups of x[0..n), then the scalar js_exp for the lanes it
+// flagged as undecided. Returns where the groups end.
+template <size_t W, unsigned (*Kernel)(const double*, double*)>
+size_t exp_lanes(const double* x, double* out, size_t n) {
+  size_t i = 0;
+  for (; i + W <= n; i += W)
+    for (unsigned slow = Kernel(x + i, out + i); slow != 0; slow &= slow - 1) {
+      const size_t b = static_cast<size_t>(__builtin_ctz(slow));
+      out[i + b] = js_exp(x[i + b]);
+    }
+  return i;
+}
+
 }  // namespace
 #endif
 
@@ -293,25 +308,8 @@ const char* js_exp_many_path() {
 void js_exp_many(const double* x, double* out, size_t n) {
   size_t i = 0;
 #if defined(__x86_64__)
-  if (cpu::use_avx512_exp()) {
-    for (; i + 8 <= n; i += 8) {
-      unsigned slow = exp8_avx512(x + i, out + i);
-      while (slow != 0) {
-        const int b = __builtin_ctz(slow);
-        out[i + b] = js_exp(x[i + b]);
-        slow &= slow - 1;
-      }
-    }
-  } else if (cpu::use_avx2_exp()) {
-    for (; i + 4 <= n; i += 4) {
-      unsigned slow = exp4_avx2(x + i, out + i);
-      while (slow != 0) {
-        const int b = __builtin_ctz(slow);
-        out[i + b] = js_exp(x[i + b]);
-        slow &= slow - 1;
-      }
-    }
-  }
+  if (cpu::use_avx512_exp()) i = exp_lanes<8, exp8_avx512>(x, out, n);
+  else if (cpu::use_avx2_exp()) i = exp_lanes<4, exp4_avx2>(x, out, n);
 #endif
   for (; i < n; ++i) out[i] = js_exp(x[i]);
 }

@@ -129,6 +129,7 @@ Deno.test("SIGTERM drains: an in-flight request completes and the process exits 
       max_tokens: 200,
       ignore_eos: true,
       stream: true,
+      stream_options: { include_usage: true },
     }),
   });
   assert.equal(res.status, 200);
@@ -143,10 +144,15 @@ Deno.test("SIGTERM drains: an in-flight request completes and the process exits 
   }
   assert.doesNotMatch(text, /"error"/);
   assert.match(text, /data: \[DONE\]/);
-  // It ran to max_tokens: 200 token frames and the closing one.
+  // It ran to max_tokens (a token whose text is empty sends no frame: count by the usage frame).
   assert.match(text, /"finish_reason":"length"/);
-  const frames = text.split("\n").filter((l) => l.startsWith("data: {")).length;
-  assert.equal(frames, 201, "every token of the in-flight request was sent");
+  const usage = text.split("\n").filter((l) => l.includes('"completion_tokens"')).at(-1);
+  assert.ok(usage, text);
+  assert.equal(
+    JSON.parse(usage.slice("data: ".length)).usage.completion_tokens,
+    200,
+    "every token of the in-flight request was generated",
+  );
   const { status, stderr } = await stopped;
   assert.equal(status.code, 0, stderr);
   assert.match(stderr, /draining/);

@@ -246,8 +246,13 @@ function grammarRows(r: GrammarBenchResult): ResultRow[] {
     rows.push(row(labels, "native masked draw", "µs", v.maskedDrawUs));
   }
   const labels = { model: "tiny-fast", rows: r.decode.rows };
-  rows.push(row({ ...labels, output: "json_schema" }, "decode", TPS, r.decode.constrained));
   rows.push(row({ ...labels, output: "free" }, "decode", TPS, r.decode.unconstrained));
+  rows.push(
+    row({ ...labels, output: "json_schema, drawn first" }, "decode", TPS, r.decode.drawFirst),
+  );
+  rows.push(
+    row({ ...labels, output: "json_schema, masked first" }, "decode", TPS, r.decode.maskFirst),
+  );
   return rows;
 }
 

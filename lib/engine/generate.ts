@@ -11,12 +11,14 @@ import {
 } from "../native/mod.ts";
 import type { LoadedModel } from "./load.ts";
 import {
+  redrawIsExact,
   resolveSampling,
   type SamplingOptions,
   type TokenMask,
   validateSampling,
 } from "./sampling.ts";
 import { StopStringMatcher } from "./stop_strings.ts";
+import { GrammarDraws } from "./grammar_draw.ts";
 import { type LogitOptions, type StepLogprobs, validRepetitionPenalty } from "./logits.ts";
 import { type Decoder, IncrementalDetokenizer } from "./detokenizer.ts";
 
@@ -42,9 +44,10 @@ export interface GenerateOptions extends SamplingOptions, LogitOptions {
   /** Leave special tokens out of the text; default true (they stay in tokenIds). */
   skipSpecialTokens?: boolean;
   /** Structured output: a grammar's per-request matcher (lib/grammar GrammarMatcher). Every
-   *  draw is restricted to the tokens its mask allows (never drawn and rejected), each drawn
-   *  token is accepted into it, and a token that completes it ends the output (finishReason
-   *  "stop"). The loop disposes it when it ends. */
+   *  token is the draw under its mask (masked first, or drawn first and redrawn under the mask
+   *  when rejected, where that is exact: grammar_draw.ts), each token is accepted into it, and a
+   *  token that completes it ends the output (finishReason "stop"). The loop disposes it when it
+   *  ends. */
   grammar?: TokenGrammar;
 }
 
@@ -246,11 +249,9 @@ export async function* decodeLoop(
   const grammar = opts.grammar;
   const bursts = stepSamples && !lpReq && !grammar && target.decodeBurst !== undefined &&
     target.rewind !== undefined;
-  // The mask of the next draw, computed right after the previous token was accepted and before
-  // the step that draws it is submitted (the step itself waits for it: not overlapped).
-  const nextMask = async () => {
-    native.setMask(await grammar!.nextMask());
-  };
+  // Each draw under a grammar is masked first, or drawn first and redrawn under the mask when
+  // the grammar rejects it (grammar_draw.ts; only where that is exact: redrawIsExact).
+  const draws = grammar && new GrammarDraws(grammar, native, redrawIsExact(options));
   let ahead: Int32Array | null = null;
   let aheadAt = 0;
   // Gives back the burst's tokens after the last one emitted (all appended already), so the cache
@@ -260,21 +261,19 @@ export async function* decodeLoop(
     ahead = null;
   };
   try {
-    if (grammar) await nextMask();
+    await draws?.beforeDraw();
     while (finishReason === undefined) {
       if (opts.signal?.aborted) {
         finishReason = "abort";
         giveBack();
         break;
       }
-      const r = next ?? native.sample(logits, sampleWidth, lpReq);
+      let r = next ?? native.sample(logits, sampleWidth, lpReq);
+      if (draws) r = await draws.take(r, lpReq);
       const id = r.token;
       const logprobs = lpReq ? nativeLogprobs(r) : undefined;
       ttftMs ??= performance.now() - ctx.startMs;
       tokenIds.push(id);
-      if (grammar && !grammar.accept(id)) {
-        throw new Error(`the grammar rejected token ${id}, which its mask allowed`);
-      }
       let delta: string;
       if (stopIds.has(id) || grammar?.terminated) {
         // The stop token's own text is not output; release what was withheld before it.
@@ -308,7 +307,7 @@ export async function* decodeLoop(
           next = { token: ahead[0] };
           aheadAt = 1;
         } else {
-          if (grammar) await nextMask();
+          await draws?.beforeDraw();
           if (stepSamples) next = await target.decodeSample!(id, native, sampleWidth, lpReq);
           else logits = await target.decode(id);
         }

@@ -68,6 +68,20 @@ export function resolveSampling(opts: SamplingOptions): ValidSampling & { seed: 
   return { ...validateSampling(opts), seed: opts.seed ?? randomSeed() };
 }
 
+/**
+ * Whether a grammar's draw may be taken unmasked and redrawn under the mask only when the grammar
+ * rejects it (NativeSampler.keepRow / redraw) with the masked draw's result: greedy (the same
+ * token) or no top-k, top-p or min-p filter (the same distribution; the proof is at
+ * kvr_sampler_redraw in native/include/kvrelay.h). Filters over the unmasked row keep other
+ * tokens than filters over the masked row, so those draws are masked first.
+ *
+ * @param o resolved sampling settings
+ * @returns whether draw-then-redraw is exact for them
+ */
+export function redrawIsExact(o: ValidSampling): boolean {
+  return o.temperature === 0 || (o.topK === 0 && o.topP === 1 && o.minP === 0);
+}
+
 /** The allowed tokens of one draw (structured output: a grammar's next-token bitmask). Bit
  *  t % 32 of words[t / 32] set = token t may be drawn; ids >= nTokens never may. The layout of
  *  XGrammar's bitmask and of kvr_sampler_set_mask. */

@@ -304,9 +304,9 @@ async function stepWith(
     } else if (steps !== null) {
       // A burst (every item one token and a sampler): each step's draws are the next one's input.
       burst = items.map((_, i) => [tokensOut[i]]);
-      // A masked row's next mask exists only once its grammar has taken this token (in
-      // JavaScript): a burst holding one stops after its first step.
-      const masked = items.some((it) => it.sample!.sampler.masked);
+      // A grammar's row (masked, or keeping rows for a redraw) needs its grammar to take this
+      // token (in JavaScript) before the next draw: a burst holding one stops after its first step.
+      const masked = items.some((it) => it.sample!.sampler.masked || it.sample!.sampler.keepsRows);
       while (!masked && done < steps && burst.every((b) => b[b.length - 1] >= 0)) {
         for (let i = 0; i < n; i++) ids[i] = tokensOut[i];
         if (await step() !== 0) break; // nothing changed in that step: the ones done stand

@@ -102,6 +102,7 @@ export class NativeSampler {
   readonly #out = new SampleBuffers();
   #busy = false;
   #maskTokens = 0;
+  #keepsRows = false;
 
   private constructor(lib: NativeLibrary, ptr: Deno.PointerObject, o: NativeSamplingOptions) {
     this.#lib = lib;
@@ -196,6 +197,62 @@ export class NativeSampler {
       );
     }
     this.#maskTokens = mask.nTokens;
+  }
+
+  /**
+   * Keeps (or stops keeping) the row of each later draw, so {@link redraw} can replace that draw
+   * by one under a mask computed after it (kvr_sampler_keep_row): structured output then computes
+   * a grammar's mask only when the grammar rejects the unmasked token. Exact for greedy samplers
+   * and those without topK, topP or minP ({@link redrawIsExact}).
+   *
+   * @param keep whether to keep rows
+   * @throws Error while a call using the sampler runs
+   */
+  keepRow(keep: boolean): void {
+    this.#lib.check(
+      this.#lib.symbols.kvr_sampler_keep_row(this.pointer, keep ? 1 : 0),
+      "kvr_sampler_keep_row",
+    );
+    this.#keepsRows = keep;
+  }
+
+  /** Whether draws keep their rows ({@link keepRow}): a grammar takes each token before the next
+   *  draw then, so its draws are one decode step at a time (as a masked sampler's). */
+  get keepsRows(): boolean {
+    return this.#keepsRows;
+  }
+
+  /**
+   * Replaces the last draw with a draw from its kept row under the current mask (set it first):
+   * the replaced token stops counting for the penalties and min_tokens (kvr_sampler_redraw).
+   *
+   * @param req logprobs to return (of the raw row, as {@link sample})
+   * @returns the new draw
+   * @throws EngineError without a kept row (keepRow off at that draw, or redrawn already);
+   *   NoAllowedTokenError when no allowed token has a finite logit
+   */
+  redraw(req: LogprobRequest = {}): SampleResult {
+    const ptr = this.pointer;
+    const top = this.#out.prepare(req);
+    const o = this.#out;
+    const status = this.#lib.symbols.kvr_sampler_redraw(
+      ptr,
+      o.token,
+      req.logprob ? o.logprob : null,
+      top > 0 ? o.topIds : null,
+      top > 0 ? o.topLogprobs : null,
+      top,
+      o.topCount,
+    );
+    if (status !== 0) {
+      const message = cString(this.#lib.symbols.kvr_sampler_last_error(ptr)) ||
+        this.#lib.lastError();
+      if (this.#maskTokens !== 0 && status === -1 && message.includes("the mask allows")) {
+        throw new NoAllowedTokenError(message, "kvr_sampler_redraw");
+      }
+      throw new EngineError(status, message, "kvr_sampler_redraw");
+    }
+    return o.result(req, top);
   }
 
   /**

@@ -377,6 +377,14 @@ export const samplingSymbols = {
   },
   // (sampler, words u32* | NULL, words_len, n_tokens): the allowed-token mask (0 tokens = none)
   kvr_sampler_set_mask: { parameters: ["pointer", "buffer", "usize", "u32"], result: "i32" },
+  // (sampler, keep 0/1): keep each draw's row for one redraw
+  kvr_sampler_keep_row: { parameters: ["pointer", "u32"], result: "i32" },
+  // (sampler, token_out i32*, logprob_out f64* | NULL, top_ids i32* | NULL,
+  //  top_logprobs f64* | NULL, top_len, top_count_out u32* | NULL): the last draw, under the mask
+  kvr_sampler_redraw: {
+    parameters: ["pointer", "buffer", "buffer", "buffer", "buffer", "u32", "buffer"],
+    result: "i32",
+  },
   // (seq, token, sampler, width, token_out i32*, logprob_out f64* | NULL, top_ids | NULL,
   //  top_logprobs | NULL, top_len, top_count_out u32* | NULL) — worker thread
   kvr_seq_decode_sample: { ...seqDecodeSample, nonblocking: true },

@@ -700,6 +700,34 @@ KVR_API int32_t kvr_sampler_set_mask(kvr_sampler* sampler, const uint32_t* words
                                      uint32_t n_tokens);
 
 /*
+ * Draw first, mask only when the grammar rejects the token (structured output without a mask
+ * for every token): with keep 1, each later draw of this sampler (kvr_sampler_sample,
+ * kvr_seq_decode_sample, a row of kvr_batch_step_sample) keeps a copy of the row it drew from,
+ * after ban, bias and penalties, so kvr_sampler_redraw can replace that draw by one under a mask
+ * computed afterwards. keep 0 stops keeping and frees the copy. A device sequence copies such a
+ * sampler's row to the host (as for a masked one). keep must be 0 or 1 (KVR_ERR_INVALID_ARGUMENT).
+ */
+KVR_API int32_t kvr_sampler_keep_row(kvr_sampler* sampler, uint32_t keep);
+
+/*
+ * Replaces this sampler's last draw with a draw from the row it kept, under the sampler's current
+ * mask (set it first; ids >= that draw's width are never drawn): the replaced token stops
+ * counting (repetition penalty, presence/frequency, min_tokens), then the draw, the recording of
+ * its token and the outputs are kvr_sampler_sample's on that row. Once per draw: without a kept
+ * row (keep was 0 at the draw, the draw failed, or it was redrawn already) it is
+ * KVR_ERR_INVALID_ARGUMENT. A failed redraw (no allowed token with a finite logit: as
+ * kvr_sampler_sample) leaves the sampler as before the replaced draw.
+ * Why it is exact: a greedy draw whose token the grammar accepts is the masked argmax (the same
+ * token, ties included); for a draw without top_k, top_p or min_p, taking the unmasked token t
+ * when allowed and else a masked redraw gives t with probability p(t) + (1 - Z) p(t) / Z =
+ * p(t) / Z, Z the allowed mass: the masked distribution (from other PRNG draws). With top_k,
+ * top_p or min_p the filters of the masked row differ from those of the unmasked one: mask first.
+ */
+KVR_API int32_t kvr_sampler_redraw(kvr_sampler* sampler, int32_t* token_out, double* logprob_out,
+                                   int32_t* top_ids, double* top_logprobs, uint32_t top_len,
+                                   uint32_t* top_count_out);
+
+/*
  * A decode step that returns a token instead of logits: kvr_seq_decode(seq, token) into a buffer
  * the library owns, then kvr_sampler_sample(sampler, those logits, vocab, width, ...). Everything
  * is checked before the decode (sampler, 1 <= width <= vocab, output buffers, then as

@@ -77,13 +77,13 @@ int32_t sampler_check_mask(kvr_sampler* s, size_t row_len) {
   return KVR_OK;
 }
 
-int32_t sampler_run(kvr_sampler* s, const float* logits, size_t width, int32_t* token_out,
-                    double* logprob_out, int32_t* top_ids, double* top_logprobs, uint32_t top_len,
-                    uint32_t* top_count_out) {
-  // The processed row (ban, bias, repetition, presence/frequency) is what both the draw and the
-  // logprobs see (as the reference LogitProcessor's row, tests/reference); the mask then applies
-  // to the draw only.
-  logits = processed_row(s, logits, width);
+namespace {
+
+// Draws from `logits`, the processed row (ban, bias, penalties applied), under the sampler's
+// mask, records the token and fills the logprob outputs (those of `logits`, without the mask).
+int32_t draw_processed(kvr_sampler* s, const float* logits, size_t width, int32_t* token_out,
+                       double* logprob_out, int32_t* top_ids, double* top_logprobs, uint32_t top_len,
+                       uint32_t* top_count_out) {
   const float* row = s->mask_tokens != 0 ? masked_row(s, logits, width) : logits;
   const int64_t id = s->cfg.temperature == 0 ? argmax_row(row, width)
                                              : sample_row(row, width, s->cfg, s->rng, s->scratch);
@@ -95,13 +95,31 @@ int32_t sampler_run(kvr_sampler* s, const float* logits, size_t width, int32_t* 
                             ? format("sampling: no token the mask allows has a finite logit among %zu values", width)
                             : format("sampling: no finite logit among %zu values", width));
   *token_out = static_cast<int32_t>(id);
-  if (s->penalty.active()) s->penalty.add(*token_out);
+  s->kept_new_seen = s->penalty.active() && s->penalty.add(*token_out);
   s->adjust.add(*token_out);
+  s->kept_token = *token_out;
   // Logprobs are those of the (penalised) row without the mask, as documented for
   // kvr_sampler_sample.
   const size_t n = logprobs_row(logits, width, id, logprob_out, top_len, top_ids, top_logprobs);
   if (top_count_out) *top_count_out = static_cast<uint32_t>(n);
   return KVR_OK;
+}
+
+}  // namespace
+
+int32_t sampler_run(kvr_sampler* s, const float* logits, size_t width, int32_t* token_out,
+                    double* logprob_out, int32_t* top_ids, double* top_logprobs, uint32_t top_len,
+                    uint32_t* top_count_out) {
+  // The processed row (ban, bias, repetition, presence/frequency) is what both the draw and the
+  // logprobs see (as the reference LogitProcessor's row, tests/reference); the mask then applies
+  // to the draw only.
+  s->kept_width = 0;
+  logits = processed_row(s, logits, width);
+  if (s->keep_row) s->kept.assign(logits, logits + width);
+  const int32_t st = draw_processed(s, logits, width, token_out, logprob_out, top_ids, top_logprobs, top_len,
+                                    top_count_out);
+  if (st == KVR_OK && s->keep_row) s->kept_width = width;
+  return st;
 }
 
 int32_t sampler_run_candidates(kvr_sampler* s, sm::Route route, const float* vals, const int32_t* ids, size_t m,
@@ -117,6 +135,7 @@ int32_t sampler_run_candidates(kvr_sampler* s, sm::Route route, const float* val
   *token_out = static_cast<int32_t>(id);
   if (s->penalty.active()) s->penalty.add(*token_out);
   s->adjust.add(*token_out);
+  s->kept_width = 0;  // sampler_route keeps samplers that keep rows off this path
   return KVR_OK;
 }
 
@@ -313,6 +332,37 @@ KVR_API int32_t kvr_sampler_set_mask(kvr_sampler* s, const uint32_t* words, size
   }
   s->mask_tokens = n_tokens;
   return KVR_OK;
+}
+
+KVR_API int32_t kvr_sampler_keep_row(kvr_sampler* s, uint32_t keep) {
+  if (!s) return fail(KVR_ERR_INVALID_ARGUMENT, "sampler is NULL");
+  if (keep > 1) return kvr::sampler_fail(s, KVR_ERR_INVALID_ARGUMENT, format("keep must be 0 or 1, got %u", keep));
+  s->keep_row = keep != 0;
+  s->kept_width = 0;
+  if (!s->keep_row) s->kept = std::vector<float>();
+  return KVR_OK;
+}
+
+KVR_API int32_t kvr_sampler_redraw(kvr_sampler* s, int32_t* token_out, double* logprob_out, int32_t* top_ids,
+                                   double* top_logprobs, uint32_t top_len, uint32_t* top_count_out) {
+  if (!s) return fail(KVR_ERR_INVALID_ARGUMENT, "sampler is NULL");
+  if (int32_t st = kvr::sampler_check_out(s, token_out, top_ids, top_logprobs, top_len)) return st;
+  if (s->kept_width == 0)
+    return kvr::sampler_fail(s, KVR_ERR_INVALID_ARGUMENT,
+                             "no draw to redraw (keep_row off when it was drawn, it failed, or it was redrawn)");
+  const size_t width = s->kept_width;
+  s->kept_width = 0;  // once per draw
+  // The state before the draw being replaced: its token no longer counts.
+  if (s->kept_new_seen) s->penalty.forget_last(s->kept_token);
+  s->adjust.undo_add(s->kept_token);
+  try {
+    return kvr::draw_processed(s, s->kept.data(), width, token_out, logprob_out, top_ids, top_logprobs, top_len,
+                               top_count_out);
+  } catch (const std::bad_alloc&) {
+    return kvr::sampler_fail(s, KVR_ERR_OUT_OF_MEMORY, "out of memory in sampling");
+  } catch (...) {
+    return kvr::sampler_fail(s, KVR_ERR_INTERNAL, "internal error in sampling");
+  }
 }
 
 }  // extern "C"

@@ -26,6 +26,14 @@ struct kvr_sampler {
   std::vector<uint32_t> mask;
   uint32_t mask_tokens = 0;
   std::vector<float> masked;  // the row with disallowed tokens at -inf (sampler_run)
+  // Draw first, mask only when the grammar rejects (kvr_sampler_keep_row / kvr_sampler_redraw):
+  // the last draw's row after ban, bias and penalties, and what that draw recorded, so one redraw
+  // can replace it. kept_width == 0: nothing to redraw.
+  bool keep_row = false;
+  std::vector<float> kept;
+  size_t kept_width = 0;
+  int32_t kept_token = -1;
+  bool kept_new_seen = false;  // the draw added its token to the repetition penalty's ids
 };
 
 namespace kvr {
@@ -79,7 +87,8 @@ int32_t sampler_run_candidates(kvr_sampler* s, sm::Route route, const float* val
 // penalty, a ban, a bias or presence/frequency penalties change the row before any selection, so
 // they need the whole row too.
 inline sm::RoutePlan sampler_route(const kvr_sampler& s, uint32_t width, bool want_logprobs) {
-  if (s.mask_tokens != 0) return sm::RoutePlan{};
+  // A sampler that keeps its rows for a redraw needs the whole row too.
+  if (s.mask_tokens != 0 || s.keep_row) return sm::RoutePlan{};
   return sm::plan_route(s.cfg.temperature, s.cfg.top_k, width,
                         want_logprobs || s.penalty.active() || s.adjust.active());
 }

@@ -314,13 +314,19 @@ void js_exp_many(const double* x, double* out, size_t n) {
   for (; i < n; ++i) out[i] = js_exp(x[i]);
 }
 
-void RepetitionPenalty::add(int32_t id) {
-  if (id < 0) return;
+bool RepetitionPenalty::add(int32_t id) {
+  if (id < 0) return false;
   const size_t i = static_cast<size_t>(id);
   if (i >= seen.size()) seen.resize(i + 1, 0);
-  if (seen[i] != 0) return;
+  if (seen[i] != 0) return false;
   seen[i] = 1;
   ids.push_back(id);
+  return true;
+}
+
+void RepetitionPenalty::forget_last(int32_t id) {
+  seen[static_cast<size_t>(id)] = 0;
+  ids.pop_back();
 }
 
 void RepetitionPenalty::apply(float* row, size_t n) const {
@@ -339,6 +345,12 @@ void LogitAdjust::add(int32_t id) {
   const size_t i = static_cast<size_t>(id);
   if (i >= counts.size()) counts.resize(i + 1, 0);
   if (counts[i]++ == 0) drawn_ids.push_back(id);
+}
+
+void LogitAdjust::undo_add(int32_t id) {
+  --drawn;
+  if (id < 0 || !penalising()) return;
+  if (--counts[static_cast<size_t>(id)] == 0) drawn_ids.pop_back();
 }
 
 void LogitAdjust::apply_before(float* row, size_t n) const {
@@ -437,23 +449,28 @@ __attribute__((target("avx512f"))) size_t mass_above_avx512(const float* l, cons
 #endif
 
 // Σ exp((l[i] − max)/temperature) over the finite logits, in id order (terms[i] = each term when
-// terms is given). The terms come in blocks from js_exp_many (vectorised where the CPU allows),
-// then are added in id order: the same terms and the same sum as one exp and one add per logit.
+// terms is given). Each block's finite logits are packed first, their terms come from
+// js_exp_many (vectorised where the CPU allows), then are added in id order: the same terms and
+// the same sum as one exp and one add per finite logit, and no exp for the others (a row under a
+// grammar's mask may hold a handful of finite logits among the vocabulary).
 void exp_sum(const float* l, size_t n, double max, double temperature, double* terms, double* total) {
   constexpr size_t kBlock = 256;
   double xs[kBlock], es[kBlock];
+  uint32_t at[kBlock];
   double tot = 0;
   for (size_t b = 0; b < n; b += kBlock) {
     const size_t e = std::min(n, b + kBlock);
-    for (size_t i = b; i < e; ++i) {
+    size_t m = 0;
+    for (size_t i = b; i < e; ++i) {  // branch-free packing: dense rows pay no mispredictions
       const double v = l[i];
-      xs[i - b] = v > -kInf ? (v - max) / temperature : 0.0;
+      xs[m] = (v - max) / temperature;
+      at[m] = static_cast<uint32_t>(i);
+      m += v > -kInf ? 1 : 0;
     }
-    js_exp_many(xs, es, e - b);
-    for (size_t i = b; i < e; ++i) {
-      if (!(static_cast<double>(l[i]) > -kInf)) continue;
-      if (terms) terms[i] = es[i - b];
-      tot += es[i - b];
+    js_exp_many(xs, es, m);
+    for (size_t j = 0; j < m; ++j) {
+      if (terms) terms[at[j]] = es[j];
+      tot += es[j];
     }
   }
   *total = tot;

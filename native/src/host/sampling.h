@@ -52,8 +52,10 @@ struct RepetitionPenalty {
   std::vector<int32_t> ids;   // distinct tokens seen, first-seen order
   std::vector<uint8_t> seen;  // seen[id] != 0 for the ids above (grown on demand)
   bool active() const { return penalty != 1.0; }
-  // Records a token as seen (negative ids are ignored).
-  void add(int32_t id);
+  // Records a token as seen (negative ids are ignored); whether it was not seen before.
+  bool add(int32_t id);
+  // Undoes the last add(id) that returned true.
+  void forget_last(int32_t id);
   // The penalty on row[0..n), in place.
   void apply(float* row, size_t n) const;
 };
@@ -79,6 +81,8 @@ struct LogitAdjust {
   bool active() const { return banning() || !bias_ids.empty() || penalising(); }
   // Records a drawn token (negative ids count toward min_tokens only).
   void add(int32_t id);
+  // Undoes the last add(id) (no add since).
+  void undo_add(int32_t id);
   // The ban and bias on row[0..n), in place (before the repetition penalty).
   void apply_before(float* row, size_t n) const;
   // The presence and frequency penalties on row[0..n), in place (after it).

@@ -4,11 +4,11 @@
 // produces outputs the grammar accepts; allowsMost against a plain bit count.
 
 import assert from "node:assert/strict";
-import { loadModel } from "./load.ts";
+import { type LoadedModel, loadModel } from "./load.ts";
 import { generate, type TokenGrammar } from "./generate.ts";
 import { allowsMost } from "./grammar_draw.ts";
 import { NativeSampler } from "../native/mod.ts";
-import { GrammarEngine, type GrammarMatcher } from "../grammar/mod.ts";
+import { type CompiledFormat, GrammarEngine, type GrammarMatcher } from "../grammar/mod.ts";
 import { Xoshiro128 } from "./prng.ts";
 
 const root = new URL("../../", import.meta.url).pathname;
@@ -44,12 +44,27 @@ function counting(m: GrammarMatcher): TokenGrammar & { masks: number } {
   return g;
 }
 
-Deno.test("greedy under a JSON schema: drawing first gives the mask-first tokens with fewer masks", async () => {
+/** Runs `f` with tiny-fast and SCHEMA compiled for its tokenizer. */
+async function withSchema(
+  f: (model: LoadedModel, compiled: CompiledFormat) => Promise<void>,
+): Promise<void> {
   const model = await loadModel(`${root}models/tiny-fast`, { threads: 2 });
   try {
+    const engine = await GrammarEngine.forTokenizer(
+      model.tokenizer,
+      model.native.config.vocabSize,
+      [EOS],
+    );
+    await f(model, await engine.compile({ type: "json_schema", schema: SCHEMA }));
+  } finally {
+    model.native.free();
+    model.tokenizer.close();
+  }
+}
+
+Deno.test("greedy under a JSON schema: drawing first gives the mask-first tokens with fewer masks", async () => {
+  await withSchema(async (model, compiled) => {
     const tok = model.tokenizer;
-    const engine = await GrammarEngine.forTokenizer(tok, model.native.config.vocabSize, [EOS]);
-    const compiled = await engine.compile({ type: "json_schema", schema: SCHEMA });
     for (const prompt of ["The keeper wrote down the ship", "A list of lamps:", "Once"]) {
       const ids = tok.encode(prompt);
       const grammar = counting(await compiled.matcher());
@@ -82,18 +97,11 @@ Deno.test("greedy under a JSON schema: drawing first gives the mask-first tokens
         `${grammar.masks} masks for ${got.tokenIds.length} tokens: nothing was drawn first`,
       );
     }
-  } finally {
-    model.native.free();
-    model.tokenizer.close();
-  }
+  });
 });
 
 Deno.test("sampled without filters under a JSON schema, every output parses and has the schema's keys", async () => {
-  const model = await loadModel(`${root}models/tiny-fast`, { threads: 2 });
-  try {
-    const tok = model.tokenizer;
-    const engine = await GrammarEngine.forTokenizer(tok, model.native.config.vocabSize, [EOS]);
-    const compiled = await engine.compile({ type: "json_schema", schema: SCHEMA });
+  await withSchema(async (model, compiled) => {
     for (const seed of [1, 2, 3, 4]) {
       const out = await generate(model, "Notes:", {
         temperature: 0.9,
@@ -107,10 +115,7 @@ Deno.test("sampled without filters under a JSON schema, every output parses and 
       assert.deepEqual(Object.keys(v), ["name", "kind", "count", "notes"]);
       assert.ok(v.name.length <= 24 && ["bird", "ship", "lamp"].includes(v.kind), out.text);
     }
-  } finally {
-    model.native.free();
-    model.tokenizer.close();
-  }
+  });
 });
 
 Deno.test("`allowsMost()` is whether a plain bit count reaches half the tokens", () => {

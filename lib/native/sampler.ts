@@ -81,6 +81,18 @@ export class SampleBuffers {
     return top;
   }
 
+  /** The output arguments of a sample call (kvr_sampler_sample's last six), for `top` logprobs. */
+  args(req: LogprobRequest, top: number) {
+    return [
+      this.token,
+      req.logprob ? this.logprob : null,
+      top > 0 ? this.topIds : null,
+      top > 0 ? this.topLogprobs : null,
+      top,
+      this.topCount,
+    ] as const;
+  }
+
   /** The result after a successful call. */
   result(req: LogprobRequest, top: number): SampleResult {
     const r: SampleResult = { token: this.token[0] };
@@ -234,25 +246,28 @@ export class NativeSampler {
   redraw(req: LogprobRequest = {}): SampleResult {
     const ptr = this.pointer;
     const top = this.#out.prepare(req);
-    const o = this.#out;
-    const status = this.#lib.symbols.kvr_sampler_redraw(
-      ptr,
-      o.token,
-      req.logprob ? o.logprob : null,
-      top > 0 ? o.topIds : null,
-      top > 0 ? o.topLogprobs : null,
-      top,
-      o.topCount,
-    );
-    if (status !== 0) {
-      const message = cString(this.#lib.symbols.kvr_sampler_last_error(ptr)) ||
-        this.#lib.lastError();
-      if (this.#maskTokens !== 0 && status === -1 && message.includes("the mask allows")) {
-        throw new NoAllowedTokenError(message, "kvr_sampler_redraw");
-      }
-      throw new EngineError(status, message, "kvr_sampler_redraw");
+    const status = this.#lib.symbols.kvr_sampler_redraw(ptr, ...this.#out.args(req, top));
+    // The kept row had a finite logit: its first draw succeeded.
+    return this.#outcome(status, "kvr_sampler_redraw", req, top, true);
+  }
+
+  /** A draw's result, or its error: the row had no finite logit, the mask allowed none of
+   *  those it had, or the library's own. */
+  #outcome(
+    status: number,
+    fn: string,
+    req: LogprobRequest,
+    top: number,
+    rowHasFinite: boolean,
+  ): SampleResult {
+    if (status === 0) return this.#out.result(req, top);
+    const message = cString(this.#lib.symbols.kvr_sampler_last_error(this.pointer)) ||
+      this.#lib.lastError();
+    if (!rowHasFinite) throw new NoFiniteLogitError(message, fn);
+    if (this.#maskTokens !== 0 && status === -1 && message.includes("the mask allows")) {
+      throw new NoAllowedTokenError(message, fn);
     }
-    return o.result(req, top);
+    throw new EngineError(status, message, fn);
   }
 
   /**
@@ -372,29 +387,20 @@ export class NativeSampler {
         `the sampler's mask covers ${this.#maskTokens} tokens, the row has ${logits.length}`,
       );
     }
-    const o = this.#out;
     const status = this.#lib.symbols.kvr_sampler_sample(
       ptr,
       logits,
       BigInt(logits.length),
       width,
-      o.token,
-      req.logprob ? o.logprob : null,
-      top > 0 ? o.topIds : null,
-      top > 0 ? o.topLogprobs : null,
-      top,
-      o.topCount,
+      ...this.#out.args(req, top),
     );
-    if (status !== 0) {
-      const message = cString(this.#lib.symbols.kvr_sampler_last_error(ptr)) ||
-        this.#lib.lastError();
-      if (!hasFinite(logits, width)) throw new NoFiniteLogitError(message, "kvr_sampler_sample");
-      if (this.#maskTokens !== 0 && status === -1) {
-        throw new NoAllowedTokenError(message, "kvr_sampler_sample");
-      }
-      throw new EngineError(status, message, "kvr_sampler_sample");
-    }
-    return o.result(req, top);
+    return this.#outcome(
+      status,
+      "kvr_sampler_sample",
+      req,
+      top,
+      status === 0 || hasFinite(logits, width),
+    );
   }
 
   /**

@@ -326,19 +326,7 @@ export class NativeSequence {
         ? this.#lib.symbols.kvr_seq_decode_sample_sync
         : this.#lib.symbols.kvr_seq_decode_sample;
       await this.#run(
-        () =>
-          f(
-            ptr,
-            token,
-            sp,
-            w,
-            out.token,
-            req.logprob ? out.logprob : null,
-            top > 0 ? out.topIds : null,
-            top > 0 ? out.topLogprobs : null,
-            top,
-            out.topCount,
-          ),
+        () => f(ptr, token, sp, w, ...out.args(req, top)),
         "kvr_seq_decode_sample",
         [out.token, out.logprob, out.topIds, out.topLogprobs, out.topCount],
       );

@@ -76,6 +76,31 @@ Deno.test("NativeSampler draws the TypeScript Sampler's tokens for identical log
   assert.equal(draws, SETTINGS.length * 7 * 12);
 });
 
+Deno.test("NativeSampler's top_p draw orders its candidates as the TypeScript Sampler: ties by id, -0 as +0, logits of every magnitude", () => {
+  // top_p alone takes the candidates in order until their mass reaches top_p (sorted by a key of
+  // the logit's bits): rows of few distinct values (long runs of ties), both zeros, and logits
+  // from 1e-30 to 1e30 in magnitude, so the order's every byte and its tie rule decide draws.
+  const data = new Xoshiro128(99);
+  const values = [-0, 0, 0.25, -0.25, 1e-30, -1e-30, 3, -3, 1e4, -1e4, 1e30, -1e30, -Infinity];
+  let draws = 0;
+  for (const topP of [0.3, 0.9, 0.99]) {
+    for (const seed of [0, 5, 77]) {
+      const ts = new Sampler({ temperature: 1e30, topP, seed });
+      using nat = NativeSampler.create({ ...ts.options });
+      for (let step = 0; step < 40; step++) {
+        const n = step % 2 ? 4096 : 300;
+        const l = new Float32Array(n);
+        // one step in two: the large values left out, so the draw spreads over the small ones
+        const k = step % 2 ? values.length : 9;
+        for (let i = 0; i < n; i++) l[i] = values[Math.floor(data.nextFloat() * k)];
+        assert.equal(nat.sample(l).token, ts.sample(l), `top_p ${topP} seed ${seed} step ${step}`);
+        draws++;
+      }
+    }
+  }
+  assert.equal(draws, 3 * 3 * 40);
+});
+
 Deno.test("NativeSampler keeps the stream in step with the TypeScript Sampler over a long generation", () => {
   const data = new Xoshiro128(7);
   const opts = { temperature: 0.9, topK: 20, topP: 0.9, seed: 31337 };

@@ -94,7 +94,8 @@ struct SamplingScratch {
   std::vector<int32_t> ids;
   std::vector<double> probs;
   std::vector<double> terms;  // exp((l[i] − max)/T) of each finite logit, computed once per draw
-  std::vector<int32_t> order;  // the top_p draw's ids in sorted order, taken off a heap
+  std::vector<uint32_t> keys, keys_tmp;  // the top_p draw's radix sort: candidates' order keys
+  std::vector<int32_t> ids_tmp;          // and its other buffer of ids
   std::vector<float> limit;  // the limit row of a row holding +inf (sampling.cpp limit_row)
 };
 

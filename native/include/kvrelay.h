@@ -704,8 +704,9 @@ KVR_API int32_t kvr_sampler_set_mask(kvr_sampler* sampler, const uint32_t* words
  * for every token): with keep 1, each later draw of this sampler (kvr_sampler_sample,
  * kvr_seq_decode_sample, a row of kvr_batch_step_sample) keeps a copy of the row it drew from,
  * after ban, bias and penalties, so kvr_sampler_redraw can replace that draw by one under a mask
- * computed afterwards. keep 0 stops keeping and frees the copy. A device sequence copies such a
- * sampler's row to the host (as for a masked one). keep must be 0 or 1 (KVR_ERR_INVALID_ARGUMENT).
+ * computed afterwards. keep 0 stops keeping (the buffer stays for the next keep). A device
+ * sequence copies such a sampler's row to the host (as for a masked one). keep must be 0 or 1
+ * (KVR_ERR_INVALID_ARGUMENT).
  */
 KVR_API int32_t kvr_sampler_keep_row(kvr_sampler* sampler, uint32_t keep);
 

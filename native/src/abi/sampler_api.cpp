@@ -338,8 +338,7 @@ KVR_API int32_t kvr_sampler_keep_row(kvr_sampler* s, uint32_t keep) {
   if (!s) return fail(KVR_ERR_INVALID_ARGUMENT, "sampler is NULL");
   if (keep > 1) return kvr::sampler_fail(s, KVR_ERR_INVALID_ARGUMENT, format("keep must be 0 or 1, got %u", keep));
   s->keep_row = keep != 0;
-  s->kept_width = 0;
-  if (!s->keep_row) s->kept = std::vector<float>();
+  s->kept_width = 0;  // the buffer stays: a grammar's draws switch keeping on and off often
   return KVR_OK;
 }
 

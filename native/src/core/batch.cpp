@@ -163,6 +163,8 @@ int32_t batch_impl(kvr_seq* const* seqs, uint32_t n_seqs, const uint32_t* n_toke
   for (uint32_t i = 0; i < n_seqs; ++i) seqs[i]->length += n_tokens[i];
   if (sampled == 0) return KVR_OK;
   // Sampling failures stay with their row (its sampler's message); the step itself succeeded.
+  // Under the model's kernel cap, as the step (cpu_features.h; auto on CUDA).
+  const cpu::KernelScope scope(static_cast<cpu::KernelCap>(model->params.cpu_kernel));
   draw_rows(batch.data(), n_seqs, model->n_threads);
   return KVR_OK;
 }

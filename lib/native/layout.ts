@@ -1,4 +1,4 @@
-// Byte layouts of the C structs kvr_model_params (92 bytes) and kvr_tensor_desc (64 bytes per
+// Byte layouts of the C structs kvr_model_params (96 bytes) and kvr_tensor_desc (64 bytes per
 // row), and the NUL-separated path list, written with DataView at the offsets documented in
 // native/include/kvrelay.h (little-endian). No FFI calls here.
 
@@ -7,6 +7,7 @@ import { concatBytes } from "../util/mod.ts";
 import {
   ARCH_CODE,
   BACKEND_CODE,
+  CPU_KERNEL_CODE,
   DTYPE_CODE,
   MODEL_PARAMS_BYTES,
   ROLE_CODE,
@@ -14,6 +15,7 @@ import {
   TENSOR_DESC_BYTES,
   WEIGHTS_CODE,
 } from "./abi.ts";
+import { quoteValue } from "./check.ts";
 import type { KvDtype } from "./dtype.ts";
 
 /** A compute backend of libkvrelay (kvr_backend). */
@@ -27,6 +29,28 @@ export type WeightFormat = keyof typeof WEIGHTS_CODE;
 /** Every WeightFormat, for option checks. */
 export const WEIGHT_FORMATS = Object.keys(WEIGHTS_CODE) as WeightFormat[];
 
+/** The CPU kernel paths a computation may use (kvr_cpu_kernel, kvrelay.h): "auto" every path the
+ *  CPU has; "generic" the portable kernels; "avx2" no AVX-512 or AVX-VNNI; "avxvnni" no AVX-512;
+ *  "avx512" no AMX. A path the CPU lacks stays off whatever the value. */
+export type CpuKernel = keyof typeof CPU_KERNEL_CODE;
+
+/** Every CpuKernel, for option checks. */
+export const CPU_KERNELS = Object.keys(CPU_KERNEL_CODE) as CpuKernel[];
+
+/**
+ * Checks a CpuKernel option.
+ * @param name the option's name, for the message
+ * @param value the value given
+ * @returns the value
+ * @throws RangeError naming the option when the value is not a CpuKernel
+ */
+export function checkCpuKernel(name: string, value: unknown): CpuKernel {
+  if (typeof value !== "string" || !Object.hasOwn(CPU_KERNEL_CODE, value)) {
+    throw new RangeError(`${name} must be one of ${CPU_KERNELS.join(", ")}, got ${quoteValue(value)}`);
+  }
+  return value as CpuKernel;
+}
+
 /**
  * Lays out kvr_model_params for a config.
  * @param config model geometry (lib/model)
@@ -35,7 +59,8 @@ export const WEIGHT_FORMATS = Object.keys(WEIGHTS_CODE) as WeightFormat[];
  * @param backend compute backend (default "cpu")
  * @param device CUDA device ordinal (0 for the CPU)
  * @param weights linear-weight format (default "bf16" = as stored)
- * @returns 92 bytes
+ * @param cpuKernel CPU kernel paths the model may use (default "auto")
+ * @returns 96 bytes
  */
 export function encodeModelParams(
   config: ModelConfig,
@@ -44,6 +69,7 @@ export function encodeModelParams(
   backend: NativeBackend = "cpu",
   device = 0,
   weights: WeightFormat = "bf16",
+  cpuKernel: CpuKernel = "auto",
 ): Uint8Array {
   const buf = new Uint8Array(MODEL_PARAMS_BYTES);
   const v = new DataView(buf.buffer);
@@ -73,6 +99,7 @@ export function encodeModelParams(
   u32(80, BACKEND_CODE[backend]);
   u32(84, device);
   u32(88, WEIGHTS_CODE[weights]);
+  u32(92, CPU_KERNEL_CODE[cpuKernel]);
   return buf;
 }
 

@@ -24,14 +24,20 @@ function fnv(arrays: Float32Array[]): string {
 
 /** Logits (bf16 weights) of a 64-token allPositions prefill, a 5-token one and 8 decode steps,
  *  on a model loaded with `cap`, and the GEMM kernel its description names. */
-async function logitsDigest(dir: string, cap: CpuKernel): Promise<{ gemm: string; digest: string }> {
+async function logitsDigest(
+  dir: string,
+  cap: CpuKernel,
+): Promise<{ gemm: string; digest: string }> {
   using model = NativeModel.load(await checkpoint(dir), { threads: 2, cpuKernel: cap });
   const V = model.config.vocabSize;
   using s = model.createSequence(96);
   const out = [await s.prefill(tokens(64, V, 21), { allPositions: true })];
   out.push(await s.prefill(tokens(5, V, 22), { allPositions: true }));
   for (const t of tokens(8, V, 23)) out.push(await s.decode(t));
-  return { gemm: model.deviceInfo.match(/\(gemm ([\w-]+)/)?.[1] ?? model.deviceInfo, digest: fnv(out) };
+  return {
+    gemm: model.deviceInfo.match(/\(gemm ([\w-]+)/)?.[1] ?? model.deviceInfo,
+    digest: fnv(out),
+  };
 }
 
 /** kvr_gemm_f32 (f32 panels) over GEMV, few-row, row-block and tail shapes, 1 and 2 threads. */

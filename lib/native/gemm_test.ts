@@ -133,7 +133,8 @@ for (const { cap, name } of CAPS) {
 }
 
 Deno.test({
-  name: "`cpuKernelName()` names the kernel each cap selects: the CPU's best for auto and avx512, " +
+  name:
+    "`cpuKernelName()` names the kernel each cap selects: the CPU's best for auto and avx512, " +
     "avx2-fma for avx2 (with AVX2 and FMA), generic for generic",
   ignore: Deno.build.os !== "linux" || Deno.build.arch !== "x86_64",
   fn() {
@@ -147,7 +148,8 @@ Deno.test("`gemmF32()` and `cpuKernelName()` throw RangeError naming cpuKernel f
   for (const bad of ["sse", "AVX2", "", 2, null]) {
     assert.throws(
       () => gemmF32(2, 3, 4, a, b, 1, bad as CpuKernel),
-      (e: unknown) => e instanceof RangeError && /^cpuKernel must be one of auto, generic/.test(e.message),
+      (e: unknown) =>
+        e instanceof RangeError && /^cpuKernel must be one of auto, generic/.test(e.message),
     );
     assert.throws(() => cpuKernelName(bad as CpuKernel), /^RangeError: cpuKernel must be one of/);
   }
@@ -168,7 +170,15 @@ Deno.test("`gemmF32()` throws RangeError before FFI when a or b has the wrong le
 Deno.test("kvr_gemm_f32 reports EngineError OUT_OF_RANGE when a buffer is shorter than needed, INVALID_ARGUMENT for cpu_kernel 5", () => {
   // Straight to the symbol (the TS wrapper would refuse first): the native side checks too.
   const lib = openTestLibrary();
-  const call = (m: number, n: number, k: number, aLen: number, bLen: number, cLen: number, cap = 0) =>
+  const call = (
+    m: number,
+    n: number,
+    k: number,
+    aLen: number,
+    bLen: number,
+    cLen: number,
+    cap = 0,
+  ) =>
     lib.check(
       lib.hooks.kvr_gemm_f32(
         m,
@@ -196,7 +206,11 @@ Deno.test("kvr_gemm_f32 reports EngineError OUT_OF_RANGE when a buffer is shorte
   expectError(() => call(2, 3, 4, 8, 11, 6), "OUT_OF_RANGE", /b has 11 floats, n\*k = 3\*4 = 12/);
   expectError(() => call(2, 3, 4, 8, 12, 5), "OUT_OF_RANGE", /c has 5 floats, m\*n = 2\*3 = 6/);
   expectError(() => call(0, 3, 4, 8, 12, 6), "INVALID_ARGUMENT", /m=0 n=3 k=4/);
-  expectError(() => call(2, 3, 4, 8, 12, 6, 5), "INVALID_ARGUMENT", /cpu_kernel 5 is not a kvr_cpu_kernel/);
+  expectError(
+    () => call(2, 3, 4, 8, 12, 6, 5),
+    "INVALID_ARGUMENT",
+    /cpu_kernel 5 is not a kvr_cpu_kernel/,
+  );
   // Exact lengths succeed.
   call(2, 3, 4, 8, 12, 6);
 });

@@ -46,7 +46,9 @@ export const CPU_KERNELS = Object.keys(CPU_KERNEL_CODE) as CpuKernel[];
  */
 export function checkCpuKernel(name: string, value: unknown): CpuKernel {
   if (typeof value !== "string" || !Object.hasOwn(CPU_KERNEL_CODE, value)) {
-    throw new RangeError(`${name} must be one of ${CPU_KERNELS.join(", ")}, got ${quoteValue(value)}`);
+    throw new RangeError(
+      `${name} must be one of ${CPU_KERNELS.join(", ")}, got ${quoteValue(value)}`,
+    );
   }
   return value as CpuKernel;
 }

@@ -45,7 +45,8 @@ KVR_API int32_t kvr_gemm_quantized(uint32_t weights, uint32_t m, uint32_t n, uin
 /*
  * y (m, n) = x (m, k) · Wᵀ (accumulate 1: y += x · Wᵀ) with w (n, k) row-major bf16 bit patterns,
  * through the batched step's few-row GEMM (the prepared input of several panel ranges: AMX tiles
- * where the CPU has them and m >= 8, else the AVX/portable tiles) on the calling thread;
+ * where the CPU has them, m >= 8 and cpu_kernel is AUTO, else the AVX/portable tiles) on the
+ * calling thread;
  * *out_amx = 1 when the AMX tiles ran (out_amx may be NULL).
  */
 KVR_API int32_t kvr_gemm_few_rows_bf16(uint32_t m, uint32_t n, uint32_t k, const uint16_t* w, size_t w_len,

@@ -503,7 +503,7 @@ void matmul_xwt(const float* x, size_t m, size_t ldx, const PackedWeight& w, flo
     const KernelChoice* choice = current_choice_ptr();  // the caller's cap, on every thread
 #pragma omp parallel num_threads(static_cast<int>(nt))
     {
-      KernelScope scope(choice);
+      const KernelScope scope(choice);
 #pragma omp for schedule(dynamic, 1)
       for (long t = 0; t < static_cast<long>(tasks); ++t) {
         size_t p0, p1;

@@ -5,7 +5,7 @@
 import type { WeightRole } from "../model/mod.ts";
 
 /** KVR_ABI_VERSION this binding was written against. */
-export const ABI_VERSION = 3;
+export const ABI_VERSION = 4;
 
 /** kvr_status code → name (without the KVR_ERR_ prefix). */
 export const STATUS_NAMES: Readonly<Record<number, string>> = {

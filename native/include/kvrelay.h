@@ -31,7 +31,7 @@ extern "C" {
 #endif
 
 /* Bumped on any change of a signature or struct layout; TypeScript refuses a mismatch. */
-#define KVR_ABI_VERSION 3
+#define KVR_ABI_VERSION 4
 
 typedef enum kvr_status {
   KVR_OK = 0,

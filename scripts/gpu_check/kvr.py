@@ -9,7 +9,7 @@ import struct
 
 import numpy as np
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 OK = 0
 STATUS_NAMES = {
     0: "OK", -1: "INVALID_ARGUMENT", -2: "OUT_OF_RANGE", -3: "CAPACITY", -4: "IO",

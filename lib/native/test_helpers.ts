@@ -1,5 +1,6 @@
-// Test-only helpers for lib/native tests: deterministic token streams, logits comparison and a
-// cached demo-model loader. Not imported by production code.
+// Test-only helpers for lib/native tests: deterministic token streams, logits comparison, a cached
+// demo-model loader, and the kernel caps this CPU can run with the kernels each must select. Not
+// imported by production code.
 
 import { type Checkpoint, loadCheckpoint } from "../model/mod.ts";
 import type { CpuKernel } from "./layout.ts";

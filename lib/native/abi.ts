@@ -41,7 +41,7 @@ export const ARCH_CODE = { llama: 1, qwen2: 2, qwen3: 3 } as const;
 export const BACKEND_CODE = { cpu: 0, cuda: 1 } as const;
 
 /** kvr_weight_format codes: in-memory format of the linear weights ("bf16" = as stored). */
-export const WEIGHTS_CODE = { bf16: 0, q8: 1, q4: 2 } as const;
+export const WEIGHTS_CODE = { bf16: 0, q8: 1, q4: 2, f32: 3 } as const;
 
 /** kvr_cpu_kernel codes: how far a model's CPU computations may go among the kernel paths the
  *  CPU has ("auto" = every path; the others narrow it, so one machine checks each path it runs). */

@@ -22,12 +22,13 @@ import type { KvDtype } from "./dtype.ts";
 export type NativeBackend = keyof typeof BACKEND_CODE;
 
 /** In-memory linear-weight format (kvr_weight_format): "bf16" keeps the checkpoint's precision
- *  (BF16 stays bf16, F32/F16 become f32); "q8" is 8-bit with per-32 block scales, "q4" 4-bit with an f16
- *  scale and offset per 32 (both CPU only). */
+ *  (BF16 stays bf16, F32/F16 become f32); "q8" is 8-bit with per-32 block scales, "q4" 4-bit with
+ *  an f16 scale and offset per 32; "f32" widens BF16 weights to f32 at load (the same results as
+ *  bf16 at twice the memory: the bf16 path's oracle in tests). q8, q4 and f32: CPU only. */
 export type WeightFormat = keyof typeof WEIGHTS_CODE;
 
-/** Every WeightFormat, for option checks. */
-export const WEIGHT_FORMATS = Object.keys(WEIGHTS_CODE) as WeightFormat[];
+/** The formats a tier or the CLI offers (f32 is a library option: NativeModel.load). */
+export const WEIGHT_FORMATS: readonly WeightFormat[] = ["bf16", "q8", "q4"];
 
 /** The CPU kernel paths a computation may use (kvr_cpu_kernel, kvrelay.h): "auto" every path the
  *  CPU has; "generic" the portable kernels; "avx2" no AVX-512 or AVX-VNNI; "avxvnni" no AVX-512;

@@ -5,7 +5,7 @@
 import { type Checkpoint, mapWeights, type ModelConfig } from "../model/mod.ts";
 import { checkInt, quoteValue, U32_MAX } from "./check.ts";
 import { assertKvDtype, type KvDtype } from "./dtype.ts";
-import { BACKEND_CODE } from "./abi.ts";
+import { BACKEND_CODE, WEIGHTS_CODE } from "./abi.ts";
 import { type BackendChoice, cString, noteAutoFallback, resolveBackend } from "./backend.ts";
 import {
   checkCpuKernel,
@@ -14,7 +14,6 @@ import {
   encodePaths,
   encodeTensorTable,
   type NativeBackend,
-  WEIGHT_FORMATS,
   type WeightFormat,
 } from "./layout.ts";
 import { type NativeLibrary, openNativeLibrary } from "./library.ts";
@@ -149,9 +148,9 @@ export class NativeModel {
     assertKvDtype(kvDtype, "kvDtype");
     const threads = checkInt("threads", opts.threads ?? 0, 0, 4096);
     const weights = opts.weights ?? "bf16";
-    if (!WEIGHT_FORMATS.includes(weights)) {
+    if (!Object.hasOwn(WEIGHTS_CODE, weights)) {
       throw new TypeError(
-        `weights must be one of ${WEIGHT_FORMATS.join(", ")}, got ${quoteValue(weights)}`,
+        `weights must be one of ${Object.keys(WEIGHTS_CODE).join(", ")}, got ${quoteValue(weights)}`,
       );
     }
     const cpuKernel = checkCpuKernel("cpuKernel", opts.cpuKernel ?? "auto");

@@ -85,8 +85,26 @@ export const testSymbols = {
   kvr_cpu_kernel_name: { parameters: ["u32"], result: "pointer" },
   // (model, flags: KVR_DEBUG_*)
   kvr_model_set_debug: { parameters: ["pointer", "u32"], result: "i32" },
-  // (on 0/1)
-  kvr_test_set_project_via_copies: { parameters: ["u32"], result: "i32" },
-  kvr_test_set_weights_f32: { parameters: ["u32"], result: "i32" },
-  kvr_test_set_serial_draws: { parameters: ["u32"], result: "i32" },
+  // (projector, src, dst, n_tokens, n_threads): kvr_projector_apply_seq on the copy path
+  kvr_test_projector_apply_seq_via_copies: {
+    parameters: ["pointer", "pointer", "pointer", "u32", "u32"],
+    result: "i32",
+  },
+  // kvr_batch_step_sample's arguments; the rows drawn one after another after the step
+  kvr_test_batch_step_sample_serial: {
+    parameters: [
+      "buffer",
+      "u32",
+      "buffer",
+      "buffer",
+      "usize",
+      "buffer",
+      "buffer",
+      "usize",
+      "buffer",
+      "buffer",
+      "buffer",
+    ],
+    result: "i32",
+  },
 } as const satisfies Deno.ForeignLibraryInterface;

@@ -1,7 +1,7 @@
 // Oracle test for bf16-resident weights: a default load keeps BF16 checkpoint weights as bf16 and
-// widens them exactly in the kernels, so its logits must be bit-identical to a load forced to f32
-// weights (the test library's kvr_test_set_weights_f32, the previous engine). Where the CPU has AMX, bf16 GEMMs of 8+
-// rows run on the tile unit (same products, another summation order: docs/gemm.md "AMX"): there
+// widens them exactly in the kernels, so its logits must be bit-identical to a load with weights
+// "f32" (KVR_WEIGHTS_F32: widened at load, the previous engine). Where the CPU has AMX, bf16 GEMMs
+// of 8+ rows run on the tile unit (same products, another summation order: docs/gemm.md "AMX"): there
 // the identity is checked on models loaded with the "avx512" kernel cap (AMX off), and the AMX
 // logits within 1e-5 of f32's. The identity also holds on the portable kernels ("generic"). Not a
 // numerical-accuracy test (that is tests/native_vs_reference_test.ts). Needs the built library
@@ -12,7 +12,6 @@ import { NativeModel } from "./model.ts";
 import { probeBackend } from "./backend.ts";
 import type { CpuKernel } from "./layout.ts";
 import { checkpoint, DEMO_DIRS, tokens } from "./test_helpers.ts";
-import { openTestLibrary } from "./test_library.ts";
 
 const PREFILL = 64;
 const SMALL_PREFILL = 5;
@@ -35,23 +34,19 @@ function maxAbsDiff(a: Float32Array, b: Float32Array): number {
   return d;
 }
 
-/** Loads dir through the test library with its f32-weights switch (kvr_test_set_weights_f32)
- *  on or off, then off again, with kernel cap `cap`. */
+/** Loads dir with bf16-resident weights, or widened to f32 at load (weights "f32"), under kernel
+ *  cap `cap`. */
 async function load(
   dir: string,
   f32: boolean,
   threads: number,
   cap: CpuKernel = "auto",
 ): Promise<NativeModel> {
-  const lib = openTestLibrary();
-  const set = (on: number) =>
-    lib.check(lib.hooks.kvr_test_set_weights_f32(on), "kvr_test_set_weights_f32");
-  set(f32 ? 1 : 0);
-  try {
-    return await NativeModel.load(await checkpoint(dir), { threads, lib, cpuKernel: cap });
-  } finally {
-    set(0);
-  }
+  return await NativeModel.load(await checkpoint(dir), {
+    threads,
+    weights: f32 ? "f32" : "bf16",
+    cpuKernel: cap,
+  });
 }
 
 /**

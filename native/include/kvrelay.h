@@ -146,12 +146,15 @@ typedef enum kvr_cpu_kernel {
  * codes per 32 input features per output with an f16 scale and an f16 offset (w ≈ d·c + m,
  * llama.cpp Q4_1-like, fitted by least squares), run the same way. A tied embedding is looked up
  * in the quantized lm_head (no second copy); an untied embedding table and the norms stay as they
- * are. CPU backend only (CUDA: KVR_ERR_UNSUPPORTED).
+ * are. F32: BF16 linear weights and embedding widened to f32 at load (twice bf16's memory and
+ * bytes per decode; bit-identical results, as the kernels widen bf16 exactly: the oracle of the
+ * bf16 path). Q8, Q4 and F32: CPU backend only (CUDA: KVR_ERR_UNSUPPORTED).
  */
 typedef enum kvr_weight_format {
   KVR_WEIGHTS_NATIVE = 0,
   KVR_WEIGHTS_Q8 = 1,
-  KVR_WEIGHTS_Q4 = 2
+  KVR_WEIGHTS_Q4 = 2,
+  KVR_WEIGHTS_F32 = 3
 } kvr_weight_format;
 
 /* Which weight a tensor-table row is. Per-layer roles carry the layer index. */

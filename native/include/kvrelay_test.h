@@ -82,21 +82,23 @@ KVR_API const char* kvr_cpu_kernel_name(uint32_t cpu_kernel);
 KVR_API int32_t kvr_model_set_debug(kvr_model* model, uint32_t flags);
 
 /*
- * Code-path switches, process-wide, for in-process comparisons of two paths (the production
- * library keeps every one at its default). Each applies to the calls made after it.
- *   set_project_via_copies(1): kvr_projector_apply_seq takes the backend-neutral copy path even
- *     for two CPU sequences (compared with the fast path). 0 (default): the fast path.
- *   set_weights_f32(1): BF16 checkpoint weights are widened to f32 at load (read per load).
- *     0 (default): they stay bf16.
- *   set_serial_draws(1): a batched step's host draws (kvr_batch_step_sample) run one after another
- *     on the calling thread after the step (compared with the draws on the worker pool's threads).
- *     0 (default): the CPU step draws its rows in the last stage of its region, and rows a backend
- *     leaves are drawn over the pool when two or more draw.
- * Values other than 0 and 1: KVR_ERR_INVALID_ARGUMENT.
+ * Production entry points on their other code path, for in-process comparisons of the two paths
+ * (no process-wide switch: each call names its path). Arguments, checks and results as the
+ * production function's.
+ *   kvr_test_projector_apply_seq_via_copies: kvr_projector_apply_seq through the backend-neutral
+ *     copy path even for two CPU sequences (the production call projects CPU caches in place).
+ *   kvr_test_batch_step_sample_serial: kvr_batch_step_sample whose rows to sample come back from
+ *     the backend as logits rows and are drawn one after another on the calling thread after the
+ *     step (the production step draws them in the CPU step's last stage, or over the worker pool).
+ * (The f32 weights of a BF16 checkpoint are a load option: KVR_WEIGHTS_F32.)
  */
-KVR_API int32_t kvr_test_set_project_via_copies(uint32_t on);
-KVR_API int32_t kvr_test_set_weights_f32(uint32_t on);
-KVR_API int32_t kvr_test_set_serial_draws(uint32_t on);
+KVR_API int32_t kvr_test_projector_apply_seq_via_copies(const kvr_projector* projector, const kvr_seq* src,
+                                                        kvr_seq* dst, uint32_t n_tokens, uint32_t n_threads);
+KVR_API int32_t kvr_test_batch_step_sample_serial(kvr_seq* const* seqs, uint32_t n_seqs, const uint32_t* n_tokens,
+                                                  const int32_t* tokens, size_t tokens_len,
+                                                  const uint32_t* want_logits, float* logits_out,
+                                                  size_t logits_len, kvr_sampler* const* samplers,
+                                                  const uint32_t* widths, int32_t* tokens_out);
 
 #ifdef __cplusplus
 }

@@ -1,6 +1,6 @@
 // The CPU backend (backend.h): packs the checkpoint's weights from the validated tensor table
 // (kept as bf16 when the file's are BF16, else converted to f32; the test library's
-// kvr_test_set_weights_f32 forces f32), runs cpu::forward on a per-sequence KV cache, and copies
+// KVR_WEIGHTS_F32 widens them), runs cpu::forward on a per-sequence KV cache, and copies
 // KV in and out with dtype conversion. Arguments arrive validated (model_load.cpp, sequence.cpp).
 // Every computation enters through forward / forward_batch / forward_sample, which run under the
 // model's kernel cap (params.cpu_kernel; a KernelScope on the calling thread, carried by the
@@ -24,7 +24,6 @@
 #include "core/errors.h"
 #include "core/kv_pool.h"
 #include "core/kv_recycle.h"
-#include "core/test_switches.h"
 #include "cpu/batch_forward.h"
 #include "cpu/cpu_backend.h"
 #include "cpu/forward.h"
@@ -310,13 +309,13 @@ class CpuBackend final : public Backend {
 
  private:
   void load(const TensorTable& t) {
-    // BF16 linear weights (and the embedding) stay bf16 unless the test library's switch widens
-    // them (kvr_test_set_weights_f32, read once per load): the kernels widen them exactly, so
-    // results are bit-identical either way, and bf16 halves the memory and the bytes each decode
-    // streams.
-    const bool keep_bf16 = !test_switches::weights_f32.load(std::memory_order_relaxed);
+    // BF16 linear weights (and the embedding) stay bf16 unless KVR_WEIGHTS_F32 widens them: the
+    // kernels widen them exactly, so results are bit-identical either way, and bf16 halves the
+    // memory and the bytes each decode streams.
     const kvr_model_params& p = g_.params;
-    const uint32_t quant = p.weights;                // linear weights (and lm_head): q8 / q4 / as stored
+    const bool keep_bf16 = p.weights != KVR_WEIGHTS_F32;
+    // Linear weights (and lm_head): q8 / q4 to quantize, else as stored (or widened).
+    const uint32_t quant = p.weights == KVR_WEIGHTS_F32 ? uint32_t{KVR_WEIGHTS_NATIVE} : p.weights;
     // Packers run on the model's thread count: the OpenMP default team of this (loading) thread,
     // restored on return.
     struct RestoreThreads {

@@ -150,7 +150,9 @@ export class NativeModel {
     const weights = opts.weights ?? "bf16";
     if (!Object.hasOwn(WEIGHTS_CODE, weights)) {
       throw new TypeError(
-        `weights must be one of ${Object.keys(WEIGHTS_CODE).join(", ")}, got ${quoteValue(weights)}`,
+        `weights must be one of ${Object.keys(WEIGHTS_CODE).join(", ")}, got ${
+          quoteValue(weights)
+        }`,
       );
     }
     const cpuKernel = checkCpuKernel("cpuKernel", opts.cpuKernel ?? "auto");

@@ -108,6 +108,7 @@ Deno.test("`NativeModel.load()` rejects an unknown weights format before FFI", a
   const ck = await checkpoint(DEMO_DIRS[0]);
   assert.throws(
     () => NativeModel.load(ck, { weights: "q3" as "q8" }),
-    (e: unknown) => e instanceof TypeError && /weights must be one of bf16, q8, q4, f32/.test(e.message),
+    (e: unknown) =>
+      e instanceof TypeError && /weights must be one of bf16, q8, q4, f32/.test(e.message),
   );
 });

@@ -1,10 +1,9 @@
 // Engine benchmark, quantized-weight kernel rows: decode tokens/s at 1 thread for q8 and q4 weights
 // on every q8/q4 kernel path this CPU can run (the default choice, then AVX-VNNI, AVX2 and the
-// portable kernels forced by KVRELAY_CPU_KERNEL). The kernel is chosen once per process, so each
-// path runs in a child process (this file with --child); the parent collects the rows.
+// portable kernels, each on models loaded with that kernel cap: NativeModel.load's cpuKernel).
 // Not the main engine table (bench/engine.ts), which runs the default kernels only.
 import { loadModel } from "../lib/engine/mod.ts";
-import { probeBackend, type WeightFormat } from "../lib/native/mod.ts";
+import type { CpuKernel, WeightFormat } from "../lib/native/mod.ts";
 import { median } from "./machine.ts";
 
 const DECODE_CONTEXT = 512;
@@ -16,18 +15,18 @@ const FORMATS: WeightFormat[] = ["q8", "q4"];
 export interface QuantKernelRow {
   model: string;
   weights: WeightFormat;
-  /** KVRELAY_CPU_KERNEL value ("default" = unset) */
-  forced: string;
-  /** the kernel the library reported for this format (from the CPU probe string) */
+  /** the kernel cap the model was loaded with ("auto" = every path the CPU has) */
+  forced: CpuKernel;
+  /** the kernel the library reported for this format (from the model's device description) */
   kernel: string;
   decodeTokensPerSecond: number;
 }
 
-/** KVRELAY_CPU_KERNEL values whose q8/q4 path differs on this CPU (/proc/cpuinfo flags). */
-async function forcedPaths(): Promise<string[]> {
+/** Kernel caps whose q8/q4 path differs on this CPU (/proc/cpuinfo flags). */
+async function forcedPaths(): Promise<CpuKernel[]> {
   const text = await Deno.readTextFile("/proc/cpuinfo").catch(() => "");
   const flags = new Set(text.split("\n").find((l) => l.startsWith("flags"))?.split(/\s+/) ?? []);
-  const out = ["default"];
+  const out: CpuKernel[] = ["auto"];
   if (flags.has("avx_vnni") && flags.has("avx512_vnni")) out.push("avxvnni");
   if (flags.has("avx2") && flags.has("fma") && flags.has("f16c")) out.push("avx2");
   out.push("generic");
@@ -48,13 +47,12 @@ function argmax(xs: Float32Array): number {
   return best;
 }
 
-/** In the child: median decode tokens/s at context 512, 1 thread, per model and format. */
-async function childRows(dirs: string[], forced: string): Promise<QuantKernelRow[]> {
-  const info = probeBackend("cpu").info;
+/** Median decode tokens/s at context 512, 1 thread, per model and format, under one cap. */
+async function capRows(dirs: string[], forced: CpuKernel): Promise<QuantKernelRow[]> {
   const rows: QuantKernelRow[] = [];
   for (const dir of dirs) {
     for (const weights of FORMATS) {
-      const model = await loadModel(dir, { threads: 1, weights });
+      const model = await loadModel(dir, { threads: 1, weights, cpuKernel: forced });
       try {
         const vocab = model.checkpoint.config.vocabSize;
         const times: number[] = [];
@@ -69,7 +67,8 @@ async function childRows(dirs: string[], forced: string): Promise<QuantKernelRow
             seq.free();
           }
         }
-        const kernel = new RegExp(`${weights} ([a-z0-9-]+)`).exec(info)?.[1] ?? "?";
+        const kernel = new RegExp(`${weights} ([a-z0-9-]+)`).exec(model.native.deviceInfo)?.[1] ??
+          "?";
         rows.push({
           model: model.name,
           weights,
@@ -86,25 +85,13 @@ async function childRows(dirs: string[], forced: string): Promise<QuantKernelRow
 }
 
 /**
- * Runs the kernel rows: one child process per kernel path.
+ * Runs the kernel rows: models loaded with each kernel cap in turn.
  * @param modelDirs Model directories to measure.
  * @returns One row per model, format and kernel path.
  */
 export async function benchQuantKernels(modelDirs: string[]): Promise<QuantKernelRow[]> {
   const rows: QuantKernelRow[] = [];
-  for (const forced of await forcedPaths()) {
-    const env: Record<string, string> = { NO_COLOR: "1" };
-    if (forced !== "default") env.KVRELAY_CPU_KERNEL = forced;
-    const out = await new Deno.Command(Deno.execPath(), {
-      args: ["run", "-A", import.meta.filename!, "--child", forced, ...modelDirs],
-      env,
-      stdout: "piped",
-      stderr: "inherit",
-    }).output();
-    if (!out.success) throw new Error(`kernel path ${forced}: child exited with ${out.code}`);
-    const text = new TextDecoder().decode(out.stdout).trim().split("\n").at(-1)!;
-    rows.push(...JSON.parse(text) as QuantKernelRow[]);
-  }
+  for (const forced of await forcedPaths()) rows.push(...await capRows(modelDirs, forced));
   return rows;
 }
 
@@ -123,9 +110,4 @@ export function formatQuantKernelTable(rows: QuantKernelRow[]): string {
     );
   }
   return lines.join("\n");
-}
-
-if (import.meta.main && Deno.args[0] === "--child") {
-  const [, forced, ...dirs] = Deno.args;
-  console.log(JSON.stringify(await childRows(dirs, forced)));
 }

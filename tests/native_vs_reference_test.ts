@@ -1,12 +1,13 @@
 // The oracle test: native logits (lib/model + lib/native, f32 compute) against the float64
 // TypeScript reference (tests/reference) for the demo models and the generated checkpoints of
 // tests/fixtures, at every position of a prefill, a prefill + decodes and two chunked prefills;
-// metric max |native − reference| / max |reference logit| < 1e-5. Plus a reference-only ppl check.
+// metric max |native − reference| / max |reference logit| < 1e-5, on the default kernels and on the
+// portable ones (models loaded with the "generic" kernel cap). Plus a reference-only ppl check.
 
 import assert from "node:assert/strict";
 import { Tokenizer as HfTokenizer } from "@huggingface/tokenizers";
 import { loadCheckpoint } from "../lib/model/mod.ts";
-import { type KvDtype, NativeModel } from "../lib/native/mod.ts";
+import { type CpuKernel, type KvDtype, NativeModel } from "../lib/native/mod.ts";
 import { mulberry32, ORACLE_CASES, writeRandomCheckpoint } from "./fixtures/random_checkpoint.ts";
 import {
   loadReferenceModel,
@@ -67,7 +68,7 @@ function describe(label: string, c: Comparison): string {
 /**
  * Runs the native model on `tokens` two ways — one prefill with all positions, and a prefill of
  * the first `split` tokens followed by one decode per remaining token, and two chunked prefills
- * (halves) — and compares each with the reference logits.
+ * (halves) — and compares each with the reference logits, on a model loaded with kernel cap `cap`.
  */
 async function nativeVsReference(
   dir: string,
@@ -76,9 +77,10 @@ async function nativeVsReference(
   refLogits: Float64Array,
   kvDtype: KvDtype,
   split: number,
+  cap: CpuKernel = "auto",
 ): Promise<{ prefill: Comparison; decode: Comparison; chunks: Comparison }> {
   const vocab = ref.config.vocabSize;
-  using model = NativeModel.load(await loadCheckpoint(dir), { kvDtype });
+  using model = NativeModel.load(await loadCheckpoint(dir), { kvDtype, cpuKernel: cap });
   using seq = model.createSequence(tokens.length);
   const all = await seq.prefill(tokens, { allPositions: true });
   const prefill = compare(all, refLogits, vocab);
@@ -142,6 +144,9 @@ Deno.test({
   assert.ok(ppl > 60 && ppl < 300, `ppl ${ppl} outside the band 60..300`);
 });
 
+/** The kernel caps the f32 comparisons run under: the default kernels and the portable ones. */
+const CAPS: CpuKernel[] = ["auto", "generic"];
+
 // Demo models: tiny-fast over the full 256-token window (its trained context), the larger two
 // over the first 40 tokens (the float64 reference is slow on them).
 for (
@@ -150,13 +155,24 @@ for (
   Deno.test(`native logits match the reference on demo ${name} (${n} tokens, f32 KV)`, async () => {
     const tokens = (await demoTokens()).slice(0, n);
     const { ref, logits } = await demoReference(name, n);
-    const r = await nativeVsReference(`${MODELS_DIR}/${name}`, ref, tokens, logits, "f32", n - 8);
-    console.log(describe(`${name} prefill`, r.prefill));
-    console.log(describe(`${name} prefill ${n - 8} + decode 8`, r.decode));
-    console.log(describe(`${name} two chunked prefills`, r.chunks));
-    assert.ok(r.prefill.ratio < F32_BOUND, describe(`${name} prefill`, r.prefill));
-    assert.ok(r.decode.ratio < F32_BOUND, describe(`${name} decode`, r.decode));
-    assert.ok(r.chunks.ratio < F32_BOUND, describe(`${name} chunked`, r.chunks));
+    for (const cap of CAPS) {
+      const r = await nativeVsReference(
+        `${MODELS_DIR}/${name}`,
+        ref,
+        tokens,
+        logits,
+        "f32",
+        n - 8,
+        cap,
+      );
+      const at = `${name} (${cap})`;
+      console.log(describe(`${at} prefill`, r.prefill));
+      console.log(describe(`${at} prefill ${n - 8} + decode 8`, r.decode));
+      console.log(describe(`${at} two chunked prefills`, r.chunks));
+      assert.ok(r.prefill.ratio < F32_BOUND, describe(`${at} prefill`, r.prefill));
+      assert.ok(r.decode.ratio < F32_BOUND, describe(`${at} decode`, r.decode));
+      assert.ok(r.chunks.ratio < F32_BOUND, describe(`${at} chunked`, r.chunks));
+    }
   });
 }
 
@@ -195,13 +211,16 @@ ORACLE_CASES.forEach((spec, i) => {
       const ref = await loadReferenceModel(dir);
       const logits = referenceForward(ref, tokens);
       const split = Math.max(1, n - 6);
-      const r = await nativeVsReference(dir, ref, tokens, logits, "f32", split);
-      console.log(describe(`${spec.name} prefill ${n}`, r.prefill));
-      console.log(describe(`${spec.name} prefill ${split} + decode ${n - split}`, r.decode));
-      console.log(describe(`${spec.name} two chunked prefills`, r.chunks));
-      assert.ok(r.prefill.ratio < F32_BOUND, describe(`${spec.name} prefill`, r.prefill));
-      assert.ok(r.decode.ratio < F32_BOUND, describe(`${spec.name} decode`, r.decode));
-      assert.ok(r.chunks.ratio < F32_BOUND, describe(`${spec.name} chunked`, r.chunks));
+      for (const cap of CAPS) {
+        const r = await nativeVsReference(dir, ref, tokens, logits, "f32", split, cap);
+        const at = `${spec.name} (${cap})`;
+        console.log(describe(`${at} prefill ${n}`, r.prefill));
+        console.log(describe(`${at} prefill ${split} + decode ${n - split}`, r.decode));
+        console.log(describe(`${at} two chunked prefills`, r.chunks));
+        assert.ok(r.prefill.ratio < F32_BOUND, describe(`${at} prefill`, r.prefill));
+        assert.ok(r.decode.ratio < F32_BOUND, describe(`${at} decode`, r.decode));
+        assert.ok(r.chunks.ratio < F32_BOUND, describe(`${at} chunked`, r.chunks));
+      }
     } finally {
       await Deno.remove(dir, { recursive: true });
     }

@@ -73,7 +73,7 @@ Deno.test("chat logprobs/top_logprobs (plain and streamed) equal the model's log
     // The streamed request reuses the plain one's prefix-cache chunk (16 tokens) and prefills
     // the other 7: a 7-row GEMM takes the AVX-512 tiles where the 23-row prefill took AMX
     // (docs/gemm.md), 1e-7-level differences that reach ~1e-6 in a logprob (bit-equal with
-    // KVRELAY_CPU_KERNEL=avx512).
+    // the avx512 kernel cap, cpuKernel).
     for (const [i, c] of streamed.entries()) {
       assert.ok(Math.abs(c.logprob - content[i].logprob) < 1e-5);
       assert.equal(c.top_logprobs.length, 2);

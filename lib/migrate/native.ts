@@ -650,6 +650,13 @@ export class LinearKernel {
     if (r.st !== 0) throw new EngineError(r.st, r.error, "kvr_projector_apply_seq");
   }
 
+  /** @internal the kvr_projector* (tests call the test library's entry points with it)
+   *  @throws Error when freed */
+  get pointer(): Deno.PointerObject {
+    if (this.#ptr === null || this.#freeRequested) throw new Error("LinearKernel: freed");
+    return this.#ptr;
+  }
+
   #maybeRelease(): void {
     if (this.#freeRequested && this.#inFlight === 0 && this.#ptr !== null) {
       this.#lib.symbols.kvr_projector_free(this.#ptr);

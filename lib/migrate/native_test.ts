@@ -474,9 +474,9 @@ Deno.test("LinearKernel.applySeq() equals the JS-orchestrated read → apply →
 });
 
 Deno.test("LinearKernel.applySeq() through the backend copy path writes the same bits as the CPU in-place path", async () => {
-  // The test library's switch (kvr_test_set_project_via_copies) makes kvr_projector_apply_seq use
-  // the backend-neutral path (kv_read → project → kv_write per chunk), the one a CUDA sequence
-  // takes. Same chunks, same arithmetic: the caches must be bit-identical, in every dtype pair.
+  // The test library's kvr_test_projector_apply_seq_via_copies is kvr_projector_apply_seq on the
+  // backend-neutral path (kv_read → project → kv_write per chunk), the one a CUDA sequence takes.
+  // Same chunks, same arithmetic: the caches must be bit-identical, in every dtype pair.
   // Models, sequences and the projector all come from the test library.
   const lib = openTestLibrary();
   for (const [sd, dd] of [["f32", "f32"], ["bf16", "f16"]] as const) {
@@ -489,12 +489,18 @@ Deno.test("LinearKernel.applySeq() through the backend copy path writes the same
       using fast = t.native.createSequence(n);
       using copied = t.native.createSequence(n);
       await kern.applySeq(src, fast, n, 2);
-      lib.check(lib.hooks.kvr_test_set_project_via_copies(1), "kvr_test_set_project_via_copies");
-      try {
-        await kern.applySeq(src, copied, n, 2);
-      } finally {
-        lib.check(lib.hooks.kvr_test_set_project_via_copies(0), "kvr_test_set_project_via_copies");
-      }
+      const status = await src.runWithHandle(
+        "viaCopies",
+        (sp) =>
+          copied.runWithHandle(
+            "viaCopies",
+            (dp) =>
+              Promise.resolve(
+                lib.hooks.kvr_test_projector_apply_seq_via_copies(kern.pointer, sp, dp, n, 2),
+              ),
+          ),
+      );
+      lib.check(status, "kvr_test_projector_apply_seq_via_copies");
       assert.equal(copied.length, n);
       for (let layer = 0; layer < t.native.config.numLayers; layer++) {
         const a = fast.readKv(layer, 0, n), b = copied.readKv(layer, 0, n);

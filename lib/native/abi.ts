@@ -5,7 +5,7 @@
 import type { WeightRole } from "../model/mod.ts";
 
 /** KVR_ABI_VERSION this binding was written against. */
-export const ABI_VERSION = 3;
+export const ABI_VERSION = 4;
 
 /** kvr_status code → name (without the KVR_ERR_ prefix). */
 export const STATUS_NAMES: Readonly<Record<number, string>> = {
@@ -41,7 +41,11 @@ export const ARCH_CODE = { llama: 1, qwen2: 2, qwen3: 3 } as const;
 export const BACKEND_CODE = { cpu: 0, cuda: 1 } as const;
 
 /** kvr_weight_format codes: in-memory format of the linear weights ("bf16" = as stored). */
-export const WEIGHTS_CODE = { bf16: 0, q8: 1, q4: 2 } as const;
+export const WEIGHTS_CODE = { bf16: 0, q8: 1, q4: 2, f32: 3 } as const;
+
+/** kvr_cpu_kernel codes: how far a model's CPU computations may go among the kernel paths the
+ *  CPU has ("auto" = every path; the others narrow it, so one machine checks each path it runs). */
+export const CPU_KERNEL_CODE = { auto: 0, generic: 1, avx2: 2, avxvnni: 3, avx512: 4 } as const;
 
 /** kvr_rope_scaling codes. */
 export const ROPE_CODE = { none: 0, linear: 1, llama3: 2 } as const;
@@ -72,5 +76,5 @@ export const ROLE_CODE: Readonly<Record<WeightRole, number>> = {
 };
 
 /** sizeof(kvr_model_params) and sizeof(kvr_tensor_desc) in bytes. */
-export const MODEL_PARAMS_BYTES = 92;
+export const MODEL_PARAMS_BYTES = 96;
 export const TENSOR_DESC_BYTES = 64;

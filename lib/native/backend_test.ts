@@ -40,14 +40,12 @@ Deno.test("`probeBackend()` answers OK for the CPU with its model name, cores an
     /, [1-9]\d* cores, (avx2-fma-f16c|generic) kernels \(gemm [a-z0-9-]+(, few-row bf16 amx)?, int8 [a-z0-9-]+, q8 [a-z0-9-]+, q4 [a-z0-9-]+\)$/,
   );
   assert.ok(p.info.includes(`(gemm ${cpuKernelName()}, `), p.info);
-  // AMX is named exactly when /proc/cpuinfo lists it (and no narrower kernel is forced).
+  // AMX is named exactly when /proc/cpuinfo lists it (the probe describes the auto kernels).
   const flags = (await Deno.readTextFile("/proc/cpuinfo").catch(() => "")).match(/^flags\s*:(.*)$/m)
     ?.[1].split(/\s+/) ?? [];
-  const amx =
-    ["amx_bf16", "amx_tile", "avx512f", "avx512bw", "avx512_vnni"].every((f) =>
-      flags.includes(f)
-    ) &&
-    Deno.env.get("KVRELAY_CPU_KERNEL") === undefined;
+  const amx = ["amx_bf16", "amx_tile", "avx512f", "avx512bw", "avx512_vnni"].every((f) =>
+    flags.includes(f)
+  );
   assert.equal(p.info.includes(", few-row bf16 amx, "), amx, p.info);
 });
 

@@ -8,8 +8,8 @@ import { checkpoint, DEMO_DIRS, relDiff, tokens } from "./test_helpers.ts";
 
 Deno.test("batchStep() gives a decode the same bits whichever prefill chunk shares its step (48–80 rows)", async () => {
   // The decode is the step's last row: under the old 6-row rounding a 55- or 73-row step left it
-  // a block of its own (a GEMV: other bits than the AMX tiles; with KVRELAY_CPU_KERNEL=avx512 or
-  // avx2 the old library happened to give that row the same bits).
+  // a block of its own (a GEMV: other bits than the AMX tiles; under the avx512 or avx2 kernel
+  // caps the old library happened to give that row the same bits).
   using model = NativeModel.load(await checkpoint(DEMO_DIRS[2]), { threads: 2 });
   const vocab = model.config.vocabSize;
   const pool = model.createKvPool(512, 16);

@@ -22,7 +22,7 @@ import {
 } from "../../tests/fixtures/random_checkpoint.ts";
 import { loadReferenceModel, referenceForward } from "../../tests/reference/forward.ts";
 import { syncStep } from "./sync_step.ts";
-import { openTestLibrary } from "./test_library.ts";
+import { openTestLibrary, type TestLibrary } from "./test_library.ts";
 
 /** Batched vs alone on CPU: the contract's bound (same kernels, different summation splits). */
 const REL_TOL = 1e-5;
@@ -459,10 +459,47 @@ async function nativeSamplingCase(n: number): Promise<void> {
   }
 }
 
+/** One decode step of `seqs` (a token each) through the test library's
+ *  kvr_test_batch_step_sample_serial: each row drawn by its sampler after the step, in order. */
+function serialStep(
+  lib: TestLibrary,
+  seqs: NativeSequence[],
+  samplers: NativeSampler[],
+  next: number[],
+  vocab: number,
+): number[] {
+  const n = seqs.length;
+  const ptrs = new BigUint64Array(n);
+  seqs.forEach((s, i) => ptrs[i] = BigInt(Deno.UnsafePointer.value(s.beginHold("serialStep"))));
+  try {
+    const sp = BigUint64Array.from(samplers, (s) => BigInt(Deno.UnsafePointer.value(s.pointer)));
+    const out = new Int32Array(n);
+    lib.check(
+      lib.hooks.kvr_test_batch_step_sample_serial(
+        ptrs,
+        n,
+        new Uint32Array(n).fill(1),
+        Int32Array.from(next),
+        BigInt(n),
+        new Uint32Array(n),
+        null,
+        0n,
+        sp,
+        new Uint32Array(n).fill(vocab),
+        out,
+      ),
+      "kvr_test_batch_step_sample_serial",
+    );
+    return [...out];
+  } finally {
+    for (const s of seqs) s.endHold();
+  }
+}
+
 Deno.test("batchStep() draws over the worker pool give the tokens of the serial draws (4 rows, tiny-powerful)", async () => {
-  // The test library's kvr_test_set_serial_draws(1) makes a step draw its rows one after another
-  // on the calling thread. Twin sequences fed the same tokens get the same logits, so each step's
-  // tokens must match exactly, row by row, with each row's own sampler and logit chain.
+  // The test library's kvr_test_batch_step_sample_serial is the step with its rows drawn one after
+  // another on the calling thread. Twin sequences fed the same tokens get the same logits, so each
+  // step's tokens must match exactly, row by row, with each row's own sampler and logit chain.
   const lib = openTestLibrary();
   using model = NativeModel.load(await checkpoint(DEMO_DIRS[2]), { threads: 2, lib });
   const vocab = model.config.vocabSize;
@@ -486,8 +523,6 @@ Deno.test("batchStep() draws over the worker pool give the tokens of the serial 
   const pooled = make(), serial = make();
   const a = prompts.map(() => pool.createSequence(96)),
     b = prompts.map(() => pool.createSequence(96));
-  const setSerial = (on: number) =>
-    lib.check(lib.hooks.kvr_test_set_serial_draws(on), "kvr_test_set_serial_draws");
   try {
     for (let i = 0; i < n; i++) {
       await model.batchStep([{ seq: a[i], tokens: prompts[i], wantLogits: false }]);
@@ -504,13 +539,7 @@ Deno.test("batchStep() draws over the worker pool give the tokens of the serial 
           sample: { sampler: samplers[i] },
         }));
       const got = await model.batchStep(items(a, pooled));
-      setSerial(1);
-      let want;
-      try {
-        want = await model.batchStep(items(b, serial));
-      } finally {
-        setSerial(0);
-      }
+      const want = serialStep(lib, b, serial, next, vocab);
       assert.deepEqual(got, want, `step ${step}`);
       next = got.map((t) => t as number);
       next.forEach((t) => seen.add(t));

@@ -1,10 +1,12 @@
 // The GEMM entry points of the test library (libkvrelay_test.so, kvrelay_test.h) for tests and
-// benchmarks (C = A·Bᵀ in f32), and the name of the runtime-selected CPU kernel. Arguments are
-// checked before FFI. Not used by the model path.
+// benchmarks (C = A·Bᵀ in f32), and the name of the runtime-selected CPU kernel. The test entry
+// points take a CpuKernel (default "auto"): the call runs under it as a model loaded with it would,
+// so a test compares kernel paths in one process. Arguments are checked before FFI. Not used by
+// the model path.
 
-import { WEIGHTS_CODE } from "./abi.ts";
+import { CPU_KERNEL_CODE, WEIGHTS_CODE } from "./abi.ts";
 import { checkInt, quoteValue } from "./check.ts";
-import type { WeightFormat } from "./layout.ts";
+import { checkCpuKernel, type CpuKernel, type WeightFormat } from "./layout.ts";
 import { cString } from "./library.ts";
 import { openTestLibrary, type TestLibrary } from "./test_library.ts";
 
@@ -18,9 +20,10 @@ const DIM_MAX = 0x7fffffff;
  * @param a m×k values
  * @param b n×k values
  * @param threads worker threads (0 = all cores)
+ * @param cpuKernel kernel paths the call may use (default "auto")
  * @param lib test library (default openTestLibrary())
  * @returns C, m×n values
- * @throws TypeError/RangeError for bad sizes; EngineError from native
+ * @throws TypeError/RangeError for bad sizes or cpuKernel; EngineError from native
  */
 export function gemmF32(
   m: number,
@@ -29,8 +32,10 @@ export function gemmF32(
   a: Float32Array,
   b: Float32Array,
   threads = 0,
+  cpuKernel: CpuKernel = "auto",
   lib: TestLibrary = openTestLibrary(),
 ): Float32Array {
+  checkCpuKernel("cpuKernel", cpuKernel);
   checkInt("m", m, 1, DIM_MAX);
   checkInt("n", n, 1, DIM_MAX);
   checkInt("k", k, 1, DIM_MAX);
@@ -56,6 +61,7 @@ export function gemmF32(
       c,
       BigInt(c.length),
       threads,
+      CPU_KERNEL_CODE[cpuKernel],
     ),
     "kvr_gemm_f32",
   );
@@ -100,6 +106,7 @@ export function gemmBench(
  * @param k input features
  * @param w n×k values, row-major
  * @param x k values, or undefined for the dequantized weights only
+ * @param cpuKernel kernel paths the call may use (default "auto")
  * @param lib test library (default openTestLibrary())
  * @returns the n×k values the kernels use, and y (n values) when x was given
  * @throws TypeError/RangeError for bad arguments; EngineError from native
@@ -110,8 +117,10 @@ export function gemvQuantized(
   k: number,
   w: Float32Array,
   x?: Float32Array,
+  cpuKernel: CpuKernel = "auto",
   lib: TestLibrary = openTestLibrary(),
 ): { weights: Float32Array; y?: Float32Array } {
+  checkCpuKernel("cpuKernel", cpuKernel);
   if (!Object.hasOwn(WEIGHTS_CODE, format)) {
     throw new TypeError(
       `format must be one of ${Object.keys(WEIGHTS_CODE).join(", ")}, got ${quoteValue(format)}`,
@@ -140,6 +149,7 @@ export function gemvQuantized(
       BigInt(weights.length),
       y ?? null,
       BigInt(y?.length ?? 0),
+      CPU_KERNEL_CODE[cpuKernel],
     ),
     "kvr_gemv_quantized",
   );
@@ -156,7 +166,8 @@ export function gemvQuantized(
  * @param k input features
  * @param w n×k values, row-major
  * @param x m×k values, row-major
- * @param options threads (default 1; 0 = all cores), y0 (m×n values to accumulate onto)
+ * @param options threads (default 1; 0 = all cores), y0 (m×n values to accumulate onto),
+ *   cpuKernel (kernel paths the call may use; default "auto")
  * @param lib test library (default openTestLibrary())
  * @returns y, m×n values
  * @throws TypeError/RangeError for bad arguments; EngineError from native
@@ -168,9 +179,10 @@ export function gemmQuantized(
   k: number,
   w: Float32Array,
   x: Float32Array,
-  options: { threads?: number; y0?: Float32Array } = {},
+  options: { threads?: number; y0?: Float32Array; cpuKernel?: CpuKernel } = {},
   lib: TestLibrary = openTestLibrary(),
 ): Float32Array {
+  const cpuKernel = checkCpuKernel("cpuKernel", options.cpuKernel ?? "auto");
   if (!Object.hasOwn(WEIGHTS_CODE, format)) {
     throw new TypeError(
       `format must be one of ${Object.keys(WEIGHTS_CODE).join(", ")}, got ${quoteValue(format)}`,
@@ -205,6 +217,7 @@ export function gemmQuantized(
       BigInt(y.length),
       y0 === undefined ? 0 : 1,
       threads,
+      CPU_KERNEL_CODE[cpuKernel],
     ),
     "kvr_gemm_quantized",
   );
@@ -220,6 +233,7 @@ export function gemmQuantized(
  * @param w n×k bf16 bit patterns, row-major
  * @param x m×k values, row-major
  * @param y0 m×n values to accumulate onto (optional)
+ * @param cpuKernel kernel paths the call may use (default "auto"; AMX only under "auto")
  * @param lib test library (default openTestLibrary())
  * @returns y (m×n values) and whether the AMX tiles ran
  * @throws RangeError for bad arguments; EngineError from native
@@ -231,8 +245,10 @@ export function gemmFewRowsBf16(
   w: Uint16Array,
   x: Float32Array,
   y0?: Float32Array,
+  cpuKernel: CpuKernel = "auto",
   lib: TestLibrary = openTestLibrary(),
 ): { y: Float32Array; amx: boolean } {
+  checkCpuKernel("cpuKernel", cpuKernel);
   checkInt("m", m, 1, DIM_MAX);
   checkInt("n", n, 1, DIM_MAX);
   checkInt("k", k, 1, DIM_MAX);
@@ -260,6 +276,7 @@ export function gemmFewRowsBf16(
       BigInt(y.length),
       y0 === undefined ? 0 : 1,
       amx,
+      CPU_KERNEL_CODE[cpuKernel],
     ),
     "kvr_gemm_few_rows_bf16",
   );
@@ -267,10 +284,16 @@ export function gemmFewRowsBf16(
 }
 
 /**
- * The CPU kernel chosen at runtime.
+ * The CPU GEMM kernel a computation under `cpuKernel` runs.
+ * @param cpuKernel kernel paths allowed (default "auto": every path the CPU has)
  * @param lib test library (default openTestLibrary())
  * @returns "avx512", "avx2-fma" or "generic"
+ * @throws RangeError for a bad cpuKernel
  */
-export function cpuKernelName(lib: TestLibrary = openTestLibrary()): string {
-  return cString(lib.hooks.kvr_cpu_kernel_name());
+export function cpuKernelName(
+  cpuKernel: CpuKernel = "auto",
+  lib: TestLibrary = openTestLibrary(),
+): string {
+  checkCpuKernel("cpuKernel", cpuKernel);
+  return cString(lib.hooks.kvr_cpu_kernel_name(CPU_KERNEL_CODE[cpuKernel]));
 }

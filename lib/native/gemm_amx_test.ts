@@ -2,15 +2,13 @@
 // AMX tiles of native/src/host/gemm_amx.cpp where the CPU has AMX and m ≥ 8): exact where the
 // arithmetic is exact (power-of-two weights: the three bf16 planes must rebuild every f32 input
 // bit), within f32 rounding of a float64 reference elsewhere (tails of m, n, k; accumulate), the
-// AMX path chosen exactly when /proc/cpuinfo lists AMX-BF16 + AMX-TILE, and off when
-// KVRELAY_CPU_KERNEL=avx512 (checked in a child process: the choice is made once per process).
+// AMX path chosen exactly when /proc/cpuinfo lists AMX-BF16 + AMX-TILE, and off under the
+// "avx512" kernel cap (the exactness and reference checks rerun under it, in this process).
 
 import assert from "node:assert/strict";
 import { gemmFewRowsBf16 } from "./gemm.ts";
+import type { CpuKernel } from "./layout.ts";
 import { mulberry32 } from "../../tests/fixtures/random_checkpoint.ts";
-import { childTest } from "./test_helpers.ts";
-
-const FORCED = Deno.env.get("KVRELAY_CPU_KERNEL");
 
 function cpuFlags(): Set<string> {
   try {
@@ -21,12 +19,15 @@ function cpuFlags(): Set<string> {
   }
 }
 
-/** Whether the AMX path is expected for m rows on this machine and forced kernel. */
-function expectAmx(m: number): boolean {
+/** Whether the AMX path is expected for m rows on this machine under the kernel cap. */
+function expectAmx(m: number, cap: CpuKernel = "auto"): boolean {
   const f = cpuFlags();
-  return FORCED === undefined && m >= 8 && f.has("amx_bf16") && f.has("amx_tile") &&
+  return cap === "auto" && m >= 8 && f.has("amx_bf16") && f.has("amx_tile") &&
     f.has("avx512f") && f.has("avx512bw") && f.has("avx512_vnni");
 }
+
+/** The caps the first two tests run under: auto, and avx512 (AMX off) where the CPU has AVX-512. */
+const CAPS: CpuKernel[] = cpuFlags().has("avx512f") ? ["auto", "avx512"] : ["auto"];
 
 function bf16Bits(v: number): number {
   const u = new Uint32Array(new Float32Array([v]).buffer)[0];
@@ -63,61 +64,64 @@ const SHAPES: [number, number][] = [
   [47, 45],
 ];
 
-Deno.test("few-row bf16 GEMM is exact for power-of-two weights: the bf16 planes rebuild every input bit", () => {
-  for (const [m, n] of SHAPES) {
-    for (const k of [1, 40, 129]) {
-      const x = fullPrecision(m * k, m * 1000 + k);
-      // Column c reads input j(c) with weight ±2^e(c): y = x[r][j]·2^e exactly.
-      const w = new Uint16Array(n * k);
-      const pick = (c: number) => (c * 7 + 3) % k;
-      const scale = (c: number) => (c % 2 ? -1 : 1) * 2 ** ((c % 5) - 2);
-      for (let c = 0; c < n; c++) w[c * k + pick(c)] = bf16Bits(scale(c));
-      const { y, amx } = gemmFewRowsBf16(m, n, k, w, x);
-      assert.equal(amx, expectAmx(m), `AMX chosen for m=${m}`);
-      for (let r = 0; r < m; r++) {
-        for (let c = 0; c < n; c++) {
-          const want = Math.fround(x[r * k + pick(c)] * scale(c));
-          assert.ok(
-            Object.is(y[r * n + c], want),
-            `m=${m} n=${n} k=${k} y[${r}][${c}] = ${y[r * n + c]}, want ${want}`,
-          );
-        }
-      }
-    }
-  }
-});
-
-Deno.test("few-row bf16 GEMM matches a float64 reference with tails of m, n, k and when accumulating", () => {
-  for (const [m, n] of SHAPES) {
-    for (const k of [1, 31, 32, 33, 130, 300, 520]) {
-      const rnd = mulberry32(m * 7919 + n * 31 + k);
-      const x = Float32Array.from({ length: m * k }, () => rnd() * 2 - 1);
-      const w = Uint16Array.from({ length: n * k }, () => bf16Bits((rnd() * 2 - 1) * 0.1));
-      const y0 = Float32Array.from({ length: m * n }, () => rnd() * 4 - 2);
-      const wv = Float64Array.from(w, bf16Value); // the weights' values, decoded once
-      for (const acc of [false, true]) {
-        const { y } = gemmFewRowsBf16(m, n, k, w, x, acc ? y0 : undefined);
+for (const cap of CAPS) {
+  Deno.test(`few-row bf16 GEMM is exact for power-of-two weights: the bf16 planes rebuild every input bit (${cap}${cap === "avx512" ? ": AMX off" : ""})`, () => {
+    for (const [m, n] of SHAPES) {
+      for (const k of [1, 40, 129]) {
+        const x = fullPrecision(m * k, m * 1000 + k);
+        // Column c reads input j(c) with weight ±2^e(c): y = x[r][j]·2^e exactly.
+        const w = new Uint16Array(n * k);
+        const pick = (c: number) => (c * 7 + 3) % k;
+        const scale = (c: number) => (c % 2 ? -1 : 1) * 2 ** ((c % 5) - 2);
+        for (let c = 0; c < n; c++) w[c * k + pick(c)] = bf16Bits(scale(c));
+        const { y, amx } = gemmFewRowsBf16(m, n, k, w, x, undefined, cap);
+        assert.equal(amx, expectAmx(m, cap), `AMX chosen for m=${m}`);
         for (let r = 0; r < m; r++) {
           for (let c = 0; c < n; c++) {
-            let ref = acc ? y0[r * n + c] : 0, mag = Math.abs(ref);
-            for (let j = 0; j < k; j++) {
-              const p = x[r * k + j] * wv[c * k + j];
-              ref += p;
-              mag += Math.abs(p);
-            }
-            // Three planes: 3k exact products summed in f32 (+ C): a rounding bound per add.
-            const tol = (3 * k + 1) * 2 ** -24 * mag + 1e-30;
-            const err = Math.abs(y[r * n + c] - ref);
+            const want = Math.fround(x[r * k + pick(c)] * scale(c));
             assert.ok(
-              err <= tol,
-              `m=${m} n=${n} k=${k} acc=${acc} [${r}][${c}]: err ${err} > ${tol}`,
+              Object.is(y[r * n + c], want),
+              `m=${m} n=${n} k=${k} y[${r}][${c}] = ${y[r * n + c]}, want ${want}`,
             );
           }
         }
       }
     }
-  }
-});
+  });
+
+  Deno.test(`few-row bf16 GEMM matches a float64 reference with tails of m, n, k and when accumulating (${cap})`, () => {
+    for (const [m, n] of SHAPES) {
+      for (const k of [1, 31, 32, 33, 130, 300, 520]) {
+        const rnd = mulberry32(m * 7919 + n * 31 + k);
+        const x = Float32Array.from({ length: m * k }, () => rnd() * 2 - 1);
+        const w = Uint16Array.from({ length: n * k }, () => bf16Bits((rnd() * 2 - 1) * 0.1));
+        const y0 = Float32Array.from({ length: m * n }, () => rnd() * 4 - 2);
+        const wv = Float64Array.from(w, bf16Value); // the weights' values, decoded once
+        for (const acc of [false, true]) {
+          const { y, amx } = gemmFewRowsBf16(m, n, k, w, x, acc ? y0 : undefined, cap);
+          assert.equal(amx, expectAmx(m, cap), `AMX chosen for m=${m}`);
+          for (let r = 0; r < m; r++) {
+            for (let c = 0; c < n; c++) {
+              let ref = acc ? y0[r * n + c] : 0, mag = Math.abs(ref);
+              for (let j = 0; j < k; j++) {
+                const p = x[r * k + j] * wv[c * k + j];
+                ref += p;
+                mag += Math.abs(p);
+              }
+              // Three planes: 3k exact products summed in f32 (+ C): a rounding bound per add.
+              const tol = (3 * k + 1) * 2 ** -24 * mag + 1e-30;
+              const err = Math.abs(y[r * n + c] - ref);
+              assert.ok(
+                err <= tol,
+                `m=${m} n=${n} k=${k} acc=${acc} [${r}][${c}]: err ${err} > ${tol}`,
+              );
+            }
+          }
+        }
+      }
+    }
+  });
+}
 
 Deno.test("few-row bf16 GEMM gives a row the same bits whatever rows share its call (AMX)", () => {
   // The batched step runs a thread's group of ≤ 16 rows by itself, where one call of all rows
@@ -154,17 +158,4 @@ Deno.test("few-row bf16 GEMM gives a row the same bits whatever rows share its c
       }
     }
   }
-});
-
-Deno.test({
-  name: "few-row bf16 GEMM keeps AMX off and stays exact when KVRELAY_CPU_KERNEL=avx512",
-  ignore: FORCED !== undefined || !cpuFlags().has("avx512f"),
-  async fn() {
-    const file = new URL(import.meta.url).pathname;
-    const { code, text } = await childTest(file, "/^few-row bf16 GEMM (is exact|matches)/", {
-      KVRELAY_CPU_KERNEL: "avx512",
-    });
-    assert.equal(code, 0, `child deno test failed:\n${text}`);
-    assert.match(text, /ok \| 2 passed/, text);
-  },
 });

@@ -1,24 +1,35 @@
 // Tests of the native packed GEMM through its TS binding (gemmF32, gemmBench, cpuKernelName):
 // results against a plain float64 reference over shapes with row, column and k tails, on the
-// runtime-chosen kernel and (in a child process) on the forced generic kernel; argument errors.
-// Not a benchmark: bench/ measures speed.
+// runtime-chosen kernel and on each narrower kernel path this CPU has (the cpuKernel argument, in
+// this process); the kernel each path names; argument errors. Not a benchmark: bench/ measures
+// speed.
 
 import assert from "node:assert/strict";
 import { EngineError } from "./mod.ts";
 import { cpuKernelName, gemmBench, gemmF32 } from "./gemm.ts";
+import type { CpuKernel } from "./layout.ts";
 import { openTestLibrary } from "./test_library.ts";
-import { childTest } from "./test_helpers.ts";
 
-const FORCED = Deno.env.get("KVRELAY_CPU_KERNEL");
-
-/** /proc/cpuinfo ("" where it does not exist). */
-function cpuInfo(): string {
+/** The CPU's feature flags as /proc/cpuinfo lists them (empty where it does not exist). */
+function cpuFlags(): Set<string> {
   try {
-    return Deno.readTextFileSync("/proc/cpuinfo");
+    const text = Deno.readTextFileSync("/proc/cpuinfo");
+    return new Set((text.match(/^flags\s*:(.*)$/m)?.[1] ?? "").split(/\s+/));
   } catch {
-    return "";
+    return new Set();
   }
 }
+const FLAGS = cpuFlags();
+const HAS_AVX2 = FLAGS.has("avx2") && FLAGS.has("fma");
+/** The GEMM kernel each cap must select on this CPU (independent oracle: the flags), for the caps
+ *  whose path differs here from auto's or is auto. */
+const BEST = HAS_AVX2 && FLAGS.has("avx512f") ? "avx512" : HAS_AVX2 ? "avx2-fma" : "generic";
+const CAPS: { cap: CpuKernel; name: string }[] = [
+  { cap: "auto", name: BEST },
+  { cap: "generic", name: "generic" },
+  ...(HAS_AVX2 ? [{ cap: "avx2" as const, name: "avx2-fma" }] : []),
+  { cap: "avx512", name: BEST },
+];
 const F32_EPS = 2 ** -23;
 
 /** Deterministic values in [-1, 1) (mulberry32). */
@@ -67,105 +78,82 @@ function assertMatchesReference(
   }
 }
 
-Deno.test("`gemmF32()` matches a float64 reference when m, n, k have tails", () => {
-  let seed = 1;
-  for (const m of [1, 2, 5, 7, 64, 100]) {
-    for (const n of [1, 15, 16, 17, 33, 250]) {
-      for (const k of [1, 3, 64, 257]) {
-        const a = randomF32(m * k, seed++);
-        const b = randomF32(n * k, seed++);
-        const c = gemmF32(m, n, k, a, b, 1);
-        assertMatchesReference(m, n, k, a, b, c, `m=${m} n=${n} k=${k}`);
+// Every test below runs on each kernel path this CPU has (the cap passed to each call): auto, and
+// the narrower paths that exist here (generic everywhere, avx2 with AVX2 + FMA; avx512 keeps only
+// AMX off, which the plain GEMM never uses, so it is auto's kernel).
+for (const { cap, name } of CAPS) {
+  Deno.test(`\`gemmF32()\` matches a float64 reference when m, n, k have tails (${cap}: ${name})`, () => {
+    let seed = 1;
+    for (const m of [1, 2, 5, 7, 64, 100]) {
+      for (const n of [1, 15, 16, 17, 33, 250]) {
+        for (const k of [1, 3, 64, 257]) {
+          const a = randomF32(m * k, seed++);
+          const b = randomF32(n * k, seed++);
+          const c = gemmF32(m, n, k, a, b, 1, cap);
+          assertMatchesReference(m, n, k, a, b, c, `m=${m} n=${n} k=${k}`);
+        }
       }
     }
-  }
-});
+  });
 
-Deno.test("`gemmF32()` matches a float64 reference when split over threads and cache blocks", () => {
-  // Shapes past the single-thread cut-off: k > 256 crosses cache blocks, m > 96 row blocks,
-  // m = 1 takes the GEMV path split over weight panels.
-  const shapes: [number, number, number][] = [[200, 250, 700], [97, 33, 257], [1, 1000, 513]];
-  let seed = 1000;
-  for (const [m, n, k] of shapes) {
-    const a = randomF32(m * k, seed++);
-    const b = randomF32(n * k, seed++);
-    for (const threads of [1, 2, 3, 0]) {
-      const c = gemmF32(m, n, k, a, b, threads);
-      assertMatchesReference(m, n, k, a, b, c, `m=${m} n=${n} k=${k} threads=${threads}`);
-    }
-  }
-});
-
-Deno.test("`gemmF32()` gives bit-identical rows whatever m and the thread count", () => {
-  // The decode path (m = 1) and every split sum each output in the same order as the batched
-  // path, so prefill and decode agree exactly. Shapes cross the k block (300 > 256).
-  const [m, n, k] = [37, 250, 300];
-  const a = randomF32(m * k, 77);
-  const b = randomF32(n * k, 78);
-  const full = gemmF32(m, n, k, a, b, 1);
-  assertMatchesReference(m, n, k, a, b, full, "bit-identity base");
-  assert.deepEqual(gemmF32(m, n, k, a, b, 2), full, "2 threads");
-  for (const i of [0, 17, 36]) {
-    const row = gemmF32(1, n, k, a.slice(i * k, (i + 1) * k), b, 2);
-    assert.deepEqual(row, full.slice(i * n, (i + 1) * n), `row ${i} alone (m = 1)`);
-  }
-  const firstFive = gemmF32(5, n, k, a.slice(0, 5 * k), b, 2);
-  assert.deepEqual(firstFive, full.slice(0, 5 * n), "first 5 rows (m = 5)");
-});
-
-Deno.test({
-  name: "`cpuKernelName()` names avx512 with AVX-512F, else avx2-fma with AVX2 and FMA",
-  ignore: FORCED !== undefined || Deno.build.os !== "linux" || Deno.build.arch !== "x86_64",
-  fn() {
-    // Independent oracle: the kernel's CPU feature flags as /proc/cpuinfo lists them.
-    const flags = new Set(
-      (Deno.readTextFileSync("/proc/cpuinfo").match(/^flags\s*:(.*)$/m)?.[1] ?? "").split(/\s+/),
-    );
-    const avx2 = flags.has("avx2") && flags.has("fma");
-    const expected = avx2 && flags.has("avx512f") ? "avx512" : avx2 ? "avx2-fma" : "generic";
-    assert.equal(cpuKernelName(), expected);
-  },
-});
-
-Deno.test({
-  name: "`cpuKernelName()` is generic when KVRELAY_CPU_KERNEL=generic",
-  ignore: FORCED !== "generic",
-  fn() {
-    assert.equal(cpuKernelName(), "generic");
-  },
-});
-
-Deno.test({
-  name: "`cpuKernelName()` is avx2-fma when KVRELAY_CPU_KERNEL=avx2",
-  ignore: FORCED !== "avx2",
-  fn() {
-    assert.equal(cpuKernelName(), "avx2-fma");
-  },
-});
-
-for (const forced of ["generic", "avx2"]) {
-  Deno.test({
-    name:
-      `\`gemmF32()\` matches the reference on the ${forced} kernel when KVRELAY_CPU_KERNEL=${forced}`,
-    ignore: FORCED !== undefined ||
-      (forced === "avx2" && !/^flags\s*:.*\bavx2\b/m.test(cpuInfo())),
-    async fn() {
-      // The kernel is chosen once per process, so the forced run is a child `deno test` of this
-      // file with the variable set, filtered to the reference tests and the kernel-name check.
-      const file = new URL(import.meta.url).pathname;
-      const { code, text } = await childTest(
-        file,
-        `/matches a float64 reference|bit-identical|is ${
-          forced === "avx2" ? "avx2-fma" : forced
-        } when/`,
-        { KVRELAY_CPU_KERNEL: forced },
-      );
-      assert.equal(code, 0, `child deno test failed:\n${text}`);
-      // Four tests ran and passed (two reference tests, bit-identity, the kernel-name check).
-      assert.match(text, /ok \| 4 passed/, text);
+  Deno.test(
+    `\`gemmF32()\` matches a float64 reference when split over threads and cache blocks (${cap}: ${name})`,
+    () => {
+      // Shapes past the single-thread cut-off: k > 256 crosses cache blocks, m > 96 row blocks,
+      // m = 1 takes the GEMV path split over weight panels (the cap holds on every thread).
+      const shapes: [number, number, number][] = [[200, 250, 700], [97, 33, 257], [1, 1000, 513]];
+      let seed = 1000;
+      for (const [m, n, k] of shapes) {
+        const a = randomF32(m * k, seed++);
+        const b = randomF32(n * k, seed++);
+        for (const threads of [1, 2, 3, 0]) {
+          const c = gemmF32(m, n, k, a, b, threads, cap);
+          assertMatchesReference(m, n, k, a, b, c, `m=${m} n=${n} k=${k} threads=${threads}`);
+        }
+      }
     },
+  );
+
+  Deno.test(`\`gemmF32()\` gives bit-identical rows whatever m and the thread count (${cap}: ${name})`, () => {
+    // The decode path (m = 1) and every split sum each output in the same order as the batched
+    // path, so prefill and decode agree exactly. Shapes cross the k block (300 > 256).
+    const [m, n, k] = [37, 250, 300];
+    const a = randomF32(m * k, 77);
+    const b = randomF32(n * k, 78);
+    const full = gemmF32(m, n, k, a, b, 1, cap);
+    assertMatchesReference(m, n, k, a, b, full, "bit-identity base");
+    assert.deepEqual(gemmF32(m, n, k, a, b, 2, cap), full, "2 threads");
+    for (const i of [0, 17, 36]) {
+      const row = gemmF32(1, n, k, a.slice(i * k, (i + 1) * k), b, 2, cap);
+      assert.deepEqual(row, full.slice(i * n, (i + 1) * n), `row ${i} alone (m = 1)`);
+    }
+    const firstFive = gemmF32(5, n, k, a.slice(0, 5 * k), b, 2, cap);
+    assert.deepEqual(firstFive, full.slice(0, 5 * n), "first 5 rows (m = 5)");
   });
 }
+
+Deno.test({
+  name:
+    "`cpuKernelName()` names the kernel each cap selects: the CPU's best for auto and avx512, " +
+    "avx2-fma for avx2 (with AVX2 and FMA), generic for generic",
+  ignore: Deno.build.os !== "linux" || Deno.build.arch !== "x86_64",
+  fn() {
+    for (const { cap, name } of CAPS) assert.equal(cpuKernelName(cap), name, cap);
+    assert.equal(cpuKernelName(), BEST, "default");
+  },
+});
+
+Deno.test("`gemmF32()` and `cpuKernelName()` throw RangeError naming cpuKernel for a bad cap", () => {
+  const a = new Float32Array(8), b = new Float32Array(12);
+  for (const bad of ["sse", "AVX2", "", 2, null]) {
+    assert.throws(
+      () => gemmF32(2, 3, 4, a, b, 1, bad as CpuKernel),
+      (e: unknown) =>
+        e instanceof RangeError && /^cpuKernel must be one of auto, generic/.test(e.message),
+    );
+    assert.throws(() => cpuKernelName(bad as CpuKernel), /^RangeError: cpuKernel must be one of/);
+  }
+});
 
 Deno.test("`gemmF32()` throws RangeError before FFI when a or b has the wrong length", () => {
   assert.throws(
@@ -179,10 +167,18 @@ Deno.test("`gemmF32()` throws RangeError before FFI when a or b has the wrong le
   assert.throws(() => gemmF32(0, 3, 4, new Float32Array(0), new Float32Array(12)), RangeError);
 });
 
-Deno.test("kvr_gemm_f32 reports EngineError OUT_OF_RANGE when a buffer is shorter than needed", () => {
+Deno.test("kvr_gemm_f32 reports EngineError OUT_OF_RANGE when a buffer is shorter than needed, INVALID_ARGUMENT for cpu_kernel 5", () => {
   // Straight to the symbol (the TS wrapper would refuse first): the native side checks too.
   const lib = openTestLibrary();
-  const call = (m: number, n: number, k: number, aLen: number, bLen: number, cLen: number) =>
+  const call = (
+    m: number,
+    n: number,
+    k: number,
+    aLen: number,
+    bLen: number,
+    cLen: number,
+    cap = 0,
+  ) =>
     lib.check(
       lib.hooks.kvr_gemm_f32(
         m,
@@ -195,6 +191,7 @@ Deno.test("kvr_gemm_f32 reports EngineError OUT_OF_RANGE when a buffer is shorte
         new Float32Array(Math.max(cLen, 1)),
         BigInt(cLen),
         1,
+        cap,
       ),
       "kvr_gemm_f32",
     );
@@ -209,6 +206,11 @@ Deno.test("kvr_gemm_f32 reports EngineError OUT_OF_RANGE when a buffer is shorte
   expectError(() => call(2, 3, 4, 8, 11, 6), "OUT_OF_RANGE", /b has 11 floats, n\*k = 3\*4 = 12/);
   expectError(() => call(2, 3, 4, 8, 12, 5), "OUT_OF_RANGE", /c has 5 floats, m\*n = 2\*3 = 6/);
   expectError(() => call(0, 3, 4, 8, 12, 6), "INVALID_ARGUMENT", /m=0 n=3 k=4/);
+  expectError(
+    () => call(2, 3, 4, 8, 12, 6, 5),
+    "INVALID_ARGUMENT",
+    /cpu_kernel 5 is not a kvr_cpu_kernel/,
+  );
   // Exact lengths succeed.
   call(2, 3, 4, 8, 12, 6);
 });

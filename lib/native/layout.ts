@@ -1,4 +1,4 @@
-// Byte layouts of the C structs kvr_model_params (92 bytes) and kvr_tensor_desc (64 bytes per
+// Byte layouts of the C structs kvr_model_params (96 bytes) and kvr_tensor_desc (64 bytes per
 // row), and the NUL-separated path list, written with DataView at the offsets documented in
 // native/include/kvrelay.h (little-endian). No FFI calls here.
 
@@ -7,6 +7,7 @@ import { concatBytes } from "../util/mod.ts";
 import {
   ARCH_CODE,
   BACKEND_CODE,
+  CPU_KERNEL_CODE,
   DTYPE_CODE,
   MODEL_PARAMS_BYTES,
   ROLE_CODE,
@@ -14,18 +15,44 @@ import {
   TENSOR_DESC_BYTES,
   WEIGHTS_CODE,
 } from "./abi.ts";
+import { quoteValue } from "./check.ts";
 import type { KvDtype } from "./dtype.ts";
 
 /** A compute backend of libkvrelay (kvr_backend). */
 export type NativeBackend = keyof typeof BACKEND_CODE;
 
 /** In-memory linear-weight format (kvr_weight_format): "bf16" keeps the checkpoint's precision
- *  (BF16 stays bf16, F32/F16 become f32); "q8" is 8-bit with per-32 block scales, "q4" 4-bit with an f16
- *  scale and offset per 32 (both CPU only). */
+ *  (BF16 stays bf16, F32/F16 become f32); "q8" is 8-bit with per-32 block scales, "q4" 4-bit with
+ *  an f16 scale and offset per 32; "f32" widens BF16 weights to f32 at load (the same results as
+ *  bf16 at twice the memory: the bf16 path's oracle in tests). q8, q4 and f32: CPU only. */
 export type WeightFormat = keyof typeof WEIGHTS_CODE;
 
-/** Every WeightFormat, for option checks. */
-export const WEIGHT_FORMATS = Object.keys(WEIGHTS_CODE) as WeightFormat[];
+/** The formats a tier or the CLI offers (f32 is a library option: NativeModel.load). */
+export const WEIGHT_FORMATS: readonly WeightFormat[] = ["bf16", "q8", "q4"];
+
+/** The CPU kernel paths a computation may use (kvr_cpu_kernel, kvrelay.h): "auto" every path the
+ *  CPU has; "generic" the portable kernels; "avx2" no AVX-512 or AVX-VNNI; "avxvnni" no AVX-512;
+ *  "avx512" no AMX. A path the CPU lacks stays off whatever the value. */
+export type CpuKernel = keyof typeof CPU_KERNEL_CODE;
+
+/** Every CpuKernel, for option checks. */
+export const CPU_KERNELS = Object.keys(CPU_KERNEL_CODE) as CpuKernel[];
+
+/**
+ * Checks a CpuKernel option.
+ * @param name the option's name, for the message
+ * @param value the value given
+ * @returns the value
+ * @throws RangeError naming the option when the value is not a CpuKernel
+ */
+export function checkCpuKernel(name: string, value: unknown): CpuKernel {
+  if (typeof value !== "string" || !Object.hasOwn(CPU_KERNEL_CODE, value)) {
+    throw new RangeError(
+      `${name} must be one of ${CPU_KERNELS.join(", ")}, got ${quoteValue(value)}`,
+    );
+  }
+  return value as CpuKernel;
+}
 
 /**
  * Lays out kvr_model_params for a config.
@@ -35,7 +62,8 @@ export const WEIGHT_FORMATS = Object.keys(WEIGHTS_CODE) as WeightFormat[];
  * @param backend compute backend (default "cpu")
  * @param device CUDA device ordinal (0 for the CPU)
  * @param weights linear-weight format (default "bf16" = as stored)
- * @returns 92 bytes
+ * @param cpuKernel CPU kernel paths the model may use (default "auto")
+ * @returns 96 bytes
  */
 export function encodeModelParams(
   config: ModelConfig,
@@ -44,6 +72,7 @@ export function encodeModelParams(
   backend: NativeBackend = "cpu",
   device = 0,
   weights: WeightFormat = "bf16",
+  cpuKernel: CpuKernel = "auto",
 ): Uint8Array {
   const buf = new Uint8Array(MODEL_PARAMS_BYTES);
   const v = new DataView(buf.buffer);
@@ -73,6 +102,7 @@ export function encodeModelParams(
   u32(80, BACKEND_CODE[backend]);
   u32(84, device);
   u32(88, WEIGHTS_CODE[weights]);
+  u32(92, CPU_KERNEL_CODE[cpuKernel]);
   return buf;
 }
 

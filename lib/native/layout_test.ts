@@ -20,6 +20,7 @@ int main(void) {
   p.rope_original_max_position = 8192; p.tie_word_embeddings = 1; p.attention_bias = 1;
   p.mlp_bias = 0; p.kv_dtype = KVR_DTYPE_BF16; p.n_threads = 3;
   p.backend = KVR_BACKEND_CUDA; p.device = 5; p.weights = KVR_WEIGHTS_Q8;
+  p.cpu_kernel = KVR_CPU_KERNEL_AVXVNNI;
   kvr_tensor_desc d[2] = {{0}};
   d[0].role = KVR_T_K_BIAS; d[0].layer = 2; d[0].file_index = 1; d[0].dtype = KVR_DTYPE_F16;
   d[0].ndim = 1; d[0].shape[0] = 64; d[0].shape[1] = 1; d[0].offset = 123456789012ull; d[0].nbytes = 128;
@@ -57,7 +58,7 @@ const hex = (b: Uint8Array) => Array.from(b, (x) => x.toString(16).padStart(2, "
 
 Deno.test("`encodeModelParams()` and `encodeTensorTable()` match the C compiler's struct bytes", async () => {
   const [sizes, paramsHex, tableHex] = await runOracle();
-  assert.equal(sizes, "92 64");
+  assert.equal(sizes, "96 64");
   const config = parseModelConfig({
     architectures: ["Qwen2ForCausalLM"],
     vocab_size: 1000,
@@ -78,7 +79,7 @@ Deno.test("`encodeModelParams()` and `encodeTensorTable()` match the C compiler'
     },
     tie_word_embeddings: true,
   });
-  assert.equal(hex(encodeModelParams(config, "bf16", 3, "cuda", 5, "q8")), paramsHex);
+  assert.equal(hex(encodeModelParams(config, "bf16", 3, "cuda", 5, "q8", "avxvnni")), paramsHex);
   const entries: WeightEntry[] = [
     {
       role: "k_bias",

@@ -10,7 +10,7 @@ import { cpuKernelName } from "./gemm.ts";
 
 Deno.test("`openNativeLibrary()` opens the library once per path and checks ABI version 3", () => {
   const lib = openNativeLibrary();
-  assert.equal(lib.abiVersion, 3);
+  assert.equal(lib.abiVersion, 4);
   assert.equal(openNativeLibrary(), lib);
   assert.equal(openNativeLibrary(lib.path), lib);
   assert.match(cpuKernelName(), /^(avx512|avx2-fma|generic)$/);

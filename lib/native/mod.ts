@@ -26,6 +26,8 @@ export {
   type SampleResult,
 } from "./sampler.ts";
 export {
+  CPU_KERNELS,
+  type CpuKernel,
   encodeModelParams,
   encodePaths,
   encodeTensorTable,

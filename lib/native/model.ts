@@ -5,14 +5,15 @@
 import { type Checkpoint, mapWeights, type ModelConfig } from "../model/mod.ts";
 import { checkInt, quoteValue, U32_MAX } from "./check.ts";
 import { assertKvDtype, type KvDtype } from "./dtype.ts";
-import { BACKEND_CODE } from "./abi.ts";
+import { BACKEND_CODE, WEIGHTS_CODE } from "./abi.ts";
 import { type BackendChoice, cString, noteAutoFallback, resolveBackend } from "./backend.ts";
 import {
+  checkCpuKernel,
+  type CpuKernel,
   encodeModelParams,
   encodePaths,
   encodeTensorTable,
   type NativeBackend,
-  WEIGHT_FORMATS,
   type WeightFormat,
 } from "./layout.ts";
 import { type NativeLibrary, openNativeLibrary } from "./library.ts";
@@ -37,6 +38,10 @@ export interface NativeModelOptions {
   /** linear-weight format in memory (default "bf16" = as stored; "q8" = 8-bit, "q4" = 4-bit;
    *  q8/q4 CPU only) */
   weights?: WeightFormat;
+  /** CPU kernel paths the model's computations may use (default "auto": every path the CPU has);
+   *  "generic", "avx2", "avxvnni" or "avx512" narrow them (kvrelay.h kvr_cpu_kernel), so one
+   *  process checks each path its CPU runs. CPU backend only (CUDA: anything but "auto" fails). */
+  cpuKernel?: CpuKernel;
   /** compute backend (default "cpu"); "auto" = CUDA when its probe succeeds, else the CPU (the
    *  probe's reason is logged once per process, see noteAutoFallback) */
   backend?: BackendChoice;
@@ -101,7 +106,7 @@ export class NativeModel {
    * Loads a checkpoint's weights into native memory (mmap + convert to the compute layout: BF16
    * weights stay bf16, others become f32; synchronous).
    * @param checkpoint from lib/model loadCheckpoint
-   * @param opts kvDtype, threads, backend, device, lib
+   * @param opts kvDtype, threads, weights, cpuKernel, backend, device, lib
    * @returns the model
    * @throws TypeError/RangeError for bad options; ModelFormatError when the checkpoint's tensors
    *   do not match its config; EngineError when the native load fails (UNSUPPORTED for a
@@ -118,7 +123,7 @@ export class NativeModel {
    * worker thread, so the JS thread keeps serving (health probes answer while a model loads).
    * Keep the checkpoint alive until the promise settles (its buffers are referenced meanwhile).
    * @param checkpoint from lib/model loadCheckpoint
-   * @param opts kvDtype, threads, backend, device, lib
+   * @param opts kvDtype, threads, weights, cpuKernel, backend, device, lib
    * @returns the model
    * @throws the same errors as {@link NativeModel.load}
    */
@@ -143,11 +148,14 @@ export class NativeModel {
     assertKvDtype(kvDtype, "kvDtype");
     const threads = checkInt("threads", opts.threads ?? 0, 0, 4096);
     const weights = opts.weights ?? "bf16";
-    if (!WEIGHT_FORMATS.includes(weights)) {
+    if (!Object.hasOwn(WEIGHTS_CODE, weights)) {
       throw new TypeError(
-        `weights must be one of ${WEIGHT_FORMATS.join(", ")}, got ${quoteValue(weights)}`,
+        `weights must be one of ${Object.keys(WEIGHTS_CODE).join(", ")}, got ${
+          quoteValue(weights)
+        }`,
       );
     }
+    const cpuKernel = checkCpuKernel("cpuKernel", opts.cpuKernel ?? "auto");
     const choice = opts.backend ?? "cpu";
     if (!(choice in BACKEND_CODE) && choice !== "auto") {
       throw new TypeError(`backend must be "auto", "cpu" or "cuda", got ${quoteValue(choice)}`);
@@ -173,6 +181,7 @@ export class NativeModel {
       backend,
       device,
       weights,
+      cpuKernel,
     );
     const paths = encodePaths(checkpoint.files);
     const table = encodeTensorTable(entries, checkpoint.files);

@@ -3,13 +3,13 @@
 // the dequantized weights times the activation quantized here in TypeScript; within a stated
 // bound of the unquantized product (what the earlier dequantize-to-f32 path computed); each row
 // bit-identical to the one-row GEMV of that row; the same bits at 1 and 2 threads and when
-// accumulating. Shapes cover row, column, k and panel-chunk tails. The checks rerun in children
-// forced to each kernel path this CPU has (KVRELAY_CPU_KERNEL).
+// accumulating. Shapes cover row, column, k and panel-chunk tails. The checks rerun under each
+// narrower kernel cap this CPU can run (in this process).
 
 import assert from "node:assert/strict";
 import { gemmQuantized, gemvQuantized } from "./gemm.ts";
-import { probeBackend } from "./backend.ts";
-import { childTest, forcedQuantKernels } from "./test_helpers.ts";
+import type { CpuKernel } from "./layout.ts";
+import { capKernels, quantKernelCaps } from "./test_helpers.ts";
 import { quantizeActivation, quantValues } from "./quant_test_helpers.ts";
 
 // (m, n, k): tile-row tails (1..7, 13), a column tail, k tails, k = 8300 (q4's per-row sums go in
@@ -29,18 +29,14 @@ function bits(a: Float32Array): Uint32Array {
   return new Uint32Array(a.buffer, a.byteOffset, a.length);
 }
 
-const ORACLE_TEST = "int8 GEMM equals a float64 sum of dequantized weights × quantized rows";
-Deno.test(ORACLE_TEST, () => {
-  const expect = Deno.env.get("KVR_EXPECT_INT8");
-  if (expect) {
-    assert.ok(probeBackend("cpu").info.includes(`int8 ${expect},`), probeBackend("cpu").info);
-  }
+/** The oracle checks on the kernels of `cap`. */
+function checkOracle(cap: CpuKernel): void {
   for (const format of ["q8", "q4"] as const) {
     for (const [m, n, k] of SHAPES) {
-      const at = `${format} ${m}x${n}x${k}`;
+      const at = `${cap} ${format} ${m}x${n}x${k}`;
       const w = quantValues(n * k, n * 31 + k), x = quantValues(m * k, m * 7 + k);
-      const { weights: deq } = gemvQuantized(format, n, k, w);
-      const y = gemmQuantized(format, m, n, k, w, x);
+      const { weights: deq } = gemvQuantized(format, n, k, w, undefined, cap);
+      const y = gemmQuantized(format, m, n, k, w, x, { cpuKernel: cap });
       for (let r = 0; r < m; r++) {
         const xr = x.subarray(r * k, (r + 1) * k);
         const { q, d } = quantizeActivation(xr);
@@ -68,12 +64,15 @@ Deno.test(ORACLE_TEST, () => {
           );
         }
         // The one-row GEMV (decode) of the same row: the same bits.
-        const { y: g } = gemvQuantized(format, n, k, w, xr);
+        const { y: g } = gemvQuantized(format, n, k, w, xr, cap);
         assert.deepEqual(bits(y.subarray(r * n, (r + 1) * n)), bits(g!), `${at} row ${r} vs GEMV`);
       }
     }
   }
-});
+}
+
+Deno.test("int8 GEMM equals a float64 sum of dequantized weights × quantized rows", () =>
+  checkOracle("auto"));
 
 Deno.test("int8 GEMM gives the same bits at 1 and 2 threads and adds onto y when accumulating", () => {
   for (const format of ["q8", "q4"] as const) {
@@ -92,7 +91,7 @@ Deno.test("int8 GEMM gives the same bits at 1 and 2 threads and adds onto y when
   }
 });
 
-Deno.test("gemmQuantized rejects an unknown format and wrong lengths before FFI", () => {
+Deno.test("gemmQuantized rejects an unknown format, wrong lengths and an unknown cpuKernel before FFI", () => {
   const w = quantValues(16 * 32, 1), x = quantValues(2 * 32, 2);
   assert.throws(() => gemmQuantized("q3" as "q8", 2, 16, 32, w, x), /format must be one of/);
   assert.throws(() => gemmQuantized("q8", 2, 16, 31, w, x), /w must be a Float32Array of 496/);
@@ -101,21 +100,18 @@ Deno.test("gemmQuantized rejects an unknown format and wrong lengths before FFI"
     () => gemmQuantized("q4", 2, 16, 32, w, x, { y0: new Float32Array(3) }),
     /y0 must be a Float32Array of m\*n = 32/,
   );
+  assert.throws(
+    () => gemmQuantized("q8", 2, 16, 32, w, x, { cpuKernel: "fast" as CpuKernel }),
+    (e: unknown) =>
+      e instanceof RangeError && /^cpuKernel must be one of auto, generic/.test(e.message),
+  );
 });
 
-Deno.test({
-  name: "int8 GEMM oracle holds on every kernel this CPU can run (rows, avx-vnni)",
-  ignore: Deno.env.get("KVRELAY_CPU_KERNEL") !== undefined,
-  async fn() {
-    for (const { force: kernel, name } of await forcedQuantKernels()) {
-      // Without VNNI (generic, avx2) the rows go through the GEMV kernel of that path.
-      const int8 = name === "avx-vnni" ? "avx-vnni" : "rows";
-      const { code, text } = await childTest(import.meta.filename!, ORACLE_TEST, {
-        KVRELAY_CPU_KERNEL: kernel,
-        KVR_EXPECT_INT8: int8,
-      });
-      assert.equal(code, 0, `${kernel} child failed:\n${text}`);
-      assert.match(text, /1 passed/, `${kernel} child ran no test:\n${text}`);
-    }
-  },
+Deno.test("int8 GEMM oracle holds on every kernel this CPU can run (rows, avx-vnni)", async () => {
+  for (const { cap, name } of await quantKernelCaps()) {
+    // Without VNNI (generic, avx2) the rows go through the GEMV kernel of that path.
+    const int8 = name === "avx-vnni" ? "avx-vnni" : "rows";
+    assert.equal((await capKernels(cap)).int8, int8, `the int8 kernel of the ${cap} cap`);
+    checkOracle(cap);
+  }
 });

@@ -2,13 +2,12 @@
 // dequantized weights against the quantization rules (q8 nearest code; q4 at most 16 levels per
 // block and no worse than min/max scaling), and the quantized GEMV against a float64 dot of the
 // dequantized weights with the activation quantized here in TypeScript. Shapes include k and n
-// tails. The same checks rerun in children forced to each kernel path (KVRELAY_CPU_KERNEL).
+// tails. The same checks rerun under each narrower kernel cap this CPU can run (in this process).
 
 import assert from "node:assert/strict";
 import { gemvQuantized } from "./gemm.ts";
-import type { WeightFormat } from "./layout.ts";
-import { probeBackend } from "./backend.ts";
-import { childTest, forcedQuantKernels } from "./test_helpers.ts";
+import type { CpuKernel, WeightFormat } from "./layout.ts";
+import { capKernels, quantKernelCaps } from "./test_helpers.ts";
 import { quantizeActivation as quantizeX, quantValues as values } from "./quant_test_helpers.ts";
 
 const SHAPES: [number, number][] = [[37, 100], [64, 256], [16, 32], [5, 7], [48, 1000]];
@@ -72,17 +71,12 @@ function checkWeights(
   }
 }
 
-const ORACLE_TEST =
-  "quantized GEMV equals a float64 dot of the dequantized weights and quantized activation";
-Deno.test(ORACLE_TEST, () => {
-  const expect = Deno.env.get("KVR_EXPECT_KERNEL");
-  if (expect) {
-    assert.ok(probeBackend("cpu").info.includes(`q4 ${expect})`), probeBackend("cpu").info);
-  }
+/** The oracle checks on the kernels of `cap`. */
+function checkOracle(cap: CpuKernel): void {
   for (const format of ["q8", "q4"] as const) {
     for (const [n, k] of SHAPES) {
       const w = values(n * k, n * 31 + k), x = values(k, k * 7 + 1);
-      const { weights: deq, y } = gemvQuantized(format, n, k, w, x);
+      const { weights: deq, y } = gemvQuantized(format, n, k, w, x, cap);
       checkWeights(format, n, k, w, deq);
       const { q, d } = quantizeX(x);
       for (let j = 0; j < n; j++) {
@@ -95,12 +89,17 @@ Deno.test(ORACLE_TEST, () => {
         // f32 per-block scale products and accumulation: a few ulps of the magnitude.
         assert.ok(
           Math.abs(y![j] - ref) <= 1e-6 * mag + 1e-30,
-          `${format} ${n}x${k} output ${j}: ${y![j]} vs float64 ${ref} (magnitude ${mag})`,
+          `${cap} ${format} ${n}x${k} output ${j}: ${y![j]} vs float64 ${ref} (magnitude ${mag})`,
         );
       }
     }
   }
-});
+}
+
+Deno.test(
+  "quantized GEMV equals a float64 dot of the dequantized weights and quantized activation",
+  () => checkOracle("auto"),
+);
 
 Deno.test("q8 weights of tiny magnitude keep the nearest-code rule (bf16 scales do not underflow)", () => {
   // amax/127 near 1e-9 is far below f16's normal range (6e-5): an f16 scale would lose its
@@ -115,24 +114,21 @@ Deno.test("bf16 (f32 given) weights pass through kvr_gemv_quantized unchanged", 
   assert.deepEqual(gemvQuantized("bf16", 5, 7, w).weights, w);
 });
 
-Deno.test("gemvQuantized rejects an unknown format and wrong lengths before FFI", () => {
+Deno.test("gemvQuantized rejects an unknown format, wrong lengths and an unknown cpuKernel before FFI", () => {
   const w = values(16 * 32, 1);
   assert.throws(() => gemvQuantized("q3" as WeightFormat, 16, 32, w), /format must be one of/);
   assert.throws(() => gemvQuantized("q4", 16, 31, w), /w must be a Float32Array of n\*k/);
   assert.throws(() => gemvQuantized("q4", 16, 32, w, new Float32Array(31)), /x must be/);
+  assert.throws(
+    () => gemvQuantized("q4", 16, 32, w, undefined, "avx3" as CpuKernel),
+    (e: unknown) =>
+      e instanceof RangeError && /^cpuKernel must be one of auto, generic/.test(e.message),
+  );
 });
 
-Deno.test({
-  name: "quantized GEMV oracle holds on every kernel this CPU can run (generic, avx2, avx-vnni)",
-  ignore: Deno.env.get("KVRELAY_CPU_KERNEL") !== undefined,
-  async fn() {
-    for (const { force: kernel, name } of await forcedQuantKernels()) {
-      const { code, text } = await childTest(import.meta.filename!, ORACLE_TEST, {
-        KVRELAY_CPU_KERNEL: kernel,
-        KVR_EXPECT_KERNEL: name,
-      });
-      assert.equal(code, 0, `${kernel} child failed:\n${text}`);
-      assert.match(text, /1 passed/, `${kernel} child ran no test:\n${text}`);
-    }
-  },
+Deno.test("quantized GEMV oracle holds on every kernel this CPU can run (generic, avx2, avx-vnni)", async () => {
+  for (const { cap, name } of await quantKernelCaps()) {
+    assert.equal((await capKernels(cap)).q4, name, `the q4 kernel of the ${cap} cap`);
+    checkOracle(cap);
+  }
 });

@@ -1,7 +1,10 @@
-// Test-only helpers for lib/native tests: deterministic token streams, logits comparison and a
-// cached demo-model loader. Not imported by production code.
+// Test-only helpers for lib/native tests: deterministic token streams, logits comparison, a cached
+// demo-model loader, and the kernel caps this CPU can run with the kernels each must select. Not
+// imported by production code.
 
 import { type Checkpoint, loadCheckpoint } from "../model/mod.ts";
+import type { CpuKernel } from "./layout.ts";
+import { NativeModel } from "./model.ts";
 
 /** Demo model directories (absolute). */
 export const DEMO_DIRS = ["tiny-fast", "tiny-balanced", "tiny-powerful"].map((m) =>
@@ -57,38 +60,38 @@ export function f32ToBf16Bits(x: number): number {
   return (rounded >>> 16) & 0xffff;
 }
 
-/** The q8/q4 kernel each KVRELAY_CPU_KERNEL value must select on this CPU (/proc/cpuinfo flags),
- *  for the forced paths the CPU can run: children forced to each compare with the default. */
-export async function forcedQuantKernels(): Promise<{ force: string; name: string }[]> {
+/** The q8/q4 kernel each narrower kernel cap must select on this CPU (/proc/cpuinfo flags), for
+ *  the caps that select a path this CPU has: each is compared with the default (auto) in-process. */
+export async function quantKernelCaps(): Promise<{ cap: CpuKernel; name: string }[]> {
   const text = await Deno.readTextFile("/proc/cpuinfo").catch(() => "");
   const flags = new Set(text.split("\n").find((l) => l.startsWith("flags"))?.split(/\s+/) ?? []);
-  const out = [{ force: "generic", name: "generic" }];
+  const out: { cap: CpuKernel; name: string }[] = [{ cap: "generic", name: "generic" }];
   if (flags.has("avx2") && flags.has("fma") && flags.has("f16c")) {
-    out.push({ force: "avx2", name: "avx2" });
-    if (flags.has("avx_vnni")) out.push({ force: "avxvnni", name: "avx-vnni" });
+    out.push({ cap: "avx2", name: "avx2" });
+    if (flags.has("avx_vnni")) out.push({ cap: "avxvnni", name: "avx-vnni" });
   }
   return out;
 }
 
 /**
- * Runs the tests of `file` whose names match `filter` in a child `deno test` with `env` added: the
- * CPU kernels are chosen once per process, so a forced path (KVRELAY_CPU_KERNEL) needs its own.
- * @param file the test file (import.meta.filename)
- * @param filter a --filter value (a name, or /regex/)
- * @param env variables for the child
- * @returns the child's exit code and its stdout + stderr
+ * The kernels a CPU model's description names, by kind (NativeModel.deviceInfo "… kernels (gemm
+ * avx512, int8 avx512-vnni, q8 avx512-vnni, q4 avx512-vnni), 2 threads").
+ * @param deviceInfo the description
+ * @returns the kernel name of each kind present (gemm, int8, q8, q4)
  */
-export async function childTest(
-  file: string,
-  filter: string,
-  env: Record<string, string>,
-): Promise<{ code: number; text: string }> {
-  const { code, stdout, stderr } = await new Deno.Command(Deno.execPath(), {
-    args: ["test", "-A", "--no-check", "--config", "deno.dev.json", "--filter", filter, file],
-    cwd: new URL("../../", import.meta.url).pathname,
-    env: { ...env, NO_COLOR: "1" },
-    stdout: "piped",
-    stderr: "piped",
-  }).output();
-  return { code, text: new TextDecoder().decode(stdout) + new TextDecoder().decode(stderr) };
+export function namedKernels(deviceInfo: string): Record<string, string> {
+  return Object.fromEntries(
+    [...deviceInfo.matchAll(/\b(gemm|int8|q8|q4) ([\w-]+)/g)].map((m) => [m[1], m[2]]),
+  );
+}
+
+/**
+ * The kernels a model loaded with kernel cap `cap` runs (a demo model's description): what the
+ * test library's entry points run under the same cap.
+ * @param cap the kernel cap
+ * @returns the kernel name of each kind (gemm, int8, q8, q4)
+ */
+export async function capKernels(cap: CpuKernel): Promise<Record<string, string>> {
+  using m = NativeModel.load(await checkpoint(DEMO_DIRS[0]), { threads: 1, cpuKernel: cap });
+  return namedKernels(m.deviceInfo);
 }

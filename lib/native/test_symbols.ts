@@ -4,7 +4,7 @@
 
 /** Test and benchmark hooks of libkvrelay_test.so. */
 export const testSymbols = {
-  // (m, n, k, a, a_len, b, b_len, c, c_len, n_threads)
+  // (m, n, k, a, a_len, b, b_len, c, c_len, n_threads, cpu_kernel)
   kvr_gemm_f32: {
     parameters: [
       "u32",
@@ -17,6 +17,7 @@ export const testSymbols = {
       "buffer",
       "usize",
       "u32",
+      "u32",
     ],
     result: "i32",
   },
@@ -25,7 +26,7 @@ export const testSymbols = {
     parameters: ["u32", "u32", "u32", "u32", "u32", "buffer"],
     result: "i32",
   },
-  // (weights, n, k, w, w_len, x, x_len, w_deq, w_deq_len, y, y_len)
+  // (weights, n, k, w, w_len, x, x_len, w_deq, w_deq_len, y, y_len, cpu_kernel)
   kvr_gemv_quantized: {
     parameters: [
       "u32",
@@ -39,10 +40,11 @@ export const testSymbols = {
       "usize",
       "buffer",
       "usize",
+      "u32",
     ],
     result: "i32",
   },
-  // (m, n, k, w u16*, w_len, x, x_len, y, y_len, accumulate, out_amx u32*)
+  // (m, n, k, w u16*, w_len, x, x_len, y, y_len, accumulate, out_amx u32*, cpu_kernel)
   kvr_gemm_few_rows_bf16: {
     parameters: [
       "u32",
@@ -56,10 +58,11 @@ export const testSymbols = {
       "usize",
       "u32",
       "buffer",
+      "u32",
     ],
     result: "i32",
   },
-  // (weights, m, n, k, w, w_len, x, x_len, y, y_len, accumulate, n_threads)
+  // (weights, m, n, k, w, w_len, x, x_len, y, y_len, accumulate, n_threads, cpu_kernel)
   kvr_gemm_quantized: {
     parameters: [
       "u32",
@@ -74,14 +77,34 @@ export const testSymbols = {
       "usize",
       "u32",
       "u32",
+      "u32",
     ],
     result: "i32",
   },
-  kvr_cpu_kernel_name: { parameters: [], result: "pointer" },
+  // (cpu_kernel)
+  kvr_cpu_kernel_name: { parameters: ["u32"], result: "pointer" },
   // (model, flags: KVR_DEBUG_*)
   kvr_model_set_debug: { parameters: ["pointer", "u32"], result: "i32" },
-  // (on 0/1)
-  kvr_test_set_project_via_copies: { parameters: ["u32"], result: "i32" },
-  kvr_test_set_weights_f32: { parameters: ["u32"], result: "i32" },
-  kvr_test_set_serial_draws: { parameters: ["u32"], result: "i32" },
+  // (projector, src, dst, n_tokens, n_threads): kvr_projector_apply_seq on the copy path
+  kvr_test_projector_apply_seq_via_copies: {
+    parameters: ["pointer", "pointer", "pointer", "u32", "u32"],
+    result: "i32",
+  },
+  // kvr_batch_step_sample's arguments; the rows drawn one after another after the step
+  kvr_test_batch_step_sample_serial: {
+    parameters: [
+      "buffer",
+      "u32",
+      "buffer",
+      "buffer",
+      "usize",
+      "buffer",
+      "buffer",
+      "usize",
+      "buffer",
+      "buffer",
+      "buffer",
+    ],
+    result: "i32",
+  },
 } as const satisfies Deno.ForeignLibraryInterface;

@@ -1,16 +1,17 @@
 // Oracle test for bf16-resident weights: a default load keeps BF16 checkpoint weights as bf16 and
-// widens them exactly in the kernels, so its logits must be bit-identical to a load forced to f32
-// weights (the test library's kvr_test_set_weights_f32, the previous engine). Where the CPU has AMX, bf16 GEMMs of 8+
-// rows run on the tile unit (same products, another summation order: docs/gemm.md "AMX"): there
-// the identity is checked in a child with AMX off, and the AMX logits within 1e-5 of f32's. Not a
+// widens them exactly in the kernels, so its logits must be bit-identical to a load with weights
+// "f32" (KVR_WEIGHTS_F32: widened at load, the previous engine). Where the CPU has AMX, bf16 GEMMs
+// of 8+ rows run on the tile unit (same products, another summation order: docs/gemm.md "AMX"): there
+// the identity is checked on models loaded with the "avx512" kernel cap (AMX off), and the AMX
+// logits within 1e-5 of f32's. The identity also holds on the portable kernels ("generic"). Not a
 // numerical-accuracy test (that is tests/native_vs_reference_test.ts). Needs the built library
 // (`deno task build:native`, or KVRELAY_LIB).
 
 import assert from "node:assert/strict";
 import { NativeModel } from "./model.ts";
 import { probeBackend } from "./backend.ts";
-import { checkpoint, childTest, DEMO_DIRS, tokens } from "./test_helpers.ts";
-import { openTestLibrary } from "./test_library.ts";
+import type { CpuKernel } from "./layout.ts";
+import { checkpoint, DEMO_DIRS, tokens } from "./test_helpers.ts";
 
 const PREFILL = 64;
 const SMALL_PREFILL = 5;
@@ -33,18 +34,19 @@ function maxAbsDiff(a: Float32Array, b: Float32Array): number {
   return d;
 }
 
-/** Loads dir through the test library with its f32-weights switch (kvr_test_set_weights_f32)
- *  on or off, then off again. */
-async function load(dir: string, f32: boolean, threads: number): Promise<NativeModel> {
-  const lib = openTestLibrary();
-  const set = (on: number) =>
-    lib.check(lib.hooks.kvr_test_set_weights_f32(on), "kvr_test_set_weights_f32");
-  set(f32 ? 1 : 0);
-  try {
-    return await NativeModel.load(await checkpoint(dir), { threads, lib });
-  } finally {
-    set(0);
-  }
+/** Loads dir with bf16-resident weights, or widened to f32 at load (weights "f32"), under kernel
+ *  cap `cap`. */
+async function load(
+  dir: string,
+  f32: boolean,
+  threads: number,
+  cap: CpuKernel = "auto",
+): Promise<NativeModel> {
+  return await NativeModel.load(await checkpoint(dir), {
+    threads,
+    weights: f32 ? "f32" : "bf16",
+    cpuKernel: cap,
+  });
 }
 
 /**
@@ -70,19 +72,24 @@ function stepName(s: number): string {
 
 const IDENTITY_TEST = "`NativeModel.load()` gives bit-identical logits with bf16 and f32 weights";
 
-for (const threads of [1, 2]) {
-  Deno.test({
-    name: `${IDENTITY_TEST} (${threads} thread${threads > 1 ? "s" : ""})`,
-    ignore: AMX,
-    fn: () => identity(threads),
-  });
+// auto where AMX is off anyway; avx512 (AMX off) where the CPU has AMX; generic everywhere.
+for (const cap of ["auto", "avx512", "generic"] as const) {
+  for (const threads of [1, 2]) {
+    Deno.test({
+      name: `${IDENTITY_TEST} (${threads} thread${threads > 1 ? "s" : ""}, ${cap}${
+        cap === "avx512" ? ": AMX off" : ""
+      })`,
+      ignore: cap === "auto" ? AMX : cap === "avx512" ? !AMX : false,
+      fn: () => identity(threads, cap),
+    });
+  }
 }
 
-async function identity(threads: number): Promise<void> {
+async function identity(threads: number, cap: CpuKernel): Promise<void> {
   {
     for (const [i, dir] of DEMO_DIRS.entries()) {
-      using bf16 = await load(dir, false, threads);
-      using f32 = await load(dir, true, threads);
+      using bf16 = await load(dir, false, threads, cap);
+      using f32 = await load(dir, true, threads, cap);
       // The demo checkpoints are BF16: only norms (and biases) stay f32, so the default load must
       // hold about half the bytes — otherwise both loads took the f32 path and this test proves
       // nothing.
@@ -123,31 +130,6 @@ Deno.test({
       // Otherwise the AMX tiles did not run for the 64-row prefill and this test proves nothing.
       assert.ok(prefillDiffers, `${dir}: the bf16 prefill gave the f32 bits: AMX not used?`);
     }
-  },
-});
-
-Deno.test({
-  name: `${IDENTITY_TEST} with KVRELAY_CPU_KERNEL=avx512 (AMX off)`,
-  ignore: !AMX,
-  async fn() {
-    const { code, text } = await childTest(import.meta.filename!, IDENTITY_TEST, {
-      KVRELAY_CPU_KERNEL: "avx512",
-    });
-    assert.equal(code, 0, `avx512-kernel child failed:\n${text}`);
-    assert.match(text, /ok \| 2 passed/, `avx512-kernel child ran no identity test:\n${text}`);
-  },
-});
-
-Deno.test({
-  name: `${IDENTITY_TEST} with KVRELAY_CPU_KERNEL=generic`,
-  // The kernel is chosen once per process: rerun the identity tests in a child that forces it.
-  ignore: Deno.env.get("KVRELAY_CPU_KERNEL") !== undefined,
-  async fn() {
-    const { code, text } = await childTest(import.meta.filename!, IDENTITY_TEST, {
-      KVRELAY_CPU_KERNEL: "generic",
-    });
-    assert.equal(code, 0, `generic-kernel child failed:\n${text}`);
-    assert.match(text, /ok \| 2 passed/, `generic-kernel child ran no identity test:\n${text}`);
   },
 });
 

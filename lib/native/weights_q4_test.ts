@@ -1,8 +1,8 @@
 // Tests for q4 weights (`weights: "q4"`, native/src/host/gemm_q4.cpp, gemm_int8.cpp): resident
 // bytes; prefill and decode logits within measured bounds of a model built from the dequantized
 // weights (a dequantize-then-f32 reference: the difference is the int8 activations) and of bf16;
-// the same bits at 1 and 2 threads and on every q4 kernel this machine can run (children forced by
-// KVRELAY_CPU_KERNEL). The GEMV / int8 GEMM arithmetic itself is checked against float64 in
+// the same bits at 1 and 2 threads and on every q4 kernel this machine can run (models loaded with
+// each kernel cap, in this process). The GEMV / int8 GEMM arithmetic itself is checked against float64 in
 // quant_gemv_test.ts / quant_gemm_test.ts; quality on real text: docs/int8_gemm.md (score).
 
 import assert from "node:assert/strict";
@@ -12,12 +12,11 @@ import { encodeSafetensors } from "../model/safetensors.ts";
 import { readAllEntries } from "../model/test_helpers.ts";
 import { gemvQuantized } from "./gemm.ts";
 import { NativeModel } from "./model.ts";
-import { probeBackend } from "./backend.ts";
 import {
   checkpoint,
-  childTest,
   DEMO_DIRS,
-  forcedQuantKernels,
+  namedKernels,
+  quantKernelCaps,
   relDiff,
   tokens,
 } from "./test_helpers.ts";
@@ -165,45 +164,25 @@ Deno.test("q4 decode gives the same bits at 1 and 2 threads", async () => {
   }
 });
 
-const DIGEST_TEST = "q4 logits digest (child process helper)";
-Deno.test(DIGEST_TEST, async () => {
-  const out = Deno.env.get("KVR_Q4_DIGEST_OUT");
-  const expect = Deno.env.get("KVR_EXPECT_KERNEL");
-  if (expect) {
-    assert.ok(probeBackend("cpu").info.includes(`q4 ${expect})`), probeBackend("cpu").info);
-  }
-  const digests: string[] = [];
+Deno.test("q4 logits are bit-identical on every kernel this CPU can run (generic, avx2, avx-vnni)", async () => {
+  const mine: string[] = [];
   for (const dir of DEMO_DIRS) {
     using m = NativeModel.load(await checkpoint(dir), { threads: 2, weights: "q4" });
-    const r = await runQuantized(m);
-    assert.ok(r.every((x) => x.every(Number.isFinite)), dir);
-    digests.push(digest(r));
+    mine.push(digest(await runQuantized(m)));
   }
-  if (out) await Deno.writeTextFile(out, JSON.stringify(digests));
-});
-
-Deno.test({
-  name: "q4 logits are bit-identical on every kernel this CPU can run (generic, avx2, avx-vnni)",
-  ignore: Deno.env.get("KVRELAY_CPU_KERNEL") !== undefined,
-  async fn() {
-    const mine: string[] = [];
+  for (const { cap, name } of await quantKernelCaps()) {
+    const digests: string[] = [];
     for (const dir of DEMO_DIRS) {
-      using m = NativeModel.load(await checkpoint(dir), { threads: 2, weights: "q4" });
-      mine.push(digest(await runQuantized(m)));
+      using m = NativeModel.load(await checkpoint(dir), {
+        threads: 2,
+        weights: "q4",
+        cpuKernel: cap,
+      });
+      assert.equal(namedKernels(m.deviceInfo).q4, name, `${dir}: the q4 kernel of the ${cap} cap`);
+      const r = await runQuantized(m);
+      assert.ok(r.every((x) => x.every(Number.isFinite)), dir);
+      digests.push(digest(r));
     }
-    for (const { force: kernel, name } of await forcedQuantKernels()) {
-      const file = await Deno.makeTempFile({ prefix: "kvr-q4-" });
-      try {
-        const { code, text } = await childTest(import.meta.filename!, DIGEST_TEST, {
-          KVRELAY_CPU_KERNEL: kernel,
-          KVR_EXPECT_KERNEL: name,
-          KVR_Q4_DIGEST_OUT: file,
-        });
-        assert.equal(code, 0, `${kernel} child failed:\n${text}`);
-        assert.deepEqual(JSON.parse(await Deno.readTextFile(file)), mine, `${kernel} kernel`);
-      } finally {
-        await Deno.remove(file);
-      }
-    }
-  },
+    assert.deepEqual(digests, mine, `${cap} kernel`);
+  }
 });

@@ -1,17 +1,16 @@
 // Tests for q8 weights (`weights: "q8"`, native/src/host/gemm_q8.cpp): resident bytes, logits close
 // to the bf16 model's (quantization error only), the same bits at 1 and 2 threads, and the same
 // bits, prefill (int8 GEMM) and decode (GEMV), on every q8 kernel this machine can run (AVX-512
-// VNNI in-process; the portable integer, AVX2 and AVX-VNNI kernels in children forced by
-// KVRELAY_CPU_KERNEL). Quality on real text: docs/native.md (score).
+// VNNI by default; the portable integer, AVX2 and AVX-VNNI kernels on models loaded with the
+// narrower kernel caps, in this process). Quality on real text: docs/native.md (score).
 
 import assert from "node:assert/strict";
 import { NativeModel } from "./model.ts";
-import { probeBackend } from "./backend.ts";
 import {
   checkpoint,
-  childTest,
   DEMO_DIRS,
-  forcedQuantKernels,
+  namedKernels,
+  quantKernelCaps,
   relDiff,
   tokens,
 } from "./test_helpers.ts";
@@ -82,53 +81,34 @@ Deno.test("q8 decode gives the same bits at 1 and 2 threads", async () => {
   }
 });
 
-const DIGEST_TEST = "q8 logits digest (child process helper)";
-Deno.test(DIGEST_TEST, async () => {
-  const out = Deno.env.get("KVR_Q8_DIGEST_OUT");
-  const expect = Deno.env.get("KVR_EXPECT_KERNEL");
-  if (expect) {
-    assert.ok(probeBackend("cpu").info.includes(`q8 ${expect},`), probeBackend("cpu").info);
-  }
-  const digests: string[] = [];
+Deno.test("q8 logits are bit-identical on every kernel this CPU can run (generic, avx2, avx-vnni)", async () => {
+  const mine: string[] = [];
   for (const dir of DEMO_DIRS) {
     using m = NativeModel.load(await checkpoint(dir), { threads: 2, weights: "q8" });
-    const r = await runQuantized(m);
-    assert.ok(r.every((x) => x.every(Number.isFinite)), dir);
-    digests.push(digest(r));
+    mine.push(digest(await runQuantized(m)));
   }
-  if (out) await Deno.writeTextFile(out, JSON.stringify(digests));
-});
-
-Deno.test({
-  name: "q8 logits are bit-identical on every kernel this CPU can run (generic, avx2, avx-vnni)",
-  ignore: Deno.env.get("KVRELAY_CPU_KERNEL") !== undefined,
-  async fn() {
-    const mine: string[] = [];
+  for (const { cap, name } of await quantKernelCaps()) {
+    const digests: string[] = [];
     for (const dir of DEMO_DIRS) {
-      using m = NativeModel.load(await checkpoint(dir), { threads: 2, weights: "q8" });
-      mine.push(digest(await runQuantized(m)));
+      using m = NativeModel.load(await checkpoint(dir), {
+        threads: 2,
+        weights: "q8",
+        cpuKernel: cap,
+      });
+      assert.equal(namedKernels(m.deviceInfo).q8, name, `${dir}: the q8 kernel of the ${cap} cap`);
+      const r = await runQuantized(m);
+      assert.ok(r.every((x) => x.every(Number.isFinite)), dir);
+      digests.push(digest(r));
     }
-    for (const { force: kernel, name } of await forcedQuantKernels()) {
-      const file = await Deno.makeTempFile({ prefix: "kvr-q8-" });
-      try {
-        const { code, text } = await childTest(import.meta.filename!, DIGEST_TEST, {
-          KVRELAY_CPU_KERNEL: kernel,
-          KVR_EXPECT_KERNEL: name,
-          KVR_Q8_DIGEST_OUT: file,
-        });
-        assert.equal(code, 0, `${kernel} child failed:\n${text}`);
-        assert.deepEqual(JSON.parse(await Deno.readTextFile(file)), mine, `${kernel} kernel`);
-      } finally {
-        await Deno.remove(file);
-      }
-    }
-  },
+    assert.deepEqual(digests, mine, `${cap} kernel`);
+  }
 });
 
 Deno.test("`NativeModel.load()` rejects an unknown weights format before FFI", async () => {
   const ck = await checkpoint(DEMO_DIRS[0]);
   assert.throws(
     () => NativeModel.load(ck, { weights: "q3" as "q8" }),
-    (e: unknown) => e instanceof TypeError && /weights must be one of bf16, q8, q4/.test(e.message),
+    (e: unknown) =>
+      e instanceof TypeError && /weights must be one of bf16, q8, q4, f32/.test(e.message),
   );
 });

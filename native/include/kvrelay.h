@@ -31,7 +31,7 @@ extern "C" {
 #endif
 
 /* Bumped on any change of a signature or struct layout; TypeScript refuses a mismatch. */
-#define KVR_ABI_VERSION 3
+#define KVR_ABI_VERSION 4
 
 typedef enum kvr_status {
   KVR_OK = 0,
@@ -73,7 +73,7 @@ typedef enum kvr_rope_scaling {
 } kvr_rope_scaling;
 
 /*
- * Model geometry and options. 92 bytes, all fields 4-byte, in this order:
+ * Model geometry and options. 96 bytes, all fields 4-byte, in this order:
  *   off  0 arch (u32, kvr_arch)          off  4 vocab_size (u32)
  *   off  8 hidden_size (u32)             off 12 intermediate_size (u32)
  *   off 16 num_layers (u32)              off 20 num_heads (u32)
@@ -87,6 +87,7 @@ typedef enum kvr_rope_scaling {
  *   off 76 n_threads (u32, 0 = all available cores; CPU backend threads)
  *   off 80 backend (u32, kvr_backend)    off 84 device (u32: CUDA device ordinal, < 2^31; 0 for CPU)
  *   off 88 weights (u32, kvr_weight_format: how linear weights are held in memory)
+ *   off 92 cpu_kernel (u32, kvr_cpu_kernel: the CPU kernel paths this model may use)
  * attention_bias=1 means every bias tensor the table lists for q/k/v/o is used (Qwen2 lists
  * q/k/v only; Llama with attention_bias lists all four); a listed bias with attention_bias=0 is
  * an error.
@@ -115,7 +116,26 @@ typedef struct kvr_model_params {
   uint32_t backend;
   uint32_t device;
   uint32_t weights;
+  uint32_t cpu_kernel;
 } kvr_model_params;
+
+/*
+ * How far a model's CPU computations may go among the kernel paths the CPU has (every call on the
+ * model: prefill, decode, batched steps, their sampling). AUTO takes every path the CPU has; the
+ * others narrow it, so one machine checks each path it can run in one process (results are
+ * bit-identical across paths where docs/gemm.md says so): GENERIC the portable kernels, AVX2
+ * AVX2 + FMA without AVX-512 or AVX-VNNI (an AVX2-only machine), AVXVNNI without AVX-512 (AVX2 +
+ * AVX-VNNI, Alder Lake-like), AVX512 without AMX (an AVX-512 machine without AMX, e.g. AMD Zen 4).
+ * A path the CPU lacks stays off whatever the value. Values above 4: KVR_ERR_INVALID_ARGUMENT at
+ * load; a value other than AUTO on the CUDA backend: KVR_ERR_UNSUPPORTED.
+ */
+typedef enum kvr_cpu_kernel {
+  KVR_CPU_KERNEL_AUTO = 0,
+  KVR_CPU_KERNEL_GENERIC = 1,
+  KVR_CPU_KERNEL_AVX2 = 2,
+  KVR_CPU_KERNEL_AVXVNNI = 3,
+  KVR_CPU_KERNEL_AVX512 = 4
+} kvr_cpu_kernel;
 
 /*
  * In-memory format of the linear weights (q/k/v/o, gate/up/down, lm_head), made at load from the
@@ -126,12 +146,15 @@ typedef struct kvr_model_params {
  * codes per 32 input features per output with an f16 scale and an f16 offset (w ≈ d·c + m,
  * llama.cpp Q4_1-like, fitted by least squares), run the same way. A tied embedding is looked up
  * in the quantized lm_head (no second copy); an untied embedding table and the norms stay as they
- * are. CPU backend only (CUDA: KVR_ERR_UNSUPPORTED).
+ * are. F32: BF16 linear weights and embedding widened to f32 at load (twice bf16's memory and
+ * bytes per decode; bit-identical results, as the kernels widen bf16 exactly: the oracle of the
+ * bf16 path). Q8, Q4 and F32: CPU backend only (CUDA: KVR_ERR_UNSUPPORTED).
  */
 typedef enum kvr_weight_format {
   KVR_WEIGHTS_NATIVE = 0,
   KVR_WEIGHTS_Q8 = 1,
-  KVR_WEIGHTS_Q4 = 2
+  KVR_WEIGHTS_Q4 = 2,
+  KVR_WEIGHTS_F32 = 3
 } kvr_weight_format;
 
 /* Which weight a tensor-table row is. Per-layer roles carry the layer index. */
@@ -191,7 +214,7 @@ KVR_API uint32_t kvr_abi_version(void);
 KVR_API const char* kvr_last_error(void);
 /* Fills params with defaults: zeros, rms_norm_eps 1e-6, rope_theta 10000, rope_factor 1,
  * kv_dtype F32 (exact; BF16 halves cache memory), n_threads 0 (all available cores),
- * backend CPU, device 0. */
+ * backend CPU, device 0, weights NATIVE, cpu_kernel AUTO. */
 KVR_API void kvr_model_default_params(kvr_model_params* params);
 
 /*

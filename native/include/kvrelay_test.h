@@ -14,12 +14,17 @@ extern "C" {
 #endif
 
 /*
+ * The entry points below that take cpu_kernel (a kvr_cpu_kernel, kvrelay.h) run under that cap,
+ * on every thread they use, as a model loaded with it would: one process checks each kernel path
+ * its CPU has (values above 4: KVR_ERR_INVALID_ARGUMENT). The choice belongs to the call, not
+ * the process: calls on other threads keep theirs.
+ *
  * C (m, n) = A (m, k) · B(n, k)ᵀ, f32 row-major, with the same packed kernel the model uses
  * (B is packed on every call, so this is for tests; kvr_gemm_bench times a pre-packed B).
  */
 KVR_API int32_t kvr_gemm_f32(uint32_t m, uint32_t n, uint32_t k, const float* a, size_t a_len,
                              const float* b, size_t b_len, float* c, size_t c_len,
-                             uint32_t n_threads);
+                             uint32_t n_threads, uint32_t cpu_kernel);
 /*
  * Packs w (n, k) row-major f32 in the weight format `weights` (kvr_weight_format; NATIVE = f32)
  * as the model does. When w_deq is not NULL, writes the values the kernels use (n, k) there (the
@@ -28,7 +33,7 @@ KVR_API int32_t kvr_gemm_f32(uint32_t m, uint32_t n, uint32_t k, const float* a,
  */
 KVR_API int32_t kvr_gemv_quantized(uint32_t weights, uint32_t n, uint32_t k, const float* w,
                                    size_t w_len, const float* x, size_t x_len, float* w_deq,
-                                   size_t w_deq_len, float* y, size_t y_len);
+                                   size_t w_deq_len, float* y, size_t y_len, uint32_t cpu_kernel);
 /*
  * y (m, n) = x (m, k) · Wᵀ (accumulate 1: y += x · Wᵀ) with w (n, k) row-major f32 packed in the
  * weight format `weights` as the model does, through the model's GEMM on n_threads threads (0 =
@@ -36,24 +41,29 @@ KVR_API int32_t kvr_gemv_quantized(uint32_t weights, uint32_t n, uint32_t k, con
  */
 KVR_API int32_t kvr_gemm_quantized(uint32_t weights, uint32_t m, uint32_t n, uint32_t k, const float* w,
                                    size_t w_len, const float* x, size_t x_len, float* y, size_t y_len,
-                                   uint32_t accumulate, uint32_t n_threads);
+                                   uint32_t accumulate, uint32_t n_threads, uint32_t cpu_kernel);
 /*
  * y (m, n) = x (m, k) · Wᵀ (accumulate 1: y += x · Wᵀ) with w (n, k) row-major bf16 bit patterns,
  * through the batched step's few-row GEMM (the prepared input of several panel ranges: AMX tiles
- * where the CPU has them and m >= 8, else the AVX/portable tiles) on the calling thread;
+ * where the CPU has them, m >= 8 and cpu_kernel is AUTO, else the AVX/portable tiles) on the
+ * calling thread;
  * *out_amx = 1 when the AMX tiles ran (out_amx may be NULL).
  */
 KVR_API int32_t kvr_gemm_few_rows_bf16(uint32_t m, uint32_t n, uint32_t k, const uint16_t* w, size_t w_len,
                                        const float* x, size_t x_len, float* y, size_t y_len,
-                                       uint32_t accumulate, uint32_t* out_amx);
+                                       uint32_t accumulate, uint32_t* out_amx, uint32_t cpu_kernel);
 /*
  * Times `iterations` runs of the model's GEMM on a pre-packed B (m, n, k), returning the median
- * seconds per run in *out_seconds. Inputs are filled deterministically inside the library.
+ * seconds per run in *out_seconds (every path the CPU has: KVR_CPU_KERNEL_AUTO). Inputs are
+ * filled deterministically inside the library.
  */
 KVR_API int32_t kvr_gemm_bench(uint32_t m, uint32_t n, uint32_t k, uint32_t n_threads,
                                uint32_t iterations, double* out_seconds);
-/* Name of the CPU kernel chosen at runtime ("avx2-fma" or "generic"). */
-KVR_API const char* kvr_cpu_kernel_name(void);
+/*
+ * Name of the CPU GEMM kernel a computation under cpu_kernel runs ("avx512", "avx2-fma" or
+ * "generic"); NULL (with kvr_last_error) for a value above 4.
+ */
+KVR_API const char* kvr_cpu_kernel_name(uint32_t cpu_kernel);
 /*
  * Debug switches of a model's backend, for the GPU check (scripts/gpu_check): an OR of the flags
  * below, replacing the model's previous switches (0 = none). They apply to the calls made after
@@ -72,25 +82,23 @@ KVR_API const char* kvr_cpu_kernel_name(void);
 KVR_API int32_t kvr_model_set_debug(kvr_model* model, uint32_t flags);
 
 /*
- * The CPU kernel choice is narrowed by the environment variable KVRELAY_CPU_KERNEL, read once per
- * process by both libraries (native/src/host/cpu_features.h): generic (portable GEMM), avx2
- * (AVX-512 and AVX-VNNI off), avxvnni (AVX-512 off), avx512 (AMX off).
- *
- * Code-path switches, process-wide, for in-process comparisons of two paths (the production
- * library keeps every one at its default). Each applies to the calls made after it.
- *   set_project_via_copies(1): kvr_projector_apply_seq takes the backend-neutral copy path even
- *     for two CPU sequences (compared with the fast path). 0 (default): the fast path.
- *   set_weights_f32(1): BF16 checkpoint weights are widened to f32 at load (read per load).
- *     0 (default): they stay bf16.
- *   set_serial_draws(1): a batched step's host draws (kvr_batch_step_sample) run one after another
- *     on the calling thread after the step (compared with the draws on the worker pool's threads).
- *     0 (default): the CPU step draws its rows in the last stage of its region, and rows a backend
- *     leaves are drawn over the pool when two or more draw.
- * Values other than 0 and 1: KVR_ERR_INVALID_ARGUMENT.
+ * Production entry points on their other code path, for in-process comparisons of the two paths
+ * (no process-wide switch: each call names its path). Arguments, checks and results as the
+ * production function's.
+ *   kvr_test_projector_apply_seq_via_copies: kvr_projector_apply_seq through the backend-neutral
+ *     copy path even for two CPU sequences (the production call projects CPU caches in place).
+ *   kvr_test_batch_step_sample_serial: kvr_batch_step_sample whose rows to sample come back from
+ *     the backend as logits rows and are drawn one after another on the calling thread after the
+ *     step (the production step draws them in the CPU step's last stage, or over the worker pool).
+ * (The f32 weights of a BF16 checkpoint are a load option: KVR_WEIGHTS_F32.)
  */
-KVR_API int32_t kvr_test_set_project_via_copies(uint32_t on);
-KVR_API int32_t kvr_test_set_weights_f32(uint32_t on);
-KVR_API int32_t kvr_test_set_serial_draws(uint32_t on);
+KVR_API int32_t kvr_test_projector_apply_seq_via_copies(const kvr_projector* projector, const kvr_seq* src,
+                                                        kvr_seq* dst, uint32_t n_tokens, uint32_t n_threads);
+KVR_API int32_t kvr_test_batch_step_sample_serial(kvr_seq* const* seqs, uint32_t n_seqs, const uint32_t* n_tokens,
+                                                  const int32_t* tokens, size_t tokens_len,
+                                                  const uint32_t* want_logits, float* logits_out,
+                                                  size_t logits_len, kvr_sampler* const* samplers,
+                                                  const uint32_t* widths, int32_t* tokens_out);
 
 #ifdef __cplusplus
 }

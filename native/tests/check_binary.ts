@@ -10,7 +10,7 @@ import assert from "node:assert/strict";
  * @param name binary name (e.g. "kvr_chunk_layout_test")
  * @param label the summary line's prefix (e.g. "chunk_layout")
  * @param minChecks floor of the reported check count (a test that ran nothing fails)
- * @param env extra environment of the run
+ * @param args command-line arguments of the run
  * @returns the binary's stdout + stderr, for further assertions
  * @throws AssertionError when the binary fails, reports failures or too few checks
  */
@@ -18,13 +18,13 @@ export async function runCheckBinary(
   name: string,
   label: string,
   minChecks: number,
-  env: Record<string, string> = {},
+  args: string[] = [],
 ): Promise<string> {
   const binary = new URL(`../../build/native/${name}`, import.meta.url).pathname;
   const { code, stdout, stderr } = await new Deno.Command(binary, {
     stdout: "piped",
     stderr: "piped",
-    env,
+    args,
   }).output();
   const out = new TextDecoder().decode(stdout) + new TextDecoder().decode(stderr);
   assert.equal(code, 0, out);

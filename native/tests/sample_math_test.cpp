@@ -4,6 +4,9 @@
 // same token and leaves the same PRNG state as the CPU sampler on the whole row (sampler_run),
 // over random rows with ties, NaN, -inf and +inf. Built by CMake as kvr_sample_math_test (with
 // sampling.cpp, sampler_api.cpp, errors.cpp); run by sample_math_test.ts. Exit status 1 on failure.
+// Usage: kvr_sample_math_test [auto|generic|avx2|avxvnni|avx512] — the kernel cap the checks run
+// under (host/cpu_features.h; default auto), so each exp path this CPU has is checked; exit 2 for
+// another argument.
 #include "common/sample_math.h"
 
 #include <algorithm>
@@ -16,6 +19,7 @@
 #include <vector>
 
 #include "core/sampler.h"
+#include "host/cpu_features.h"
 #include "host/sampling.h"
 #include "kvrelay.h"
 
@@ -224,7 +228,18 @@ void test_exp_many() {
   }
 }
 
-int main() {
+int main(int argc, char** argv) {
+  static const char* const kCaps[] = {"auto", "generic", "avx2", "avxvnni", "avx512"};
+  size_t cap = 0;
+  if (argc > 2) return 2;
+  if (argc == 2) {
+    while (cap < cpu::kKernelCaps && std::strcmp(argv[1], kCaps[cap]) != 0) ++cap;
+    if (cap == cpu::kKernelCaps) {
+      std::printf("unknown kernel cap %s (auto, generic, avx2, avxvnni or avx512)\n", argv[1]);
+      return 2;
+    }
+  }
+  const cpu::KernelScope scope(static_cast<cpu::KernelCap>(cap));
   test_exp_many();
   test_select();
   test_route_equivalence();

@@ -9,7 +9,7 @@ import struct
 
 import numpy as np
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 OK = 0
 STATUS_NAMES = {
     0: "OK", -1: "INVALID_ARGUMENT", -2: "OUT_OF_RANGE", -3: "CAPACITY", -4: "IO",
@@ -40,7 +40,7 @@ LAYER_ROLES = {
 
 
 class Params(ctypes.Structure):
-    """kvr_model_params: 92 bytes, all fields 4-byte (kvrelay.h documents the offsets)."""
+    """kvr_model_params: 96 bytes, all fields 4-byte (kvrelay.h documents the offsets)."""
     _fields_ = [(n, ctypes.c_uint32) for n in (
         "arch", "vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
         "num_kv_heads", "head_dim")] + [("rms_norm_eps", ctypes.c_float), ("rope_theta", ctypes.c_float),
@@ -49,7 +49,7 @@ class Params(ctypes.Structure):
                                         ("rope_high_freq_factor", ctypes.c_float)] + [
         (n, ctypes.c_uint32) for n in ("rope_original_max_position", "tie_word_embeddings",
                                        "attention_bias", "mlp_bias", "kv_dtype", "n_threads",
-                                       "backend", "device", "weights")]
+                                       "backend", "device", "weights", "cpu_kernel")]
 
 
 class TensorDesc(ctypes.Structure):
@@ -60,7 +60,7 @@ class TensorDesc(ctypes.Structure):
                 ("reserved2", ctypes.c_uint64)]
 
 
-assert ctypes.sizeof(Params) == 92 and ctypes.sizeof(TensorDesc) == 64
+assert ctypes.sizeof(Params) == 96 and ctypes.sizeof(TensorDesc) == 64
 
 
 class EngineError(RuntimeError):

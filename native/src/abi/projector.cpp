@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "abi/projection_checks.h"
+#include "abi/test_paths.h"
 #include "core/backend.h"
 #include "core/sequence.h"
-#include "core/test_switches.h"
 #include "host/gemm.h"
 #include "host/projection_kernels.h"
 #include "host/rope.h"
@@ -36,10 +36,6 @@ struct kvr_projector {
 namespace {
 
 using namespace kvr::proj;
-
-// The test library's switch (kvr_test_set_project_via_copies): the backend-neutral copy path even
-// for two CPU sequences, so tests can compare it with the fast path.
-bool force_copy_path() { return kvr::test_switches::project_via_copies.load(std::memory_order_relaxed); }
 
 // Checks that a sequence's model has the KV geometry and RoPE frequencies a projector was built
 // for (what = "source" / "target").
@@ -251,6 +247,15 @@ KVR_API int32_t kvr_projector_apply(const kvr_projector* cprojector, uint32_t st
 
 KVR_API int32_t kvr_projector_apply_seq(const kvr_projector* cprojector, const kvr_seq* src,
                                         kvr_seq* dst, uint32_t n_tokens, uint32_t n_threads) {
+  return kvr::projector_apply_seq(cprojector, src, dst, n_tokens, n_threads, false);
+}
+
+}  // extern "C"
+
+namespace kvr {
+
+int32_t projector_apply_seq(const kvr_projector* cprojector, const kvr_seq* src, kvr_seq* dst,
+                            uint32_t n_tokens, uint32_t n_threads, bool via_copies) {
   const char* fn = "kvr_projector_apply_seq";
   if (cprojector == nullptr)
     return fail(KVR_ERR_INVALID_ARGUMENT, format("%s: projector is NULL", fn));
@@ -283,12 +288,12 @@ KVR_API int32_t kvr_projector_apply_seq(const kvr_projector* cprojector, const k
     dst->model->backend->reserve(*dst->state, 0, n_tokens);  // paged target: blocks all or none
     const kvr::KvCache* src_cpu = src->model->backend->host_cache(*src->state);
     kvr::KvCache* dst_cpu = dst->model->backend->host_cache(*dst->state);
-    if (src_cpu != nullptr && dst_cpu != nullptr && !force_copy_path()) {
+    if (src_cpu != nullptr && dst_cpu != nullptr && !via_copies) {
       // both caches in CPU memory: project in place, chunks in parallel
       if (!kvr::cpu::project_cache(*src_cpu, p->src_freq, *dst_cpu, p->dst_freq, p->wk,
                                    p->bk.data(), p->wv, p->bv.data(), n_tokens, nt))
         return fail(KVR_ERR_OUT_OF_MEMORY, format("%s: out of memory (GEMM scratch)", fn));
-    } else if (force_copy_path() || !project_on_backend(*p, *src, *dst, n_tokens)) {
+    } else if (via_copies || !project_on_backend(*p, *src, *dst, n_tokens)) {
       project_via_copies(*p, *src, *dst, n_tokens, nt);
     }
     dst->length = n_tokens;
@@ -311,4 +316,4 @@ KVR_API int32_t kvr_projector_apply_seq(const kvr_projector* cprojector, const k
   return status;
 }
 
-}  // extern "C"
+}  // namespace kvr

@@ -9,13 +9,13 @@
 #include <unordered_set>
 #include <vector>
 
+#include "abi/test_paths.h"
 #include "core/backend.h"
 #include "core/errors.h"
 #include "core/kv_pool_handle.h"
 #include "core/model.h"
 #include "core/sampler.h"
 #include "core/sequence.h"
-#include "core/test_switches.h"
 #include "host/dtype.h"
 #include "host/parallel_for.h"
 
@@ -41,15 +41,15 @@ int32_t batch_fail(kvr_seq* const* seqs, uint32_t n, int32_t status, const std::
 }
 
 // The draws the backend left to the host (on CUDA the rows of the row route; the CPU step draws
-// its rows in its own region, except under the test library's serial switch or in the default
-// forward_batch), over the worker pool's threads when two or more
+// its rows in its own region, except in the default forward_batch or for a serial step), over the
+// worker pool's threads when two or more
 // of them are more than an argmax: a draw over the vocabulary (an exact exp per candidate, a
 // top-p sort) costs ~0.1 ms on a 4096-token vocabulary, and a step's rows ran one after another
 // on the calling thread. Each draw reads only its own row and writes only its own
 // sampler (PRNG, buffers, history) and token (batch_impl refuses a sampler twice in a step), so
 // which thread draws a row, and in what order, changes no bit. Allocates nothing: the step's
 // lengths have already moved on, so only a row may fail now (sample_step_token).
-void draw_rows(BatchEntry* batch, uint32_t n, int threads) {
+void draw_rows(BatchEntry* batch, uint32_t n, int threads, bool serial) {
   auto draw = [batch](size_t i, unsigned) {
     const BatchEntry& e = batch[i];
     if (!e.sampler || e.sampled) return;  // sampled: the backend did it on its device
@@ -58,7 +58,7 @@ void draw_rows(BatchEntry* batch, uint32_t n, int threads) {
   uint32_t drawn = 0;  // rows whose draw is more than an argmax
   for (uint32_t i = 0; i < n; ++i)
     if (batch[i].sampler && !batch[i].sampled && batch[i].sampler->cfg.temperature != 0) ++drawn;
-  if (drawn < 2 || threads < 2 || test_switches::serial_draws.load(std::memory_order_relaxed)) {
+  if (drawn < 2 || threads < 2 || serial) {
     for (uint32_t i = 0; i < n; ++i) draw(i, 0);
     return;
   }
@@ -68,10 +68,13 @@ void draw_rows(BatchEntry* batch, uint32_t n, int threads) {
 
 // samplers (may be NULL = none): samplers[i] non-NULL samples sequence i's next token from its
 // last row's logits[0..widths[i]) into tokens_out[i] (-1 when the row has no finite logit; the
-// message is then on that sampler) instead of returning the row.
+// message is then on that sampler) instead of returning the row. serial_draws (the test library's
+// kvr_test_batch_step_sample_serial): the backend returns the rows to sample as it returns logits
+// and they are drawn one after another on this thread after the step — the oracle of the draws
+// inside the CPU step's region and over the pool.
 int32_t batch_impl(kvr_seq* const* seqs, uint32_t n_seqs, const uint32_t* n_tokens, const int32_t* tokens,
                    size_t tokens_len, const uint32_t* want_logits, float* logits_out, size_t logits_len,
-                   kvr_sampler* const* samplers, const uint32_t* widths, int32_t* tokens_out) {
+                   kvr_sampler* const* samplers, const uint32_t* widths, int32_t* tokens_out, bool serial_draws) {
   auto bad = [&](int32_t st, const std::string& msg) { return batch_fail(seqs, n_seqs, st, msg); };
   if (!seqs) return fail(KVR_ERR_INVALID_ARGUMENT, "seqs is NULL");
   if (n_seqs == 0 || n_seqs > kMaxBatchSeqs)
@@ -159,11 +162,17 @@ int32_t batch_impl(kvr_seq* const* seqs, uint32_t n_seqs, const uint32_t* n_toke
     batch[i].spare = spare.empty() ? nullptr : spare.data();
     off += n_tokens[i];
   }
+  // A serial step hides the samplers from the backend: the rows come back as logits rows.
+  std::vector<kvr_sampler*> hidden(serial_draws ? n_seqs : 0);
+  for (size_t i = 0; i < hidden.size(); ++i) std::swap(hidden[i], batch[i].sampler);
   be.forward_batch(batch.data(), n_seqs);
+  for (size_t i = 0; i < hidden.size(); ++i) std::swap(hidden[i], batch[i].sampler);
   for (uint32_t i = 0; i < n_seqs; ++i) seqs[i]->length += n_tokens[i];
   if (sampled == 0) return KVR_OK;
   // Sampling failures stay with their row (its sampler's message); the step itself succeeded.
-  draw_rows(batch.data(), n_seqs, model->n_threads);
+  // Under the model's kernel cap, as the step (cpu_features.h; auto on CUDA).
+  const cpu::KernelScope scope(static_cast<cpu::KernelCap>(model->params.cpu_kernel));
+  draw_rows(batch.data(), n_seqs, model->n_threads, serial_draws);
   return KVR_OK;
 }
 
@@ -251,10 +260,22 @@ KVR_API int32_t kvr_batch_step_sample(kvr_seq* const* seqs, uint32_t n_seqs, con
                                       const int32_t* tokens, size_t tokens_len, const uint32_t* want_logits,
                                       float* logits_out, size_t logits_len, kvr_sampler* const* samplers,
                                       const uint32_t* widths, int32_t* tokens_out) {
+  return kvr::batch_step_guarded(seqs, n_seqs, n_tokens, tokens, tokens_len, want_logits, logits_out, logits_len,
+                                 samplers, widths, tokens_out, false);
+}
+
+}  // extern "C"
+
+namespace kvr {
+
+int32_t batch_step_guarded(kvr_seq* const* seqs, uint32_t n_seqs, const uint32_t* n_tokens, const int32_t* tokens,
+                           size_t tokens_len, const uint32_t* want_logits, float* logits_out, size_t logits_len,
+                           kvr_sampler* const* samplers, const uint32_t* widths, int32_t* tokens_out,
+                           bool serial_draws) {
   const uint32_t n_rec = (seqs && n_seqs <= 4096) ? n_seqs : 0;  // sequences to record a failure on
   try {
     return kvr::batch_impl(seqs, n_seqs, n_tokens, tokens, tokens_len, want_logits, logits_out, logits_len,
-                           samplers, widths, tokens_out);
+                           samplers, widths, tokens_out, serial_draws);
   } catch (const kvr::BackendError& e) {
     return kvr::batch_fail(seqs, n_rec, e.status, e.message);
   } catch (const std::bad_alloc&) {
@@ -266,4 +287,4 @@ KVR_API int32_t kvr_batch_step_sample(kvr_seq* const* seqs, uint32_t n_seqs, con
   }
 }
 
-}  // extern "C"
+}  // namespace kvr

@@ -111,13 +111,21 @@ int32_t validate_params(const kvr_model_params& p) {
   if (p.n_threads > 4096)
     return fail(KVR_ERR_INVALID_ARGUMENT, format("n_threads %u is out of range (0..4096)", p.n_threads));
   if (int32_t st = check_backend_device(p.backend, p.device)) return st;
-  if (p.weights > KVR_WEIGHTS_Q4)
+  if (p.weights > KVR_WEIGHTS_F32)
     return fail(KVR_ERR_INVALID_ARGUMENT,
-                format("weights %u is not a kvr_weight_format (0 native, 1 q8, 2 q4)", p.weights));
+                format("weights %u is not a kvr_weight_format (0 native, 1 q8, 2 q4, 3 f32)", p.weights));
   if (p.weights != KVR_WEIGHTS_NATIVE && p.backend != KVR_BACKEND_CPU)
     return fail(KVR_ERR_UNSUPPORTED,
                 format("weights %u (%s) is implemented on the CPU backend only", p.weights,
-                       p.weights == KVR_WEIGHTS_Q8 ? "q8" : "q4"));
+                       p.weights == KVR_WEIGHTS_Q8 ? "q8" : p.weights == KVR_WEIGHTS_Q4 ? "q4" : "f32"));
+  if (p.cpu_kernel > KVR_CPU_KERNEL_AVX512)
+    return fail(KVR_ERR_INVALID_ARGUMENT,
+                format("cpu_kernel %u is not a kvr_cpu_kernel (0 auto, 1 generic, 2 avx2, 3 avxvnni, 4 avx512)",
+                       p.cpu_kernel));
+  if (p.cpu_kernel != KVR_CPU_KERNEL_AUTO && p.backend != KVR_BACKEND_CPU)
+    return fail(KVR_ERR_UNSUPPORTED, format("cpu_kernel %u narrows the CPU backend's kernels: the CUDA backend "
+                                            "takes 0 (auto) only",
+                                            p.cpu_kernel));
   return KVR_OK;
 }
 
@@ -336,6 +344,7 @@ KVR_API void kvr_model_default_params(kvr_model_params* params) {
   params->backend = KVR_BACKEND_CPU;
   params->device = 0;
   params->weights = KVR_WEIGHTS_NATIVE;
+  params->cpu_kernel = KVR_CPU_KERNEL_AUTO;
 }
 
 KVR_API int32_t kvr_model_load(const kvr_model_params* params, const char* paths, size_t paths_len,

@@ -23,7 +23,6 @@
 
 #include "common/device_math.h"
 #include "core/sampler.h"
-#include "core/test_switches.h"
 #include "cpu/attention.h"
 #include "cpu/decode_attention.h"
 #include "cpu/ops.h"
@@ -135,11 +134,9 @@ void forward_batch(const ModelGeometry& m, const Weights& w, BatchSeq* seqs, siz
   if (nt < 2 || quantized || !plan_groups(m, seqs, count, nt, &bounds)) {
     // The draws as the step's last stage, claimed row by row by the threads already in the region
     // (after the step, on the calling thread alone, 4 tiny-powerful rows took ~0.4-0.6 ms: an
-    // exact exp per logit, the top-p sort); the test library's switch leaves them to the caller.
-    const bool draw = !test_switches::serial_draws.load(std::memory_order_relaxed);
-    forward_stages(m, w, seqs, count, sc, nt, draw);
-    if (draw)
-      for (size_t e = 0; e < count; ++e) seqs[e].sampled = seqs[e].sampler && seqs[e].logits;
+    // exact exp per logit, the top-p sort).
+    forward_stages(m, w, seqs, count, sc, nt, true);
+    for (size_t e = 0; e < count; ++e) seqs[e].sampled = seqs[e].sampler && seqs[e].logits;
     return;
   }
   if (sc.groups.size() < nt) sc.groups.resize(nt);

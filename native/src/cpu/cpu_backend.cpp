@@ -1,7 +1,10 @@
 // The CPU backend (backend.h): packs the checkpoint's weights from the validated tensor table
 // (kept as bf16 when the file's are BF16, else converted to f32; the test library's
-// kvr_test_set_weights_f32 forces f32), runs cpu::forward on a per-sequence KV cache, and copies
+// KVR_WEIGHTS_F32 widens them), runs cpu::forward on a per-sequence KV cache, and copies
 // KV in and out with dtype conversion. Arguments arrive validated (model_load.cpp, sequence.cpp).
+// Every computation enters through forward / forward_batch / forward_sample, which run under the
+// model's kernel cap (params.cpu_kernel; a KernelScope on the calling thread, carried by the
+// worker pool and OpenMP regions to the threads computing for it, cpu_features.h).
 #include <omp.h>
 
 #include <algorithm>
@@ -21,7 +24,6 @@
 #include "core/errors.h"
 #include "core/kv_pool.h"
 #include "core/kv_recycle.h"
-#include "core/test_switches.h"
 #include "cpu/batch_forward.h"
 #include "cpu/cpu_backend.h"
 #include "cpu/forward.h"
@@ -144,7 +146,9 @@ void kv_copy(const KvCache& kv, size_t layer, size_t which, uint32_t start, uint
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(const ModelGeometry& g, const TensorTable& t) : g_(g) {
+  CpuBackend(const ModelGeometry& g, const TensorTable& t)
+      : g_(g), cap_(static_cast<KernelCap>(g.params.cpu_kernel)) {
+    const KernelScope scope(cap_);
     load(t);
 #if defined(__GLIBC__)
     // The load's f32 staging copies went back to malloc's heap, where they stay resident: the
@@ -157,6 +161,7 @@ class CpuBackend final : public Backend {
   uint32_t kind() const override { return KVR_BACKEND_CPU; }
   KvCache* host_cache(SeqState& s) const override { return cpu_cache(&s); }
   std::string device_description() const override {
+    const KernelScope scope(cap_);  // names the kernels this model runs
     return cpu_description() + format(", %d threads", g_.n_threads);
   }
 
@@ -202,8 +207,15 @@ class CpuBackend final : public Backend {
 
   void forward(SeqState& s, const int32_t* tokens, size_t n, size_t pos0, bool all_positions,
                float* logits) const override {
+    const KernelScope scope(cap_);
     CpuSeq& c = static_cast<CpuSeq&>(s);
     cpu::forward(g_, w_, c.kv, tokens, n, pos0, all_positions, logits, c.scratch);
+  }
+
+  int32_t forward_sample(SeqState& s, int32_t token, size_t pos0, const SampleRequest& r,
+                         float* spare) const override {
+    const KernelScope scope(cap_);  // the step and its draw (Backend's default: forward + sampler)
+    return Backend::forward_sample(s, token, pos0, r, spare);
   }
 
   void kv_read(const SeqState& s, uint32_t layer, uint32_t start, uint32_t count, uint32_t dtype, void* k_out,
@@ -278,6 +290,7 @@ class CpuBackend final : public Backend {
   }
 
   void forward_batch(BatchEntry* entries, size_t count) const override {
+    const KernelScope scope(cap_);
     thread_local BatchScratch scratch;  // per worker thread, reused across steps
     std::vector<BatchSeq> batch(count);
     for (size_t i = 0; i < count; ++i) {
@@ -296,13 +309,13 @@ class CpuBackend final : public Backend {
 
  private:
   void load(const TensorTable& t) {
-    // BF16 linear weights (and the embedding) stay bf16 unless the test library's switch widens
-    // them (kvr_test_set_weights_f32, read once per load): the kernels widen them exactly, so
-    // results are bit-identical either way, and bf16 halves the memory and the bytes each decode
-    // streams.
-    const bool keep_bf16 = !test_switches::weights_f32.load(std::memory_order_relaxed);
+    // BF16 linear weights (and the embedding) stay bf16 unless KVR_WEIGHTS_F32 widens them: the
+    // kernels widen them exactly, so results are bit-identical either way, and bf16 halves the
+    // memory and the bytes each decode streams.
     const kvr_model_params& p = g_.params;
-    const uint32_t quant = p.weights;                // linear weights (and lm_head): q8 / q4 / as stored
+    const bool keep_bf16 = p.weights != KVR_WEIGHTS_F32;
+    // Linear weights (and lm_head): q8 / q4 to quantize, else as stored (or widened).
+    const uint32_t quant = p.weights == KVR_WEIGHTS_F32 ? uint32_t{KVR_WEIGHTS_NATIVE} : p.weights;
     // Packers run on the model's thread count: the OpenMP default team of this (loading) thread,
     // restored on return.
     struct RestoreThreads {
@@ -358,6 +371,7 @@ class CpuBackend final : public Backend {
   }
 
   ModelGeometry g_;
+  KernelCap cap_;  // params.cpu_kernel (validated by the loader)
   Weights w_;
   // Freed contiguous caches, kept zeroed for the next sequences (kv_recycle.h: why). Budget per
   // model: 64 MiB and 8 buffers — a demo model's 1024-token cache is 2–8 MiB (f32); a cache over

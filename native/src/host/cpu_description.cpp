@@ -1,5 +1,6 @@
 // The one-line CPU description of kvr_backend_probe and the CPU backend (see cpu_features.h): the
-// processor's name, its cores and the kernels this process chose. Apart from the detection so
+// processor's name, its cores and the kernels the calling thread's kernel cap selects (auto for the
+// probe; a CPU model's description opens its model's cap first). Apart from the detection so
 // that code needing only the predicates does not pull in every kernel's name.
 #include <omp.h>
 

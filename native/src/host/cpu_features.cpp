@@ -1,5 +1,5 @@
-// CPU feature detection (see cpu_features.h): __builtin_cpu_supports once per process and the
-// KVRELAY_CPU_KERNEL override. The description string is cpu_description.cpp (it names kernels).
+// CPU feature detection (see cpu_features.h): __builtin_cpu_supports once per process, and the
+// predicates' answers under each KernelCap. The description string is cpu_description.cpp (it names kernels).
 #include "host/cpu_features.h"
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
@@ -10,9 +10,6 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
-
-#include <cstdlib>
-#include <cstring>
 
 
 namespace kvr::cpu {
@@ -52,12 +49,24 @@ CpuFeatures detect() {
     f.amx_bf16 = amx_permitted();
 #endif
 #endif
-  const char* forced = std::getenv("KVRELAY_CPU_KERNEL");
-  f.gemm_forced_generic = forced != nullptr && std::strcmp(forced, "generic") == 0;
-  f.gemm_forced_avx2 = forced != nullptr && std::strcmp(forced, "avx2") == 0;
-  f.gemm_forced_avxvnni = forced != nullptr && std::strcmp(forced, "avxvnni") == 0;
-  f.gemm_forced_avx512 = forced != nullptr && std::strcmp(forced, "avx512") == 0;
   return f;
+}
+
+KernelChoice choose(KernelCap cap) {
+  const CpuFeatures& f = cpu_features();
+  const bool generic = cap == KernelCap::kGeneric, avx2 = cap == KernelCap::kAvx2;
+  const bool no_avx512 = generic || avx2 || cap == KernelCap::kAvxVnni;
+  KernelChoice c;
+  c.cap = cap;
+  c.avx2_gemm = f.avx2 && f.fma && !generic;
+  c.avx512_gemm = f.avx512f && c.avx2_gemm && !no_avx512;
+  c.avx512_vnni = f.avx512f && f.avx512bw && f.avx512vl && f.avx512vnni && !no_avx512;
+  c.avx2_quant = f.avx2 && f.fma && f.f16c && !generic;
+  c.avx_vnni = f.avxvnni && c.avx2_quant && !avx2;
+  c.amx_bf16 = f.amx_bf16 && c.avx512_vnni && cap == KernelCap::kAuto;
+  c.avx512_exp = f.avx512f && !no_avx512;
+  c.avx2_exp = f.avx2 && f.fma && !generic;
+  return c;
 }
 
 }  // namespace
@@ -65,6 +74,15 @@ CpuFeatures detect() {
 const CpuFeatures& cpu_features() {
   static const CpuFeatures f = detect();
   return f;
+}
+
+const KernelChoice& kernel_choice(KernelCap cap) {
+  static const std::array<KernelChoice, kKernelCaps> choices = [] {
+    std::array<KernelChoice, kKernelCaps> c;
+    for (size_t i = 0; i < kKernelCaps; ++i) c[i] = choose(static_cast<KernelCap>(i));
+    return c;
+  }();
+  return choices[static_cast<size_t>(cap)];
 }
 
 }  // namespace kvr::cpu

@@ -53,15 +53,16 @@ constexpr size_t kMinParallelMacs = size_t{1} << 17;
 constexpr size_t kMaxWholeA = size_t{1} << 22;
 
 const KernelTable& choose_kernels() {
-  // KVRELAY_CPU_KERNEL=generic and the CPU's features: cpu_features.h (the one dispatch)
+  // The CPU's features under the current KernelCap: cpu_features.h (the one dispatch)
   if (use_avx512_gemm()) return detail::avx512_kernels();
   return use_avx2_gemm() ? detail::avx2_kernels() : detail::generic_kernels();
 }
 
-// Chosen once per process (thread-safe function-local static).
+// Chosen once per process for each cap (thread-safe function-local static); the calling thread's
+// cap picks one.
 const KernelTable& kernels() {
-  static const KernelTable& table = choose_kernels();
-  return table;
+  static const auto tables = per_cap([] { return &choose_kernels(); });
+  return *tables[cap_index()];
 }
 
 // Per-thread scratch for packed A blocks, reused across calls: (MC/6, KC, 6) floats.
@@ -499,11 +500,16 @@ void matmul_xwt(const float* x, size_t m, size_t ldx, const PackedWeight& w, flo
       return;
     }
     const size_t tasks = task_count(panels, nt, panels);
-#pragma omp parallel for num_threads(static_cast<int>(nt)) schedule(dynamic, 1)
-    for (long t = 0; t < static_cast<long>(tasks); ++t) {
-      size_t p0, p1;
-      split_range(panels, tasks, static_cast<size_t>(t), &p0, &p1);
-      gemv_panels(kt, x, w, y, accumulate, p0, p1);
+    const KernelChoice* choice = current_choice_ptr();  // the caller's cap, on every thread
+#pragma omp parallel num_threads(static_cast<int>(nt))
+    {
+      const KernelScope scope(choice);
+#pragma omp for schedule(dynamic, 1)
+      for (long t = 0; t < static_cast<long>(tasks); ++t) {
+        size_t p0, p1;
+        split_range(panels, tasks, static_cast<size_t>(t), &p0, &p1);
+        gemv_panels(kt, x, w, y, accumulate, p0, p1);
+      }
     }
     return;
   }

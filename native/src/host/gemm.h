@@ -191,15 +191,15 @@ void gemm_packed_range(const float* apack, size_t m, const PackedWeight& w, floa
 // GEMM does; f32/bf16: as packed).
 void dequantize(const PackedWeight& w, float* out);
 
-// Name of the q8 / q4 GEMV kernels chosen at runtime ("avx512-vnni", "avx-vnni", "avx2" or
-// "generic").
+// The kernels the calling thread's kernel cap (cpu_features.h) selects on this CPU. Name of the
+// q8 / q4 GEMV kernels ("avx512-vnni", "avx-vnni", "avx2" or "generic").
 const char* q8_kernel_name();
 const char* q4_kernel_name();
 // Name of the int8 GEMM tiles q8/q4 weights use for m > 1 ("avx512-vnni", "avx-vnni", or "rows":
 // the GEMV once per row).
 const char* int8_kernel_name();
 
-// Name of the kernel chosen at runtime for this CPU ("avx2-fma" or "generic").
+// Name of the f32/bf16 GEMM kernel ("avx512", "avx2-fma" or "generic").
 const char* kernel_name();
 
 }  // namespace kvr::cpu

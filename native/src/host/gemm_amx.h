@@ -21,8 +21,8 @@ namespace kvr::cpu::amx {
 // Rows below which the AVX-512 tiles are kept (an AMX tile is 16 rows; fewer waste its work).
 constexpr size_t kMinRows = 8;
 // Whether a GEMM of m rows on w takes the AMX tiles: bf16 weights, at least kMinRows rows, and the
-// CPU (and KVRELAY_CPU_KERNEL) allows AMX. The one rule for every caller, so the same rows always
-// get the same kernel (the batched step's row blocks rely on it).
+// CPU (and the thread's kernel cap, cpu_features.h) allows AMX. The one rule for every caller, so
+// the same rows always get the same kernel (the batched step's row blocks rely on it).
 inline bool applies(const PackedWeight& w, size_t m) { return w.is_bf16() && m >= kMinRows && use_amx_bf16(); }
 
 // Rows split at a time by the prefill GEMMs: their three bf16 planes (6 bytes per input) stay

@@ -1,5 +1,5 @@
 // Portable micro-kernels for the packed GEMM (plain C++, auto-vectorised at the baseline ISA):
-// the fallback for CPUs without AVX2/FMA and the path KVRELAY_CPU_KERNEL=generic forces.
+// the fallback for CPUs without AVX2/FMA and the path the generic kernel cap forces.
 // Same packed layout and contracts as gemm_avx2.cpp (see gemm_kernels.h).
 #include <cstdint>
 #include <cstring>

@@ -38,8 +38,8 @@ const TileKernels* choose() {
 }
 
 const TileKernels* tiles() {
-  static const TileKernels* t = choose();
-  return t;
+  static const auto t = per_cap(&choose);  // one per KernelCap (cpu_features.h)
+  return t[cap_index()];
 }
 
 size_t tile_rows(const TileKernels& t, bool q4) { return std::min(kMaxTileRows, q4 ? t.q4_rows : t.q8_rows); }

@@ -250,8 +250,8 @@ Kernel choose() {
 }
 
 const Kernel& kernel() {
-  static const Kernel k = choose();
-  return k;
+  static const auto k = per_cap(&choose);  // one per KernelCap (cpu_features.h)
+  return k[cap_index()];
 }
 
 // Squared error of v ≈ d·c + m with d, m rounded to f16 and the nearest codes in [0, 15];

@@ -296,8 +296,8 @@ Kernel choose() {
 }
 
 const Kernel& kernel() {
-  static const Kernel k = choose();
-  return k;
+  static const auto k = per_cap(&choose);  // one per KernelCap (cpu_features.h)
+  return k[cap_index()];
 }
 
 }  // namespace

@@ -4,7 +4,8 @@
 // process-wide WorkerPool (worker_pool.h: the same workers whoever calls, spinning 300 µs between
 // regions). The prefill forward uses the pool (~70 regions per chunk: measured in
 // docs/int8_gemm.md); other callers keep OpenMP until they measure the change. Not a task system:
-// bodies must not throw; a busy pool (another caller) runs the loop on the caller alone.
+// bodies must not throw; a busy pool (another caller) runs the loop on the caller alone. Either
+// way every thread runs under the caller's KernelCap (cpu_features.h).
 #pragma once
 
 #include <omp.h>
@@ -12,6 +13,7 @@
 #include <atomic>
 #include <cstddef>
 
+#include "host/cpu_features.h"
 #include "host/worker_pool.h"
 
 namespace kvr::cpu {
@@ -42,8 +44,13 @@ void parallel_static(Workers w, int team, size_t count, F&& body) {
     return;
   }
   if (w == Workers::kOpenMP) {
-#pragma omp parallel for num_threads(team) schedule(static)
-    for (long i = 0; i < static_cast<long>(count); ++i) body(static_cast<size_t>(i), static_cast<unsigned>(omp_get_thread_num()));
+    const KernelChoice* choice = current_choice_ptr();  // the caller's cap, on every thread
+#pragma omp parallel num_threads(team)
+    {
+      const KernelScope scope(choice);
+#pragma omp for schedule(static)
+      for (long i = 0; i < static_cast<long>(count); ++i) body(static_cast<size_t>(i), static_cast<unsigned>(omp_get_thread_num()));
+    }
     return;
   }
   struct Ctx {
@@ -69,8 +76,13 @@ void parallel_dynamic(Workers w, int team, size_t count, F&& body) {
     return;
   }
   if (w == Workers::kOpenMP) {
-#pragma omp parallel for num_threads(team) schedule(dynamic, 1)
-    for (long i = 0; i < static_cast<long>(count); ++i) body(static_cast<size_t>(i), static_cast<unsigned>(omp_get_thread_num()));
+    const KernelChoice* choice = current_choice_ptr();  // the caller's cap, on every thread
+#pragma omp parallel num_threads(team)
+    {
+      const KernelScope scope(choice);
+#pragma omp for schedule(dynamic, 1)
+      for (long i = 0; i < static_cast<long>(count); ++i) body(static_cast<size_t>(i), static_cast<unsigned>(omp_get_thread_num()));
+    }
     return;
   }
   struct Ctx {

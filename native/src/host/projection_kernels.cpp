@@ -142,9 +142,11 @@ bool project_cache(const KvCache& src, const std::vector<double>& src_freq, KvCa
     b.tab_dst.resize(chunk * 2 * dst_freq.size());
   }
   bool failed = false;  // an exception may not leave an OpenMP region: carry it out by hand
+  const KernelChoice* choice = current_choice_ptr();  // the caller's cap, on every thread
 #pragma omp parallel for num_threads(static_cast<int>(nt)) schedule(dynamic, 1) \
     reduction(|| : failed)
   for (long c = 0; c < static_cast<long>(chunks); ++c) {
+    const KernelScope scope(choice);
     Buffers& b = bufs[static_cast<size_t>(omp_get_thread_num())];
     const size_t t0 = static_cast<size_t>(c) * chunk, n = std::min(chunk, tokens - t0);
     try {

@@ -20,9 +20,9 @@ namespace kvr::cpu::simd {
 // -DKVR_FORCE_GENERIC reports false (cpu_features.cpp).
 inline bool has_avx2() { return use_avx2_fma_f16c(); }
 
-// AVX-512F zmm engine kernels besides (decode attention). Like has_avx2(), not narrowed by
-// KVRELAY_CPU_KERNEL: that variable picks GEMM kernels, whose forced paths are checked to give
-// the default path's logits bit for bit — with the same attention underneath.
+// AVX-512F zmm engine kernels besides (decode attention). Like has_avx2(), not narrowed by a
+// kernel cap (cpu_features.h KernelCap): a cap picks GEMM kernels, whose forced paths are checked
+// to give the default path's logits bit for bit — with the same attention underneath.
 inline bool has_avx512f() { return has_avx2() && cpu_features().avx512f; }
 
 }  // namespace kvr::cpu::simd

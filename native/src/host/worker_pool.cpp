@@ -86,6 +86,7 @@ void WorkerPool::worker_main(unsigned index, uint32_t seen) {
     seen = gen_.load(std::memory_order_acquire);
     if (index < team_) {
       leave_cpu(caller_cpu_);
+      const KernelScope scope(choice_);
       job_(ctx_, index, team_);
     }
     pending_.fetch_sub(1, std::memory_order_acq_rel);
@@ -106,6 +107,7 @@ unsigned WorkerPool::run(unsigned team, Job job, void* ctx) {
   ctx_ = ctx;
   team_ = team;
   caller_cpu_ = current_cpu();
+  choice_ = current_choice_ptr();
   pending_.store(static_cast<unsigned>(workers_.size()), std::memory_order_relaxed);
   gen_.fetch_add(1, std::memory_order_seq_cst);
   if (sleepers_.load(std::memory_order_seq_cst) > 0) futex_wake_all(&gen_);

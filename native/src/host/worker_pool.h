@@ -13,6 +13,8 @@
 #include <thread>
 #include <vector>
 
+#include "host/cpu_features.h"
+
 namespace kvr::cpu {
 
 // Moves the calling thread off CPU `cpu` if it is running there and the thread may run elsewhere
@@ -29,7 +31,8 @@ class WorkerPool {
   // The process-wide pool (workers start on first use and live until the process exits).
   static WorkerPool& shared();
 
-  // Runs job on `team` threads: the caller is thread 0, pool workers the others, and returns
+  // Runs job on `team` threads: the caller is thread 0, pool workers the others (each under the
+  // caller's KernelCap, cpu_features.h: a kernel choice holds on every thread of a call), and returns
   // when all are done. When another caller is using the pool, or a worker cannot be started,
   // runs job(ctx, 0, 1) on the caller alone. Returns the team size used (team or 1).
   unsigned run(unsigned team, Job job, void* ctx);
@@ -49,6 +52,7 @@ class WorkerPool {
   void* ctx_ = nullptr;
   unsigned team_ = 1;
   int caller_cpu_ = -1;                  // the caller's CPU at region start (written before gen_)
+  const KernelChoice* choice_ = nullptr; // the caller's kernel cap, installed by each worker
   alignas(64) std::atomic<uint32_t> gen_{0};  // region generation (the futex word)
   alignas(64) std::atomic<unsigned> pending_{0};  // workers of the current region not done yet
   std::atomic<unsigned> sleepers_{0};

@@ -2,7 +2,8 @@
 // kvr_gemm_bench (median time of the model's packed kernel), kvr_gemv_quantized (a q8/q4
 // weight's dequantized values and quantized GEMV, for tests), kvr_gemm_quantized (the model's
 // GEMM with such a weight, for tests), kvr_gemm_few_rows_bf16 (the batched step's few-row GEMM
-// with bf16 weights, for tests) and kvr_cpu_kernel_name.
+// with bf16 weights, for tests) and kvr_cpu_kernel_name; each but the bench under an explicit
+// kvr_cpu_kernel cap (a KernelScope for the call, cpu_features.h).
 // Argument checking lives here; the kernels (native/src/host/gemm*.cpp) trust their shapes.
 #include <omp.h>
 
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "core/errors.h"
+#include "host/cpu_features.h"
 #include "host/gemm.h"
 #include "host/gemm_prepared.h"
 #include "kvrelay_test.h"
@@ -35,6 +37,18 @@ int32_t resolve_threads(uint32_t n_threads, int* out) {
   *out = n_threads == 0 ? std::max(1, omp_get_num_procs()) : static_cast<int>(n_threads);
   return KVR_OK;
 }
+
+// Checks a kvr_cpu_kernel argument (0..4) or records an error.
+int32_t check_cap(const char* fn, uint32_t cpu_kernel) {
+  if (cpu_kernel > KVR_CPU_KERNEL_AVX512) {
+    return kvr::fail(KVR_ERR_INVALID_ARGUMENT,
+                     kvr::format("%s: cpu_kernel %u is not a kvr_cpu_kernel (0 auto, 1 generic, 2 avx2, 3 avxvnni, "
+                                 "4 avx512)",
+                                 fn, cpu_kernel));
+  }
+  return KVR_OK;
+}
+kvr::cpu::KernelCap cap_of(uint32_t cpu_kernel) { return static_cast<kvr::cpu::KernelCap>(cpu_kernel); }
 
 int32_t check_dims(uint32_t m, uint32_t n, uint32_t k) {
   if (m == 0 || n == 0 || k == 0) {
@@ -79,7 +93,7 @@ extern "C" {
 
 KVR_API int32_t kvr_gemm_f32(uint32_t m, uint32_t n, uint32_t k, const float* a, size_t a_len,
                              const float* b, size_t b_len, float* c, size_t c_len,
-                             uint32_t n_threads) {
+                             uint32_t n_threads, uint32_t cpu_kernel) {
   if (a == nullptr || b == nullptr || c == nullptr) {
     return kvr::fail(KVR_ERR_INVALID_ARGUMENT,
                      kvr::format("kvr_gemm_f32: null buffer (a=%p b=%p c=%p)",
@@ -87,6 +101,7 @@ KVR_API int32_t kvr_gemm_f32(uint32_t m, uint32_t n, uint32_t k, const float* a,
                                  static_cast<void*>(c)));
   }
   if (int32_t st = check_dims(m, n, k); st != KVR_OK) return st;
+  if (int32_t st = check_cap("kvr_gemm_f32", cpu_kernel); st != KVR_OK) return st;
   int threads = 1;
   if (int32_t st = resolve_threads(n_threads, &threads); st != KVR_OK) return st;
   // Products of two u32 always fit a 64-bit size_t; checked anyway for 32-bit targets.
@@ -119,6 +134,7 @@ KVR_API int32_t kvr_gemm_f32(uint32_t m, uint32_t n, uint32_t k, const float* a,
     return kvr::fail(KVR_ERR_INVALID_ARGUMENT, "kvr_gemm_f32: c overlaps a or b");
   }
   try {
+    const kvr::cpu::KernelScope scope(cap_of(cpu_kernel));
     const kvr::cpu::PackedWeight w = kvr::cpu::PackedWeight::pack(b, n, k);
     kvr::cpu::matmul_xwt(a, m, k, w, c, n, false, threads);
   } catch (const std::bad_alloc&) {
@@ -186,7 +202,7 @@ KVR_API int32_t kvr_gemm_bench(uint32_t m, uint32_t n, uint32_t k, uint32_t n_th
 
 KVR_API int32_t kvr_gemv_quantized(uint32_t weights, uint32_t n, uint32_t k, const float* w,
                                    size_t w_len, const float* x, size_t x_len, float* w_deq,
-                                   size_t w_deq_len, float* y, size_t y_len) {
+                                   size_t w_deq_len, float* y, size_t y_len, uint32_t cpu_kernel) {
   if (w == nullptr || (y != nullptr && x == nullptr)) {
     return kvr::fail(KVR_ERR_INVALID_ARGUMENT, "kvr_gemv_quantized: null w, or y without x");
   }
@@ -194,6 +210,7 @@ KVR_API int32_t kvr_gemv_quantized(uint32_t weights, uint32_t n, uint32_t k, con
     return kvr::fail(KVR_ERR_INVALID_ARGUMENT,
                      kvr::format("weights %u is not a kvr_weight_format (0 f32, 1 q8, 2 q4)", weights));
   }
+  if (int32_t st = check_cap("kvr_gemv_quantized", cpu_kernel); st != KVR_OK) return st;
   if (int32_t st = check_dims(1, n, k); st != KVR_OK) return st;
   size_t nk = 0;
   if (!mul_size(n, k, &nk) || nk > kBenchMaxFloats) {
@@ -217,6 +234,7 @@ KVR_API int32_t kvr_gemv_quantized(uint32_t weights, uint32_t n, uint32_t k, con
     return kvr::fail(KVR_ERR_INVALID_ARGUMENT, "kvr_gemv_quantized: output buffers overlap inputs");
   }
   try {
+    const kvr::cpu::KernelScope scope(cap_of(cpu_kernel));
     using kvr::cpu::PackedWeight;
     const PackedWeight pw = weights == KVR_WEIGHTS_Q8   ? PackedWeight::pack_q8(w, n, k)
                             : weights == KVR_WEIGHTS_Q4 ? PackedWeight::pack_q4(w, n, k)
@@ -233,7 +251,7 @@ KVR_API int32_t kvr_gemv_quantized(uint32_t weights, uint32_t n, uint32_t k, con
 
 KVR_API int32_t kvr_gemm_quantized(uint32_t weights, uint32_t m, uint32_t n, uint32_t k, const float* w,
                                    size_t w_len, const float* x, size_t x_len, float* y, size_t y_len,
-                                   uint32_t accumulate, uint32_t n_threads) {
+                                   uint32_t accumulate, uint32_t n_threads, uint32_t cpu_kernel) {
   if (w == nullptr || x == nullptr || y == nullptr) {
     return kvr::fail(KVR_ERR_INVALID_ARGUMENT, "kvr_gemm_quantized: null w, x or y");
   }
@@ -244,11 +262,13 @@ KVR_API int32_t kvr_gemm_quantized(uint32_t weights, uint32_t m, uint32_t n, uin
   if (accumulate > 1) {
     return kvr::fail(KVR_ERR_INVALID_ARGUMENT, kvr::format("accumulate is %u, 0 or 1 allowed", accumulate));
   }
+  if (int32_t st = check_cap("kvr_gemm_quantized", cpu_kernel); st != KVR_OK) return st;
   int threads = 1;
   if (int32_t st = resolve_threads(n_threads, &threads); st != KVR_OK) return st;
   if (int32_t st = check_gemm_buffers("kvr_gemm_quantized", m, n, k, w, w_len, 4, x, x_len, y, y_len); st != KVR_OK)
     return st;
   try {
+    const kvr::cpu::KernelScope scope(cap_of(cpu_kernel));
     using kvr::cpu::PackedWeight;
     const PackedWeight pw = weights == KVR_WEIGHTS_Q8   ? PackedWeight::pack_q8(w, n, k)
                             : weights == KVR_WEIGHTS_Q4 ? PackedWeight::pack_q4(w, n, k)
@@ -264,7 +284,7 @@ KVR_API int32_t kvr_gemm_quantized(uint32_t weights, uint32_t m, uint32_t n, uin
 
 KVR_API int32_t kvr_gemm_few_rows_bf16(uint32_t m, uint32_t n, uint32_t k, const uint16_t* w, size_t w_len,
                                        const float* x, size_t x_len, float* y, size_t y_len,
-                                       uint32_t accumulate, uint32_t* out_amx) {
+                                       uint32_t accumulate, uint32_t* out_amx, uint32_t cpu_kernel) {
   if (out_amx != nullptr) *out_amx = 0;
   if (w == nullptr || x == nullptr || y == nullptr) {
     return kvr::fail(KVR_ERR_INVALID_ARGUMENT, "kvr_gemm_few_rows_bf16: null w, x or y");
@@ -272,10 +292,12 @@ KVR_API int32_t kvr_gemm_few_rows_bf16(uint32_t m, uint32_t n, uint32_t k, const
   if (accumulate > 1) {
     return kvr::fail(KVR_ERR_INVALID_ARGUMENT, kvr::format("accumulate is %u, 0 or 1 allowed", accumulate));
   }
+  if (int32_t st = check_cap("kvr_gemm_few_rows_bf16", cpu_kernel); st != KVR_OK) return st;
   if (int32_t st = check_gemm_buffers("kvr_gemm_few_rows_bf16", m, n, k, w, w_len, 2, x, x_len, y, y_len);
       st != KVR_OK)
     return st;
   try {
+    const kvr::cpu::KernelScope scope(cap_of(cpu_kernel));
     using kvr::cpu::PackedWeight;
     const PackedWeight::Bf16Rows rows{w, n};
     const PackedWeight pw = PackedWeight::pack_bf16(&rows, 1, k);
@@ -291,6 +313,10 @@ KVR_API int32_t kvr_gemm_few_rows_bf16(uint32_t m, uint32_t n, uint32_t k, const
   return KVR_OK;
 }
 
-KVR_API const char* kvr_cpu_kernel_name(void) { return kvr::cpu::kernel_name(); }
+KVR_API const char* kvr_cpu_kernel_name(uint32_t cpu_kernel) {
+  if (check_cap("kvr_cpu_kernel_name", cpu_kernel) != KVR_OK) return nullptr;
+  const kvr::cpu::KernelScope scope(cap_of(cpu_kernel));
+  return kvr::cpu::kernel_name();
+}
 
 }  // extern "C"

@@ -9,17 +9,7 @@ import { probeBackend } from "./backend.ts";
 import { type CpuKernel, encodeModelParams, encodePaths, encodeTensorTable } from "./layout.ts";
 import { openNativeLibrary } from "./library.ts";
 import { NativeModel } from "./model.ts";
-import { checkpoint, DEMO_DIRS, namedKernels, tokens } from "./test_helpers.ts";
-
-/** The CPU's feature flags as /proc/cpuinfo lists them (empty where it does not exist). */
-function cpuFlags(): Set<string> {
-  try {
-    const text = Deno.readTextFileSync("/proc/cpuinfo");
-    return new Set((text.match(/^flags\s*:(.*)$/m)?.[1] ?? "").split(/\s+/));
-  } catch {
-    return new Set();
-  }
-}
+import { checkpoint, cpuFlags, DEMO_DIRS, namedKernels, tokens } from "./test_helpers.ts";
 
 Deno.test({
   name:

@@ -9,15 +9,7 @@ import assert from "node:assert/strict";
 import { gemmFewRowsBf16 } from "./gemm.ts";
 import type { CpuKernel } from "./layout.ts";
 import { mulberry32 } from "../../tests/fixtures/random_checkpoint.ts";
-
-function cpuFlags(): Set<string> {
-  try {
-    const line = Deno.readTextFileSync("/proc/cpuinfo").match(/^flags\s*:(.*)$/m)?.[1] ?? "";
-    return new Set(line.split(/\s+/));
-  } catch {
-    return new Set();
-  }
-}
+import { cpuFlags } from "./test_helpers.ts";
 
 /** Whether the AMX path is expected for m rows on this machine under the kernel cap. */
 function expectAmx(m: number, cap: CpuKernel = "auto"): boolean {

@@ -9,16 +9,8 @@ import { EngineError } from "./mod.ts";
 import { cpuKernelName, gemmBench, gemmF32 } from "./gemm.ts";
 import type { CpuKernel } from "./layout.ts";
 import { openTestLibrary } from "./test_library.ts";
+import { cpuFlags } from "./test_helpers.ts";
 
-/** The CPU's feature flags as /proc/cpuinfo lists them (empty where it does not exist). */
-function cpuFlags(): Set<string> {
-  try {
-    const text = Deno.readTextFileSync("/proc/cpuinfo");
-    return new Set((text.match(/^flags\s*:(.*)$/m)?.[1] ?? "").split(/\s+/));
-  } catch {
-    return new Set();
-  }
-}
 const FLAGS = cpuFlags();
 const HAS_AVX2 = FLAGS.has("avx2") && FLAGS.has("fma");
 /** The GEMM kernel each cap must select on this CPU (independent oracle: the flags), for the caps

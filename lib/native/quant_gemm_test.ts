@@ -108,7 +108,7 @@ Deno.test("gemmQuantized rejects an unknown format, wrong lengths and an unknown
 });
 
 Deno.test("int8 GEMM oracle holds on every kernel this CPU can run (rows, avx-vnni)", async () => {
-  for (const { cap, name } of await quantKernelCaps()) {
+  for (const { cap, name } of quantKernelCaps()) {
     // Without VNNI (generic, avx2) the rows go through the GEMV kernel of that path.
     const int8 = name === "avx-vnni" ? "avx-vnni" : "rows";
     assert.equal((await capKernels(cap)).int8, int8, `the int8 kernel of the ${cap} cap`);

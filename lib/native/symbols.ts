@@ -31,7 +31,8 @@ const batchStep = {
   parameters: ["buffer", "u32", "buffer", "buffer", "usize", "buffer", "buffer", "usize"],
   result: "i32",
 } as const;
-const batchStepSample = {
+/** kvr_batch_step_sample's FFI signature (also the test library's serial-draws variant). */
+export const batchStepSample = {
   parameters: [
     "buffer",
     "u32",

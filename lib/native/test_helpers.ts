@@ -60,11 +60,21 @@ export function f32ToBf16Bits(x: number): number {
   return (rounded >>> 16) & 0xffff;
 }
 
+/** The CPU's feature flags as /proc/cpuinfo lists them (empty where it does not exist): the
+ *  independent oracle of which kernel paths this CPU has. */
+export function cpuFlags(): Set<string> {
+  try {
+    const text = Deno.readTextFileSync("/proc/cpuinfo");
+    return new Set((text.match(/^flags\s*:(.*)$/m)?.[1] ?? "").split(/\s+/));
+  } catch {
+    return new Set();
+  }
+}
+
 /** The q8/q4 kernel each narrower kernel cap must select on this CPU (/proc/cpuinfo flags), for
  *  the caps that select a path this CPU has: each is compared with the default (auto) in-process. */
-export async function quantKernelCaps(): Promise<{ cap: CpuKernel; name: string }[]> {
-  const text = await Deno.readTextFile("/proc/cpuinfo").catch(() => "");
-  const flags = new Set(text.split("\n").find((l) => l.startsWith("flags"))?.split(/\s+/) ?? []);
+export function quantKernelCaps(): { cap: CpuKernel; name: string }[] {
+  const flags = cpuFlags();
   const out: { cap: CpuKernel; name: string }[] = [{ cap: "generic", name: "generic" }];
   if (flags.has("avx2") && flags.has("fma") && flags.has("f16c")) {
     out.push({ cap: "avx2", name: "avx2" });

@@ -1,6 +1,8 @@
 // The Deno FFI symbols of the test library's extra exports (native/include/kvrelay_test.h):
-// kernel entry points, benchmarks, debug and code-path switches. Opened only by
-// openTestLibrary (test_library.ts); serving code never sees them.
+// kernel entry points, benchmarks, debug switches and production entry points on their other
+// code path. Opened only by openTestLibrary (test_library.ts); serving code never sees them.
+
+import { batchStepSample } from "./symbols.ts";
 
 /** Test and benchmark hooks of libkvrelay_test.so. */
 export const testSymbols = {
@@ -91,20 +93,5 @@ export const testSymbols = {
     result: "i32",
   },
   // kvr_batch_step_sample's arguments; the rows drawn one after another after the step
-  kvr_test_batch_step_sample_serial: {
-    parameters: [
-      "buffer",
-      "u32",
-      "buffer",
-      "buffer",
-      "usize",
-      "buffer",
-      "buffer",
-      "usize",
-      "buffer",
-      "buffer",
-      "buffer",
-    ],
-    result: "i32",
-  },
+  kvr_test_batch_step_sample_serial: batchStepSample,
 } as const satisfies Deno.ForeignLibraryInterface;

@@ -87,7 +87,7 @@ Deno.test("q8 logits are bit-identical on every kernel this CPU can run (generic
     using m = NativeModel.load(await checkpoint(dir), { threads: 2, weights: "q8" });
     mine.push(digest(await runQuantized(m)));
   }
-  for (const { cap, name } of await quantKernelCaps()) {
+  for (const { cap, name } of quantKernelCaps()) {
     const digests: string[] = [];
     for (const dir of DEMO_DIRS) {
       using m = NativeModel.load(await checkpoint(dir), {

@@ -251,7 +251,8 @@ export async function* decodeLoop(
     target.rewind !== undefined;
   // Each draw under a grammar is masked first, or drawn first and redrawn under the mask when
   // the grammar rejects it (grammar_draw.ts; only where that is exact: redrawIsExact).
-  const draws = grammar && new GrammarDraws(grammar, native, redrawIsExact(options));
+  const draws = grammar &&
+    new GrammarDraws(grammar, native, redrawIsExact(options), options.temperature === 0);
   let ahead: Int32Array | null = null;
   let aheadAt = 0;
   // Gives back the burst's tokens after the last one emitted (all appended already), so the cache

@@ -4,12 +4,18 @@
 // refuses a code above 4). Bit-identity across the paths: gemm_avx512_test.ts, weights_q8/q4_test.ts.
 
 import assert from "node:assert/strict";
-import { mapWeights } from "../model/mod.ts";
 import { probeBackend } from "./backend.ts";
-import { type CpuKernel, encodeModelParams, encodePaths, encodeTensorTable } from "./layout.ts";
+import { type CpuKernel, encodeModelParams } from "./layout.ts";
 import { openNativeLibrary } from "./library.ts";
 import { NativeModel } from "./model.ts";
-import { checkpoint, cpuFlags, DEMO_DIRS, namedKernels, tokens } from "./test_helpers.ts";
+import {
+  checkpoint,
+  cpuFlags,
+  DEMO_DIRS,
+  namedKernels,
+  rawModelLoad,
+  tokens,
+} from "./test_helpers.ts";
 
 Deno.test({
   name:
@@ -63,19 +69,8 @@ Deno.test("kvr_model_load refuses a cpu_kernel above 4 with INVALID_ARGUMENT", a
   const ck = await checkpoint(DEMO_DIRS[0]);
   const params = encodeModelParams(ck.config, "f32", 1);
   new DataView(params.buffer).setUint32(92, 5, true);
-  const paths = encodePaths(ck.files);
-  const table = encodeTensorTable(mapWeights(ck.config, ck.tensors), ck.files);
-  const out = new BigUint64Array(1);
-  const st = lib.symbols.kvr_model_load(
-    params,
-    paths,
-    BigInt(paths.length),
-    ck.files.length,
-    table,
-    BigInt(table.length / 64),
-    out,
-  );
-  if (st === 0) lib.symbols.kvr_model_free(Deno.UnsafePointer.create(out[0]));
-  assert.equal(st, -1);
+  const { status, model } = rawModelLoad(lib, ck, params);
+  if (model) lib.symbols.kvr_model_free(model);
+  assert.equal(status, -1);
   assert.match(lib.lastError(), /^cpu_kernel 5 is not a kvr_cpu_kernel \(0 auto, 1 generic/);
 });

@@ -4,10 +4,9 @@
 // status and reason; theta in (0, 1] is valid for both (the two used to disagree: > 0 vs > 1).
 
 import assert from "node:assert/strict";
-import { mapWeights } from "../model/mod.ts";
-import { encodeModelParams, encodePaths, encodeTensorTable } from "./layout.ts";
+import { encodeModelParams } from "./layout.ts";
 import { openNativeLibrary } from "./library.ts";
-import { checkpoint, DEMO_DIRS } from "./test_helpers.ts";
+import { checkpoint, DEMO_DIRS, rawModelLoad } from "./test_helpers.ts";
 
 /** Field offsets of kvr_model_params (kvrelay.h). */
 const OFF = { theta: 36, scaling: 40, factor: 44, low: 48, high: 52, orig: 56 } as const;
@@ -17,8 +16,6 @@ type Patch = Partial<Record<keyof typeof OFF, number>>;
 Deno.test("RoPE params get the same verdict and reason from kvr_model_load and kvr_projector_create", async () => {
   const lib = openNativeLibrary();
   const ckpt = await checkpoint(DEMO_DIRS[0]);
-  const paths = encodePaths(ckpt.files);
-  const table = encodeTensorTable(mapWeights(ckpt.config, ckpt.tensors), ckpt.files);
   const c = ckpt.config;
   const width = c.numLayers * c.numKvHeads * c.headDim;
   const w = new Float32Array(width * width), b = new Float32Array(width);
@@ -32,18 +29,9 @@ Deno.test("RoPE params get the same verdict and reason from kvr_model_load and k
     return p;
   };
   const load = (p: Uint8Array) => {
-    const out = new BigUint64Array(1);
-    const st = lib.symbols.kvr_model_load(
-      p,
-      paths,
-      BigInt(paths.length),
-      ckpt.files.length,
-      table,
-      BigInt(table.length / 64),
-      out,
-    );
+    const { status: st, model } = rawModelLoad(lib, ckpt, p);
     const msg = lib.lastError();
-    if (st === 0) lib.symbols.kvr_model_free(Deno.UnsafePointer.create(out[0]));
+    if (model) lib.symbols.kvr_model_free(model);
     return { st, msg: st === 0 ? "" : msg };
   };
   const project = (p: Uint8Array) => {

@@ -7,10 +7,16 @@ import assert from "node:assert/strict";
 import { NativeModel } from "./model.ts";
 import { type NativeSequence, sequenceError } from "./sequence.ts";
 import { openNativeLibrary } from "./library.ts";
-import { encodeModelParams, encodePaths, encodeTensorTable } from "./layout.ts";
-import { mapWeights } from "../model/mod.ts";
+import { encodeModelParams } from "./layout.ts";
 import type { KvDtype } from "./dtype.ts";
-import { assertClose, checkpoint, DEMO_DIRS, f32ToBf16Bits, tokens } from "./test_helpers.ts";
+import {
+  assertClose,
+  checkpoint,
+  DEMO_DIRS,
+  f32ToBf16Bits,
+  rawModelLoad,
+  tokens,
+} from "./test_helpers.ts";
 
 const TOL = 1e-4;
 
@@ -343,21 +349,10 @@ Deno.test("`sequenceError()` reads a nonblocking call's message from the sequenc
   // Drive the raw symbols (bypassing the TS checks) so the native side itself refuses a token.
   const lib = openNativeLibrary();
   const ckpt = await checkpoint(DEMO_DIRS[0]);
-  const params = encodeModelParams(ckpt.config, "f32", 1);
-  const paths = encodePaths(ckpt.files);
-  const table = encodeTensorTable(mapWeights(ckpt.config, ckpt.tensors), ckpt.files);
+  const loaded = rawModelLoad(lib, ckpt, encodeModelParams(ckpt.config, "f32", 1));
+  assert.equal(loaded.status, 0, lib.lastError());
+  const model = loaded.model!;
   const out = new BigUint64Array(1);
-  const st = lib.symbols.kvr_model_load(
-    params,
-    paths,
-    BigInt(paths.length),
-    1,
-    table,
-    BigInt(table.length / 64),
-    out,
-  );
-  assert.equal(st, 0, lib.lastError());
-  const model = Deno.UnsafePointer.create(out[0]);
   assert.equal(lib.symbols.kvr_seq_create(model, 8, out), 0);
   const seq = Deno.UnsafePointer.create(out[0]);
   try {

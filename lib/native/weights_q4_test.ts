@@ -12,14 +12,8 @@ import { encodeSafetensors } from "../model/safetensors.ts";
 import { readAllEntries } from "../model/test_helpers.ts";
 import { gemvQuantized } from "./gemm.ts";
 import { NativeModel } from "./model.ts";
-import {
-  checkpoint,
-  DEMO_DIRS,
-  namedKernels,
-  quantKernelCaps,
-  relDiff,
-  tokens,
-} from "./test_helpers.ts";
+import { checkpoint, DEMO_DIRS, relDiff, tokens } from "./test_helpers.ts";
+import { assertQuantKernelsAgree, digest } from "./quant_test_helpers.ts";
 
 /** Logits of a 40-token allPositions prefill (all rows) and 12 decode steps after it. */
 async function run(m: NativeModel): Promise<{ prefill: Float32Array; decode: Float32Array[] }> {
@@ -28,26 +22,6 @@ async function run(m: NativeModel): Promise<{ prefill: Float32Array; decode: Flo
   const decode: Float32Array[] = [];
   for (const t of tokens(12, m.config.vocabSize, 10)) decode.push(await s.decode(t));
   return { prefill, decode };
-}
-
-/** Logits of a 20-token allPositions prefill (every product through the int8 GEMM) and 8 steps
- *  after it (the q4 GEMV). */
-async function runQuantized(m: NativeModel): Promise<Float32Array[]> {
-  using s = m.createSequence(32);
-  const out = [await s.prefill(tokens(20, m.config.vocabSize, 11), { allPositions: true })];
-  for (const t of tokens(8, m.config.vocabSize, 12)) out.push(await s.decode(t));
-  return out;
-}
-
-/** FNV-1a over the bytes of every array: equal digests = equal bits (for child processes). */
-function digest(xs: Float32Array[]): string {
-  let h = 0x811c9dc5;
-  for (const x of xs) {
-    for (const b of new Uint8Array(x.buffer, x.byteOffset, x.byteLength)) {
-      h = Math.imul(h ^ b, 0x01000193) >>> 0;
-    }
-  }
-  return h.toString(16);
 }
 
 /** A tensor's values as f32 (F32 / BF16 / F16 little-endian). */
@@ -164,25 +138,5 @@ Deno.test("q4 decode gives the same bits at 1 and 2 threads", async () => {
   }
 });
 
-Deno.test("q4 logits are bit-identical on every kernel this CPU can run (generic, avx2, avx-vnni)", async () => {
-  const mine: string[] = [];
-  for (const dir of DEMO_DIRS) {
-    using m = NativeModel.load(await checkpoint(dir), { threads: 2, weights: "q4" });
-    mine.push(digest(await runQuantized(m)));
-  }
-  for (const { cap, name } of quantKernelCaps()) {
-    const digests: string[] = [];
-    for (const dir of DEMO_DIRS) {
-      using m = NativeModel.load(await checkpoint(dir), {
-        threads: 2,
-        weights: "q4",
-        cpuKernel: cap,
-      });
-      assert.equal(namedKernels(m.deviceInfo).q4, name, `${dir}: the q4 kernel of the ${cap} cap`);
-      const r = await runQuantized(m);
-      assert.ok(r.every((x) => x.every(Number.isFinite)), dir);
-      digests.push(digest(r));
-    }
-    assert.deepEqual(digests, mine, `${cap} kernel`);
-  }
-});
+Deno.test("q4 logits are bit-identical on every kernel this CPU can run (generic, avx2, avx-vnni)", () =>
+  assertQuantKernelsAgree("q4"));

@@ -6,14 +6,8 @@
 
 import assert from "node:assert/strict";
 import { NativeModel } from "./model.ts";
-import {
-  checkpoint,
-  DEMO_DIRS,
-  namedKernels,
-  quantKernelCaps,
-  relDiff,
-  tokens,
-} from "./test_helpers.ts";
+import { checkpoint, DEMO_DIRS, relDiff, tokens } from "./test_helpers.ts";
+import { assertQuantKernelsAgree, digest } from "./quant_test_helpers.ts";
 
 /** Logits of a 40-token allPositions prefill (last row) and 12 decode steps. */
 async function run(m: NativeModel): Promise<Float32Array[]> {
@@ -23,26 +17,6 @@ async function run(m: NativeModel): Promise<Float32Array[]> {
   const out: Float32Array[] = [all.slice(39 * V)];
   for (const t of tokens(12, V, 10)) out.push(await s.decode(t));
   return out;
-}
-
-/** Logits of a 20-token allPositions prefill (every product through the int8 GEMM) and 8 steps
- *  after it (the q8 GEMV). */
-async function runQuantized(m: NativeModel): Promise<Float32Array[]> {
-  using s = m.createSequence(32);
-  const out = [await s.prefill(tokens(20, m.config.vocabSize, 11), { allPositions: true })];
-  for (const t of tokens(8, m.config.vocabSize, 12)) out.push(await s.decode(t));
-  return out;
-}
-
-/** FNV-1a over the bytes of every array: equal digests = equal bits (for child processes). */
-function digest(xs: Float32Array[]): string {
-  let h = 0x811c9dc5;
-  for (const x of xs) {
-    for (const b of new Uint8Array(x.buffer, x.byteOffset, x.byteLength)) {
-      h = Math.imul(h ^ b, 0x01000193) >>> 0;
-    }
-  }
-  return h.toString(16);
 }
 
 Deno.test("q8 weights hold fewer bytes and give logits within quantization error of bf16", async () => {
@@ -81,28 +55,8 @@ Deno.test("q8 decode gives the same bits at 1 and 2 threads", async () => {
   }
 });
 
-Deno.test("q8 logits are bit-identical on every kernel this CPU can run (generic, avx2, avx-vnni)", async () => {
-  const mine: string[] = [];
-  for (const dir of DEMO_DIRS) {
-    using m = NativeModel.load(await checkpoint(dir), { threads: 2, weights: "q8" });
-    mine.push(digest(await runQuantized(m)));
-  }
-  for (const { cap, name } of quantKernelCaps()) {
-    const digests: string[] = [];
-    for (const dir of DEMO_DIRS) {
-      using m = NativeModel.load(await checkpoint(dir), {
-        threads: 2,
-        weights: "q8",
-        cpuKernel: cap,
-      });
-      assert.equal(namedKernels(m.deviceInfo).q8, name, `${dir}: the q8 kernel of the ${cap} cap`);
-      const r = await runQuantized(m);
-      assert.ok(r.every((x) => x.every(Number.isFinite)), dir);
-      digests.push(digest(r));
-    }
-    assert.deepEqual(digests, mine, `${cap} kernel`);
-  }
-});
+Deno.test("q8 logits are bit-identical on every kernel this CPU can run (generic, avx2, avx-vnni)", () =>
+  assertQuantKernelsAgree("q8"));
 
 Deno.test("`NativeModel.load()` rejects an unknown weights format before FFI", async () => {
   const ck = await checkpoint(DEMO_DIRS[0]);

